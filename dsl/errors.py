@@ -1,0 +1,24 @@
+"""The language's one exception type, rendered compiler-style with a caret."""
+from __future__ import annotations
+
+
+class DslError(Exception):
+    """A located error: path:line:col: error: message, the source line, a caret, a hint."""
+
+    def __init__(self, message: str, path: str = "<string>", line: int = 1, col: int = 1,
+                 source_line: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.path, self.line, self.col = message, path, line, col
+        self.source_line, self.hint = source_line, hint
+
+    def render(self) -> str:
+        out = [f"{self.path}:{self.line}:{self.col}: error: {self.message}"]
+        if self.source_line is not None:
+            out.append("    " + self.source_line)
+            out.append("    " + " " * (self.col - 1) + "^")
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.render()

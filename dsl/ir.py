@@ -1,0 +1,351 @@
+"""The IR: one small expression tree, and one table that says what every operation means.
+
+Each row of OPS declares, in one place, an operation's SymPy lowering, its torch
+lowering (source text), its numeric (Python float) lowering, its derivative rule
+(in IR, so analysis and codegen differentiate identically) and how it is printed.
+Everything else (printing, differentiation, lowering) is one generic walk over rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Pos:
+    line: int
+    col: int
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str                      # 'num' | 'var' | 'param' | a key of OPS
+    args: tuple = ()
+    value: object = None         # Fraction for 'num', ASCII name for 'var'/'param'
+    pos: Pos | None = field(default=None, compare=False, hash=False)
+
+    def walk(self):
+        yield self
+        for a in self.args:
+            yield from a.walk()
+
+
+# ---------------------------------------------------------------- names
+# Canonical names are ASCII; Unicode is for display. λ is 'lam' so the name stays a
+# valid Python/SymPy identifier in generated code and in `sympify`-able output.
+GREEK = {
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "eps": "ε", "zeta": "ζ",
+    "eta": "η", "theta": "θ", "iota": "ι", "kappa": "κ", "lam": "λ", "mu": "μ", "nu": "ν",
+    "xi": "ξ", "omicron": "ο", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ",
+    "upsilon": "υ", "phi": "φ", "chi": "χ", "psi": "ψ", "omega": "ω",
+    "Gamma": "Γ", "Delta": "Δ", "Theta": "Θ", "Lambda": "Λ", "Xi": "Ξ", "Pi": "Π",
+    "Sigma": "Σ", "Phi": "Φ", "Psi": "Ψ", "Omega": "Ω",
+}
+_ALIASES = {"epsilon": "eps", "lambda": "lam", "ς": "sigma"}
+_TO_ASCII = {**{u: a for a, u in GREEK.items()}, **_ALIASES}
+
+BUILTINS = {
+    "r": "the importance ratio π/μ",
+    "pi": "the current probability of the sampled token",
+    "mu": "the behaviour probability of the sampled token",
+    "A": "the advantage",
+}
+
+
+def canonical_name(raw: str) -> str:
+    """`ε_high`, `eps_high` and `epsilon_high` are one name: `eps_high`."""
+    return "_".join(_TO_ASCII.get(part, part) for part in raw.split("_"))
+
+
+def display_name(name: str) -> str:
+    return "_".join(GREEK.get(part, part) for part in name.split("_"))
+
+
+# ---------------------------------------------------------------- builders
+# Builders fold 0 and 1 so that derivatives stay as small as a person would write them.
+def num(x) -> Node:
+    return Node("num", value=Fraction(x))
+
+
+ZERO, ONE = num(0), num(1)
+
+
+def is_num(n: Node, x=None) -> bool:
+    return n.op == "num" and (x is None or n.value == x)
+
+
+def add(a, b):
+    if is_num(a, 0):
+        return b
+    if is_num(b, 0):
+        return a
+    return Node("add", (a, b))
+
+
+def sub(a, b):
+    if is_num(b, 0):
+        return a
+    if is_num(a, 0):
+        return neg(b)
+    return Node("sub", (a, b))
+
+
+def neg(a):
+    if is_num(a):
+        return num(-a.value)
+    if a.op == "neg":
+        return a.args[0]
+    return Node("neg", (a,))
+
+
+def mul(a, b):
+    if is_num(a, 0) or is_num(b, 0):
+        return ZERO
+    if is_num(a, 1):
+        return b
+    if is_num(b, 1):
+        return a
+    return Node("mul", (a, b))
+
+
+def div(a, b):
+    if is_num(a, 0):
+        return ZERO
+    if is_num(b, 1):
+        return a
+    return Node("div", (a, b))
+
+
+def call(op, *args):
+    return Node(op, tuple(args))
+
+
+def ind(cond):
+    return Node("ind", (cond,))
+
+
+def depends_on_r(n: Node) -> bool:
+    return any(m.op == "var" and m.value in ("r", "pi") for m in n.walk())
+
+
+# ---------------------------------------------------------------- derivative rules
+# d(node)/dr given the derivatives `d` of its arguments. π = μ·r, so dπ/dr = μ.
+def _d_pow(n, d):
+    x, y = n.args
+    if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
+        return mul(mul(y, Node("pow", (x, sub(y, ONE)))), d[0])
+    return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
+
+
+def _d_extreme(n, d, better):
+    # Piecewise, never Heaviside: the first argument that attains the extreme owns the
+    # derivative (ties go to the earliest), the same choice torch.where makes.
+    total = ZERO
+    for i, (ai, di) in enumerate(zip(n.args, d)):
+        if is_num(di, 0):
+            continue
+        conds = [Node(better[j < i], (ai, aj)) for j, aj in enumerate(n.args) if j != i]
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = Node("and", (cond, c))
+        total = add(total, mul(ind(cond), di))
+    return total
+
+
+def _d_clip(n, d):
+    x, lo, hi = n.args
+    inside = Node("and", (Node("ge", (x, lo)), Node("le", (x, hi))))
+    out = mul(ind(inside), d[0])
+    out = add(out, mul(ind(Node("lt", (x, lo))), d[1]))
+    return add(out, mul(ind(Node("gt", (x, hi))), d[2]))
+
+
+def _zero(n, d):
+    return ZERO
+
+
+NOT_DIFFERENTIABLE = "boolean"   # conditions only ever sit inside [...] whose derivative is 0
+
+
+# ---------------------------------------------------------------- torch lowering helpers
+def _t_where_extreme(cmp):
+    def lower(*a):
+        out = a[-1]
+        for x in reversed(a[:-1]):
+            # nested where: first argument that attains the extreme wins, as in the IR rule
+            rest = out
+            out = f"torch.where({x} {cmp} {rest}, {x}, {rest})"
+        return out
+    return lower
+
+
+def _sp_extreme(sp, args, cmp):
+    pieces = []
+    for i, ai in enumerate(args):
+        conds = [cmp(ai, aj, j < i) for j, aj in enumerate(args) if j != i]
+        pieces.append((ai, sp.And(*conds)))
+    pieces[-1] = (pieces[-1][0], True)
+    return sp.Piecewise(*pieces)
+
+
+@dataclass(frozen=True)
+class Op:
+    arity: tuple[int, int]          # (min, max) argument count; max None = any
+    kind: str                       # 'num' (returns a number) or 'bool'
+    args_kind: str                  # kind its arguments must have
+    sympy: Callable                 # (sympy_module, *args) -> sympy expr
+    torch: Callable                 # (*arg_source) -> torch source text
+    py: Callable                    # (*floats) -> float
+    deriv: Callable | str           # (node, arg_derivatives) -> Node
+    prec: int                       # binding strength for printing; 100 = function call
+    symbol: str                     # infix symbol or function name
+
+
+def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2):
+    ts = torch_sym or sym
+    if arity == 1:
+        torch = lambda a: f"({ts}{a})"
+    else:
+        torch = lambda a, b: f"({a} {ts} {b})"
+    return Op((arity, arity), kind, args_kind, sympy, torch, py, deriv, prec, sym)
+
+
+def _fn(name, sympy, torch, py, deriv, arity=(1, 1), kind="num", args_kind="num"):
+    return Op(arity, kind, args_kind, sympy, torch, py, deriv, 100, name)
+
+
+def _cmp(sym, torch_sym, sympy, py):
+    return _infix(sym, 4, sympy, py, NOT_DIFFERENTIABLE, torch_sym, kind="bool")
+
+
+def _pymin(*a):
+    return min(a)
+
+
+def _pymax(*a):
+    return max(a)
+
+
+def _sign(x):
+    return float((x > 0) - (x < 0))
+
+
+OPS: dict[str, Op] = {
+    "add": _infix("+", 5, lambda sp, a, b: a + b, lambda a, b: a + b,
+                  lambda n, d: add(d[0], d[1])),
+    "sub": _infix("-", 5, lambda sp, a, b: a - b, lambda a, b: a - b,
+                  lambda n, d: sub(d[0], d[1])),
+    "mul": _infix("*", 6, lambda sp, a, b: a * b, lambda a, b: a * b,
+                  lambda n, d: add(mul(d[0], n.args[1]), mul(n.args[0], d[1]))),
+    "div": _infix("/", 6, lambda sp, a, b: a / b, lambda a, b: a / b,
+                  lambda n, d: sub(div(d[0], n.args[1]),
+                                   div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2)))))),
+    "neg": _infix("-", 7, lambda sp, a: -a, lambda a: -a, lambda n, d: neg(d[0]), arity=1),
+    "pow": _infix("^", 8, lambda sp, a, b: a ** b, lambda a, b: a ** b, _d_pow, torch_sym="**"),
+    "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs,
+               lambda n, d: mul(call("sign", n.args[0]), d[0])),
+    "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, _zero),
+    "log": _fn("log", lambda sp, a: sp.log(a), lambda a: f"torch.log({a})", math.log,
+               lambda n, d: div(d[0], n.args[0])),
+    "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp,
+               lambda n, d: mul(n, d[0])),
+    "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt,
+                lambda n, d: div(d[0], mul(num(2), n))),
+    "min": _fn("min", lambda sp, *a: _sp_extreme(sp, a, lambda x, y, strict: x < y if strict else x <= y),
+               _t_where_extreme("<="), _pymin,
+               lambda n, d: _d_extreme(n, d, {False: "le", True: "lt"}), arity=(2, None)),
+    "max": _fn("max", lambda sp, *a: _sp_extreme(sp, a, lambda x, y, strict: x > y if strict else x >= y),
+               _t_where_extreme(">="), _pymax,
+               lambda n, d: _d_extreme(n, d, {False: "ge", True: "gt"}), arity=(2, None)),
+    "clip": _fn("clip", lambda sp, x, lo, hi: sp.Piecewise((lo, x < lo), (hi, x > hi), (x, True)),
+                lambda x, lo, hi: f"torch.clamp({x}, {lo}, {hi})",
+                lambda x, lo, hi: min(max(x, lo), hi), _d_clip, arity=(3, 3)),
+    "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, _zero),
+    "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True)),
+              lambda c: f"({c}).to(dtype)", float, _zero, 100, "[]"),
+    "lt": _cmp("<", "<", lambda sp, a, b: sp.Lt(a, b), lambda a, b: a < b),
+    "le": _cmp("≤", "<=", lambda sp, a, b: sp.Le(a, b), lambda a, b: a <= b),
+    "gt": _cmp(">", ">", lambda sp, a, b: sp.Gt(a, b), lambda a, b: a > b),
+    "ge": _cmp("≥", ">=", lambda sp, a, b: sp.Ge(a, b), lambda a, b: a >= b),
+    "eq": _cmp("==", "==", lambda sp, a, b: sp.Eq(a, b), lambda a, b: a == b),
+    "ne": _cmp("≠", "!=", lambda sp, a, b: sp.Ne(a, b), lambda a, b: a != b),
+    "and": _infix("and", 2, lambda sp, a, b: sp.And(a, b), lambda a, b: a and b,
+                  NOT_DIFFERENTIABLE, "&", kind="bool", args_kind="bool"),
+    "or": _infix("or", 1, lambda sp, a, b: sp.Or(a, b), lambda a, b: a or b,
+                 NOT_DIFFERENTIABLE, "|", kind="bool", args_kind="bool"),
+    "not": _infix("not ", 3, lambda sp, a: sp.Not(a), lambda a: not a,
+                  NOT_DIFFERENTIABLE, "~", kind="bool", args_kind="bool", arity=1),
+}
+
+# Functions a user may call by name (the rest are operators or brackets).
+FUNCTIONS = {k: OPS[k].arity for k in ("log", "exp", "sqrt", "abs", "sign", "min", "max", "clip", "sg")}
+
+
+# ---------------------------------------------------------------- generic walks
+def derivative(n: Node) -> Node:
+    """∂n/∂r, treating μ and A as constants (μ is fixed during the update)."""
+    if n.op == "num" or n.op == "param":
+        return ZERO
+    if n.op == "var":
+        return {"r": ONE, "pi": Node("var", value="mu")}.get(n.value, ZERO)
+    rule = OPS[n.op].deriv
+    if rule is NOT_DIFFERENTIABLE:
+        raise ValueError(f"a condition ({n.op}) has no derivative; it may only appear inside [...]")
+    if rule is _zero:   # sg, sign, [..]: never look inside
+        return ZERO
+    return rule(n, [derivative(a) for a in n.args])
+
+
+def render(n: Node, parent_prec: int = 0, right: bool = False) -> str:
+    """Canonical Unicode text, with only the parentheses precedence requires."""
+    if n.op == "num":
+        return _render_number(n.value)
+    if n.op in ("var", "param"):
+        return display_name(n.value)
+    op = OPS[n.op]
+    if n.op == "ind":
+        return "[" + render(n.args[0]) + "]"
+    if n.op == "abs":
+        return "|" + render(n.args[0]) + "|"
+    if op.prec == 100:
+        return op.symbol + "(" + ", ".join(render(a) for a in n.args) + ")"
+    if len(n.args) == 1:
+        text = op.symbol + render(n.args[0], op.prec)
+    elif n.op == "pow":   # right-associative
+        text = render(n.args[0], op.prec + 1) + "^" + render(n.args[1], op.prec)
+    else:
+        text = (render(n.args[0], op.prec) + f" {op.symbol} "
+                + render(n.args[1], op.prec + (0 if n.op in ("add", "mul", "and", "or") else 1)))
+    return f"({text})" if op.prec < parent_prec else text
+
+
+def _render_number(v: Fraction) -> str:
+    if v.denominator == 1:
+        return str(v.numerator)
+    f = float(v)
+    if Fraction(repr(f)) == v:
+        return repr(f)
+    return f"{v.numerator}/{v.denominator}"
+
+
+def evaluate(n: Node, env: dict) -> float:
+    """Python-float value of n; env maps var/param names to floats."""
+    if n.op == "num":
+        return float(n.value)
+    if n.op in ("var", "param"):
+        return env[n.value]
+    return OPS[n.op].py(*(evaluate(a, env) for a in n.args))
+
+
+def to_sympy(n: Node, sp, env: dict, frozen: dict | None = None):
+    """Lower to SymPy. env maps names to SymPy objects; `frozen` maps sg(...) nodes to
+    symbols, so that a finite-difference check can hold stop-gradient values fixed."""
+    if frozen is not None and n.op == "sg":
+        return frozen.setdefault(n, sp.Symbol(f"_sg{len(frozen)}"))
+    if n.op == "num":
+        return sp.Rational(n.value.numerator, n.value.denominator)
+    if n.op in ("var", "param"):
+        return env[n.value]
+    return OPS[n.op].sympy(sp, *(to_sympy(a, sp, env, frozen) for a in n.args))

@@ -1,0 +1,427 @@
+"""Text -> IR. Lark parses; this module normalizes Unicode, builds the IR itself (user
+text never reaches sympify or eval) and turns every problem into a located DslError."""
+from __future__ import annotations
+
+import difflib
+import math
+import unicodedata
+from dataclasses import dataclass, field
+from fractions import Fraction
+from importlib import resources
+from pathlib import Path
+
+from .errors import DslError
+from .ir import (BUILTINS, FUNCTIONS, OPS, Node, Pos, canonical_name, display_name, num,
+                 render)
+
+BAR_OPEN, BAR_CLOSE = "\ue000", "\ue001"
+OPTIONS = {
+    "anchor": ("old", "rollout"),
+    "aggregate": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                  "seq-mean-token-sum-norm"),
+}
+OPTION_DEFAULTS = {"anchor": "old", "aggregate": "token-mean"}
+_OPERAND_END = set("_)]." + BAR_CLOSE + "²³")
+
+
+@dataclass
+class Objective:
+    """A parsed objective: the inlined IR plus everything needed to print or rebuild it."""
+    name: str
+    path: str
+    source: str
+    expr: Node                       # bindings inlined; parameters stay 'param' nodes
+    params: dict[str, Fraction]      # ASCII name -> value
+    options: dict[str, str]
+    bindings: dict[str, Node] = field(default_factory=dict)
+    description: str = ""
+
+    def canonical(self) -> str:
+        lines = [f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items()]
+        lines += [f"@{k} = {v}" for k, v in self.options.items()]
+        lines += [f"{display_name(k)} = {render(v)}" for k, v in self.bindings.items()]
+        return "\n".join(lines + [render(self.expr)])
+
+    def with_overrides(self, params: dict | None = None, options: dict | None = None,
+                       where: str = "<overrides>") -> "Objective":
+        """A copy with parameter/option values replaced; unknown names are located errors."""
+        new_params, new_options = dict(self.params), dict(self.options)
+        for raw, value in (params or {}).items():
+            name = canonical_name(unicodedata.normalize("NFKC", str(raw)))
+            text = f"{raw}={value}"
+            if name not in self.params:
+                known = ", ".join(display_name(k) for k in self.params) or "none"
+                raise DslError(f"unknown parameter '{raw}' for objective '{self.name}'", where, 1, 1,
+                               text, f"its parameters are: {known}{_did_you_mean(name, self.params)}")
+            new_params[name] = _finite_number(value, where, text, len(str(raw)) + 2)
+        for key, value in (options or {}).items():
+            _check_option(key, str(value), where, 1, 1, f"{key}={value}", len(key) + 2)
+            new_options[key] = str(value)
+        return Objective(self.name, self.path, self.source, self.expr, new_params, new_options,
+                         self.bindings, self.description)
+
+
+# ------------------------------------------------------------------ loading
+def shipped_names() -> list[str]:
+    return sorted(p.name[:-4] for p in resources.files("objectives").iterdir() if p.name.endswith(".dsl"))
+
+
+def load(spec: str, params: dict | None = None, options: dict | None = None) -> Objective:
+    """A path to a .dsl file or the name of a shipped objective (`drpo`)."""
+    path = Path(spec)
+    if path.is_file():
+        data, shown = path.read_bytes(), str(spec)
+    else:
+        name = spec[:-4] if spec.endswith(".dsl") else spec
+        res = resources.files("objectives") / f"{name.replace('-', '_')}.dsl"
+        if "/" in spec or not res.is_file():
+            names = shipped_names()
+            raise DslError(f"no objective file or shipped objective named '{spec}'", spec, 1, 1,
+                           hint=f"shipped objectives: {', '.join(names)}{_did_you_mean(name, names)}")
+        data, shown = res.read_bytes(), f"objectives/{res.name}"
+    obj = parse_bytes(data, shown)
+    return obj.with_overrides(params, options) if (params or options) else obj
+
+
+def parse_bytes(data: bytes, path: str = "<string>") -> Objective:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        head = data[: e.start]
+        line = head.count(b"\n") + 1
+        col = len(head[head.rfind(b"\n") + 1:].decode("utf-8", "replace")) + 1
+        raise DslError(f"the file is not UTF-8: byte 0x{data[e.start]:02x} cannot be decoded",
+                       path, line, col, hint="save the objective file as UTF-8") from None
+    return parse(text, path)
+
+
+def parse(text: str, path: str = "<string>") -> Objective:
+    return _Builder(text, path).build()
+
+
+# ------------------------------------------------------------------ Lark
+_PARSER = None
+
+
+def _lark():
+    global _PARSER
+    if _PARSER is None:
+        from lark import Lark
+        grammar = resources.files("dsl").joinpath("grammar.lark").read_text(encoding="utf-8")
+        _PARSER = Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
+                       maybe_placeholders=False)
+    return _PARSER
+
+
+_TOKEN_NAMES = {
+    "NUMBER": "a number", "NAME": "a name", "OPTVALUE": "an option value", "LPAR": "'('",
+    "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQUAL": "'='", "PLUS": "'+'",
+    "MINUS": "'-'", "TIMES": "'*'", "SLASH": "'/'", "POW": "'^'", "BAR_OPEN": "'|'",
+    "BAR_CLOSE": "'|'", "_NL": "end of line", "$END": "end of file", "AT": "'@'",
+    "SUPERSCRIPT": "'²'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='", "EQ": "'=='",
+    "NE": "'!='", "AND": "'and'", "OR": "'or'", "NOT": "'not'",
+}
+_OPERAND_START = {"NAME", "NUMBER", "LPAR", "BAR_OPEN", "LSQB"}
+
+
+def _did_you_mean(name, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f"; did you mean '{display_name(close[0])}'?" if close else ""
+
+
+def _finite_number(value, where, text, col) -> Fraction:
+    text_value = repr(value) if isinstance(value, float) else str(value).strip()
+    try:
+        v = Fraction(text_value) if math.isfinite(float(text_value)) else None
+    except (ValueError, ZeroDivisionError):
+        v = None
+    if v is None or isinstance(value, bool):
+        raise DslError(f"parameter value '{value}' is not a finite number", where, 1, col, text,
+                       "write a decimal number such as 0.2, .5 or 1e-3")
+    return v
+
+
+def _check_option(key, value, path, line, col, source_line, value_col):
+    if key not in OPTIONS:
+        raise DslError(f"unknown option '@{key}'", path, line, col, source_line,
+                       f"options are: {', '.join('@' + k for k in OPTIONS)}{_did_you_mean('@' + key, ['@' + k for k in OPTIONS])}")
+    if value not in OPTIONS[key]:
+        raise DslError(f"'{value}' is not a value of @{key}", path, line, value_col, source_line,
+                       f"@{key} is one of: {', '.join(OPTIONS[key])}")
+
+
+class _Builder:
+    def __init__(self, text: str, path: str):
+        self.source, self.path = text, path
+        self.lines = text.split("\n")
+        self.norm, self.origin = self._normalize(text)
+
+    # ---- positions: Lark sees normalized text, errors point into the original
+    def _normalize(self, text):
+        out, origin, depth, prev = [], [], 0, ""
+        for i, ch in enumerate(text):
+            if ch == "|":
+                # A bar after an operand closes an open |...|; anywhere else it opens one.
+                if (prev in _OPERAND_END or prev.isalnum()) and depth:
+                    ch, depth = BAR_CLOSE, depth - 1
+                else:
+                    ch, depth = BAR_OPEN, depth + 1
+                piece = ch
+            elif ch in "²³":
+                piece = ch
+            else:
+                piece = unicodedata.normalize("NFKC", ch)
+            if ch == "\n":
+                depth = 0
+            out.append(piece)
+            origin.extend([i] * len(piece))
+            if not piece.isspace():
+                prev = piece[-1]
+        origin.append(len(text))
+        return "".join(out), origin
+
+    def pos(self, norm_offset: int) -> Pos:
+        i = self.origin[min(norm_offset, len(self.origin) - 1)]
+        line = self.source.count("\n", 0, i) + 1
+        return Pos(line, i - (self.source.rfind("\n", 0, i) + 1) + 1)
+
+    def error(self, msg, pos: Pos, hint=None):
+        src = self.lines[pos.line - 1].rstrip("\r") if pos.line <= len(self.lines) else ""
+        return DslError(msg, self.path, pos.line, pos.col, src, hint)
+
+    # ---- parse
+    def build(self) -> Objective:
+        from lark.exceptions import UnexpectedInput
+        if not self.norm.strip() or all(not l.strip() or l.strip().startswith("#") for l in self.norm.split("\n")):
+            raise self.error("the objective file is empty", Pos(1, 1),
+                             "write the objective as an expression, e.g. r*A")
+        try:
+            tree = _lark().parse(self.norm + "\n")
+        except UnexpectedInput as e:
+            raise self._syntax_error(e) from None
+        return self._statements(tree)
+
+    def _syntax_error(self, e):
+        from lark.exceptions import UnexpectedCharacters
+        offset = min(e.pos_in_stream if e.pos_in_stream is not None else len(self.norm), len(self.norm))
+        pos = self.pos(offset)
+        if isinstance(e, UnexpectedCharacters):
+            ch = self.norm[offset]
+            return self.error(f"unexpected character '{ch}'", pos,
+                              "operators are + - * / ^, comparisons < <= > >= == !=, and/or/not")
+        tok = e.token
+        before = self.norm[:offset].rstrip(" \t")
+        if tok.type in _OPERAND_START and before and (before[-1].isalnum() or before[-1] in _OPERAND_END):
+            return self.error(
+                "ambiguous implicit multiplication", pos,
+                "implicit multiplication is allowed only right after a number (2δ, 2(r-1), 2|x|) "
+                "and never in a divisor; write '*' explicitly, e.g. a/(b*c) or a/b*c, |a|*|b|")
+        expected = sorted({_TOKEN_NAMES.get(t, t) for t in getattr(e, "expected", ()) or ()})
+        found = "end of line" if tok.type in ("_NL", "$END") else f"'{self._orig_text(tok)}'"
+        hint = self._unclosed(offset) or (f"expected {', '.join(expected[:8])}" if expected else None)
+        return self.error(f"unexpected {found}", pos, hint)
+
+    def _orig_text(self, tok):
+        start = self.origin[tok.start_pos]
+        return self.source[start:self.origin[min(tok.end_pos, len(self.origin) - 1)]] or tok.value
+
+    def _unclosed(self, offset):
+        line_start = self.norm.rfind("\n", 0, offset) + 1
+        stack = []
+        for i in range(line_start, offset):
+            c = self.norm[i]
+            if c in "([" + BAR_OPEN:
+                stack.append(i)
+            elif c in ")]" + BAR_CLOSE and stack:
+                stack.pop()
+        if stack:
+            p = self.pos(stack[-1])
+            ch = self.source[self.origin[stack[-1]]]
+            return f"the '{ch}' at column {p.col} is never closed"
+        return None
+
+    # ---- statements
+    def _statements(self, tree) -> Objective:
+        params, param_pos, bindings, options, objectives, seen = {}, {}, {}, {}, [], {}
+        for st in tree.children:
+            if st.data == "option":
+                key_tok, val_tok = st.children
+                kpos = self.pos(key_tok.start_pos)
+                if key_tok.value in options:
+                    raise self.error(f"option '@{key_tok.value}' is set twice", Pos(kpos.line, kpos.col - 1))
+                _check_option(key_tok.value, val_tok.value, self.path, kpos.line, kpos.col - 1,
+                              self.lines[kpos.line - 1], self.pos(val_tok.start_pos).col)
+                options[key_tok.value] = val_tok.value
+                continue
+            if st.data == "objective":
+                objectives.append(st.children[0])
+                continue
+            name_tok, expr = st.children
+            name, npos = canonical_name(name_tok.value), self.pos(name_tok.start_pos)
+            if name in BUILTINS:
+                raise self.error(f"'{name_tok.value}' is a built-in ({BUILTINS[name]}) and cannot be rebound",
+                                 npos, "choose another name")
+            if name in OPTIONS:
+                raise self.error(f"'{name_tok.value}' names an option; set it with @{name} = ...", npos)
+            if name in seen:
+                raise self.error(f"'{name_tok.value}' is already defined on line {seen[name].line}", npos,
+                                 "each name is defined once; Unicode and ASCII spellings (δ, delta) are the same name")
+            seen[name] = npos
+            value = self._literal(expr)
+            if value is not None:
+                params[name] = self._param_value(value, expr)
+                param_pos[name] = npos
+            else:
+                bindings[name] = expr
+        if not objectives:
+            raise self.error("no objective: every line is a definition", Pos(1, 1),
+                             "add one line that is a bare expression, e.g. r*A")
+        if len(objectives) > 1:
+            first = self._meta_pos(objectives[0])
+            raise self.error(f"a second objective line (the first is on line {first.line})",
+                             self._meta_pos(objectives[1]),
+                             "exactly one line is the objective; name sub-expressions with name = ...")
+        resolved: dict[str, Node] = {}
+        expr = self._expr(objectives[0], params, bindings, resolved, ())
+        self._check_kind(expr, "num")
+        self._check_policy(expr, self._meta_pos(objectives[0]))
+        for k, v in OPTION_DEFAULTS.items():
+            options.setdefault(k, v)
+        order = {k: seen[k] for k in resolved}
+        used = {k: resolved[k] for k in sorted(order, key=lambda k: (order[k].line, order[k].col))}
+        stem = Path(self.path).name
+        return Objective(stem[:-4] if stem.endswith(".dsl") else stem, self.path, self.source,
+                         expr, params, {k: options[k] for k in OPTIONS}, used, self._description())
+
+    def _description(self) -> str:
+        out = []
+        for line in self.lines:
+            s = line.strip()
+            if not s.startswith("#"):
+                break
+            out.append(s.lstrip("#").strip())
+        return "\n".join(out)
+
+    def _meta_pos(self, tree) -> Pos:
+        if hasattr(tree, "meta") and not tree.meta.empty:
+            return self.pos(tree.meta.start_pos)
+        return self.pos(tree.start_pos)
+
+    def _literal(self, expr):
+        """A parameter is a bare (optionally negated) number literal."""
+        sign = 1
+        while hasattr(expr, "data") and expr.data in ("neg", "pos"):
+            sign *= -1 if expr.data == "neg" else 1
+            expr = [c for c in expr.children if hasattr(c, "data") or c.type == "NUMBER"][-1]
+        if hasattr(expr, "data") and expr.data == "number":
+            return sign, expr.children[0]
+        return None
+
+    def _param_value(self, value, expr) -> Fraction:
+        sign, tok = value
+        if not math.isfinite(float(tok.value)):
+            raise self.error(f"parameter value '{tok.value}' is not a finite number",
+                             self.pos(tok.start_pos), "write a decimal number such as 0.2, .5 or 1e-3")
+        return sign * Fraction(tok.value)
+
+    # ---- expressions: Lark tree -> IR, resolving names and checking arity on the way
+    def _expr(self, t, params, bindings, resolved, stack) -> Node:
+        pos = self._meta_pos(t)
+        kids = [c for c in t.children if hasattr(c, "data")]
+        rec = lambda c: self._expr(c, params, bindings, resolved, stack)
+        d = t.data
+        if d == "number":
+            return Node("num", value=Fraction(t.children[0].value), pos=pos)
+        if d == "name":
+            return self._name(t.children[0], params, bindings, resolved, stack)
+        if d == "call":
+            return self._call(t, [rec(c) for c in kids], params, bindings)
+        if d == "implicit":
+            return self._implicit(t, rec)
+        if d == "sup":
+            return Node("pow", (rec(kids[0]), num(int(unicodedata.normalize("NFKC", t.children[1].value)))), pos=pos)
+        if d == "pos":
+            return rec(kids[0])
+        if d == "abs":
+            return Node("abs", (rec(kids[0]),), pos=pos)
+        if d == "indicator":
+            return Node("ind", (rec(kids[0]),), pos=pos)
+        op = d.rstrip("_")
+        return Node(op, tuple(rec(c) for c in kids), pos=pos)
+
+    def _name(self, tok, params, bindings, resolved, stack) -> Node:
+        name, pos = canonical_name(tok.value), self.pos(tok.start_pos)
+        if name in BUILTINS:
+            return Node("var", value=name, pos=pos)
+        if name in params:
+            return Node("param", value=name, pos=pos)
+        if name in bindings:
+            if name in stack:
+                raise self.error(f"'{tok.value}' is defined in terms of itself", pos)
+            if name not in resolved:
+                resolved[name] = self._expr(bindings[name], params, bindings, resolved, stack + (name,))
+            return resolved[name]
+        if name in FUNCTIONS:
+            raise self.error(f"'{tok.value}' is a function; call it as {tok.value}(...)", pos)
+        known = list(BUILTINS) + list(params) + list(bindings)
+        raise self.error(f"unknown name '{tok.value}'", pos,
+                         f"declare it as a parameter on its own line, e.g. '{tok.value} = 0.1'"
+                         f"{_did_you_mean(name, known)}")
+
+    def _call(self, t, args, params, bindings) -> Node:
+        tok = t.children[0]
+        raw, name, pos = tok.value, canonical_name(tok.value), self.pos(tok.start_pos)
+        if name not in FUNCTIONS:
+            if name in BUILTINS or name in params or name in bindings:
+                raise self.error(f"'{raw}' is not a function", pos,
+                                 f"to multiply, write {raw}*(...)")
+            raise self.error(f"unknown function '{raw}'", pos,
+                             f"functions are: {', '.join(FUNCTIONS)}{_did_you_mean(name, FUNCTIONS)}")
+        lo, hi = FUNCTIONS[name]
+        if len(args) < lo or (hi is not None and len(args) > hi):
+            want = f"{lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
+            sig = {"clip": "clip(x, lo, hi)", "min": "min(a, b, ...)", "max": "max(a, b, ...)"}.get(name, f"{name}(x)")
+            raise self.error(f"{name}() takes {want} argument{'s' if want != '1' else ''}, got {len(args)}",
+                             pos, f"write {sig}")
+        return Node(name, tuple(args), pos=pos)
+
+    def _implicit(self, t, rec) -> Node:
+        num_tok = t.children[0]
+        rest = [c for c in t.children[1:]]
+        operand = rest[0]
+        op_pos = self._meta_pos(operand) if hasattr(operand, "data") else self.pos(operand.start_pos)
+        if self.norm[num_tok.end_pos].isspace():
+            raise self.error("implicit multiplication needs the number directly before its factor",
+                             op_pos, f"write {num_tok.value}*... or remove the space")
+        base = rec(operand)
+        tail = rest[1:]
+        if tail and getattr(tail[0], "type", "") == "SUPERSCRIPT":
+            base = Node("pow", (base, num(int(unicodedata.normalize("NFKC", tail[0].value)))), pos=op_pos)
+        elif tail:
+            base = Node("pow", (base, rec(tail[-1])), pos=op_pos)
+        return Node("mul", (Node("num", value=Fraction(num_tok.value), pos=self.pos(num_tok.start_pos)), base),
+                    pos=self.pos(num_tok.start_pos))
+
+    # ---- semantic checks
+    def _check_kind(self, n: Node, want: str):
+        kind = "num" if n.op in ("num", "var", "param") else OPS[n.op].kind
+        if kind != want:
+            if want == "num":
+                raise self.error(f"the condition '{render(n)}' is used as a number", n.pos,
+                                 f"write [{render(n)}] for its 0/1 indicator")
+            raise self.error(f"expected a condition, found the number '{render(n)}'", n.pos,
+                             "conditions use < <= > >= == != and, or, not; e.g. [r > 1]")
+        if n.op in OPS:
+            for a in n.args:
+                self._check_kind(a, OPS[n.op].args_kind)
+
+    def _check_policy(self, expr: Node, pos: Pos):
+        def live(n):  # r or π reachable through something with a nonzero derivative
+            if n.op == "var":
+                return n.value in ("r", "pi")
+            if n.op in ("sg", "ind", "sign"):
+                return False
+            return any(live(a) for a in n.args)
+        if not live(expr):
+            raise self.error("the objective does not depend on the policy", pos,
+                             "use r or π outside sg(...), [...] and sign(...); otherwise its gradient is zero")

@@ -1,0 +1,1 @@
+"""The library of shipped objectives, as package data: `drpo` names objectives/drpo.dsl."""

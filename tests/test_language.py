@@ -1,0 +1,293 @@
+"""The objective language: every shipped objective parses, spellings agree, every bad
+input gets its exact located message, and no text makes the parser raise anything else."""
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dsl
+from dsl import DslError, parse
+from dsl.ir import BUILTINS, GREEK, Node, render
+
+SHIPPED = dsl.shipped_names()
+
+
+def test_library_ships_every_objective_the_paper_compares():
+    assert set(SHIPPED) >= {
+        "surrogate", "ppo", "grpo_clip_higher", "ppo_dual_clip", "spo", "dppo_binary_tv",
+        "dppo_binary_kl", "drpo", "kl", "k3", "tv", "kl_no_adv", "tv_no_adv", "mask_drpo",
+        "mask_spo", "mask_kl", "cispo"}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_objective_parses_and_names_its_source(name):
+    obj = dsl.load(name)
+    assert obj.name == name
+    assert "source" in obj.description.lower(), "each shipped file names its method and source"
+    assert any(m.op == "var" and m.value in ("r", "pi") for m in obj.expr.walk())
+
+
+def _ascii_spelling(text: str) -> str:
+    for ascii_name, uni in sorted(GREEK.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(uni, ascii_name)
+    for uni, ascii_op in {"²": "^2", "³": "^3", "≤": "<=", "≥": ">=", "≠": "!="}.items():
+        text = text.replace(uni, ascii_op)
+    return text
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_unicode_and_ascii_spellings_of_each_shipped_objective_give_identical_ir(name):
+    uni = dsl.load(name)
+    ascii_text = _ascii_spelling(uni.source)
+    assert all(ord(c) < 128 for line in ascii_text.splitlines() if not line.startswith("#") for c in line)
+    asc = parse(ascii_text, "ascii.dsl")
+    long_eps = parse(ascii_text.replace("eps", "epsilon"), "long.dsl")
+    assert uni.expr == asc.expr == long_eps.expr
+    assert uni.params == asc.params == long_eps.params
+
+
+@pytest.mark.parametrize("text", [
+    "δ = 12.5\nr*A - |A|/(2δ)*μ*(r-1)^2",
+    "delta = 12.5\nr*A - abs(A)/(2*delta)*mu*(r-1)**2",
+    "delta = 12.5\nr*A - |A|/(2 delta)*mu*(r - 1)^2".replace("2 delta", "2*delta"),
+    "δ = 12.5\nr·A − |A|/(2δ)·µ·(r−1)²",             # middle dot, minus sign, micro sign, superscript
+    "δ = 12.5\n(r*A) - ((|A|/(2*δ))*μ)*((r-1)^2)",
+    "δ = 125e-1\nr*A - |A|/(2δ)*(π/r)*(r-1)^2".replace("(π/r)", "μ"),
+    "# a comment\nδ = 12.5   # trailing comment\n\nr*A - |A|/(2δ)*μ*(r-1)^2\n",
+])
+def test_every_spelling_of_drpo_gives_the_same_ir(text):
+    ref = dsl.load("drpo")
+    got = parse(text)
+    assert got.expr == ref.expr and got.params == ref.params
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("-r^2*A", "-r^2 * A"),                      # power binds tighter than unary minus
+    ("(-r)^2*A", "(-r)^2 * A"),
+    ("r^2^3*A", "r^2^3 * A"),                    # right-associative
+    ("r^-1*A", "r^(-1) * A"),
+    ("x = 2\n2x^2*r", "2 * x^2 * r"),            # 2x² is 2·(x²)
+    ("2(r-1)*A", "2 * (r - 1) * A"),
+    ("2|A|*r", "2 * |A| * r"),
+    ("|A - 2|*r", "|A - 2| * r"),
+    (".5r*A + 1e-3*r", "0.5 * r * A + 0.001 * r"),
+    ("r*A/(2*3)", "r * A / (2 * 3)"),
+    ("r - (A - r)", "r - (A - r)"),
+    ("[r > 1 and not A < 0 or r == 1]*r*A", "[r > 1 and not A < 0 or r == 1] * r * A"),
+    ("[r ≥ 1 ∧ ¬(A ≠ 0)]*r", "[r ≥ 1 and not A ≠ 0] * r"),
+    ("pi*A", "π * A"),                           # π is the policy's probability, not 3.14159
+])
+def test_precedence_and_canonical_form(text, expected):
+    obj = parse(text)
+    assert render(obj.expr) == expected
+    assert parse(obj.canonical()).expr == obj.expr
+
+
+def test_pi_is_a_symbol_not_a_constant():
+    assert parse("pi*A").expr.args[0] == Node("var", value="pi")
+
+
+def test_options_have_defaults_and_can_be_declared_and_overridden():
+    assert dsl.load("drpo").options == {"anchor": "old", "aggregate": "token-mean"}
+    obj = parse("@anchor = rollout\n@aggregate = seq-mean-token-sum-norm\nr*A")
+    assert obj.options == {"anchor": "rollout", "aggregate": "seq-mean-token-sum-norm"}
+    assert obj.with_overrides(options={"anchor": "old"}).options["anchor"] == "old"
+
+
+@pytest.mark.parametrize("key", ["ε_high", "eps_high", "epsilon_high"])
+def test_parameters_are_overridden_by_ascii_or_unicode_name(key):
+    obj = dsl.load("grpo_clip_higher", params={key: "0.3"})
+    assert obj.params == {"eps_low": Fraction(1, 5), "eps_high": Fraction(3, 10)}
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({"foo": 1}, "--set:1:1: error: unknown parameter 'foo' for objective 'drpo'\n    foo=1\n    ^\n"
+                 "hint: its parameters are: δ"),
+    ({"delta": "inf"}, "--set:1:7: error: parameter value 'inf' is not a finite number\n    delta=inf\n"
+                       "          ^\nhint: write a decimal number such as 0.2, .5 or 1e-3"),
+    ({"delta": "abc"}, "--set:1:7: error: parameter value 'abc' is not a finite number\n    delta=abc\n"
+                       "          ^\nhint: write a decimal number such as 0.2, .5 or 1e-3"),
+])
+def test_bad_overrides_are_located_errors(params, expected):
+    with pytest.raises(DslError) as e:
+        dsl.load("drpo").with_overrides(params, where="--set")
+    assert e.value.render() == expected
+
+
+ERRORS = [
+    ('syntax_unexpected_end', 'r*A +',
+     "obj.dsl:1:6: error: unexpected end of line\n    r*A +\n         ^\nhint: expected '(', '+', '-', '[', '|', a name, a number"),
+    ('syntax_unclosed_paren', '(r*A',
+     "obj.dsl:1:5: error: unexpected end of line\n    (r*A\n        ^\nhint: the '(' at column 1 is never closed"),
+    ('syntax_unclosed_bar', 'r*|A',
+     "obj.dsl:1:5: error: unexpected end of line\n    r*|A\n        ^\nhint: the '|' at column 3 is never closed"),
+    ('syntax_bad_character', 'r$A',
+     "obj.dsl:1:2: error: unexpected character '$'\n    r$A\n     ^\nhint: operators are + - * / ^, comparisons < <= > >= == !=, and/or/not"),
+    ('unknown_name', 'r*A - foo*(r-1)^2',
+     "obj.dsl:1:7: error: unknown name 'foo'\n    r*A - foo*(r-1)^2\n          ^\nhint: declare it as a parameter on its own line, e.g. 'foo = 0.1'"),
+    ('unknown_name_suggests', 'delta = 1\nr*A - delt*(r-1)^2',
+     "obj.dsl:2:7: error: unknown name 'delt'\n    r*A - delt*(r-1)^2\n          ^\nhint: declare it as a parameter on its own line, e.g. 'delt = 0.1'; did you mean 'δ'?"),
+    ('unknown_function', 'r*A*lg(r)',
+     "obj.dsl:1:5: error: unknown function 'lg'\n    r*A*lg(r)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg; did you mean 'log'?"),
+    ('unknown_function_suggests', 'r*A*clamp(r, 0, 1)',
+     "obj.dsl:1:5: error: unknown function 'clamp'\n    r*A*clamp(r, 0, 1)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg; did you mean 'clip'?"),
+    ('name_is_not_a_function', 'δ = 1\nr*A*δ(r-1)',
+     "obj.dsl:2:5: error: 'δ' is not a function\n    r*A*δ(r-1)\n        ^\nhint: to multiply, write δ*(...)"),
+    ('wrong_arity_clip', 'clip(r, 0.8)*A',
+     'obj.dsl:1:1: error: clip() takes 3 arguments, got 2\n    clip(r, 0.8)*A\n    ^\nhint: write clip(x, lo, hi)'),
+    ('wrong_arity_log', 'log(r, 2)*A',
+     'obj.dsl:1:1: error: log() takes 1 argument, got 2\n    log(r, 2)*A\n    ^\nhint: write log(x)'),
+    ('wrong_arity_min', 'min(r)*A',
+     'obj.dsl:1:1: error: min() takes at least 2 arguments, got 1\n    min(r)*A\n    ^\nhint: write min(a, b, ...)'),
+    ('function_used_as_name', 'r*A*log',
+     "obj.dsl:1:5: error: 'log' is a function; call it as log(...)\n    r*A*log\n        ^"),
+    ('rebind_builtin', 'r = 2\nr*A',
+     "obj.dsl:1:1: error: 'r' is a built-in (the importance ratio π/μ) and cannot be rebound\n    r = 2\n    ^\nhint: choose another name"),
+    ('rebind_builtin_unicode', 'π = 0.5\nr*A',
+     "obj.dsl:1:1: error: 'π' is a built-in (the current probability of the sampled token) and cannot be rebound\n    π = 0.5\n    ^\nhint: choose another name"),
+    ('duplicate_name', 'δ = 1\ndelta = 2\nr*A',
+     "obj.dsl:2:1: error: 'delta' is already defined on line 1\n    delta = 2\n    ^\nhint: each name is defined once; Unicode and ASCII spellings (δ, delta) are the same name"),
+    ('duplicate_binding', 'D = r\nD = r*2\nD*A',
+     "obj.dsl:2:1: error: 'D' is already defined on line 1\n    D = r*2\n    ^\nhint: each name is defined once; Unicode and ASCII spellings (δ, delta) are the same name"),
+    ('no_objective', 'δ = 1',
+     'obj.dsl:1:1: error: no objective: every line is a definition\n    δ = 1\n    ^\nhint: add one line that is a bare expression, e.g. r*A'),
+    ('two_objectives', 'r*A\nr*A*2',
+     'obj.dsl:2:1: error: a second objective line (the first is on line 1)\n    r*A*2\n    ^\nhint: exactly one line is the objective; name sub-expressions with name = ...'),
+    ('empty_file', '',
+     'obj.dsl:1:1: error: the objective file is empty\n    \n    ^\nhint: write the objective as an expression, e.g. r*A'),
+    ('only_comments', '# nothing here\n\n',
+     'obj.dsl:1:1: error: the objective file is empty\n    # nothing here\n    ^\nhint: write the objective as an expression, e.g. r*A'),
+    ('parameter_not_finite', 'δ = 1e999\nr*A',
+     "obj.dsl:1:5: error: parameter value '1e999' is not a finite number\n    δ = 1e999\n        ^\nhint: write a decimal number such as 0.2, .5 or 1e-3"),
+    ('no_policy_dependence', 'A*2',
+     'obj.dsl:1:1: error: the objective does not depend on the policy\n    A*2\n    ^\nhint: use r or π outside sg(...), [...] and sign(...); otherwise its gradient is zero'),
+    ('policy_only_in_sg', 'sg(r)*A',
+     'obj.dsl:1:1: error: the objective does not depend on the policy\n    sg(r)*A\n    ^\nhint: use r or π outside sg(...), [...] and sign(...); otherwise its gradient is zero'),
+    ('policy_only_in_indicator', '[r > 1]*A',
+     'obj.dsl:1:1: error: the objective does not depend on the policy\n    [r > 1]*A\n    ^\nhint: use r or π outside sg(...), [...] and sign(...); otherwise its gradient is zero'),
+    ('implicit_between_names', 'r A',
+     "obj.dsl:1:3: error: ambiguous implicit multiplication\n    r A\n      ^\nhint: implicit multiplication is allowed only right after a number (2δ, 2(r-1), 2|x|) and never in a divisor; write '*' explicitly, e.g. a/(b*c) or a/b*c, |a|*|b|"),
+    ('implicit_in_divisor', 'δ = 1\nr*A/2δ',
+     "obj.dsl:2:6: error: ambiguous implicit multiplication\n    r*A/2δ\n         ^\nhint: implicit multiplication is allowed only right after a number (2δ, 2(r-1), 2|x|) and never in a divisor; write '*' explicitly, e.g. a/(b*c) or a/b*c, |a|*|b|"),
+    ('implicit_after_division', 'a = 1\nb = 2\nr*A/b a',
+     "obj.dsl:3:7: error: ambiguous implicit multiplication\n    r*A/b a\n          ^\nhint: implicit multiplication is allowed only right after a number (2δ, 2(r-1), 2|x|) and never in a divisor; write '*' explicitly, e.g. a/(b*c) or a/b*c, |a|*|b|"),
+    ('implicit_between_bars', '|A||r|',
+     "obj.dsl:1:4: error: ambiguous implicit multiplication\n    |A||r|\n       ^\nhint: implicit multiplication is allowed only right after a number (2δ, 2(r-1), 2|x|) and never in a divisor; write '*' explicitly, e.g. a/(b*c) or a/b*c, |a|*|b|"),
+    ('implicit_with_space', 'δ = 1\nr*A*2 δ',
+     'obj.dsl:2:7: error: implicit multiplication needs the number directly before its factor\n    r*A*2 δ\n          ^\nhint: write 2*... or remove the space'),
+    ('condition_as_number', 'r*A + (r > 1)',
+     "obj.dsl:1:8: error: the condition 'r > 1' is used as a number\n    r*A + (r > 1)\n           ^\nhint: write [r > 1] for its 0/1 indicator"),
+    ('number_as_condition', '[r]*A*r',
+     "obj.dsl:1:2: error: expected a condition, found the number 'r'\n    [r]*A*r\n     ^\nhint: conditions use < <= > >= == != and, or, not; e.g. [r > 1]"),
+    ('unknown_option', '@anchr = old\nr*A',
+     "obj.dsl:1:1: error: unknown option '@anchr'\n    @anchr = old\n    ^\nhint: options are: @anchor, @aggregate; did you mean '@anchor'?"),
+    ('bad_option_value', '@aggregate = token-sum\nr*A',
+     "obj.dsl:1:14: error: 'token-sum' is not a value of @aggregate\n    @aggregate = token-sum\n                 ^\nhint: @aggregate is one of: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm"),
+    ('duplicate_option', '@anchor = old\n@anchor = rollout\nr*A',
+     "obj.dsl:2:1: error: option '@anchor' is set twice\n    @anchor = rollout\n    ^"),
+    ('option_as_name', 'anchor = 1\nr*A',
+     "obj.dsl:1:1: error: 'anchor' names an option; set it with @anchor = ...\n    anchor = 1\n    ^"),
+    ('self_reference', 'D = D*r\nD*A',
+     "obj.dsl:1:5: error: 'D' is defined in terms of itself\n    D = D*r\n        ^"),
+]
+
+
+@pytest.mark.parametrize("name, source, expected", ERRORS, ids=[e[0] for e in ERRORS])
+def test_bad_input_gets_its_exact_located_message(name, source, expected):
+    with pytest.raises(DslError) as e:
+        parse(source, "obj.dsl")
+    assert e.value.render() == expected
+    assert (e.value.path, e.value.line, e.value.col) == ("obj.dsl",) + tuple(
+        int(x) for x in expected.split(":")[1:3])
+
+
+def test_non_utf8_bytes_are_a_located_error():
+    with pytest.raises(DslError) as e:
+        dsl.parse_bytes("δ = 1\nr*A ".encode() + b"\xff", "bad.dsl")
+    assert e.value.render() == ("bad.dsl:2:5: error: the file is not UTF-8: byte 0xff cannot be decoded\n"
+                                "hint: save the objective file as UTF-8")
+
+
+def test_unknown_objective_name_lists_the_library():
+    with pytest.raises(DslError) as e:
+        dsl.load("drp")
+    assert e.value.render().startswith("drp:1:1: error: no objective file or shipped objective named 'drp'")
+    assert "did you mean 'drpo'?" in e.value.render()
+
+
+# ---------------------------------------------------------------- fuzzing
+ALPHABET = st.sampled_from(list("rAμπδεx()[]|+-*/^²,.=<>!#@ \n0123456789_") +
+                           ["and", "or", "not", "log", "min", "clip", "sg", "pi", "mu", "\xff", "é", "≤", "\r"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(ALPHABET, max_size=40).map("".join))
+def test_arbitrary_text_raises_only_the_languages_own_error(text):
+    try:
+        obj = parse(text, "fuzz.dsl")
+    except DslError as e:
+        assert e.render().startswith("fuzz.dsl:")
+    else:
+        assert parse(obj.canonical(), "again.dsl").expr == obj.expr
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=60))
+def test_arbitrary_bytes_raise_only_the_languages_own_error(data):
+    try:
+        dsl.parse_bytes(data, "bytes.dsl")
+    except DslError as e:
+        assert e.render().startswith("bytes.dsl:")
+
+
+LEAVES = st.sampled_from(["r", "π", "μ", "A", "delta", "2", "0.5", "1e-3"])
+
+
+def _exprs():
+    return st.recursive(LEAVES, lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "^"]), inner).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
+        inner.map(lambda x: f"-({x})"),
+        inner.map(lambda x: f"|{x}|"),
+        st.tuples(st.sampled_from(["log", "exp", "sqrt", "sign", "sg"]), inner).map(lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(st.sampled_from(["min", "max"]), inner, inner).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
+        st.tuples(inner, inner, inner).map(lambda t: f"clip({t[0]}, {t[1]}, {t[2]})"),
+        st.tuples(inner, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), inner).map(lambda t: f"[{t[0]} {t[1]} {t[2]}]"),
+    ), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_exprs())
+def test_canonical_form_parses_back_to_the_same_ir(text):
+    try:
+        obj = parse(f"delta = 0.2\n{text}")
+    except DslError as e:
+        assert "does not depend on the policy" in e.message
+        return
+    assert parse(obj.canonical()).expr == obj.expr
+
+
+# ---------------------------------------------------------------- command line and install
+def test_drpo_analyze_reports_errors_without_traceback_and_exits_nonzero(tmp_path):
+    bad = tmp_path / "bad.dsl"
+    bad.write_text("δ = 1\nr*A - |A|/(2δ)*(r-1)^2*foo\n")
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.cli", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"{bad}:2:24: error: unknown name 'foo'")
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.cli", str(bad), "--traceback"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_shipped_objectives_are_found_from_a_regular_install(tmp_path):
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(root)], check=True, capture_output=True)
+    code = "import dsl, objectives; print(dsl.load('drpo').params, objectives.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(target), "PATH": ""}, check=True).stdout
+    assert "{'delta': Fraction(25, 2)}" in out and str(target) in out
