@@ -291,3 +291,14 @@ def test_shipped_objectives_are_found_from_a_regular_install(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          env={"PYTHONPATH": str(target), "PATH": ""}, check=True).stdout
     assert "{'delta': Fraction(25, 2)}" in out and str(target) in out
+
+
+def test_every_operation_row_declares_its_lowerings_derivative_and_printing():
+    from dsl.ir import NOT_DIFFERENTIABLE, OPS
+    for name, op in OPS.items():
+        assert callable(op.sympy) and callable(op.torch) and callable(op.py), name
+        assert op.symbol and op.prec > 0, name
+        if op.kind == "bool":
+            assert op.deriv is NOT_DIFFERENTIABLE, name
+        else:
+            assert callable(op.deriv), name
