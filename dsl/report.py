@@ -1,0 +1,146 @@
+"""Human-readable output of an analysis: the report, the comparison table and the plot."""
+from __future__ import annotations
+
+import re
+
+from .ir import display_name
+
+_FUNCS = {"Piecewise", "sign", "Abs", "log", "exp", "sqrt", "Min", "Max", "Eq", "LambertW", "True", "False"}
+_GEOMETRY = {
+    "none": "w ≡ 1: the plain surrogate, no trust region",
+    "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
+    "binary-tv": "boundaries are fixed values of |π − μ| (DPPO/DRPO-like)",
+    "two-level": "w takes two constant values switching at r = 1",
+    "advantage-entangled": "a boundary or the weight depends on |A|",
+    "other": "none of the named geometries",
+}
+
+
+def _decimal(m):
+    p, q = int(m.group(1)), int(m.group(2))
+    d = q
+    for f in (2, 5):
+        while d % f == 0:
+            d //= f
+    return f"{p / q:g}" if d == 1 else m.group(0)
+
+
+def math_text(e) -> str:
+    """One-line Unicode math: 1 − 0.08·μ·(r − 1), with Piecewise as 'x if c; y otherwise'."""
+    import sympy as sp
+    if isinstance(e, sp.Piecewise):
+        parts = [f"{math_text(x)} if {math_text(c)}" for x, c in e.args[:-1]]
+        return "; ".join(parts + [f"{math_text(e.args[-1][0])} otherwise"])
+    if isinstance(e, sp.Eq):
+        return f"{math_text(e.lhs)} = {math_text(e.rhs)}"
+    text = sp.sstr(e)
+    text = re.sub(r"(?<![\w.)])(\d+)/(\d+)(?![\w.(])", _decimal, text)
+    text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
+    text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
+    text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",
+                  lambda m: m.group(1) if m.group(1) in _FUNCS else display_name(m.group(1)), text)
+    return text.replace("Abs", "abs")
+
+
+def _fmt(x) -> str:
+    return "unbounded" if x is None else f"{float(x):.6g}"
+
+
+def _range(res) -> str:
+    lo, hi = res["weight_range"]
+    return f"[{'-∞' if lo is None else _fmt(lo)}, {'+∞' if hi is None else _fmt(hi)}]"
+
+
+def report(res: dict) -> str:
+    title = res["description"].splitlines()[0] if res["description"] else res["name"]
+    lines = [f"{res['name']} — {title}", f"  file       {res['path']}"]
+    from .ir import display_name as dn
+    params = ", ".join(f"{dn(k)} = {v:g}" for k, v in res["params"].items()) or "none"
+    lines += [
+        f"  objective  {res['objective']}    (maximized; the loss is its negative)",
+        f"  params     {params}",
+        f"  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
+        "",
+        "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π",
+        f"    w = {math_text(res['weight'])}",
+        "",
+        "  cases",
+    ]
+    for c in res["cases"]:
+        sign = "A > 0" if c["advantage"] == "positive" else "A < 0"
+        r_side = ("r > 1" if (c["advantage"] == "positive") == (c["direction"] == "diverging") else "r < 1")
+        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {math_text(c['weight'])}")
+    lines += ["", "  trust-region boundary (w = 0)"]
+    for adv in ("positive", "negative"):
+        b = res["boundary"][adv]
+        sign = "A > 0" if adv == "positive" else "A < 0"
+        if not b["r"]:
+            lines.append(f"    {sign}   none")
+            continue
+        reach = "reachable" if res["reachable"][adv] else "unreachable in 0 < μ, π ≤ 1"
+        for r_, pi_ in zip(b["r"], b["pi"]):
+            lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach})")
+    sc = res["self_check"]
+    lines += [
+        "",
+        f"  range      w ∈ {_range(res)}  ({'bounded' if res['bounded'] else 'unbounded'})",
+        f"  smooth     {'yes: w is continuous in r' if res['smooth'] else 'no: w jumps (hard mask or clip)'}",
+        f"  geometry   {res['geometry']}: {_GEOMETRY[res['geometry']]}",
+        f"  self-check {'passed' if sc['passed'] else 'FAILED'}: w·A matches finite differences of the objective "
+        f"at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})",
+    ]
+    if res["warnings"]:
+        lines += ["", "  warnings"] + [f"    ! {w}" for w in res["warnings"]]
+    if res["notes"]:
+        lines += ["", "  notes"] + [f"    - {n}" for n in res["notes"]]
+    return "\n".join(lines)
+
+
+def comparison(results: list[dict]) -> str:
+    """One row per objective, side by side."""
+    head = ["objective", "w range", "boundary A>0 (π)", "boundary A<0 (π)", "smooth", "bounded", "geometry"]
+    rows = [head]
+    for res in results:
+        def side(adv):
+            pis = res["boundary"][adv]["pi"]
+            if not pis:
+                return "none"
+            text = ", ".join(math_text(p) for p in pis)
+            return text if res["reachable"][adv] else f"{text} (unreachable)"
+        rows.append([res["name"], _range(res), side("positive"), side("negative"),
+                     "yes" if res["smooth"] else "no", "yes" if res["bounded"] else "no", res["geometry"]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]])
+
+
+PLOT_DPI, PANEL_W, PANEL_H = 100, 5.0, 4.0
+
+
+def plot(results: list[dict], path: str) -> None:
+    """Heatmaps of w over (μ, π) for A = +1 and A = −1, one row per objective, with the
+    boundary w = 0 drawn (as in the paper's Figure 1). Size: 1000 × 400·rows pixels."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    n = len(results)
+    fig, axes = plt.subplots(n, 2, figsize=(2 * PANEL_W, PANEL_H * n), dpi=PLOT_DPI, squeeze=False)
+    grid = np.linspace(0.002, 1.0, 300)
+    mu, pi = np.meshgrid(grid, grid)
+    for row, res in zip(axes, results):
+        for ax, A in zip(row, (1.0, -1.0)):
+            w = np.asarray(res["_w"](pi / mu, mu, A), dtype=float)
+            im = ax.imshow(np.clip(w, -1, 3), origin="lower", extent=(0, 1, 0, 1), cmap="RdBu_r",
+                           vmin=-1, vmax=3, aspect="auto")
+            lo, hi = np.nanmin(w), np.nanmax(w)
+            if lo < 0 < hi or (lo == 0 < hi):   # a zero crossing, or the edge of a masked region
+                ax.contour(mu, pi, w, levels=[0 if lo < 0 else 1e-9], colors="k", linewidths=1.5)
+            ax.plot([0, 1], [0, 1], color="gray", lw=0.8, ls=":")
+            ax.set_title(f"{res['name']}: w for A {'> 0' if A > 0 else '< 0'}", fontsize=10)
+            ax.set_xlabel("μ (behaviour prob.)")
+            ax.set_ylabel("π (current prob.)")
+            fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=PLOT_DPI)
+    plt.close(fig)

@@ -1,0 +1,212 @@
+"""drpo-analyze reproduces the paper's closed forms (Table 1, Appendices B and C)."""
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import dsl
+from dsl.analysis import analyze, self_check, to_json
+
+r, mu, A = sp.symbols("r mu A")
+S = sp.sign
+
+
+def sym(text, params):
+    return sp.sympify(text, locals={"r": r, "mu": mu, "A": A, **{k: sp.Symbol(k) for k in params}})
+
+
+# name, overrides, closed-form w (params substituted), boundary π for A>0 and A<0, geometry,
+# bounded, smooth, exact range (None where unbounded)
+CLOSED_FORMS = [
+    ("surrogate", {}, lambda p: sp.Integer(1), [], [], "none", True, True, (1, 1)),
+    ("ppo", {}, None, ["6*mu/5"], ["4*mu/5"], "ratio", True, False, (0, 1)),
+    ("grpo_clip_higher", {}, None, ["32*mu/25"], ["4*mu/5"], "ratio", True, False, (0, 1)),
+    ("spo", {}, lambda p: 1 - S(A * (r - 1)) * sp.Abs(r - 1) / p["eps"], ["6*mu/5"], ["4*mu/5"],
+     "ratio", False, True, (None, None)),
+    ("dppo_binary_tv", {}, None, ["mu + 3/20"], ["mu - 3/20"], "binary-tv", True, False, (0, 1)),
+    ("drpo", {}, lambda p: 1 - S(A * (r - 1)) * sp.Abs(mu * r - mu) / p["delta"], ["mu + 25/2"], ["mu - 25/2"],
+     "binary-tv", True, True, (1 - 1 / 12.5, 1 + 1 / 12.5)),
+    ("drpo", {"delta": "0.5"}, lambda p: 1 - S(A * (r - 1)) * sp.Abs(mu * r - mu) / p["delta"],
+     ["mu + 1/2"], ["mu - 1/2"], "binary-tv", True, True, (-1, 3)),
+    ("kl", {}, lambda p: 1 + S(A) / (2 * p["delta"] * r), [], ["mu/25"], "ratio", False, True, (None, None)),
+    ("k3", {}, lambda p: 1 - S(A) * (r - 1) / (2 * p["delta"] * r), [], ["mu/26"], "ratio", False, True, (None, None)),
+    ("k3", {"delta": "0.2"}, lambda p: 1 - S(A) * (r - 1) / (2 * p["delta"] * r), ["5*mu/3"], ["5*mu/7"],
+     "ratio", False, True, (None, None)),
+    ("tv", {}, lambda p: 1 - S(A) * S(r - 1) / (2 * p["delta"]), [], [], "two-level", True, False, (0.96, 1.04)),
+    ("kl_no_adv", {}, lambda p: 1 + 1 / (2 * p["delta"] * r * A), [], ["-mu/(25*A)"], "advantage-entangled",
+     False, True, (None, None)),
+]
+
+
+def _random_points(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    mus = rng.uniform(0.01, 1, n)
+    pis = rng.uniform(0.01, 1, n)
+    As = rng.choice([-1, 1], n) * rng.uniform(0.1, 3, n)
+    return pis / mus, mus, As
+
+
+def _ppo_like(eps_low, eps_high):
+    return lambda rr, mm, aa: np.where(aa > 0, (rr <= 1 + eps_high) * 1.0, (rr >= 1 - eps_low) * 1.0)
+
+
+NUMERIC_W = {   # the piecewise-constant ones, as the paper states them: w ∈ {0, 1}
+    "ppo": _ppo_like(0.2, 0.2),
+    "grpo_clip_higher": _ppo_like(0.2, 0.28),
+    "dppo_binary_tv": lambda rr, mm, aa: np.where(
+        (aa * (rr - 1) > 0) & (np.abs(mm * rr - mm) > 0.15), 0.0, 1.0),
+}
+
+
+@pytest.mark.parametrize("name, overrides, w_closed, b_pos, b_neg, geometry, bounded, smooth, rng",
+                         CLOSED_FORMS, ids=[f"{c[0]}{c[1] or ''}" for c in CLOSED_FORMS])
+def test_analysis_reproduces_the_papers_closed_forms(name, overrides, w_closed, b_pos, b_neg, geometry,
+                                                     bounded, smooth, rng):
+    obj = dsl.load(name, params=overrides)
+    res = analyze(obj)
+    out = to_json(res)
+    params = {k: sp.Rational(str(v)) for k, v in out["params"].items()}
+    w_json = sym(out["weight"], params).subs({sp.Symbol(k): v for k, v in params.items()})
+    rr, mm, aa = _random_points()
+    if w_closed is not None:
+        closed = w_closed(params)
+        # formula equality where SymPy can prove it, numerical equality otherwise
+        diff = sp.simplify((w_json - closed).rewrite(sp.Piecewise)) if not w_json.has(sp.Piecewise) else None
+        if diff != 0:
+            f = sp.lambdify([r, mu, A], closed, "numpy")
+            assert np.allclose(res["_w"](rr, mm, aa), np.broadcast_to(f(rr, mm, aa), rr.shape), atol=1e-9)
+        else:
+            assert diff == 0
+    else:
+        assert np.array_equal(res["_w"](rr, mm, aa), NUMERIC_W[name](rr, mm, aa))
+    for side, expected in (("positive", b_pos), ("negative", b_neg)):
+        got = [sym(e, params) for e in out["boundary"][side]["pi"]]
+        assert len(got) == len(expected), (side, out["boundary"][side])
+        for e in expected:
+            assert any(sp.simplify(g - sym(e, params)) == 0 for g in got), (side, e, got)
+    assert out["geometry"] == geometry
+    assert out["bounded"] is bounded and out["smooth"] is smooth
+    lo, hi = rng
+    assert (out["weight_range"][0] is None) == (lo is None) and (out["weight_range"][1] is None) == (hi is None)
+    if lo is not None:
+        assert out["weight_range"] == pytest.approx([lo, hi], abs=1e-9)
+    assert out["self_check"]["passed"]
+
+
+def test_drpo_at_the_papers_delta_warns_that_its_boundary_is_unreachable():
+    out = to_json(analyze(dsl.load("drpo")))
+    assert out["reachable"] == {"positive": False, "negative": False}
+    assert out["weight_range"] == [0.92, 1.08]
+    unreachable = [w for w in out["warnings"] if "unreachable" in w]
+    assert len(unreachable) == 2
+    assert "π = μ + 12.5" in unreachable[0] and "[0.92, 1.08]" in unreachable[0]
+    small = to_json(analyze(dsl.load("drpo", params={"δ": "0.2"})))
+    assert small["reachable"] == {"positive": True, "negative": True}
+    assert not [w for w in small["warnings"] if "unreachable" in w]
+
+
+def test_k3_has_a_positive_boundary_only_below_half():
+    assert to_json(analyze(dsl.load("k3", params={"delta": "0.49"})))["boundary"]["positive"]["r"] == ["50"]
+    assert to_json(analyze(dsl.load("k3", params={"delta": "0.5"})))["boundary"]["positive"]["r"] == []
+
+
+def test_dual_clip_cuts_negative_advantages_at_c():
+    out = to_json(analyze(dsl.load("ppo_dual_clip")))
+    assert sorted(out["boundary"]["negative"]["r"]) == ["3", "4/5"]
+    assert out["boundary"]["positive"]["r"] == ["6/5"]
+
+
+@pytest.mark.parametrize("name", dsl.shipped_names())
+def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(name):
+    out = to_json(analyze(dsl.load(name)))
+    json.dumps(out)
+    assert set(out) >= {"name", "params", "objective", "weight", "cases", "boundary", "reachable",
+                        "weight_range", "bounded", "smooth", "geometry", "warnings"}
+    assert out["name"] == name and all(k.isascii() for k in out["params"])
+    assert [(c["advantage"], c["direction"]) for c in out["cases"]] == [
+        ("positive", "diverging"), ("positive", "converging"), ("negative", "diverging"), ("negative", "converging")]
+    params = out["params"]
+    for c in out["cases"]:
+        sym(c["weight"], params)            # every formula reads back with sympify
+    sym(out["weight"], params)
+    assert set(out["boundary"]) == {"positive", "negative"}
+    for side in out["boundary"].values():
+        assert set(side) == {"r", "pi"} and len(side["r"]) == len(side["pi"])
+        for e in side["r"] + side["pi"]:
+            sym(e, params)
+    assert set(out["reachable"]) == {"positive", "negative"}
+    assert len(out["weight_range"]) == 2
+    assert out["geometry"] in ("none", "ratio", "binary-tv", "two-level", "advantage-entangled", "other")
+    assert out["self_check"]["passed"] and out["self_check"]["points"] >= 32
+
+
+def test_self_check_fails_on_a_wrong_weight():
+    from dsl.analysis import _Ctx
+    ctx = _Ctx(dsl.load("drpo"))
+    wrong = lambda rr, mm, aa: np.ones_like(np.asarray(rr, dtype=float))  # the surrogate's w, not DRPO's
+    assert not self_check(ctx, wrong)["passed"]
+    right = analyze(dsl.load("drpo"))["_w"]
+    assert self_check(ctx, right)["passed"]
+
+
+def test_a_sympy_time_limit_falls_back_and_says_so(monkeypatch):
+    import dsl.analysis as an
+    monkeypatch.setattr(an, "SYMPY_SECONDS", 1e-6)
+    res = analyze(dsl.load("drpo"))
+    assert res["notes"] and all("fallback" in n for n in res["notes"])
+    assert res["self_check"]["passed"]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_report_and_comparison_table():
+    proc = _cli("drpo", "ppo", "spo")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "drpo — DRPO: Divergence Regularized Policy Optimization" in out
+    assert "w = 1 + μ·(1 − r)·sign(A)/δ" in out
+    lines = out.splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("objective "))]
+    table = lines[lines.index(table):]
+    assert table[0].split()[:3] == ["objective", "w", "range"]
+    rows = [line.split()[0] for line in table[2:]]
+    assert rows == ["drpo", "ppo", "spo"]
+    assert "binary-tv" in table[2] and "ratio" in table[3] and "[-∞, +∞]" in table[4]
+
+
+def test_cli_json_for_several_objectives_is_a_list_and_set_applies_by_name():
+    proc = _cli("k3", "drpo", "--json", "--set", "delta=0.2")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [d["name"] for d in data] == ["k3", "drpo"]
+    assert data[0]["boundary"]["positive"]["r"] == ["5/3"]
+    assert data[1]["params"] == {"delta": 0.2}
+
+
+def test_cli_unknown_set_name_is_a_located_error():
+    proc = _cli("drpo", "--set", "epsilon=0.1")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("--set:1:1: error: unknown parameter 'epsilon' for objective 'drpo'")
+
+
+def test_plot_writes_a_png_of_the_right_size(tmp_path):
+    path = tmp_path / "w.png"
+    proc = _cli("drpo", "ppo", "--plot", str(path))
+    assert proc.returncode == 0, proc.stderr
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1000, 800)
+
+
+def test_drpo_analyze_never_imports_torch():
+    code = ("import sys; from openrlhf_drpo.cli import analyze_main; analyze_main(['drpo', 'ppo', '--json']); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
