@@ -132,10 +132,19 @@ def depends_on_r(n: Node) -> bool:
 
 # ---------------------------------------------------------------- derivative rules
 # d(node)/dr given the derivatives `d` of its arguments. π = μ·r, so dπ/dr = μ.
+def power(x, y):
+    if is_num(y, 1):
+        return x
+    if is_num(y, 0):
+        return ONE
+    return Node("pow", (x, y))
+
+
 def _d_pow(n, d):
     x, y = n.args
     if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
-        return mul(mul(y, Node("pow", (x, sub(y, ONE)))), d[0])
+        exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
+        return mul(mul(y, power(x, exponent)), d[0])
     return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
 
 
@@ -155,11 +164,12 @@ def _d_extreme(n, d, better):
 
 
 def _d_clip(n, d):
+    # clip(x, lo, hi) is min(max(x, lo), hi) in every lowering (also when lo > hi, as
+    # torch.clamp), so its rule is those two rules composed.
     x, lo, hi = n.args
-    inside = Node("and", (Node("ge", (x, lo)), Node("le", (x, hi))))
-    out = mul(ind(inside), d[0])
-    out = add(out, mul(ind(Node("lt", (x, lo))), d[1]))
-    return add(out, mul(ind(Node("gt", (x, hi))), d[2]))
+    m = Node("max", (x, lo))
+    dm = _d_extreme(m, [d[0], d[1]], {False: "ge", True: "gt"})
+    return _d_extreme(Node("min", (m, hi)), [dm, d[2]], {False: "le", True: "lt"})
 
 
 def _zero(n, d):
@@ -170,15 +180,34 @@ NOT_DIFFERENTIABLE = "boolean"   # conditions only ever sit inside [...] whose d
 
 
 # ---------------------------------------------------------------- torch lowering helpers
+def _is_literal(code: str) -> bool:
+    try:
+        float(code)
+        return True
+    except ValueError:
+        return False
+
+
 def _t_where_extreme(cmp):
+    pick = min if cmp == "<=" else max
+
     def lower(*a):
         out = a[-1]
         for x in reversed(a[:-1]):
-            # nested where: first argument that attains the extreme wins, as in the IR rule
             rest = out
-            out = f"torch.where({x} {cmp} {rest}, {x}, {rest})"
+            if _is_literal(x) and _is_literal(rest):    # clip's inner max of two constants
+                out = repr(pick(float(x), float(rest)))
+            else:   # nested where: the first argument attaining the extreme wins, as in the IR rule
+                out = f"torch.where({x} {cmp} {rest}, {x}, {rest})"
         return out
     return lower
+
+
+def _t_clip(x, lo, hi):
+    if _is_literal(lo) and _is_literal(hi):
+        return f"torch.clamp({x}, {lo}, {hi})"
+    # tensor bounds: min(max(x, lo), hi) with the derivative rule's tie-breaking
+    return _t_where_extreme("<=")(_t_where_extreme(">=")(x, lo), hi)
 
 
 @dataclass(frozen=True)
@@ -192,6 +221,7 @@ class Op:
     deriv: Callable | str           # (node, arg_derivatives) -> Node
     prec: int                       # binding strength for printing; 100 = function call
     symbol: str                     # infix symbol or function name
+    reuses_args: bool = False       # the torch text names an argument twice: bind it first
 
 
 def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2):
@@ -203,8 +233,8 @@ def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="n
     return Op((arity, arity), kind, args_kind, sympy, torch, py, deriv, prec, sym)
 
 
-def _fn(name, sympy, torch, py, deriv, arity=(1, 1), kind="num", args_kind="num"):
-    return Op(arity, kind, args_kind, sympy, torch, py, deriv, 100, name)
+def _fn(name, sympy, torch, py, deriv, arity=(1, 1), kind="num", args_kind="num", reuses_args=False):
+    return Op(arity, kind, args_kind, sympy, torch, py, deriv, 100, name, reuses_args)
 
 
 def _cmp(sym, torch_sym, sympy, py):
@@ -248,13 +278,13 @@ OPS: dict[str, Op] = {
     # the analysis can settle each case's conditions itself before building any Piecewise.
     "min": _fn("min", lambda sp, *a: sp.Min(*a, evaluate=False),
                _t_where_extreme("<="), _pymin,
-               lambda n, d: _d_extreme(n, d, {False: "le", True: "lt"}), arity=(2, None)),
+               lambda n, d: _d_extreme(n, d, {False: "le", True: "lt"}), arity=(2, None), reuses_args=True),
     "max": _fn("max", lambda sp, *a: sp.Max(*a, evaluate=False),
                _t_where_extreme(">="), _pymax,
-               lambda n, d: _d_extreme(n, d, {False: "ge", True: "gt"}), arity=(2, None)),
+               lambda n, d: _d_extreme(n, d, {False: "ge", True: "gt"}), arity=(2, None), reuses_args=True),
     "clip": _fn("clip", lambda sp, x, lo, hi: sp.Min(sp.Max(x, lo, evaluate=False), hi, evaluate=False),
-                lambda x, lo, hi: f"torch.clamp({x}, {lo}, {hi})",
-                lambda x, lo, hi: min(max(x, lo), hi), _d_clip, arity=(3, 3)),
+                _t_clip,
+                lambda x, lo, hi: min(max(x, lo), hi), _d_clip, arity=(3, 3), reuses_args=True),
     "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, _zero),
     "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True), evaluate=False),
               lambda c: f"({c}).to(dtype)", float, _zero, 100, "[]"),
@@ -277,18 +307,24 @@ FUNCTIONS = {k: OPS[k].arity for k in ("log", "exp", "sqrt", "abs", "sign", "min
 
 
 # ---------------------------------------------------------------- generic walks
-def derivative(n: Node) -> Node:
-    """∂n/∂r, treating μ and A as constants (μ is fixed during the update)."""
+R_SEEDS = {"r": ONE, "pi": Node("var", value="mu")}
+
+
+def derivative(n: Node, seeds: dict | None = None) -> Node:
+    """The derivative of n given the leaves' derivatives (`seeds`, name -> Node). The
+    default is ∂/∂r with μ and A constant (μ is fixed during the update), so dπ/dr = μ;
+    the torch compiler passes seeds for ∂/∂log π. Both use the same rules from OPS."""
+    seeds = R_SEEDS if seeds is None else seeds
     if n.op == "num" or n.op == "param":
         return ZERO
     if n.op == "var":
-        return {"r": ONE, "pi": Node("var", value="mu")}.get(n.value, ZERO)
+        return seeds.get(n.value, ZERO)
     rule = OPS[n.op].deriv
     if rule is NOT_DIFFERENTIABLE:
         raise ValueError(f"a condition ({n.op}) has no derivative; it may only appear inside [...]")
     if rule is _zero:   # sg, sign, [..]: never look inside
         return ZERO
-    return rule(n, [derivative(a) for a in n.args])
+    return rule(n, [derivative(a, seeds) for a in n.args])
 
 
 def render(n: Node, parent_prec: int = 0, right: bool = False) -> str:

@@ -1,0 +1,215 @@
+"""ObjectiveLoss: a compiled objective that OpenRLHF's actor calls exactly where it calls
+openrlhf.models.loss.PolicyLoss (same arguments, same 5-tuple)."""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from torch import nn
+
+import dsl
+from dsl.codegen import compile_objective
+from dsl.parser import OPTIONS, Objective
+
+OPENRLHF_VERSION = "0.11.2"
+_FORWARD_PARAMS = ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
+                   "dp_size", "batch_num_tokens", "global_batch_size"]
+METRIC_KEYS = ("drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging",
+               "drpo_abs_pi_minus_mu", "drpo_ratio_max")
+
+
+@functools.lru_cache(maxsize=None)
+def openrlhf_loss_module():
+    """openrlhf.models.loss, after checking it is the pinned version with the 5-value
+    PolicyLoss.forward this module imitates; anything else fails here, clearly."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        installed = version("openrlhf")
+    except PackageNotFoundError:
+        raise RuntimeError(f"openrlhf is not installed; openrlhf-drpo needs openrlhf=={OPENRLHF_VERSION} "
+                           "(bash scripts/setup.sh installs it)") from None
+    if installed != OPENRLHF_VERSION:
+        raise RuntimeError(f"openrlhf {installed} is installed; openrlhf-drpo is built against "
+                           f"openrlhf=={OPENRLHF_VERSION} (PolicyLoss's call and return arity changed between releases)")
+    from openrlhf.models import loss as L
+    params = list(inspect.signature(L.PolicyLoss.forward).parameters)
+    if params != _FORWARD_PARAMS:
+        raise RuntimeError(f"openrlhf PolicyLoss.forward takes {params}, expected {_FORWARD_PARAMS}")
+    x = torch.zeros(1, 2)
+    n_out = len(L.PolicyLoss()(x, x, x, action_mask=torch.ones(1, 2)))
+    if n_out != 5:
+        raise RuntimeError(f"openrlhf PolicyLoss.forward returns {n_out} values, expected 5")
+    return L
+
+
+_STATS = ("past_div", "past_conv", "w_sum", "w_count", "abs_pi_mu_sum", "ratio_max", "neg_log_ratio_sum", "tokens")
+
+
+def _aggregation_coef(m, mode, norm):
+    """d loss / d(per-token loss), exactly as OpenRLHF's aggregate_loss scales it: token mode
+    divides by the token count (or batch_num_tokens/dp_size), sample mode averages the
+    per-sequence means over non-empty sequences (or global_batch_size/dp_size). The
+    token-sum modes weight each sequence's mean by its length (or length / T)."""
+    if mode == "token-mean":
+        return m / (m.sum() if norm is None else norm)
+    count = m.sum(dim=-1, keepdim=True)
+    per_seq = {"seq-mean-token-mean": 1.0, "seq-mean-token-sum": count,
+               "seq-mean-token-sum-norm": count / m.shape[-1]}[mode] / (count + 1e-8)
+    seq = (count > 0).to(m.dtype)
+    return m * per_seq * seq / (seq.sum() if norm is None else norm)
+
+
+def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
+    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π and the metric sums, in one
+    function that torch.compile turns into a couple of fused loops. Masked slots are
+    selected away (NaN/inf there never leak); c is OpenRLHF's aggregation scaling."""
+    mask = action_mask != 0
+    logp, anchor, A = (torch.where(mask, x, 0.0) for x in (logp, anchor, A))
+    value, grad = value_and_grad(logp, anchor, A)
+    value = torch.where(mask, value, 0.0)
+    grad = torch.where(mask, grad, 0.0)
+    coef = _aggregation_coef(mask.to(value.dtype), mode, norm)
+    raw = logp - anchor
+    r = torch.exp(raw.clamp(-20.0, 20.0))
+    move = A * (r - 1)
+    stopped = grad * A <= 0                       # w ≤ 0: the trust-region boundary is reached
+    has_w = mask & (A != 0) & (raw.abs() <= 20.0)     # where w = (∂ℓ/∂log π)/(r·A) is defined
+    w = torch.where(has_w, grad / torch.where(has_w, r * A, 1.0), 0.0)
+    f = value.dtype
+    # |π − μ| = μ·|r − 1|: one exp instead of two (r clamped at e^±20, as in the loss)
+    stats = torch.stack([
+        ((move > 0) & stopped & mask).to(f).sum(), ((move < 0) & stopped & mask).to(f).sum(),
+        w.sum(), has_w.to(f).sum(), torch.where(mask, anchor.exp() * (r - 1).abs(), 0.0).sum(),
+        torch.where(mask, r, 0.0).amax(), torch.where(mask, -raw, 0.0).sum(), mask.to(f).sum(),
+    ])
+    return -(coef * value).sum(), -(coef * grad), stats
+
+
+def _fused_function(kernel):
+    class Fused(torch.autograd.Function):
+        """Forward computes the loss and its gradient together and keeps only the gradient:
+        backward is one multiply, and no intermediate of the objective stays alive."""
+
+        @staticmethod
+        def forward(ctx, logp, anchor, A, mask, norm):
+            loss, grad, stats = kernel(logp, anchor, A, mask, norm)
+            ctx.save_for_backward(grad)
+            ctx.mark_non_differentiable(stats)
+            return loss, stats
+
+        @staticmethod
+        def backward(ctx, g, _):
+            (grad,) = ctx.saved_tensors
+            return g * grad, None, None, None, None
+    return Fused
+
+
+class ObjectiveLoss(nn.Module):
+    """A policy loss compiled from an objective file.
+
+        loss_fn = ObjectiveLoss("drpo", delta=0.2)   # shipped name, path or dsl.Objective
+        loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio = loss_fn(
+            log_probs, old_log_probs, advantages, action_mask=mask, rollout_log_probs=None,
+            dp_size=1, batch_num_tokens=None, global_batch_size=None)
+
+    Keyword overrides name parameters (ASCII or Unicode) or the options `anchor` and
+    `aggregate`. `fused=False` runs the plain autograd path (the reference for the fused
+    one); `compile` chooses torch.compile for the fused kernel ("auto": on CUDA inputs).
+    After each call, `self.metrics` holds 0-d tensors named in METRIC_KEYS.
+    """
+
+    def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
+                 **overrides):
+        super().__init__()
+        obj = objective if isinstance(objective, Objective) else dsl.load(objective)
+        options = {k: overrides.pop(k) for k in list(overrides) if k in OPTIONS}
+        self.objective = obj.with_overrides(overrides, options, where="ObjectiveLoss") if (overrides or options) else obj
+        self._L = openrlhf_loss_module()
+        self._value, self._value_and_grad, self.source = compile_objective(self.objective)
+        self.fused = fused
+        # "auto": torch.compile (inductor) on CUDA inputs, where compiling takes seconds; eager
+        # on CPU, where it takes ~30 s per objective. True/False force it either way.
+        self.compile = compile
+        self._kernels: dict[bool, object] = {}
+        self.anchor = self.objective.options["anchor"]
+        self.aggregate = self.objective.options["aggregate"]
+        self.metrics: dict[str, torch.Tensor] = {}
+
+    def extra_repr(self) -> str:
+        return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
+                dp_size=1, batch_num_tokens=None, global_batch_size=None):
+        L = self._L
+        if self.anchor == "rollout":
+            if rollout_log_probs is None:
+                raise ValueError(f"objective '{self.objective.name}' uses @anchor = rollout, but no rollout "
+                                 "log-probs were given (drpo-train keeps vLLM's log-probs for it)")
+            anchor = rollout_log_probs
+        else:
+            anchor = old_log_probs
+        if action_mask is None:
+            action_mask = torch.ones_like(log_probs, dtype=torch.bool)
+        fused = self._fused(log_probs.is_cuda)
+        anchor, advantages = anchor.detach(), advantages.detach()
+        # the global normalizer, as a tensor so a compiled kernel does not specialize on it
+        total = batch_num_tokens if self.aggregate == "token-mean" else global_batch_size
+        norm = None if total is None else torch.as_tensor(total / dp_size, dtype=log_probs.dtype,
+                                                          device=log_probs.device)
+        if self.fused:
+            loss, stats = fused.apply(log_probs, anchor, advantages, action_mask, norm)
+        else:
+            mask = action_mask != 0
+            clean = lambda x: torch.where(mask, x, 0.0)   # noqa: E731  select, don't multiply
+            per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages))
+            loss = self._aggregate(per_token, action_mask, dp_size, batch_num_tokens, global_batch_size)
+            with torch.no_grad():
+                stats = fused.apply(log_probs.detach(), anchor, advantages, action_mask, norm)[1]
+
+        with torch.no_grad():
+            st = dict(zip(_STATS, stats.unbind()))
+            tokens = st["tokens"]
+            clip_ratio = st["past_div"] / tokens
+            self.metrics = {
+                "drpo_w_mean": st["w_sum"] / st["w_count"].clamp(min=1),
+                "drpo_past_boundary_diverging": clip_ratio,
+                "drpo_past_boundary_converging": st["past_conv"] / tokens,
+                "drpo_abs_pi_minus_mu": st["abs_pi_mu_sum"] / tokens,
+                "drpo_ratio_max": st["ratio_max"],
+            }
+            if self.anchor == "old":
+                ppo_kl = st["neg_log_ratio_sum"] / tokens       # masked_mean(-(log π - old log π))
+            else:
+                ppo_kl = L.masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
+            vllm_kl = is_filter_ratio = None
+            if rollout_log_probs is not None:
+                # as OpenRLHF reports it; the objective itself defines any off-policy correction,
+                # so no token is filtered here
+                vllm_kl = L.masked_mean(rollout_log_probs - old_log_probs, action_mask, dim=None)
+                is_filter_ratio = torch.zeros((), device=log_probs.device)
+        return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+
+    def _fused(self, cuda: bool):
+        """The autograd Function around the (possibly compiled) kernel, built once per mode."""
+        use = self.compile is True or (self.compile == "auto" and cuda)
+        if use not in self._kernels:
+            kernel = functools.partial(_kernel, self._value_and_grad, self.aggregate)
+            if use:
+                kernel = torch.compile(kernel, dynamic=True)
+            self._kernels[use] = _fused_function(kernel)
+        return self._kernels[use]
+
+    def _aggregate(self, per_token, loss_mask, dp_size, batch_num_tokens, global_batch_size):
+        """The plain path calls OpenRLHF's aggregate_loss itself (the fused kernel applies the
+        same scaling per token, and the tests hold the two to each other). The token-sum modes
+        (verl's) scale the per-token values so that its per-sequence mean becomes a sum."""
+        L, mode = self._L, self.aggregate
+        if mode == "token-mean":
+            return L.aggregate_loss(per_token, loss_mask, True, dp_size, batch_num_tokens, global_batch_size)
+        if mode != "seq-mean-token-mean":
+            scale = loss_mask.sum(dim=-1, keepdim=True).to(per_token.dtype)
+            if mode == "seq-mean-token-sum-norm":
+                scale = scale / loss_mask.shape[-1]   # Dr. GRPO: a constant length, not each sequence's
+            per_token = per_token * scale
+        return L.aggregate_loss(per_token, loss_mask, False, dp_size, batch_num_tokens, global_batch_size)

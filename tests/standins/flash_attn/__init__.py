@@ -1,0 +1,1 @@
+"""Import stand-in for flash_attn (tests on machines without it)."""

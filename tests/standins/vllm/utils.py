@@ -1,0 +1,2 @@
+def random_uuid() -> str:
+    raise RuntimeError("vllm is not installed: this is the tests' import stand-in")
