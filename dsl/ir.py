@@ -345,8 +345,9 @@ def render(n: Node, parent_prec: int = 0, right: bool = False) -> str:
     elif n.op == "pow":   # right-associative
         text = render(n.args[0], op.prec + 1) + "^" + render(n.args[1], op.prec)
     else:
-        text = (render(n.args[0], op.prec) + f" {op.symbol} "
-                + render(n.args[1], op.prec + (0 if n.op in ("add", "mul", "and", "or") else 1)))
+        # operators are left-associative: a right operand of equal precedence keeps its
+        # parentheses, so the canonical text parses back to the same tree
+        text = render(n.args[0], op.prec) + f" {op.symbol} " + render(n.args[1], op.prec + 1)
     return f"({text})" if op.prec < parent_prec else text
 
 

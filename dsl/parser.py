@@ -131,10 +131,12 @@ def _did_you_mean(name, candidates) -> str:
 
 
 def _finite_number(value, where, text, col) -> Fraction:
+    """A decimal (0.2, .5, 1e-3) or exact fraction (1/5) that is finite, as an exact Fraction."""
     text_value = repr(value) if isinstance(value, float) else str(value).strip()
     try:
-        v = Fraction(text_value) if math.isfinite(float(text_value)) else None
-    except (ValueError, ZeroDivisionError):
+        v = Fraction(text_value)
+        float(v)                      # 1e999 overflows here: not a finite number
+    except (ValueError, ZeroDivisionError, OverflowError):
         v = None
     if v is None or isinstance(value, bool):
         raise DslError(f"parameter value '{value}' is not a finite number", where, 1, col, text,

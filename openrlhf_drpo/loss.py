@@ -135,6 +135,7 @@ class ObjectiveLoss(nn.Module):
         self.anchor = self.objective.options["anchor"]
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: dict[str, torch.Tensor] = {}
+        self.sink: dict | None = None      # drpo-train points this at experience.info
 
     def extra_repr(self) -> str:
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
@@ -178,6 +179,8 @@ class ObjectiveLoss(nn.Module):
                 "drpo_abs_pi_minus_mu": st["abs_pi_mu_sum"] / tokens,
                 "drpo_ratio_max": st["ratio_max"],
             }
+            if self.sink is not None:
+                self.sink.update(self.metrics)
             if self.anchor == "old":
                 ppo_kl = st["neg_log_ratio_sum"] / tokens       # masked_mean(-(log π - old log π))
             else:

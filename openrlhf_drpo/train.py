@@ -1,0 +1,170 @@
+"""drpo-train: OpenRLHF's own train_ppo_ray command line, unchanged, plus --drpo.* flags.
+
+    drpo-train --drpo.objective FILE_OR_NAME [--drpo.set NAME=VALUE]... [--drpo.anchor old|rollout]
+               <any openrlhf.cli.train_ppo_ray flags>
+
+OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1) add the
+--drpo.* flags to its parser, then parse, analyse and compile the objective in this driver
+(a bad file fails here, before Ray starts) and ship its text and parameters inside the
+args, and (2) point the launcher at a PolicyModelActor subclass that installs the compiled
+objective where the trainer calls its policy loss.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import runpy
+import sys
+from unittest import mock
+
+OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
+
+
+class _Stop(Exception):
+    """Raised to stop OpenRLHF's CLI right after it validated its args (openrlhf_args)."""
+
+
+def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("openrlhf-drpo: train with a compiled objective")
+    group.add_argument("--drpo.objective", metavar="FILE_OR_NAME", default=None,
+                       help="objective file (.dsl) or shipped name (drpo, ppo, spo, ...) replacing PolicyLoss")
+    group.add_argument("--drpo.set", action="append", default=[], metavar="NAME=VALUE",
+                       help="override an objective parameter (repeatable)")
+    group.add_argument("--drpo.anchor", choices=["old", "rollout"], default=None,
+                       help="which log-probs play μ: the trainer's old log-probs or vLLM's rollout log-probs")
+
+
+def prepare_objective(args: argparse.Namespace) -> dict:
+    """Parse, check, analyse and compile the objective named in the (flat) args; returns the
+    spec every actor rebuilds it from. Raises DslError or SystemExit with a clear message."""
+    from dsl import load
+    from openrlhf_drpo.cli import _overrides
+
+    spec_name = getattr(args, "drpo.objective")
+    if not spec_name:
+        raise SystemExit("drpo-train: error: --drpo.objective FILE_OR_NAME is required")
+    options = {"anchor": getattr(args, "drpo.anchor")} if getattr(args, "drpo.anchor") else {}
+    obj = load(spec_name).with_overrides(_overrides(getattr(args, "drpo.set")), options, where="--drpo.set")
+    level = getattr(args, "algo.advantage.is_correction_level", "off")
+    if level != "off":
+        raise SystemExit(
+            "drpo-train: error: --algo.advantage.is_correction_level applies OpenRLHF's importance-sampling "
+            "correction inside PolicyLoss, which the objective replaces, so it would be silently dropped. "
+            "Write the correction into the objective instead (e.g. @anchor = rollout).")
+    if obj.options["anchor"] == "rollout":
+        # OpenRLHF 0.11.2 keeps vLLM's log-probs only when IS correction is on; turning it on
+        # here only keeps them: the correction itself lives in PolicyLoss, which is replaced.
+        setattr(args, "algo.advantage.is_correction_level", "token")
+    from openrlhf_drpo.loss import ObjectiveLoss
+    ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
+    spec = {"source": obj.source, "path": obj.path, "params": {k: str(v) for k, v in obj.params.items()},
+            "options": obj.options}
+    _report(obj, args)
+    return spec
+
+
+def _report(obj, args) -> None:
+    """Print the analysis at start-up and save it beside the run's logs."""
+    from dsl.analysis import analyze, to_json
+    from dsl.report import report
+    res = analyze(obj)
+    text = report(res)
+    print(text, flush=True)
+    for folder in {getattr(args, "ckpt.output_dir", None), getattr(args, "logger.tensorboard_dir", None)} - {None}:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "drpo_objective.txt"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        with open(os.path.join(folder, "drpo_objective.json"), "w", encoding="utf-8") as f:
+            json.dump(to_json(res), f, indent=2, ensure_ascii=False)
+
+
+@contextlib.contextmanager
+def _patched_openrlhf(on_parsed):
+    """Scoped patches: OpenRLHF's parser gains the --drpo.* flags and `on_parsed(args)` runs
+    on the parsed namespace; its launcher uses the objective-installing actor class."""
+    original_parse = argparse.ArgumentParser.parse_args
+
+    def parse_args(parser, args=None, namespace=None):
+        dests = {a.dest for a in parser._actions}
+        if "actor.model_name_or_path" not in dests:        # not OpenRLHF's parser: leave it be
+            return original_parse(parser, args, namespace)
+        if "drpo.objective" not in dests:
+            _add_drpo_flags(parser)
+        ns = original_parse(parser, args, namespace)
+        on_parsed(ns)
+        return ns
+
+    from openrlhf.trainer.ray import ppo_actor
+    from openrlhf_drpo.actor import DrpoPolicyModelActor
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_args), \
+            mock.patch.object(ppo_actor, "PolicyModelActor", DrpoPolicyModelActor):
+        yield
+
+
+def _run_openrlhf(argv: list[str]) -> None:
+    old_argv = sys.argv
+    sys.argv = ["drpo-train", *argv]
+    try:
+        runpy.run_module(OPENRLHF_CLI, run_name="__main__", alter_sys=False)
+    finally:
+        sys.argv = old_argv
+
+
+def openrlhf_args(argv: list[str]):
+    """OpenRLHF's own parsed and validated args for a command line (nothing starts): the
+    same namespace its `train(args)` receives, with the objective spec in args.drpo.spec."""
+    import ray
+    from openrlhf.utils import config
+    captured = {}
+    original = config.hierarchize
+
+    def hierarchize(ns):
+        captured["args"] = original(ns)
+        return captured["args"]
+
+    def stop(*a, **k):      # train() asks first thing: stop right there
+        raise _Stop()
+    with _patched_openrlhf(_ship_spec), mock.patch.object(config, "hierarchize", hierarchize), \
+            mock.patch.object(ray, "is_initialized", stop):
+        try:
+            _run_openrlhf(argv)
+        except _Stop:
+            return captured["args"]
+    raise RuntimeError("OpenRLHF's CLI returned without calling train()")
+
+
+def _ship_spec(ns) -> None:
+    # The objective's text and parameters travel inside the args to every actor, on every
+    # node: no path that might not exist elsewhere.
+    setattr(ns, "drpo.spec", json.dumps(prepare_objective(ns), ensure_ascii=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dsl import DslError
+    argv = sys.argv[1:] if argv is None else argv
+    traceback = "--traceback" in argv
+    argv = [a for a in argv if a != "--traceback"]
+    try:
+        with _patched_openrlhf(_ship_spec):
+            _run_openrlhf(argv)
+    except DslError as e:
+        if traceback:
+            raise
+        print(e.render(), file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        if traceback or "openrlhf" not in str(e):
+            raise
+        print(f"drpo-train: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def console_main() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

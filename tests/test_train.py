@@ -1,0 +1,211 @@
+"""drpo-train on CPU: OpenRLHF's real ActorPPOTrainer.ppo_train with DeepSpeed's CPU
+accelerator (ZeRO-2) on a tiny random causal LM, with the objective installed by the same
+code the Ray actor runs; the actor class on a local Ray; the command line."""
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import dsl
+from dsl.analysis import analyze
+
+VOCAB = ["<pad>", "<s>", "</s>", "<unk>"] + [str(i) for i in range(10)] + list("+-*/=()x? ") + \
+    ["What", "is", "the", "answer", "boxed", "{", "}"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A randomly initialised Llama and a word-level tokenizer, built here, saved locally."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                            unk_token="<unk>").save_pretrained(path)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture()
+def cpu_openrlhf(monkeypatch):
+    """CPU patches for OpenRLHF's torch.cuda calls and its CUDA device mesh (tests only)."""
+    from torch.distributed import device_mesh
+    import openrlhf.utils.deepspeed.deepspeed as ds_strategy
+    from openrlhf.trainer.ppo_utils import replay_buffer
+    for k, v in {"DS_ACCELERATOR": "cpu", "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(k, v)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: cpu)
+    for name in ("set_device", "synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(ds_strategy, "init_device_mesh",
+                        lambda _type, *a, **k: device_mesh.init_device_mesh("cpu", *a, **k))
+    original_init = replay_buffer.NaiveReplayBuffer.__init__
+
+    def buffer_init(self, *a, **k):   # it formats the device as f"cuda:{index}"; items stay on CPU
+        with monkeypatch.context() as m:
+            m.setattr(torch.cuda, "current_device", lambda: 0)
+            original_init(self, *a, **k)
+    monkeypatch.setattr(replay_buffer.NaiveReplayBuffer, "__init__", buffer_init)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def train_flags(model, objective="drpo", *extra):
+    reward = os.path.join(os.path.dirname(__file__), "..", "openrlhf_drpo", "reward.py")
+    return ["--actor.model_name_or_path", model, "--drpo.objective", objective, "--reward.remote_url", reward,
+            "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",
+            "--ds.attn_implementation", "eager", "--vllm.sync_backend", "gloo", "--ds.zero_stage", "2",
+            "--train.batch_size", "4", "--train.micro_batch_size", "2", "--rollout.batch_size", "2",
+            "--actor.num_gpus_per_node", "1", "--actor.adam.lr", "1e-2", "--actor.lr_warmup_ratio", "0", *extra]
+
+
+def _experience(tokenizer, actor_model, seed=0, B=4, prompt=5, response=7):
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    g = torch.Generator().manual_seed(seed)
+    seqs = torch.randint(4, len(VOCAB), (B, prompt + response), generator=g)
+    attention = torch.ones_like(seqs)
+    action_mask = torch.ones(B, response, dtype=torch.bool)
+    action_mask[1, -2:] = False
+    action_mask[3, -4:] = False
+    with torch.no_grad():
+        current = actor_model(seqs, action_mask, attention_mask=attention).float()
+    old = current + 0.3 * torch.randn(current.shape, generator=g)       # a policy that has moved
+    adv = torch.randn(B, 1, generator=g).expand(B, response).clone()
+    return Experience(sequences=seqs, attention_mask=attention, action_mask=action_mask,
+                      action_log_probs=old, advantages=adv, returns=adv,
+                      response_length=action_mask.sum(-1).float(), total_length=attention.sum(-1).float(),
+                      rewards=torch.zeros(B), info={})
+
+
+def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_model, cpu_openrlhf, tmp_path):
+    from openrlhf.utils import get_strategy
+    from openrlhf_drpo.actor import _DrpoPolicyModelActor
+    from openrlhf_drpo.loss import METRIC_KEYS, ObjectiveLoss
+    from openrlhf_drpo.train import openrlhf_args
+
+    args = openrlhf_args(train_flags(tiny_model, "drpo", "--drpo.set", "delta=0.2",
+                                     "--ckpt.output_dir", str(tmp_path / "ckpt")))
+    strategy = get_strategy(args)
+    actor = _DrpoPolicyModelActor(1, 0, "127.0.0.1", int(os.environ["MASTER_PORT"]))
+    actor.init_model_from_pretrained(strategy, tiny_model, max_steps=4)   # exactly what Ray runs
+    loss_fn = actor.trainer.actor_loss_fn
+    assert isinstance(loss_fn, ObjectiveLoss) and float(loss_fn.objective.params["delta"]) == 0.2
+
+    calls = []
+    forward = loss_fn.forward
+
+    def recording_forward(log_probs, old, adv, action_mask=None, **kw):
+        out = forward(log_probs, old, adv, action_mask=action_mask, **kw)
+        (grad,) = torch.autograd.grad(out[0], log_probs, retain_graph=True)
+        calls.append((log_probs.detach().double(), old.double(), adv.double(), action_mask.double(), grad.double(), kw))
+        return out
+    monkeypatch_forward = recording_forward
+    loss_fn.forward = monkeypatch_forward
+
+    for seed in range(2):
+        actor.trainer.replay_buffer.append(_experience(actor.tokenizer, actor.actor, seed))
+    before = [p.detach().clone() for p in actor.actor.model.parameters()]
+    status = actor.fit()
+
+    after = list(actor.actor.model.parameters())
+    assert any(not torch.equal(a.detach(), b) for a, b in zip(after, before)), "no parameter changed"
+    assert set(METRIC_KEYS) <= set(status), sorted(status)
+    assert all(np.isfinite(status[k]) for k in METRIC_KEYS)
+    assert "policy_loss" in status and "ppo_clip_ratio" in status
+    # the loss's gradient inside the real training step equals the analysis's weight
+    w = analyze(dsl.load("drpo", params={"delta": "0.2"}))["_w"]
+    assert len(calls) == 4       # 2 experiences x 4 samples, micro-batches of 2
+    for lp, old, adv, mask, grad, kw in calls:
+        r = torch.exp(lp - old)
+        weight = torch.from_numpy(w(r.numpy(), old.exp().numpy(), adv.numpy()))
+        n = kw.get("batch_num_tokens") or mask.sum().item()
+        expected = -weight * r * adv * mask / n * kw.get("dp_size", 1)
+        assert torch.allclose(grad, expected, rtol=1e-4, atol=1e-7), (grad - expected).abs().max()
+
+
+def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective():
+    import ray
+    from openrlhf_drpo.actor import DrpoPolicyModelActor
+    from openrlhf_drpo.train import openrlhf_args
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "DS_ACCELERATOR": "cpu"}})
+    try:
+        args = openrlhf_args(train_flags("unused", "spo", "--drpo.set", "eps=0.3"))
+        actor = DrpoPolicyModelActor.options(num_cpus=1, num_gpus=1).remote(1, 0, "127.0.0.1", _free_port())
+        info = ray.get(actor.drpo_objective.remote(args.drpo.spec), timeout=300)
+    finally:
+        ray.shutdown()
+    assert info["name"] == "spo" and info["params"] == {"eps": 0.3} and info["loss"] == "ObjectiveLoss"
+    assert info["objective"] == "r * A - |A| / (2 * ε) * (r - 1)^2"
+
+
+def _drpo_train(*args):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.train", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_drpo_train_help_shows_openrlhfs_flags_and_the_drpo_flags():
+    proc = _drpo_train("--help")
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--actor.model_name_or_path", "--rollout.n_samples_per_prompt", "--vllm.num_engines",
+                 "--drpo.objective", "--drpo.set", "--drpo.anchor"):
+        assert flag in proc.stdout
+
+
+def test_a_bad_objective_stops_drpo_train_before_ray_starts(tmp_path):
+    bad = tmp_path / "bad.dsl"
+    bad.write_text("δ = 0.2\nr*A - |A|/(2δ)*μ*(r - 1)^2 + foo\n")
+    proc = _drpo_train("--drpo.objective", str(bad), "--actor.model_name_or_path", "x")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"{bad}:2:30: error: unknown name 'foo'")
+    assert "Traceback" not in proc.stderr and "ray" not in proc.stdout.lower()
+
+
+def test_drpo_train_refuses_openrlhfs_is_correction_it_would_silently_drop():
+    proc = _drpo_train("--drpo.objective", "drpo", "--actor.model_name_or_path", "x",
+                       "--algo.advantage.is_correction_level", "token")
+    assert proc.returncode != 0
+    assert "would be silently dropped" in proc.stderr
+
+
+def test_rollout_anchor_makes_openrlhf_keep_vllms_log_probs(tiny_model):
+    from openrlhf_drpo.train import openrlhf_args
+    args = openrlhf_args(train_flags(tiny_model, "drpo", "--drpo.anchor", "rollout"))
+    assert args.algo.advantage.is_correction_level == "token"     # what makes vLLM return log-probs
+    assert '"anchor": "rollout"' in args.drpo.spec
+    assert openrlhf_args(train_flags(tiny_model, "drpo")).algo.advantage.is_correction_level == "off"
+
+
+@pytest.mark.parametrize("script", sorted(p for p in os.listdir(os.path.join(os.path.dirname(__file__), "..", "examples"))
+                                          if p.endswith(".sh")))
+def test_example_scripts_are_valid_bash(script):
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", script)
+    assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0
+
+
+def test_every_flag_the_recipes_pass_exists_in_openrlhfs_parser():
+    import re
+    help_text = _drpo_train("--help").stdout
+    common = open(os.path.join(os.path.dirname(__file__), "..", "examples", "common.sh")).read()
+    flags = set(re.findall(r"(--[a-z_]+(?:\.[a-z_]+)+)", common))
+    assert len(flags) > 20
+    assert not [f for f in flags if f"{f} " not in help_text and f"{f}\n" not in help_text]
