@@ -10,8 +10,10 @@ Every SymPy call runs under a time limit with a numeric fallback that is reporte
 """
 from __future__ import annotations
 
+import functools
 import math
 import signal
+import time
 import threading
 from contextlib import contextmanager
 
@@ -21,7 +23,8 @@ from .parser import Objective
 SIGNS = (("positive", 1), ("negative", -1))
 DIRECTIONS = ("diverging", "converging")
 GEOMETRIES = ("none", "ratio", "binary-tv", "two-level", "advantage-entangled", "other")
-SYMPY_SECONDS = 1.0
+SYMPY_SECONDS = 1.0      # any one SymPy step
+ANALYSIS_SECONDS = 8.0   # all SymPy steps of one analysis; past it, every step takes its fallback
 
 
 class _Timeout(Exception):
@@ -67,17 +70,27 @@ class _Ctx:
         self.param_vals = {k: sp.Rational(v.numerator, v.denominator) for k, v in obj.params.items()}
         self.dl = derivative(obj.expr)
         self.notes: list[str] = []
+        self.deadline = time.monotonic() + ANALYSIS_SECONDS
+
+    def tidy(self, e):
+        return self.limited("simplifying", lambda: _tidy(self.sp, e), e)
 
     def env(self, symbolic: bool):
         params = self.param_syms if symbolic else self.param_vals
         return {"r": self.r, "mu": self.mu, "pi": self.mu * self.r, "A": self.A, **params}
 
     def limited(self, what, fn, default=None):
+        seconds = min(SYMPY_SECONDS, self.deadline - time.monotonic())
+        if seconds <= 0:
+            note = f"{what}: the analysis's {ANALYSIS_SECONDS:g} s budget is spent; used the fallback"
+            if note not in self.notes:
+                self.notes.append(note)
+            return default
         try:
-            with _time_limit(SYMPY_SECONDS):
+            with _time_limit(seconds):
                 return fn()
         except _Timeout:
-            self.notes.append(f"{what}: SymPy took over {SYMPY_SECONDS:g} s; used the fallback")
+            self.notes.append(f"{what}: SymPy took over {seconds:.2g} s; used the fallback")
         except Exception as e:  # SymPy raises many types (NotImplementedError, RecursionError, ...)
             self.notes.append(f"{what}: SymPy failed ({type(e).__name__}); used the fallback")
         return default
@@ -250,10 +263,13 @@ def _case_weight(ctx, sign, direction):
     tmax = 1 if s < 0 else None
     settle = _Settle(ctx, tmax)
     env = {**ctx.env(False), **subs}
-    dl = to_sympy(ctx.dl, sp, env, hook=settle)
+    folded = ctx.limited("settling the case's conditions",
+                         lambda: settle.fold(to_sympy(ctx.dl, sp, env, hook=settle) / (sign * ctx.a)))
+    if folded is None:   # unsettled, but exact: numerics (range, self-check) still evaluate it
+        return s, tmax, [(to_sympy(ctx.dl, sp, env) / (sign * ctx.a), sp.true)]
     merged: dict = {}
-    for expr, cond in settle.fold(dl / (sign * ctx.a)):
-        expr = _tidy(sp, expr)
+    for expr, cond in folded:
+        expr = ctx.tidy(expr)
         merged[expr] = settle.cond(sp.Or(merged[expr], cond)) if expr in merged else cond
     pieces = list(merged.items())
     if len(pieces) == 1:
@@ -280,7 +296,7 @@ def analyze(obj: Objective) -> dict:
             s, tmax, pieces = _case_weight(ctx, sign, direction)
             entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
             back = {ctx.t: s * (ctx.r - 1), ctx.a: sign * ctx.A}
-            shown = _as_piecewise(sp, [(_tidy(sp, e.subs(back)), c.subs(back)) for e, c in pieces])
+            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), c.subs(back)) for e, c in pieces])
             cases.append({"advantage": adv, "direction": direction, "weight": shown,
                           "_pieces": pieces, "_s": s, "_tmax": tmax})
             for zero in _zeros(ctx, pieces, tmax):
@@ -290,8 +306,8 @@ def analyze(obj: Objective) -> dict:
                     reach |= _reachable_implicit(ctx, zero[1], zero[2], s, tmax)
                 else:
                     t_star, cond = zero
-                    r_star = _tidy(sp, 1 + s * t_star)
-                    pi_star = _tidy(sp, ctx.mu * r_star)
+                    r_star = ctx.tidy(1 + s * t_star)
+                    pi_star = ctx.tidy(ctx.mu * r_star)
                     reach |= _reachable(ctx, t_star, s, tmax, cond)
                 if r_star not in rs:
                     rs.append(r_star)
@@ -464,8 +480,12 @@ def _reachable_implicit(ctx, h, cond, s, tmax) -> bool:
     ts = np.linspace(1e-6, (tmax or 1e3) * (1 - 1e-6), 4000)[None, :]
     shape = (mus.shape[0], ts.shape[1])
     with np.errstate(all="ignore"):
-        v = np.broadcast_to(np.asarray(f(ts, mus, 1.0), dtype=float), shape)
-        inside = np.broadcast_to(np.asarray(g(ts, mus, 1.0), dtype=bool), shape)
+        try:
+            v = np.broadcast_to(np.asarray(f(ts, mus, 1.0), dtype=float), shape)
+            inside = np.broadcast_to(np.asarray(g(ts, mus, 1.0), dtype=bool), shape)
+        except NotImplementedError as e:
+            ctx.notes.append(f"reachability of an implicit boundary: cannot evaluate {e} numerically; assumed unreachable")
+            return False
         pis = mus * (1 + s * ts)
         v = np.where((pis > 0) & (pis <= 1) & np.isfinite(v) & inside, v, np.nan)
         change = np.sign(v[:, 1:]) * np.sign(v[:, :-1]) < 0
@@ -499,19 +519,21 @@ def _numpy_fn(args, expr):
         if e.func in unary:
             return unary[e.func](ev(e.args[0], env))
         if isinstance(e, (sp.Min, sp.Max)):
-            return (np.minimum if isinstance(e, sp.Min) else np.maximum).reduce([ev(a, env) for a in e.args])
+            return functools.reduce(np.minimum if isinstance(e, sp.Min) else np.maximum, [ev(a, env) for a in e.args])
         if e.func in rel:
             return rel[e.func](ev(e.lhs, env), ev(e.rhs, env))
-        if isinstance(e, sp.And):
-            return np.logical_and.reduce([ev(a, env) for a in e.args])
+        if isinstance(e, sp.And):     # functools.reduce broadcasts operands of different shapes
+            return functools.reduce(np.logical_and, [ev(a, env) for a in e.args])
         if isinstance(e, sp.Or):
-            return np.logical_or.reduce([ev(a, env) for a in e.args])
+            return functools.reduce(np.logical_or, [ev(a, env) for a in e.args])
         if isinstance(e, sp.Not):
             return np.logical_not(ev(e.args[0], env))
         if isinstance(e, sp.Piecewise):
-            shape = np.broadcast(*env.values()).shape
-            conds = [np.broadcast_to(ev(c, env), shape) for _, c in e.args]
-            vals = [np.broadcast_to(ev(x, env), shape) for x, _ in e.args]
+            conds = [ev(c, env) for _, c in e.args]
+            vals = [ev(x, env) for x, _ in e.args]
+            shape = np.broadcast_shapes(*(np.shape(x) for x in conds + vals), *(np.shape(v) for v in env.values()))
+            conds = [np.broadcast_to(c, shape) for c in conds]
+            vals = [np.broadcast_to(v, shape) for v in vals]
             return np.select(conds, vals, default=np.nan)
         raise NotImplementedError(e.func)   # e.g. LambertW: callers fall back to SymPy
 
@@ -592,17 +614,19 @@ class _Numeric:
 
     def continuous(self, breaks) -> bool:
         """w is continuous in r if it has no jump at r = 1 nor at any piece edge."""
-        np, ctx, sp = self.np, self.ctx, self.ctx.sp
+        np, ctx = self.np, self.ctx
         mus = np.array([0.02, 0.1, 0.3, 0.5, 0.77, 1.0])
         mags = np.array([0.3, 1.0, 3.0])
         for sign, adv in ((1.0, "positive"), (-1.0, "negative")):
-            points = [np.ones_like(mus)]
-            for s, edge in breaks[adv]:
-                f = _numpy_fn([ctx.mu], edge)
-                with np.errstate(all="ignore"):
-                    points.append(1 + s * np.broadcast_to(np.asarray(f(mus), dtype=float), mus.shape))
-            for r0 in points:
-                for m in mags:
+            for m in mags:
+                edges = [np.ones_like(mus)]
+                for s, edge in breaks[adv]:
+                    try:
+                        t0 = _numpy_fn([ctx.mu, ctx.a], edge)(mus, m)
+                    except NotImplementedError:     # e.g. LambertW: that edge is not probed
+                        continue
+                    edges.append(1 + s * np.broadcast_to(np.asarray(t0, dtype=float), mus.shape))
+                for r0 in edges:
                     ok = np.isfinite(r0) & (r0 > 0)
                     rr, mm = r0[ok], mus[ok]
                     h = 1e-7 * np.maximum(rr, 1.0)

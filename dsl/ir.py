@@ -250,7 +250,7 @@ def _pymax(*a):
 
 
 def _sign(x):
-    return float((x > 0) - (x < 0))
+    return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
 
 
 OPS: dict[str, Op] = {

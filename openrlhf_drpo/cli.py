@@ -55,7 +55,16 @@ def analyze_main(argv: list[str] | None = None) -> int:
             return 0
         from dsl.analysis import analyze, to_json
         from dsl.report import comparison, report
-        results = [analyze(o) for o in objs]
+        results = []
+        for obj in objs:
+            try:
+                results.append(analyze(obj))
+            except Exception as e:   # a bug of ours, not bad input: say which objective, no traceback
+                if args.traceback:
+                    raise
+                print(f"drpo-analyze: internal error while analysing {obj.path}: {type(e).__name__}: {e}\n"
+                      "please report it with the objective file; --traceback shows where", file=sys.stderr)
+                return 3
     except DslError as e:
         if args.traceback:
             raise

@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pytest
 import sympy as sp
+from hypothesis import HealthCheck, given, settings
+from strategies import OBJECTIVES
 
 import dsl
 from dsl.analysis import analyze, self_check, to_json
@@ -210,3 +212,16 @@ def test_drpo_analyze_never_imports_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(OBJECTIVES)
+def test_any_objective_is_analysed_without_error_and_passes_its_self_check(text):
+    try:
+        obj = dsl.parse(f"δ = 0.3\n{text}")
+    except dsl.DslError:
+        return
+    out = to_json(analyze(obj))
+    json.dumps(out)
+    if out["self_check"]["points"] >= 32:
+        assert out["self_check"]["passed"], (text, out["self_check"])

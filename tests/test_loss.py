@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
+from strategies import OBJECTIVES
 
 import dsl
 from dsl import DslError
@@ -271,21 +272,8 @@ def test_emit_torch_prints_readable_code_that_runs():
 
 
 # ---------------------------------------------------------------- numerics, fuzzed
-LEAVES = st.sampled_from(["r", "π", "μ", "A", "δ", "2", "0.5"])
-EXPR = st.recursive(LEAVES, lambda inner: st.one_of(
-    st.tuples(inner, st.sampled_from(["+", "-", "*"]), inner).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
-    st.tuples(inner, inner).map(lambda t: f"({t[0]})/(1 + ({t[1]})^2)"),
-    inner.map(lambda x: f"|{x}|"), inner.map(lambda x: f"({x})^2"),
-    st.tuples(st.sampled_from(["exp", "sign", "sg"]), inner).map(lambda t: f"{t[0]}(({t[1]})/4)"),
-    inner.map(lambda x: f"log(1 + ({x})^2)"), inner.map(lambda x: f"sqrt(1 + ({x})^2)"),
-    st.tuples(st.sampled_from(["min", "max"]), inner, inner).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
-    st.tuples(inner, inner, inner).map(lambda t: f"clip({t[0]}, {t[1]}, {t[2]})"),
-    st.tuples(inner, st.sampled_from(["<", ">="]), inner, inner).map(lambda t: f"[{t[0]} {t[1]} {t[2]}]*({t[3]})"),
-), max_leaves=10)
-
-
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(EXPR, st.integers(0, 10_000))
+@given(OBJECTIVES, st.integers(0, 10_000))
 def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(text, seed):
     try:
         obj = dsl.parse(f"δ = 0.3\n{text}")
