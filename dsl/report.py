@@ -25,15 +25,21 @@ def _decimal(m):
     return f"{p / q:g}" if d == 1 else m.group(0)
 
 
-def math_text(e) -> str:
-    """One-line Unicode math: 1 − 0.08·μ·(r − 1), with Piecewise as 'x if c; y otherwise'."""
+def math_text(e, weight: bool = False) -> str:
+    """One-line Unicode math: 1 − 0.08·μ·(r − 1), with Piecewise as 'x if c; y otherwise'.
+    A weight puts its constant first (1 − ...); a boundary keeps μ + 12.5, as the paper does."""
     import sympy as sp
     if isinstance(e, sp.Piecewise):
-        parts = [f"{math_text(x)} if {math_text(c)}" for x, c in e.args[:-1]]
-        return "; ".join(parts + [f"{math_text(e.args[-1][0])} otherwise"])
+        parts = [f"{math_text(x, weight)} if {math_text(c)}" for x, c in e.args[:-1]]
+        return "; ".join(parts + [f"{math_text(e.args[-1][0], weight)} otherwise"])
     if isinstance(e, sp.Eq):
         return f"{math_text(e.lhs)} = {math_text(e.rhs)}"
     text = sp.sstr(e)
+    if weight and isinstance(e, sp.Add):   # the constant first: 1 − 0.08·μ·(r − 1)
+        const, rest = e.as_coeff_Add()
+        if const != 0 and not rest.is_number:
+            tail = sp.sstr(rest)
+            text = f"{sp.sstr(const)} - {tail[1:]}" if tail.startswith("-") else f"{sp.sstr(const)} + {tail}"
     text = re.sub(r"(?<![\w.)])(\d+)/(\d+)(?![\w.(])", _decimal, text)
     text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
     text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
@@ -62,14 +68,14 @@ def report(res: dict) -> str:
         f"  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
         "",
         "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π",
-        f"    w = {math_text(res['weight'])}",
+        f"    w = {math_text(res['weight'], weight=True)}",
         "",
         "  cases",
     ]
     for c in res["cases"]:
         sign = "A > 0" if c["advantage"] == "positive" else "A < 0"
         r_side = ("r > 1" if (c["advantage"] == "positive") == (c["direction"] == "diverging") else "r < 1")
-        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {math_text(c['weight'])}")
+        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {math_text(c['weight'], weight=True)}")
     lines += ["", "  trust-region boundary (w = 0)"]
     for adv in ("positive", "negative"):
         b = res["boundary"][adv]
