@@ -93,7 +93,8 @@ def _fused_function(kernel):
 
         @staticmethod
         def forward(ctx, logp, anchor, A, mask, norm):
-            loss, grad, stats = kernel(logp, anchor, A, mask, norm)
+            # detached: the kernel is compiled as an inference graph, with no autograd of its own
+            loss, grad, stats = kernel(logp.detach(), anchor, A, mask, norm)
             ctx.save_for_backward(grad)
             ctx.mark_non_differentiable(stats)
             return loss, stats
