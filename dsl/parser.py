@@ -36,6 +36,40 @@ class Objective:
     bindings: dict[str, Node] = field(default_factory=dict)
     description: str = ""
 
+    def check_constants(self) -> "Objective":
+        """Every sub-expression without r, π, μ or A is a number at the current parameter
+        values: log(0), 1/(2δ) at δ = 0, exp(1000) are located errors here, not a crash or
+        an inf in a training step."""
+        env = {k: float(v) for k, v in self.params.items()}
+        seen = set()
+
+        def visit(n):
+            if n in seen:
+                return
+            seen.add(n)
+            constant = all(m.op != "var" for m in n.walk())
+            # a constant zero divisor makes the whole (non-constant) quotient infinite
+            zero_divisor = (n.op == "div" and all(m.op != "var" for m in n.args[1].walk())
+                            and _safe_eval(n.args[1], env) == 0)
+            if (constant and n.op not in ("num", "param")) or zero_divisor:
+                value = None if zero_divisor else _safe_eval(n, env)
+                ok = value is not None and (isinstance(value, bool) or math.isfinite(value))
+                if not ok:
+                    values = ", ".join(f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items())
+                    at = f" at {values}" if values else ""
+                    what = (f"division by zero: '{render(n.args[1])}' is 0{at}" if zero_divisor
+                            else f"'{render(n)}' is not a finite number{at}")
+                    pos = (n.args[1].pos if zero_divisor else n.pos) or Pos(1, 1)
+                    lines = self.source.split("\n")
+                    src = lines[pos.line - 1] if pos.line <= len(lines) else None
+                    raise DslError(what, self.path, pos.line, pos.col, src,
+                                   "a sub-expression of parameters and numbers only must be a finite number")
+                return
+            for a in n.args:
+                visit(a)
+        visit(self.expr)
+        return self
+
     def canonical(self) -> str:
         lines = [f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items()]
         lines += [f"@{k} = {v}" for k, v in self.options.items()]
@@ -58,7 +92,7 @@ class Objective:
             _check_option(key, str(value), where, 1, 1, f"{key}={value}", len(key) + 2)
             new_options[key] = str(value)
         return Objective(self.name, self.path, self.source, self.expr, new_params, new_options,
-                         self.bindings, self.description)
+                         self.bindings, self.description).check_constants()
 
 
 # ------------------------------------------------------------------ loading
@@ -85,7 +119,7 @@ def load(spec: str, params: dict | None = None, options: dict | None = None) -> 
 
 def parse_bytes(data: bytes, path: str = "<string>") -> Objective:
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")   # a leading byte-order mark is not part of the text
     except UnicodeDecodeError as e:
         head = data[: e.start]
         line = head.count(b"\n") + 1
@@ -134,14 +168,24 @@ def _finite_number(value, where, text, col) -> Fraction:
     """A decimal (0.2, .5, 1e-3) or exact fraction (1/5) that is finite, as an exact Fraction."""
     text_value = repr(value) if isinstance(value, float) else str(value).strip()
     try:
-        v = Fraction(text_value)
-        float(v)                      # 1e999 overflows here: not a finite number
+        # finite as a float before Fraction: Fraction("1e99999999") builds a huge integer
+        v = Fraction(text_value) if "/" in text_value or math.isfinite(float(text_value)) else None
+        if v is not None:
+            float(v)                  # 1e999/1 overflows here
     except (ValueError, ZeroDivisionError, OverflowError):
         v = None
     if v is None or isinstance(value, bool):
         raise DslError(f"parameter value '{value}' is not a finite number", where, 1, col, text,
                        "write a decimal number such as 0.2, .5 or 1e-3")
     return v
+
+
+def _safe_eval(n, env):
+    from .ir import evaluate
+    try:
+        return evaluate(n, env)
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        return None
 
 
 def _check_option(key, value, path, line, col, source_line, value_col):
@@ -200,9 +244,12 @@ class _Builder:
                              "write the objective as an expression, e.g. r*A")
         try:
             tree = _lark().parse(self.norm + "\n")
+            return self._statements(tree)
         except UnexpectedInput as e:
             raise self._syntax_error(e) from None
-        return self._statements(tree)
+        except RecursionError:
+            raise self.error("the expression is too long or too deeply nested to handle", Pos(1, 1),
+                             "name sub-expressions with name = ... on their own lines") from None
 
     def _syntax_error(self, e):
         from lark.exceptions import UnexpectedCharacters
@@ -294,7 +341,7 @@ class _Builder:
         used = {k: resolved[k] for k in sorted(order, key=lambda k: (order[k].line, order[k].col))}
         stem = Path(self.path).name
         return Objective(stem[:-4] if stem.endswith(".dsl") else stem, self.path, self.source,
-                         expr, params, {k: options[k] for k in OPTIONS}, used, self._description())
+                         expr, params, {k: options[k] for k in OPTIONS}, used, self._description()).check_constants()
 
     def _description(self) -> str:
         out = []
@@ -320,6 +367,13 @@ class _Builder:
             return sign, expr.children[0]
         return None
 
+    def _number(self, tok) -> Fraction:
+        # float() first: Fraction("1e99999999") would build a 10^99999999-digit integer
+        if not math.isfinite(float(tok.value)):
+            raise self.error(f"the number '{tok.value}' is not finite in double precision",
+                             self.pos(tok.start_pos), "write a number below 1.8e308")
+        return Fraction(tok.value)
+
     def _param_value(self, value, expr) -> Fraction:
         sign, tok = value
         if not math.isfinite(float(tok.value)):
@@ -334,7 +388,7 @@ class _Builder:
         rec = lambda c: self._expr(c, params, bindings, resolved, stack)
         d = t.data
         if d == "number":
-            return Node("num", value=Fraction(t.children[0].value), pos=pos)
+            return Node("num", value=self._number(t.children[0]), pos=pos)
         if d == "name":
             return self._name(t.children[0], params, bindings, resolved, stack)
         if d == "call":
@@ -402,7 +456,7 @@ class _Builder:
             base = Node("pow", (base, num(int(unicodedata.normalize("NFKC", tail[0].value)))), pos=op_pos)
         elif tail:
             base = Node("pow", (base, rec(tail[-1])), pos=op_pos)
-        return Node("mul", (Node("num", value=Fraction(num_tok.value), pos=self.pos(num_tok.start_pos)), base),
+        return Node("mul", (Node("num", value=self._number(num_tok), pos=self.pos(num_tok.start_pos)), base),
                     pos=self.pos(num_tok.start_pos))
 
     # ---- semantic checks

@@ -182,15 +182,18 @@ class ObjectiveLoss(nn.Module):
             }
             if self.sink is not None:
                 self.sink.update(self.metrics)
+            # OpenRLHF's masked means, on selected values so NaN/inf in masked slots stay out
+            mask = action_mask != 0
+            masked_mean = lambda x: torch.where(mask, x, 0.0).sum() / tokens   # noqa: E731
             if self.anchor == "old":
                 ppo_kl = st["neg_log_ratio_sum"] / tokens       # masked_mean(-(log π - old log π))
             else:
-                ppo_kl = L.masked_mean(-(log_probs - old_log_probs).detach(), action_mask, dim=None)
+                ppo_kl = masked_mean(old_log_probs - log_probs.detach())
             vllm_kl = is_filter_ratio = None
             if rollout_log_probs is not None:
                 # as OpenRLHF reports it; the objective itself defines any off-policy correction,
                 # so no token is filtered here
-                vllm_kl = L.masked_mean(rollout_log_probs - old_log_probs, action_mask, dim=None)
+                vllm_kl = masked_mean(rollout_log_probs - old_log_probs)
                 is_filter_ratio = torch.zeros((), device=log_probs.device)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
 

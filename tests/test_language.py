@@ -117,6 +117,18 @@ def test_bad_overrides_are_located_errors(params, expected):
 
 
 ERRORS = [
+    ('constant_not_finite', 'r*A + log(0)',
+     "obj.dsl:1:7: error: 'log(0)' is not a finite number\n    r*A + log(0)\n          ^\n"
+     "hint: a sub-expression of parameters and numbers only must be a finite number"),
+    ('division_by_zero_parameter', 'δ = 0\nr*A - |A|/(2δ)*(r-1)^2',
+     "obj.dsl:2:12: error: division by zero: '2 * δ' is 0 at δ = 0\n    r*A - |A|/(2δ)*(r-1)^2\n"
+     "               ^\nhint: a sub-expression of parameters and numbers only must be a finite number"),
+    ('number_too_large', 'r*A + 1e99999999',
+     "obj.dsl:1:7: error: the number '1e99999999' is not finite in double precision\n    r*A + 1e99999999\n"
+     "          ^\nhint: write a number below 1.8e308"),
+    ('expression_too_long', 'r*A' + '+r' * 3000,
+     "obj.dsl:1:1: error: the expression is too long or too deeply nested to handle\n    r*A" + "+r" * 3000 +
+     "\n    ^\nhint: name sub-expressions with name = ... on their own lines"),
     ('syntax_unexpected_end', 'r*A +',
      "obj.dsl:1:6: error: unexpected end of line\n    r*A +\n         ^\nhint: expected '(', '+', '-', '[', '|', a name, a number"),
     ('syntax_unclosed_paren', '(r*A',
@@ -208,6 +220,16 @@ def test_non_utf8_bytes_are_a_located_error():
         dsl.parse_bytes("δ = 1\nr*A ".encode() + b"\xff", "bad.dsl")
     assert e.value.render() == ("bad.dsl:2:5: error: the file is not UTF-8: byte 0xff cannot be decoded\n"
                                 "hint: save the objective file as UTF-8")
+
+
+def test_overriding_a_parameter_into_a_division_by_zero_is_a_located_error():
+    with pytest.raises(DslError) as e:
+        dsl.load("drpo", params={"delta": "0"})
+    assert e.value.render().startswith("objectives/drpo.dsl:4:12: error: division by zero: '2 * δ' is 0 at δ = 0")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_text():
+    assert dsl.parse_bytes("\ufeffδ = 1\nr*A - |A|/(2δ)*(r-1)^2".encode(), "bom.dsl").params == {"delta": 1}
 
 
 def test_unknown_objective_name_lists_the_library():

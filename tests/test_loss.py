@@ -195,6 +195,20 @@ def test_masked_slots_never_influence_the_loss_or_gradient_even_when_nan_or_inf(
     assert all(torch.equal(m0[k], m1[k]) for k in m0)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+def test_rollout_anchor_keeps_masked_nan_out_of_every_returned_value(fused):
+    new, old, A, mask = batch(17)
+    rollout = old + 0.05 * torch.randn_like(old)
+    clean = ObjectiveLoss("drpo", anchor="rollout", fused=fused)(new, old, A, action_mask=mask, rollout_log_probs=rollout)
+    bad = mask == 0
+    for x in (new, old, A, rollout):
+        x[bad] = float("nan")
+    poisoned = ObjectiveLoss("drpo", anchor="rollout", fused=fused)(new, old, A, action_mask=mask,
+                                                                     rollout_log_probs=rollout)
+    for a, b in zip(clean, poisoned):
+        assert torch.isfinite(b) and torch.allclose(a, b, rtol=1e-12)
+
+
 def test_metrics_are_zero_dim_tensors_with_the_documented_names():
     new, old, A, mask = batch(1)
     loss_fn = ObjectiveLoss("drpo", delta=0.05)
