@@ -17,12 +17,11 @@ import time
 import threading
 from contextlib import contextmanager
 
-from .ir import derivative, display_name, to_sympy
+from .ir import derivative, to_sympy
 from .parser import Objective
 
 SIGNS = (("positive", 1), ("negative", -1))
 DIRECTIONS = ("diverging", "converging")
-GEOMETRIES = ("none", "ratio", "binary-tv", "two-level", "advantage-entangled", "other")
 SYMPY_SECONDS = 1.0      # any one SymPy step
 ANALYSIS_SECONDS = 8.0   # all SymPy steps of one analysis; past it, every step takes its fallback
 
@@ -135,8 +134,6 @@ class _Settle:
 
     def __init__(self, ctx, tmax):
         self.ctx, self.tmax = ctx, tmax
-        sp = ctx.sp
-        self.domain = sp.Interval.open(0, tmax if tmax is not None else sp.oo)
 
     def __call__(self, e):
         sp = self.ctx.sp
@@ -343,7 +340,6 @@ def _case_dispatch(ctx, cases):
     (range, continuity, the finite-difference self-check) evaluate, so they test the
     reported cases themselves."""
     import numpy as np
-    sp = ctx.sp
     fns = [(1 if c["advantage"] == "positive" else -1, c["direction"],
             _numpy_fn([ctx.r, ctx.mu, ctx.A], c["weight"])) for c in cases]
 
@@ -371,11 +367,9 @@ def _zeros(ctx, pieces, tmax):
             if cond == sp.true and i == 0:       # w ≡ 0 on this whole side: the boundary is r = 1
                 out.append((sp.Integer(0), sp.true))
             eff = _effective(ctx, pieces, i)
-            for rel in eff.atoms(sp.core.relational.Relational):
-                if rel.lhs == t and t not in rel.rhs.free_symbols:
-                    out.append((rel.rhs, sp.true))
-                elif t in rel.free_symbols:
-                    out.append(("implicit", rel.lhs - rel.rhs, sp.true))
+            out += [(c, sp.true) for c in _thresholds(ctx, eff)]
+            out += [("implicit", rel.lhs - rel.rhs, sp.true) for rel in eff.atoms(sp.core.relational.Relational)
+                    if t in rel.free_symbols and not _is_threshold(ctx, rel)]
             continue
         if t not in expr.free_symbols:
             continue
@@ -421,13 +415,19 @@ def _effective(ctx, pieces, i):
     return sp.And(*prev, pieces[i][1]) if prev else pieces[i][1]
 
 
+def _is_threshold(ctx, rel) -> bool:
+    return rel.lhs == ctx.t and ctx.t not in rel.rhs.free_symbols
+
+
+def _thresholds(ctx, cond) -> list:
+    """Every c of a settled relation t ⋚ c inside a condition."""
+    return [rel.rhs for rel in cond.atoms(ctx.sp.core.relational.Relational) if _is_threshold(ctx, rel)]
+
+
 def _edges(ctx, pieces):
-    sp = ctx.sp
     out = []
     for _, cond in pieces:
-        for rel in cond.atoms(sp.core.relational.Relational):
-            if rel.lhs == ctx.t and ctx.t not in rel.rhs.free_symbols and rel.rhs not in out:
-                out.append(rel.rhs)
+        out += [c for c in _thresholds(ctx, cond) if c not in out]
     return out
 
 
@@ -473,7 +473,6 @@ def _reachable_implicit(ctx, h, cond, s, tmax) -> bool:
     """An implicit boundary h(t, μ) = 0 is reachable if h changes sign inside the domain
     (and inside the piece's condition)."""
     import numpy as np
-    sp = ctx.sp
     f = _numpy_fn([ctx.t, ctx.mu, ctx.a], h)
     g = _numpy_fn([ctx.t, ctx.mu, ctx.a], cond)
     mus = np.linspace(0.001, 1, 200)[:, None]
@@ -664,11 +663,8 @@ def _geometry(ctx, cases, boundary, entangled):
     return "other"
 
 
-def _fmt(x) -> str:
-    return f"{x:.6g}" if x is not None else "unbounded"
-
-
 def _warnings(ctx, res, exact_range):
+    from .report import _fmt, math_text
     out = []
     lo, hi = res["weight_range"]
     for adv, sign_text in (("positive", "A > 0"), ("negative", "A < 0")):
@@ -677,7 +673,6 @@ def _warnings(ctx, res, exact_range):
             if res["geometry"] != "none":
                 out.append(f"no trust-region boundary for {sign_text}: w never reaches 0, so nothing stops the update")
         elif not res["reachable"][adv]:
-            from .report import math_text
             shown = ", ".join(f"π = {math_text(p)}" for p in b["pi"])
             out.append(f"the boundary for {sign_text} ({shown}) is unreachable: 0 < π, μ ≤ 1, "
                        f"so w stays within [{_fmt(lo)}, {_fmt(hi)}] and never cancels the gradient")

@@ -84,7 +84,7 @@ def _prelude(nodes) -> list[str]:
     used = {m.value for n in nodes for m in n.walk() if m.op == "var"}
     out = ["    dtype = logp.dtype"]
     if used & {"r", "log_ratio", "keep"}:
-        out.append(f"    raw = logp - anchor")
+        out.append("    raw = logp - anchor")
         out.append(f"    log_ratio = torch.clamp(raw, -{CLAMP}, {CLAMP})")
     if "keep" in used:
         out.append(f"    keep = ((raw >= -{CLAMP}) & (raw <= {CLAMP})).to(dtype)")

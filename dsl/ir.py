@@ -126,10 +126,6 @@ def ind(cond):
     return Node("ind", (cond,))
 
 
-def depends_on_r(n: Node) -> bool:
-    return any(m.op == "var" and m.value in ("r", "pi") for m in n.walk())
-
-
 # ---------------------------------------------------------------- derivative rules
 # d(node)/dr given the derivatives `d` of its arguments. π = μ·r, so dπ/dr = μ.
 def power(x, y):

@@ -60,12 +60,11 @@ def _range(res) -> str:
 def report(res: dict) -> str:
     title = res["description"].splitlines()[0] if res["description"] else res["name"]
     lines = [f"{res['name']} — {title}", f"  file       {res['path']}"]
-    from .ir import display_name as dn
-    params = ", ".join(f"{dn(k)} = {v:g}" for k, v in res["params"].items()) or "none"
+    params = ", ".join(f"{display_name(k)} = {v:g}" for k, v in res["params"].items()) or "none"
     lines += [
         f"  objective  {res['objective']}    (maximized; the loss is its negative)",
         f"  params     {params}",
-        f"  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
+        "  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
         "",
         "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π",
         f"    w = {math_text(res['weight'], weight=True)}",

@@ -143,7 +143,6 @@ class ObjectiveLoss(nn.Module):
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
                 dp_size=1, batch_num_tokens=None, global_batch_size=None):
-        L = self._L
         if self.anchor == "rollout":
             if rollout_log_probs is None:
                 raise ValueError(f"objective '{self.objective.name}' uses @anchor = rollout, but no rollout "

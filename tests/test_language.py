@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import dsl
 from dsl import DslError, parse
-from dsl.ir import BUILTINS, GREEK, Node, render
+from dsl.ir import GREEK, Node, render
 
 SHIPPED = dsl.shipped_names()
 
