@@ -11,6 +11,8 @@ import json
 import ray
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
+from openrlhf_drpo import cpu_mode
+
 
 def build_loss(spec):
     """The ObjectiveLoss for a spec shipped in the args (its text, not a path)."""
@@ -41,6 +43,11 @@ def install_objective(trainer, spec):
 
 
 class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
+    def __init__(self, *args, **kwargs):
+        if cpu_mode.active():
+            cpu_mode.adapt_trainer_process()
+        super().__init__(*args, **kwargs)
+
     def init_model_from_pretrained(self, strategy, *args, **kwargs):
         out = super().init_model_from_pretrained(strategy, *args, **kwargs)
         self.drpo_loss = install_objective(self.trainer, strategy.args.drpo.spec)

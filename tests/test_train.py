@@ -43,34 +43,20 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture()
 def cpu_openrlhf(monkeypatch):
-    """CPU patches for OpenRLHF's torch.cuda calls and its CUDA device mesh (tests only)."""
-    from torch.distributed import device_mesh
-    import openrlhf.utils.deepspeed.deepspeed as ds_strategy
-    from openrlhf.trainer.ppo_utils import replay_buffer
-    for k, v in {"DS_ACCELERATOR": "cpu", "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1",
+    """The environment a CPU-mode Ray worker gets; the actor adapts its own process to CPU."""
+    from openrlhf_drpo import cpu_mode
+    for k, v in {**cpu_mode.driver_environment(), "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(k, v)
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: cpu)
-    for name in ("set_device", "synchronize", "empty_cache"):
-        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
-    monkeypatch.setattr(ds_strategy, "init_device_mesh",
-                        lambda _type, *a, **k: device_mesh.init_device_mesh("cpu", *a, **k))
-    original_init = replay_buffer.NaiveReplayBuffer.__init__
-
-    def buffer_init(self, *a, **k):   # it formats the device as f"cuda:{index}"; items stay on CPU
-        with monkeypatch.context() as m:
-            m.setattr(torch.cuda, "current_device", lambda: 0)
-            original_init(self, *a, **k)
-    monkeypatch.setattr(replay_buffer.NaiveReplayBuffer, "__init__", buffer_init)
     yield
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
-def train_flags(model, objective="drpo", *extra):
+def train_flags(out, model, objective="drpo", *extra):
+    """Flags for a small run; everything it writes (the objective's report, checkpoints) goes to `out`."""
     reward = os.path.join(os.path.dirname(__file__), "..", "openrlhf_drpo", "reward.py")
-    return ["--actor.model_name_or_path", model, "--drpo.objective", objective, "--reward.remote_url", reward,
+    return ["--ckpt.output_dir", str(out), "--ckpt.path", str(out), "--actor.model_name_or_path", model, "--drpo.objective", objective, "--reward.remote_url", reward,
             "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",
             "--ds.attn_implementation", "eager", "--vllm.sync_backend", "gloo", "--ds.zero_stage", "2",
             "--train.batch_size", "4", "--train.micro_batch_size", "2", "--rollout.batch_size", "2",
@@ -101,8 +87,7 @@ def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_mod
     from openrlhf_drpo.loss import METRIC_KEYS, ObjectiveLoss
     from openrlhf_drpo.train import openrlhf_args
 
-    args = openrlhf_args(train_flags(tiny_model, "drpo", "--drpo.set", "delta=0.2",
-                                     "--ckpt.output_dir", str(tmp_path / "ckpt")))
+    args = openrlhf_args(train_flags(tmp_path / "ckpt", tiny_model, "drpo", "--drpo.set", "delta=0.2"))
     strategy = get_strategy(args)
     actor = _DrpoPolicyModelActor(1, 0, "127.0.0.1", int(os.environ["MASTER_PORT"]))
     actor.init_model_from_pretrained(strategy, tiny_model, max_steps=4)   # exactly what Ray runs
@@ -141,14 +126,15 @@ def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_mod
         assert torch.allclose(grad, expected, rtol=1e-4, atol=1e-7), (grad - expected).abs().max()
 
 
-def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective():
+def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective(tmp_path):
     import ray
     from openrlhf_drpo.actor import DrpoPolicyModelActor
     from openrlhf_drpo.train import openrlhf_args
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "DS_ACCELERATOR": "cpu"}})
+             runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"},
+                          "worker_process_setup_hook": "openrlhf_drpo.cpu_mode.setup_ray_worker"})
     try:
-        args = openrlhf_args(train_flags("unused", "spo", "--drpo.set", "eps=0.3"))
+        args = openrlhf_args(train_flags(tmp_path, "unused", "spo", "--drpo.set", "eps=0.3"))
         actor = DrpoPolicyModelActor.options(num_cpus=1, num_gpus=1).remote(1, 0, "127.0.0.1", _free_port())
         info = ray.get(actor.drpo_objective.remote(args.drpo.spec), timeout=300)
     finally:
@@ -187,12 +173,12 @@ def test_drpo_train_refuses_openrlhfs_is_correction_it_would_silently_drop():
     assert "would be silently dropped" in proc.stderr
 
 
-def test_rollout_anchor_makes_openrlhf_keep_vllms_log_probs(tiny_model):
+def test_rollout_anchor_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
     from openrlhf_drpo.train import openrlhf_args
-    args = openrlhf_args(train_flags(tiny_model, "drpo", "--drpo.anchor", "rollout"))
+    args = openrlhf_args(train_flags(tmp_path, tiny_model, "drpo", "--drpo.anchor", "rollout"))
     assert args.algo.advantage.is_correction_level == "token"     # what makes vLLM return log-probs
     assert '"anchor": "rollout"' in args.drpo.spec
-    assert openrlhf_args(train_flags(tiny_model, "drpo")).algo.advantage.is_correction_level == "off"
+    assert openrlhf_args(train_flags(tmp_path, tiny_model, "drpo")).algo.advantage.is_correction_level == "off"
 
 
 @pytest.mark.parametrize("script", sorted(p for p in os.listdir(os.path.join(os.path.dirname(__file__), "..", "examples"))

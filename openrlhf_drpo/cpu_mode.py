@@ -1,0 +1,322 @@
+"""CPU mode: OpenRLHF 0.11.2's Ray + DeepSpeed + vLLM pipeline on a machine without CUDA.
+
+Every adaptation lives here, each applied only in the processes that need it:
+- driver: `driver_environment` (set before DeepSpeed or vLLM is imported), `check_flags`,
+  `ray_init_kwargs` (a local Ray with logical GPUs), and the actor classes below;
+- Ray workers: `setup_ray_worker` (the runtime env's setup hook) and `adapt_trainer_process`
+  (called by the trainer-side actors before OpenRLHF's code runs);
+- the vLLM worker: `CpuWorkerExtension`, OpenRLHF's WorkerWrap with gloo and a repacking reload.
+They patch internals of the pinned versions only; `check_versions` refuses any other.
+This module imports nothing heavy at the top: `install_flash_attn_shim` runs before torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+PINNED = {"openrlhf": "0.11.2", "vllm": "0.29.0", "deepspeed": "0.19.6"}
+ENV_FLAG = "OPENRLHF_DRPO_CPU_MODE"          # "1" in every process of a CPU-mode run
+SKIP_RELOAD = "OPENRLHF_DRPO_SKIP_VLLM_RELOAD"   # diagnostic: receive weights, keep vLLM's old ones
+
+
+# ---------------------------------------------------------------- flash_attn (every process)
+
+_FLASH_ATTN = "flash_attn is not installed, and this run calls it through --ds.packing_samples or " \
+    "--ds.ring_attn_size: drop those flags (CPU mode never uses them), or install flash-attn on a CUDA machine"
+
+
+def _absent(*args, **kwargs):
+    raise RuntimeError(_FLASH_ATTN)
+
+
+class _FlashAttnShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """OpenRLHF imports four names from flash_attn at module level (openrlhf.models); this
+    provides exactly those modules, last on sys.meta_path so a real install always wins.
+    Anything else (flash_attn.ops, which OpenRLHF tries and falls back from) stays absent."""
+    NAMES = {"flash_attn": {}, "flash_attn.utils": {},
+             "flash_attn.bert_padding": {"index_first_axis": _absent, "pad_input": _absent, "unpad_input": _absent},
+             "flash_attn.utils.distributed": {"all_gather": _absent}}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.NAMES:
+            return None
+        return importlib.machinery.ModuleSpec(name, self, is_package=name in ("flash_attn", "flash_attn.utils"))
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module: types.ModuleType):
+        module.__dict__.update(self.NAMES[module.__name__])
+        if module.__name__ == "flash_attn.bert_padding":
+            from einops import rearrange
+            module.rearrange = rearrange
+
+
+def install_flash_attn_shim() -> None:
+    if any(isinstance(f, _FlashAttnShim) for f in sys.meta_path):
+        return
+    if importlib.util.find_spec("flash_attn") is None:
+        sys.meta_path.append(_FlashAttnShim())
+
+
+# ---------------------------------------------------------------- the driver
+
+def wanted(choice: str) -> bool:
+    """`--drpo.cpu_mode auto|on|off`: auto is on exactly when torch sees no CUDA device."""
+    if choice == "auto":
+        import torch
+        return not torch.cuda.is_available()
+    return choice == "on"
+
+
+def check_versions() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+    for dist, pinned in PINNED.items():
+        try:
+            found = version(dist) if dist != "vllm" else __import__("vllm").__version__
+        except Exception:      # not installed, or a broken install: either way not the pinned one
+            found = None
+        if found != pinned:
+            raise SystemExit(
+                f"drpo-train: error: CPU mode adapts {dist}=={pinned} and found {found or 'none'}; it patches "
+                f"internals of the pinned versions only (bash scripts/setup.sh installs them)")
+
+
+def extensions_dir() -> str:
+    """DeepSpeed's JIT cache, one per Python environment: another environment's build of the
+    same op name would otherwise overwrite it mid-run and force a rebuild."""
+    tag = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+    return os.path.join(os.path.expanduser("~"), ".cache", "openrlhf-drpo", f"torch_extensions-{tag}")
+
+
+def driver_environment() -> dict:
+    """Set in the driver before DeepSpeed or vLLM is imported, and shipped to every Ray worker.
+    Overrides what CPU mode needs, so that a stale value in the shell cannot break a run; the KV
+    cache size is the user's to raise, within this machine's memory."""
+    return {
+        ENV_FLAG: "1",
+        "DS_ACCELERATOR": "cpu",                   # DeepSpeed otherwise probes for CUDA and fails
+        "TORCH_EXTENSIONS_DIR": extensions_dir(),
+        "VLLM_CPU_KVCACHE_SPACE": _kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE")),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",     # pinning threads fights the trainer on a shared box
+    }
+
+
+def _kv_cache_gib(value) -> str:
+    """vLLM's CPU backend needs a KV cache size in GiB: the user's, if it fits in half of this
+    machine's memory, else 1."""
+    import psutil
+    try:
+        ok = 0 < float(value) <= psutil.virtual_memory().total / 2**31
+    except (TypeError, ValueError):
+        ok = False
+    return str(value) if ok else "1"
+
+
+def _given(argv: list[str], flag: str) -> bool:
+    """Whether the command line sets `flag`, spelled out or abbreviated as argparse allows."""
+    return any(a.startswith("--") and len(a.split("=", 1)[0]) > 2 and flag.startswith(a.split("=", 1)[0])
+               for a in argv)
+
+
+REFUSED = {   # flags whose code paths need CUDA, and why
+    "vllm.enable_sleep": "offloads to and from GPU memory",
+    "ds.enable_sleep": "offloads to and from GPU memory",
+    "ds.packing_samples": "needs flash attention",
+    "train.dynamic_batch_enable": "turns on packing, which needs flash attention",
+    "vllm.sync_with_ray": "uses Ray's collective (NCCL)",
+    "train.enable_ema": "averages the EMA model on a CUDA device",
+    "ds.load_in_4bit": "quantizes with bitsandbytes on CUDA",
+    "ds.use_liger_kernel": "runs Triton kernels",
+}
+
+
+def check_flags(ns, argv: list[str]) -> None:
+    """Set the defaults that cannot work on CPU, and refuse what the user set that cannot work
+    (ns is OpenRLHF's flat namespace, at parse time)."""
+    def refuse(msg):
+        raise SystemExit(f"drpo-train: error: CPU mode: {msg} (or force --drpo.cpu_mode off on a CUDA machine)")
+
+    settings = {"ds.attn_implementation": ("eager", "flash attention needs CUDA; use --ds.attn_implementation "
+                                           "eager or sdpa", ("eager", "sdpa")),
+                "vllm.sync_backend": ("gloo", "NCCL needs CUDA; use --vllm.sync_backend gloo", ("gloo",))}
+    for key, (default, msg, ok) in settings.items():
+        if not _given(argv, "--" + key):
+            setattr(ns, key, default)
+        elif getattr(ns, key) not in ok:
+            refuse(msg)
+    for role in ("actor", "ref", "critic", "reward"):   # OpenRLHF's default is 8 processes per model
+        if not _given(argv, f"--{role}.num_gpus_per_node"):
+            setattr(ns, f"{role}.num_gpus_per_node", 1)
+    for key, why in REFUSED.items():
+        if getattr(ns, key, False):
+            refuse(f"--{key} {why}; drop it")
+    for key in ("ds.ring_attn_size", "ds.tensor_parallel_size", "vllm.tensor_parallel_size"):
+        if getattr(ns, key, 1) != 1:
+            refuse(f"--{key} must be 1: CPU mode runs one process per model")
+    for role in ("actor", "ref", "critic", "reward"):
+        if getattr(ns, f"{role}.num_nodes", 1) != 1:
+            refuse(f"--{role}.num_nodes must be 1: CPU mode runs on this machine's local Ray")
+
+
+def gpus_requested(ns) -> int:
+    """GPUs OpenRLHF's train() (cli/train_ppo_ray.py) will ask Ray for, from its flat parsed
+    namespace: colocated groups share one placement group, an async run gives vLLM its own."""
+    g = lambda key: getattr(ns, key)   # noqa: E731
+    colocate_all = g("train.colocate_all")
+    n = g("actor.num_nodes") * g("actor.num_gpus_per_node")
+    if g("algo.kl.init_coef") > 0 and not (colocate_all or g("train.colocate_actor_ref")):
+        n += g("ref.num_nodes") * g("ref.num_gpus_per_node")
+    if g("vllm.num_engines") and not (colocate_all and not g("train.async_enable")):
+        n += g("vllm.num_engines") * g("vllm.tensor_parallel_size")
+    critic = g("algo.advantage.estimator") == "gae"
+    if critic and not colocate_all:
+        n += g("critic.num_nodes") * g("critic.num_gpus_per_node")
+    reward_actors = not g("reward.remote_url") and not g("train.agent_func_path")
+    if reward_actors and not colocate_all and not (critic and g("train.colocate_critic_reward")):
+        n += g("reward.num_nodes") * g("reward.num_gpus_per_node")
+    return n
+
+
+def ray_init_kwargs(kwargs: dict, args) -> dict:
+    """OpenRLHF's own ray.init call, made local, with one logical GPU per bundle it will ask
+    for (Ray would otherwise wait forever for GPUs that do not exist), and the CPU-mode
+    environment plus the worker setup hook shipped to every worker."""
+    for stale in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"):   # Ray checks logical GPUs against the latter
+        os.environ.pop(stale, None)
+    runtime_env = dict(kwargs.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **driver_environment()}
+    runtime_env["worker_process_setup_hook"] = "openrlhf_drpo.cpu_mode.setup_ray_worker"
+    gpus = gpus_requested(args)
+    return {**kwargs, "address": "local", "num_gpus": gpus, "num_cpus": max(os.cpu_count() or 1, gpus + 2),
+            "include_dashboard": False, "runtime_env": runtime_env}
+
+
+# ---------------------------------------------------------------- Ray workers
+
+def setup_ray_worker() -> None:
+    """Ray's worker setup hook: runs before an actor class is unpickled, which imports
+    openrlhf.models and with it flash_attn."""
+    install_flash_attn_shim()
+
+
+def active() -> bool:
+    return os.environ.get(ENV_FLAG) == "1"
+
+
+_ADAPTED = False
+
+
+def adapt_trainer_process() -> None:
+    """For the DeepSpeed actors (policy, reference): OpenRLHF calls torch.cuda directly
+    throughout its trainer; on CPU these become the CPU device or no-ops."""
+    global _ADAPTED
+    if _ADAPTED:
+        return
+    _ADAPTED = True
+    import torch
+    from torch.distributed import device_mesh
+    import openrlhf.utils.deepspeed.deepspeed as ds_strategy
+    from openrlhf.trainer.ppo_utils import replay_buffer
+    from openrlhf.trainer.ray import ppo_actor
+
+    cpu = torch.device("cpu")
+    torch.cuda.current_device = lambda: cpu
+    torch.cuda.current_stream = lambda *a, **k: None       # only passed on to the broadcast below
+    for name in ("set_device", "synchronize", "empty_cache"):
+        setattr(torch.cuda, name, lambda *a, **k: None)
+    # DeepspeedStrategy builds its (dp, sp, tp) mesh on "cuda"
+    ds_strategy.init_device_mesh = lambda _type, *a, **k: device_mesh.init_device_mesh("cpu", *a, **k)
+    # NaiveReplayBuffer formats f"cuda:{current_device()}" for its target device
+    original_init = replay_buffer.NaiveReplayBuffer.__init__
+
+    def buffer_init(self, *a, **k):
+        torch.cuda.current_device = lambda: 0
+        try:
+            original_init(self, *a, **k)
+        finally:
+            torch.cuda.current_device = lambda: cpu
+        self.target_device = cpu
+    replay_buffer.NaiveReplayBuffer.__init__ = buffer_init
+    # the weight-sync group to vLLM is always NCCL in 0.11.2, whatever --vllm.sync_backend says
+    ppo_actor.stateless_init_process_group = lambda host, port, rank, world_size, device: GlooGroup(
+        host, port, rank, world_size)
+
+
+class GlooGroup:
+    """The broadcast side of vLLM's PyNcclCommunicator, over a stateless gloo group (the
+    same call on the trainer's rank 0 and in every vLLM worker)."""
+
+    def __init__(self, host, port, rank, world_size):
+        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+        self.group = stateless_init_torch_distributed_process_group(host, port, rank, world_size, backend="gloo")
+
+    def broadcast(self, tensor, src=0, stream=None):
+        self.group.broadcast(tensor, src).wait()
+
+
+# ---------------------------------------------------------------- the vLLM worker
+
+class CpuWorkerExtension:
+    """Replaces OpenRLHF's WorkerWrap as vLLM's worker extension (the same two methods the
+    trainer calls). vLLM's CPU backend repacks every linear weight into its own kernel layout after loading:
+    OpenRLHF's per-tensor load_weights then fails, or is silently ignored by the packed kernel.
+    So each broadcast tensor is kept, and on the last one of a sync (OpenRLHF flags it with
+    empty_cache) all are reloaded through vLLM's layer-wise reload, which repacks."""
+
+    def init_process_group(self, master_address, master_port, rank_offset, world_size, group_name,
+                           backend="gloo", use_ray=False):
+        import torch
+        rank = torch.distributed.get_rank() + rank_offset
+        self._model_update_with_ray = False
+        self._model_update_group = GlooGroup(master_address, master_port, rank, world_size)
+        self._received = {}
+
+    def update_weight(self, name, dtype, shape, empty_cache=False):
+        import torch
+        assert dtype == self.model_config.dtype, f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}"
+        weight = torch.empty(shape, dtype=dtype)
+        self._model_update_group.broadcast(weight, src=0)
+        self._received[name] = weight     # by name: a sync broken off midway leaves nothing stale behind
+        if empty_cache:
+            received, self._received = self._received, {}
+            if os.environ.get(SKIP_RELOAD) != "1":
+                self.reload_weights(weights_iterator=list(received.items()), is_checkpoint_format=True)
+
+
+def _rollout_actor():
+    import ray
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    class CpuRolloutRayActor(RolloutRayActor.__ray_actor_class__):
+        async def __init__(self, *args, **kwargs):
+            kwargs["worker_extension_cls"] = f"{__name__}.CpuWorkerExtension"
+            await super().__init__(*args, **kwargs)
+    return ray.remote(CpuRolloutRayActor)
+
+
+def _adapted(actor_class):
+    """A DeepSpeed actor (reference, reward, critic) that adapts its process before OpenRLHF's
+    code runs in it."""
+    import ray
+
+    class Adapted(actor_class.__ray_actor_class__):
+        def __init__(self, *args, **kwargs):
+            adapt_trainer_process()
+            super().__init__(*args, **kwargs)
+    Adapted.__name__ = Adapted.__qualname__ = f"Cpu{actor_class.__ray_actor_class__.__name__}"
+    return ray.remote(num_gpus=1)(Adapted)
+
+
+def actor_patches():
+    """(module, name, replacement) for the driver's launcher in CPU mode; train_ppo_ray imports
+    these names when runpy runs it, inside the patches."""
+    from openrlhf.trainer.ray import launcher, ppo_critic, vllm_engine
+    return [(vllm_engine, "RolloutRayActor", _rollout_actor()),
+            *[(module, name, _adapted(getattr(module, name))) for module, name in
+              ((launcher, "ReferenceModelActor"), (launcher, "RewardModelActor"), (ppo_critic, "CriticModelActor"))]]

@@ -1,1 +1,0 @@
-"""Import stand-in for flash_attn (tests on machines without it)."""

@@ -1,2 +1,0 @@
-class TokensPrompt(dict):
-    pass

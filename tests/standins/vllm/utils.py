@@ -1,2 +1,0 @@
-def random_uuid() -> str:
-    raise RuntimeError("vllm is not installed: this is the tests' import stand-in")

@@ -1,0 +1,198 @@
+"""drpo-train end to end on CPU, through its real command line: a local Ray, vLLM's CPU engine
+generating, the reward function, group-normalised advantages, the compiled objective on
+DeepSpeed's CPU accelerator, and the weights broadcast back into vLLM. Plus the pre-flight
+checks and CPU mode's handling of flags, versions and imports."""
+import argparse
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from openrlhf_drpo import cpu_mode, toytask
+
+STEPS = 10
+
+
+def drpo_train(*args, env=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.train", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return toytask.build(str(tmp_path_factory.mktemp("toytask")))
+
+
+def _run(task, out, steps, env=None, objective=("drpo", "--drpo.set", "delta=0.2", "--drpo.anchor", "rollout"),
+         extra=()):
+    proc = drpo_train("--drpo.objective", *objective, *toytask.flags(task, str(out), steps=steps), *extra, env=env)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    return log, toytask.steps_from_log(log)
+
+
+@pytest.fixture(scope="module")
+def synced_run(tmp_path_factory):
+    """The laptop quickstart, as the README runs it, with stale values left in the shell that
+    must not break a CPU-mode run."""
+    out = tmp_path_factory.mktemp("quickstart")
+    started = time.time()
+    stale = {"DS_ACCELERATOR": "cuda", "RAY_ADDRESS": "127.0.0.1:9", "VLLM_CPU_KVCACHE_SPACE": "500"}
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "laptop_quickstart.py")
+    proc = subprocess.run([sys.executable, script, "--steps", str(STEPS), "--out", str(out)], capture_output=True,
+                          text=True, env={**os.environ, **stale}, timeout=600)
+    log = (out / "train.log").read_text()
+    assert proc.returncode == 0, proc.stdout[-3000:] + log[-6000:]
+    table = [line.split() for line in proc.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert [int(row[0]) for row in table] == list(range(1, STEPS + 1)), proc.stdout
+    # the run started its own Ray, vLLM and DeepSpeed processes, and takes every one of them down
+    # (workers exit a moment after the driver: wait for them, within a bound)
+    ours = [p for p in psutil.process_iter(["name", "create_time"]) if p.info["create_time"] >= started
+            and (p.info["name"] in ("raylet", "gcs_server") or p.info["name"].startswith(("ray::", "VLLM")))]
+    _, alive = psutil.wait_procs(ours, timeout=60)
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [p.info for p in alive]
+    return out, log, toytask.steps_from_log(log)
+
+
+def test_drpo_train_runs_the_whole_pipeline_on_cpu_and_logs_the_objectives_metrics(synced_run):
+    out, log, steps = synced_run
+    assert "openrlhf-drpo: CPU mode" in log
+    assert "Traceback" not in log
+    assert len(steps) == STEPS
+    for step in steps:
+        for key in ("drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging",
+                    "drpo_abs_pi_minus_mu", "drpo_ratio_max", "vllm_kl", "actor_grad_norm", "reward"):
+            assert key in step, sorted(step)
+    assert (out / "ckpt" / "model.safetensors").exists()
+    assert (out / "ckpt" / "drpo_objective.txt").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    runs = [root for root, _, files in os.walk(out / "tensorboard") if any(f.startswith("events") for f in files)]
+    assert len(runs) == 1, runs
+    events = EventAccumulator(runs[0])
+    events.Reload()
+    for tag in ("train/drpo_w_mean", "train/drpo_past_boundary_diverging", "train/vllm_kl", "train/actor_grad_norm"):
+        assert len(events.Scalars(tag)) == STEPS, tag
+
+
+def test_weights_reach_vllm_every_step_and_a_run_that_skips_the_reload_drifts(synced_run, task, tmp_path):
+    _, _, synced = synced_run
+    kl = [s["vllm_kl"] for s in synced]
+    assert max(kl) < 0.03, kl            # bf16 CPU kernels against HF eager: a few 1e-3
+    # control: vLLM receives every tensor but keeps its old weights
+    _, unsynced = _run(task, tmp_path, 4, env={cpu_mode.SKIP_RELOAD: "1"})
+    drift = [s["vllm_kl"] for s in unsynced]
+    assert drift[-1] > 10 * max(kl[:4]) and drift[-1] > 0.05, (drift, kl)
+
+
+def test_reference_and_critic_models_run_in_cpu_mode_too(task, tmp_path):
+    # a KL penalty adds OpenRLHF's reference model, GAE its critic: two more DeepSpeed actors,
+    # each one process by default on CPU (OpenRLHF's default is 8)
+    log, steps = _run(task, tmp_path, 3, objective=("ppo",),
+                      extra=("--algo.kl.init_coef", "0.01", "--algo.advantage.estimator", "gae"))
+    assert "CpuReferenceModelActor" in log and "CpuCriticModelActor" in log
+    assert len(steps) == 3 and all("critic_loss" in s and "kl" in s for s in steps)
+    assert steps[-1]["kl"] > 0          # the policy moved away from the reference
+    assert "Traceback" not in log
+
+
+def test_the_policy_learns_the_synthetic_task(synced_run):
+    _, _, steps = synced_run
+    reward = [s["reward"] for s in steps]
+    first, last = sum(reward[:3]) / 3, sum(reward[-3:]) / 3
+    assert last > first + 0.15 and last > 2 * first, reward
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--actor.model_name_or_path", "/no/such/model"], "--actor.model_name_or_path /no/such/model: no such file"),
+    (["--actor.model_name_or_path", "{model}", "--reward.remote_url", ""], "no reward: pass --reward.remote_url"),
+    (["--actor.model_name_or_path", "{model}", "--reward.remote_url", "/no/reward.py"],
+     "--reward.remote_url /no/reward.py: no such file"),
+    (["--actor.model_name_or_path", "{model}", "--drpo.cpu_mode", "off"], "asks Ray for 2 GPUs and this machine has 0"),
+    (["--actor.model_name_or_path", "{model}", "--vllm.enable_sleep"], "--vllm.enable_sleep offloads"),
+    (["--actor.model_name_or_path", "{model}", "--ds.attn_implementation", "flash_attention_2"],
+     "flash attention needs CUDA"),
+    (["--actor.model_name_or_path", "{model}", "--vllm.sync_backend", "nccl"], "NCCL needs CUDA"),
+    (["--actor.model_name_or_path", "{model}", "--ds.attn_impl", "flash_attention_2"], "flash attention needs CUDA"),
+    (["--actor.model_name_or_path", "{model}", "--train.enable_ema"], "--train.enable_ema averages"),
+    (["--actor.model_name_or_path", "{model}", "--vllm.tensor_parallel_size", "2"],
+     "--vllm.tensor_parallel_size must be 1"),
+])
+def test_preflight_turns_hangs_and_crashes_into_clear_errors_before_ray_starts(task, flags, message, tmp_path):
+    reward = ["--reward.remote_url", task["reward"]] if "--reward.remote_url" not in flags else []
+    proc = drpo_train("--drpo.objective", "drpo", "--drpo.cpu_mode", "on", "--vllm.num_engines", "1",
+                      "--actor.num_gpus_per_node", "1",
+                      "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
+                      "--rollout.n_samples_per_prompt", "2", "--ckpt.output_dir", str(tmp_path), *reward,
+                      *[f.format(model=task["model"]) for f in flags])
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "CPU mode (no CUDA" not in proc.stdout
+    assert not list(tmp_path.iterdir())        # nothing written: the checks come first
+
+
+def test_cpu_mode_sets_the_defaults_that_cannot_work_on_cpu(task, tmp_path):
+    from openrlhf_drpo.train import openrlhf_args
+    args = openrlhf_args(["--drpo.objective", "drpo", "--drpo.cpu_mode", "on", "--critic.num_gpus_per_node", "2",
+                          *toytask.flags(task, str(tmp_path), steps=1)])
+    assert args.ds.attn_implementation == "eager" and args.vllm.sync_backend == "gloo"
+    assert args.ref.num_gpus_per_node == 1 and args.reward.num_gpus_per_node == 1   # OpenRLHF's default is 8
+    assert args.critic.num_gpus_per_node == 2                                        # what the user set stays
+
+
+def _ns(**flags):
+    defaults = {"actor.num_nodes": 1, "actor.num_gpus_per_node": 1, "ref.num_nodes": 1, "ref.num_gpus_per_node": 8,
+                "critic.num_nodes": 1, "critic.num_gpus_per_node": 8, "reward.num_nodes": 1,
+                "reward.num_gpus_per_node": 8, "vllm.num_engines": 2, "vllm.tensor_parallel_size": 1,
+                "algo.kl.init_coef": 0.0, "algo.advantage.estimator": "group_norm", "reward.remote_url": "r.py",
+                "train.agent_func_path": None, "train.colocate_all": False, "train.colocate_actor_ref": False,
+                "train.colocate_critic_reward": False, "train.async_enable": False}
+    return argparse.Namespace(**{**defaults, **{k.replace("__", "."): v for k, v in flags.items()}})
+
+
+@pytest.mark.parametrize("flags, gpus", [
+    ({}, 3),                                                   # actor + 2 engines
+    ({"algo__kl__init_coef": 0.01}, 11),                       # + the reference's 8
+    ({"algo__kl__init_coef": 0.01, "train__colocate_actor_ref": True}, 3),
+    ({"train__colocate_all": True}, 1),                        # engines share the actor's group
+    ({"train__colocate_all": True, "train__async_enable": True}, 3),     # async: engines get their own
+    ({"algo__advantage__estimator": "gae"}, 11),               # + the critic
+    ({"reward__remote_url": None}, 11),                        # + reward-model actors
+    ({"reward__remote_url": None, "train__agent_func_path": "agent.py"}, 3),    # an agent rewards
+    ({"reward__remote_url": None, "algo__advantage__estimator": "gae", "train__colocate_critic_reward": True}, 11),
+])
+def test_gpus_requested_counts_what_openrlhfs_launcher_asks_ray_for(flags, gpus):
+    assert cpu_mode.gpus_requested(_ns(**flags)) == gpus
+
+
+def test_cpu_mode_keeps_a_kv_cache_size_that_fits_and_replaces_one_that_cannot(monkeypatch):
+    for value, expected in [("4", "4"), ("500000", "1"), ("-2", "1"), ("lots", "1")]:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+        assert cpu_mode.driver_environment()["VLLM_CPU_KVCACHE_SPACE"] == expected
+
+
+def test_cpu_mode_refuses_versions_it_was_not_built_for(monkeypatch):
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda d: "0.12.0" if d == "openrlhf" else real(d))
+    with pytest.raises(SystemExit, match=r"adapts openrlhf==0.11.2 and found 0.12.0"):
+        cpu_mode.check_versions()
+
+
+def test_openrlhf_imports_without_flash_attn_and_its_calls_name_the_flag_to_change():
+    code = ("from openrlhf_drpo import ObjectiveLoss; ObjectiveLoss('drpo')\n"
+            "from openrlhf.models.ring_attn_utils import unpad_input\n"
+            "try:\n    unpad_input()\nexcept RuntimeError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--ds.packing_samples" in proc.stdout
+
+
+def test_the_real_vllm_engine_is_installed():
+    import vllm
+    assert vllm.__version__ == cpu_mode.PINNED["vllm"]
+    assert hasattr(vllm, "AsyncLLMEngine")
