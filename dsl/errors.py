@@ -14,8 +14,11 @@ class DslError(Exception):
     def render(self) -> str:
         out = [f"{self.path}:{self.line}:{self.col}: error: {self.message}"]
         if self.source_line is not None:
-            out.append("    " + self.source_line)
-            out.append("    " + " " * (self.col - 1) + "^")
+            # invisible characters (zero-width space, a stray byte-order mark) are shown as �;
+            # tabs stay tabs under the line too, so the caret lands under its column
+            shown = "".join(c if c == "\t" or c.isprintable() else "\ufffd" for c in self.source_line)
+            out.append("    " + shown)
+            out.append("    " + "".join("\t" if c == "\t" else " " for c in shown[:self.col - 1]) + "^")
         if self.hint:
             out.append(f"hint: {self.hint}")
         return "\n".join(out)

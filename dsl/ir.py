@@ -7,6 +7,7 @@ Everything else (printing, differentiation, lowering) is one generic walk over r
 """
 from __future__ import annotations
 
+from decimal import Decimal
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -348,11 +349,20 @@ def render(n: Node, parent_prec: int = 0, right: bool = False) -> str:
 
 
 def _render_number(v: Fraction) -> str:
-    if v.denominator == 1:
+    """The shortest text that parses back to exactly v: 12, 0.2, 1e-400 (never 400 digits)."""
+    if v.denominator == 1 and abs(v.numerator) < 10**15:
         return str(v.numerator)
     f = float(v)
-    if Fraction(repr(f)) == v:
+    if f != 0 and math.isfinite(f) and Fraction(repr(f)) == v:
         return repr(f)
+    q, twos, fives = v.denominator, 0, 0
+    while q % 2 == 0:
+        q, twos = q // 2, twos + 1
+    while q % 5 == 0:
+        q, fives = q // 5, fives + 1
+    if q == 1:      # a finite decimal: exact in scientific notation
+        n = max(twos, fives)
+        return f"{Decimal(v.numerator * 10**n // v.denominator).scaleb(-n).normalize():e}".replace("e+", "e")
     return f"{v.numerator}/{v.denominator}"
 
 

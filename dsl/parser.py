@@ -21,7 +21,8 @@ OPTIONS = {
                   "seq-mean-token-sum-norm"),
 }
 OPTION_DEFAULTS = {"anchor": "old", "aggregate": "token-mean"}
-_OPERAND_END = set("_)]." + BAR_CLOSE + "²³")
+SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻"       # kept as they are: NFKC would turn x⁻¹ into x−1
+_OPERAND_END = set("_)]." + BAR_CLOSE + SUPERSCRIPTS)
 
 
 @dataclass
@@ -80,9 +81,14 @@ class Objective:
                        where: str = "<overrides>") -> "Objective":
         """A copy with parameter/option values replaced; unknown names are located errors."""
         new_params, new_options = dict(self.params), dict(self.options)
+        given = {}
         for raw, value in (params or {}).items():
-            name = canonical_name(unicodedata.normalize("NFKC", str(raw)))
+            name = param_key(raw)
             text = f"{raw}={value}"
+            if name in given:
+                raise DslError(f"parameter '{display_name(name)}' is set twice: {given[name]} and {text}", where, 1, 1,
+                               text, "keep one of them")
+            given[name] = text
             if name not in self.params:
                 known = ", ".join(display_name(k) for k in self.params) or "none"
                 raise DslError(f"unknown parameter '{raw}' for objective '{self.name}'", where, 1, 1,
@@ -95,9 +101,22 @@ class Objective:
                          self.bindings, self.description).check_constants()
 
 
+def param_key(raw) -> str:
+    """The parameter a user's spelling names, as in a file: NFKC, then ASCII (ϵ, ε, eps and
+    epsilon are one name)."""
+    return canonical_name(unicodedata.normalize("NFKC", str(raw)))
+
+
 # ------------------------------------------------------------------ loading
+def library() -> Path:
+    """The shipped objectives: the objectives/ folder installed beside this package (in a
+    checkout, the repository's). Found by path, never by import, so that no folder named
+    objectives on sys.path, the current directory included, can stand in for it."""
+    return Path(__file__).resolve().parent.parent / "objectives"
+
+
 def shipped_names() -> list[str]:
-    return sorted(p.name[:-4] for p in resources.files("objectives").iterdir() if p.name.endswith(".dsl"))
+    return sorted(p.name[:-4] for p in library().iterdir() if p.name.endswith(".dsl"))
 
 
 def load(spec: str, params: dict | None = None, options: dict | None = None) -> Objective:
@@ -107,7 +126,7 @@ def load(spec: str, params: dict | None = None, options: dict | None = None) -> 
         data, shown = path.read_bytes(), str(spec)
     else:
         name = spec[:-4] if spec.endswith(".dsl") else spec
-        res = resources.files("objectives") / f"{name.replace('-', '_')}.dsl"
+        res = library() / f"{name.replace('-', '_')}.dsl"
         if "/" in spec or not res.is_file():
             names = shipped_names()
             raise DslError(f"no objective file or shipped objective named '{spec}'", spec, 1, 1,
@@ -153,10 +172,26 @@ _TOKEN_NAMES = {
     "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQUAL": "'='", "PLUS": "'+'",
     "MINUS": "'-'", "TIMES": "'*'", "SLASH": "'/'", "POW": "'^'", "BAR_OPEN": "'|'",
     "BAR_CLOSE": "'|'", "_NL": "end of line", "$END": "end of file", "AT": "'@'",
-    "SUPERSCRIPT": "'²'", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='", "EQ": "'=='",
+    "SUPERSCRIPT": "a superscript exponent", "LT": "'<'", "LE": "'<='", "GT": "'>'", "GE": "'>='", "EQ": "'=='",
     "NE": "'!='", "AND": "'and'", "OR": "'or'", "NOT": "'not'",
 }
 _OPERAND_START = {"NAME", "NUMBER", "LPAR", "BAR_OPEN", "LSQB"}
+
+
+# Cyrillic and Greek letters drawn like Latin ones: a name holding one is a different name
+_LOOKALIKES = str.maketrans("аеорсухіјѕԁԛԝАВЕКМНОРСТХοΟΑΒΕΖΗΙΚΜΝΡΤΥΧ", "aeopcyxijsdqwABEKMHOPCTXoOABEZHIKMNPTYX")
+
+
+def _lookalike(name: str, known: list[str]) -> str:
+    """A hint naming the look-alike letters in `name` or in the known name it is drawn like."""
+    def letters(*names):
+        odd = dict.fromkeys(c for n in names for c in n if c.translate(_LOOKALIKES) != c)
+        return ", ".join(f"'{c}' is U+{ord(c):04X} {unicodedata.name(c)}, not Latin '{c.translate(_LOOKALIKES)}'"
+                         for c in odd)
+    twin = next((k for k in known if k != name and k.translate(_LOOKALIKES) == name.translate(_LOOKALIKES)), None)
+    if twin is not None:
+        return f"; '{name}' and the defined '{twin}' look alike but are different names: {letters(name, twin)}"
+    return f"; {letters(name)}" if name.translate(_LOOKALIKES) != name else ""
 
 
 def _did_you_mean(name, candidates) -> str:
@@ -180,6 +215,27 @@ def _finite_number(value, where, text, col) -> Fraction:
     return v
 
 
+def _superscript(text: str) -> int:
+    """⁻¹² -> -12."""
+    return int(unicodedata.normalize("NFKC", text.replace("⁻", "-").replace("⁺", "")))
+
+
+def _exact(n):
+    """The exact rational value of a constant node of + − × ÷ and integer powers, else None."""
+    if n.op == "num":
+        return n.value
+    args = [_exact(a) for a in n.args]
+    if None in args or n.op not in ("add", "sub", "mul", "div", "neg", "pow"):
+        return None
+    if n.op == "pow" and (args[1].denominator != 1 or abs(args[1]) > 64 or (args[0] == 0 and args[1] < 0)):
+        return None
+    if n.op == "div" and args[1] == 0:
+        return None
+    ops = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+           "div": lambda a, b: a / b, "neg": lambda a: -a, "pow": lambda a, b: a ** int(b)}
+    return ops[n.op](*args)
+
+
 def _safe_eval(n, env):
     from .ir import evaluate
     try:
@@ -199,6 +255,7 @@ def _check_option(key, value, path, line, col, source_line, value_col):
 
 class _Builder:
     def __init__(self, text: str, path: str):
+        text = text.replace("\r\n", "\n").replace("\r", "\n")     # CRLF and CR-only files too
         self.source, self.path = text, path
         self.lines = text.split("\n")
         self.norm, self.origin = self._normalize(text)
@@ -207,14 +264,14 @@ class _Builder:
     def _normalize(self, text):
         out, origin, depth, prev = [], [], 0, ""
         for i, ch in enumerate(text):
-            if ch == "|":
+            if unicodedata.normalize("NFKC", ch) == "|":      # | and its full-width and other forms
                 # A bar after an operand closes an open |...|; anywhere else it opens one.
                 if (prev in _OPERAND_END or prev.isalnum()) and depth:
                     ch, depth = BAR_CLOSE, depth - 1
                 else:
                     ch, depth = BAR_OPEN, depth + 1
                 piece = ch
-            elif ch in "²³":
+            elif ch in SUPERSCRIPTS:
                 piece = ch
             else:
                 piece = unicodedata.normalize("NFKC", ch)
@@ -257,6 +314,12 @@ class _Builder:
         pos = self.pos(offset)
         if isinstance(e, UnexpectedCharacters):
             ch = self.norm[offset]
+            if not ch.isprintable():
+                return self.error(f"unexpected invisible character U+{ord(ch):04X} {unicodedata.name(ch, '')}".rstrip(),
+                                  pos, "delete it (it often comes with text copied from a web page or a word processor)")
+            if ch in SUPERSCRIPTS:
+                return self.error(f"unexpected character '{ch}'", pos,
+                                  "a superscript exponent is digits with an optional sign before them, e.g. x⁻¹ or x²")
             return self.error(f"unexpected character '{ch}'", pos,
                               "operators are + - * / ^, comparisons < <= > >= == !=, and/or/not")
         tok = e.token
@@ -321,6 +384,9 @@ class _Builder:
             if value is not None:
                 params[name] = self._param_value(value, expr)
                 param_pos[name] = npos
+            elif not any(t.data == "name" for t in expr.iter_subtrees()):
+                params[name] = self._constant_value(expr)     # ε = 1/5: a parameter too
+                param_pos[name] = npos
             else:
                 bindings[name] = expr
         if not objectives:
@@ -381,6 +447,20 @@ class _Builder:
                              self.pos(tok.start_pos), "write a decimal number such as 0.2, .5 or 1e-3")
         return sign * Fraction(tok.value)
 
+    def _constant_value(self, expr) -> Fraction:
+        """A parameter's default written with numbers and operators only (1/5, 2^-3, sqrt(2)/10):
+        exact where the arithmetic is rational, else the double-precision value."""
+        node = self._expr(expr, {}, {}, {}, ())
+        self._check_kind(node, "num")
+        value = _exact(node)
+        if value is None:
+            f = _safe_eval(node, {})
+            value = Fraction(repr(f)) if isinstance(f, float) and math.isfinite(f) else None
+        if value is None:
+            raise self.error(f"parameter value '{render(node)}' is not a finite number", self._meta_pos(expr),
+                             "a parameter's default is a number, or numbers and operators only, e.g. 1/5")
+        return value
+
     # ---- expressions: Lark tree -> IR, resolving names and checking arity on the way
     def _expr(self, t, params, bindings, resolved, stack) -> Node:
         pos = self._meta_pos(t)
@@ -396,7 +476,7 @@ class _Builder:
         if d == "implicit":
             return self._implicit(t, rec)
         if d == "sup":
-            return Node("pow", (rec(kids[0]), num(int(unicodedata.normalize("NFKC", t.children[1].value)))), pos=pos)
+            return Node("pow", (rec(kids[0]), num(_superscript(t.children[1].value))), pos=pos)
         if d == "pos":
             return rec(kids[0])
         if d == "abs":
@@ -423,7 +503,7 @@ class _Builder:
         known = list(BUILTINS) + list(params) + list(bindings)
         raise self.error(f"unknown name '{tok.value}'", pos,
                          f"declare it as a parameter on its own line, e.g. '{tok.value} = 0.1'"
-                         f"{_did_you_mean(name, known)}")
+                         f"{_lookalike(tok.value, [display_name(k) for k in known]) or _did_you_mean(name, known)}")
 
     def _call(self, t, args, params, bindings) -> Node:
         tok = t.children[0]
@@ -453,7 +533,7 @@ class _Builder:
         base = rec(operand)
         tail = rest[1:]
         if tail and getattr(tail[0], "type", "") == "SUPERSCRIPT":
-            base = Node("pow", (base, num(int(unicodedata.normalize("NFKC", tail[0].value)))), pos=op_pos)
+            base = Node("pow", (base, num(_superscript(tail[0].value))), pos=op_pos)
         elif tail:
             base = Node("pow", (base, rec(tail[-1])), pos=op_pos)
         return Node("mul", (Node("num", value=self._number(num_tok), pos=self.pos(num_tok.start_pos)), base),

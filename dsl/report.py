@@ -41,6 +41,7 @@ def math_text(e, weight: bool = False) -> str:
             tail = sp.sstr(rest)
             text = f"{sp.sstr(const)} - {tail[1:]}" if tail.startswith("-") else f"{sp.sstr(const)} + {tail}"
     text = re.sub(r"(?<![\w.)])(\d+)/(\d+)(?![\w.(])", _decimal, text)
+    text = re.sub(r"(?<![\w.])\d{16,}(?![\w.])", lambda m: f"{int(m.group(0)):.6g}", text)   # 1e+300, not 301 digits
     text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
     text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
     text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",

@@ -7,6 +7,10 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RUN_NAME="${RUN_NAME:-$(basename "$MODEL")-${OBJECTIVE}}"
 OUT="${OUT:-$HERE/../runs/$RUN_NAME}"
+if [ ! -f "$DATA" ]; then
+    echo "$(basename "$0"): no prompt data at $DATA: prepare it first with ${PREPARE:-bash examples/prepare_data.sh}" >&2
+    exit 1
+fi
 NUM_GPUS="${NUM_GPUS:-8}"
 
 drpo-train \

@@ -7,4 +7,6 @@ DRPO_FLAGS=("$@")
 MODEL="${MODEL:-deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B}"
 DATA="${DATA:-$(dirname "$0")/../data/r1d_sanity.jsonl}"
 GROUP=8 TRAIN_BATCH=64 MINI_BATCH=16
+# the paper's R1D sanity set (1,460 solvable questions, its reference [fp16]) has no default name here
+PREPARE="SANITY_SOURCE=<that dataset's name or local path> bash examples/prepare_data.sh"
 source "$(dirname "$0")/common.sh"

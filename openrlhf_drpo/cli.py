@@ -12,28 +12,51 @@ from dsl import DslError, load
 
 
 def _overrides(pairs: list[str]) -> dict[str, str]:
-    out = {}
+    """NAME=VALUE pairs; naming one parameter twice, in any spelling, is an error."""
+    from dsl.parser import param_key
+    out, seen = {}, {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
             raise DslError("expected name=value", "--set", 1, 1, pair, "e.g. --set delta=0.2")
+        key = param_key(name.strip())
+        if key in seen:
+            raise DslError(f"'{name.strip()}' is set twice: {seen[key]} and {pair}", "--set", 1, 1, pair,
+                           "keep one of them")
+        seen[key] = pair
         out[name.strip()] = value
     return out
 
 
 def _load_all(specs, overrides):
     """Each objective takes the overrides naming its parameters; a name no objective has is an error."""
-    from dsl.ir import canonical_name
+    from dsl.parser import param_key
     objs = [load(spec) for spec in specs]
     used = set()
     for i, obj in enumerate(objs):
-        mine = {k: v for k, v in overrides.items() if canonical_name(k) in obj.params}
+        mine = {k: v for k, v in overrides.items() if param_key(k) in obj.params}
         used |= set(mine)
         objs[i] = obj.with_overrides(mine, where="--set")
     unused = [k for k in overrides if k not in used]
     if unused:   # let the first objective report the unknown name with its located message
         objs[0].with_overrides({unused[0]: overrides[unused[0]]}, where="--set")
     return objs
+
+
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+
+
+def _check_plot_path(ap, path: str) -> None:
+    """Before any work: the plot goes to exactly the file named, in a folder that exists."""
+    if not path.strip():
+        ap.error("--plot needs a file name, e.g. --plot weights.png")
+    if os.path.isdir(path):
+        ap.error(f"--plot {path}: is a directory; name a file in it, e.g. {os.path.join(path, 'weights.png')}")
+    if os.path.splitext(path)[1].lower() not in PLOT_FORMATS:
+        ap.error(f"--plot {path}: the file name must end in {', '.join(PLOT_FORMATS)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        ap.error(f"--plot {path}: no such directory: {folder}")
 
 
 def analyze_main(argv: list[str] | None = None) -> int:
@@ -47,6 +70,8 @@ def analyze_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
     ap.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     args = ap.parse_args(argv)
+    if args.plot is not None:
+        _check_plot_path(ap, args.plot)
     try:
         objs = _load_all(args.objectives, _overrides(args.set))
         if args.emit_torch:
@@ -77,9 +102,13 @@ def analyze_main(argv: list[str] | None = None) -> int:
         print("\n\n".join(report(r) for r in results))
         if len(results) > 1:
             print("\n" + comparison(results))
-    if args.plot:
+    if args.plot is not None:
         from dsl.report import plot
-        plot(results, args.plot)
+        try:
+            plot(results, args.plot)
+        except OSError as e:
+            print(f"drpo-analyze: error: cannot write --plot {args.plot}: {e.strerror or e}", file=sys.stderr)
+            return 1
         if not args.json:
             print(f"\nwrote {args.plot}")
     failed = [r["name"] for r in results if not r["self_check"]["passed"]]
@@ -90,10 +119,14 @@ def analyze_main(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    code = analyze_main()
-    # Skip interpreter teardown (~0.25 s with SymPy loaded): everything is written and flushed.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        code = analyze_main()
+        # Skip interpreter teardown (~0.25 s with SymPy loaded): everything is written and flushed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:   # the reader left (drpo-analyze ... | head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141            # 128 + SIGPIPE, as a shell pipeline reports it
     os._exit(code)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from fractions import Fraction
 
 import torch
 from torch import nn
@@ -53,13 +54,13 @@ def _aggregation_coef(m, mode, norm):
     divides by the token count (or batch_num_tokens/dp_size), sample mode averages the
     per-sequence means over non-empty sequences (or global_batch_size/dp_size). The
     token-sum modes weight each sequence's mean by its length (or length / T)."""
-    if mode == "token-mean":
-        return m / (m.sum() if norm is None else norm)
+    if mode == "token-mean":      # an all-masked batch: 0/1, no gradient (OpenRLHF's own is 0/0 = NaN)
+        return m / (m.sum().clamp(min=1) if norm is None else norm)
     count = m.sum(dim=-1, keepdim=True)
     per_seq = {"seq-mean-token-mean": 1.0, "seq-mean-token-sum": count,
                "seq-mean-token-sum-norm": count / m.shape[-1]}[mode] / (count + 1e-8)
     seq = (count > 0).to(m.dtype)
-    return m * per_seq * seq / (seq.sum() if norm is None else norm)
+    return m * per_seq * seq / (seq.sum().clamp(min=1) if norm is None else norm)
 
 
 def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
@@ -83,7 +84,8 @@ def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
     stats = torch.stack([
         ((move > 0) & stopped & mask).to(f).sum(), ((move < 0) & stopped & mask).to(f).sum(),
         w.sum(), has_w.to(f).sum(), torch.where(mask, anchor.exp() * (r - 1).abs(), 0.0).sum(),
-        torch.where(mask, r, 0.0).amax(), torch.where(mask, -raw, 0.0).sum(), mask.to(f).sum(),
+        torch.where(mask, r, 0.0).amax() if r.numel() else r.new_zeros(()),     # [B, 0]: nothing to max
+        torch.where(mask, -raw, 0.0).sum(), mask.to(f).sum(),
     ])
     return -(coef * value).sum(), -(coef * grad), stats
 
@@ -95,16 +97,20 @@ def _fused_function(kernel):
 
         @staticmethod
         def forward(ctx, logp, anchor, A, mask, norm):
-            # detached: the kernel is compiled as an inference graph, with no autograd of its own
-            loss, grad, stats = kernel(logp.detach(), anchor, A, mask, norm)
+            # detached: the kernel is compiled as an inference graph, with no autograd of its own.
+            # Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16.
+            wide = lambda x: x.float() if x.dtype in (torch.float16, torch.bfloat16) else x   # noqa: E731
+            loss, grad, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask,
+                                       None if norm is None else wide(norm))
             ctx.save_for_backward(grad)
+            ctx.dtype = logp.dtype
             ctx.mark_non_differentiable(stats)
             return loss, stats
 
         @staticmethod
         def backward(ctx, g, _):
             (grad,) = ctx.saved_tensors
-            return g * grad, None, None, None, None
+            return (g * grad).to(ctx.dtype), None, None, None, None
     return Fused
 
 
@@ -125,6 +131,15 @@ class ObjectiveLoss(nn.Module):
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):
         super().__init__()
+        if not isinstance(fused, bool):
+            raise TypeError(f"ObjectiveLoss: fused must be True or False, got {fused!r}")
+        if not (isinstance(compile, bool) or compile == "auto"):
+            raise TypeError(f"ObjectiveLoss: compile must be True, False or 'auto', got {compile!r}")
+        for name, value in overrides.items():
+            # a tensor or array would be read at its own precision (float32 0.2 is 0.200000003)
+            if name not in OPTIONS and (isinstance(value, bool) or not isinstance(value, (int, float, str, Fraction))):
+                raise TypeError(f"ObjectiveLoss: parameter {name}={value!r} must be a Python number or a numeric "
+                                f"string, not {type(value).__name__}; pass float(...) of it")
         obj = objective if isinstance(objective, Objective) else dsl.load(objective)
         options = {k: overrides.pop(k) for k in list(overrides) if k in OPTIONS}
         self.objective = obj.with_overrides(overrides, options, where="ObjectiveLoss") if (overrides or options) else obj
@@ -167,12 +182,13 @@ class ObjectiveLoss(nn.Module):
             clean = lambda x: torch.where(mask, x, 0.0)   # noqa: E731  select, don't multiply
             per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages))
             loss = self._aggregate(per_token, action_mask, dp_size, batch_num_tokens, global_batch_size)
+            loss = torch.where(mask.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
             with torch.no_grad():
                 stats = fused.apply(log_probs.detach(), anchor, advantages, action_mask, norm)[1]
 
         with torch.no_grad():
             st = dict(zip(_STATS, stats.unbind()))
-            tokens = st["tokens"]
+            tokens = st["tokens"].clamp(min=1)      # an all-masked batch reports 0, not 0/0
             clip_ratio = st["past_div"] / tokens
             self.metrics = {
                 "drpo_w_mean": st["w_sum"] / st["w_count"].clamp(min=1),

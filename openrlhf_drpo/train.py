@@ -64,6 +64,11 @@ def preflight(ns, cpu: bool) -> None:
         for path in filter(None, (g(key) or "").split(",")):
             if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
                 fail(f"--{key} {path}: no such file or directory")
+    data = g("data.prompt_dataset") or ""
+    for path in filter(None, data.split(",")):
+        if (_looks_local(path) or path.endswith((".jsonl", ".json", ".parquet", ".csv"))) \
+                and not os.path.exists(os.path.expanduser(path)):
+            fail(f"--data.prompt_dataset {path}: no such file or directory")
     if not g("reward.model_name_or_path") and not g("reward.remote_url") and not g("train.agent_func_path"):
         fail("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
              "openrlhf_drpo/reward.py) or --reward.model_name_or_path")

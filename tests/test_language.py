@@ -303,16 +303,30 @@ def test_drpo_analyze_reports_errors_without_traceback_and_exits_nonzero(tmp_pat
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-def test_shipped_objectives_are_found_from_a_regular_install(tmp_path):
+def test_shipped_objectives_are_found_from_a_regular_install_and_no_local_folder_shadows_them(tmp_path):
     import pathlib
+    import shutil
     root = pathlib.Path(__file__).resolve().parents[1]
+    # built from a copy: pip writes build/ beside the sources, and the checkout stays untouched
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__",
+                                                             ".hypothesis", ".pytest_cache", "runs"))
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(root)], check=True, capture_output=True)
-    code = "import dsl, objectives; print(dsl.load('drpo').params, objectives.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(target), "PATH": ""}, check=True).stdout
-    assert "{'delta': Fraction(25, 2)}" in out and str(target) in out
+                    "--target", str(target), str(src)], check=True, capture_output=True)
+    # a user's own objectives/ folder in the working directory (first on sys.path)
+    work = tmp_path / "work"
+    (work / "objectives").mkdir(parents=True)
+    (work / "objectives" / "drpo.dsl").write_text("r*A*2\n")
+    (work / "objectives" / "mine.dsl").write_text("r*A*3\n")
+    code = ("import dsl\nprint(dsl.load('drpo').params, dsl.parser.library())\n"
+            "try:\n    dsl.load('mine')\nexcept dsl.DslError as e:\n    print(e.message)\n")
+    for env in ({"PYTHONPATH": str(target), "PATH": ""}, None):     # the regular install, then this checkout's
+        out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True, env=env,
+                             check=True).stdout
+        assert "{'delta': Fraction(25, 2)}" in out, out
+        assert "no objective file or shipped objective named 'mine'" in out
+        assert str(work) not in out and (env is None or str(target) in out)
 
 
 def test_every_operation_row_declares_its_lowerings_derivative_and_printing():
@@ -324,3 +338,69 @@ def test_every_operation_row_declares_its_lowerings_derivative_and_printing():
             assert op.deriv is NOT_DIFFERENTIABLE, name
         else:
             assert callable(op.deriv), name
+
+
+@pytest.mark.parametrize("default, value", [("1/5", Fraction(1, 5)), ("2^-3", Fraction(1, 8)), ("-(1/4)", Fraction(-1, 4)),
+                                            ("1/3", Fraction(1, 3)), ("sqrt(4)/10", Fraction(1, 5)), ("sqrt(2)", Fraction("1.4142135623730951"))])
+def test_a_parameter_default_may_be_a_constant_expression_and_stays_overridable(default, value):
+    obj = parse(f"ε = {default}\nr*A - |A|/(2ε)*(r-1)^2")
+    assert obj.params == {"eps": value}
+    assert obj.with_overrides({"ε": "0.3"}).params == {"eps": Fraction(3, 10)}
+    assert parse(obj.canonical()).params == obj.params      # the canonical form keeps it a parameter
+
+
+@pytest.mark.parametrize("default", ["1/0", "log(0)", "exp(1000)"])
+def test_a_constant_default_that_is_not_finite_is_a_located_error(default):
+    with pytest.raises(DslError, match=r"<string>:1:5: error: parameter value '.*' is not a finite number"):
+        parse(f"c = {default}\nr*A*c")
+
+
+@pytest.mark.parametrize("value", [Fraction(10) ** 300, Fraction(1, 10 ** 400), Fraction(-3, 10 ** 50),
+                                   Fraction(123456789012345678), Fraction(7, 10 ** 17)])
+def test_numbers_render_short_and_parse_back_exactly(value):
+    text = render(Node("num", value=value))
+    assert len(text) < 25 and parse(f"p = {text}\nr*A*p").params["p"] == value
+
+
+@pytest.mark.parametrize("source, canonical", [
+    ("r*A - ｜A｜/25*(r-1)^2", "r * A - |A| / 25 * (r - 1)^2"),       # full-width bars are bars (NFKC)
+    ("r*A - |A|*(r-1)⁴", "r * A - |A| * (r - 1)^4"),
+    ("r*A - |A|*(r-1)¹⁰", "r * A - |A| * (r - 1)^10"),
+    ("r*A*r⁻¹", "r * A * r^-1"),                                         # never r*A*r − 1
+    ("r*A*(r+1)⁻²", "r * A * (r + 1)^-2"),
+    ("r*A - 2|A|²", "r * A - 2 * |A|^2"),
+    ("δ = 0.2\rr*A - |A|/(2δ)*(r-1)^2\r", "r * A - |A| / (2 * δ) * (r - 1)^2"),   # CR-only line endings
+])
+def test_unicode_spellings_parse_as_they_read(source, canonical):
+    assert parse(source).canonical().splitlines()[-1] == canonical
+
+
+@pytest.mark.parametrize("source, rendered", [
+    ("а = 0.1\nr*A*a\n",
+     "<string>:2:5: error: unknown name 'a'\n    r*A*a\n        ^\nhint: declare it as a parameter on its own line, "
+     "e.g. 'a = 0.1'; 'a' and the defined 'а' look alike but are different names: 'а' is U+0430 CYRILLIC SMALL "
+     "LETTER A, not Latin 'a'"),
+    ("r*A*cοef\ncoef = 0.2\n",
+     "<string>:1:5: error: unknown name 'cοef'\n    r*A*cοef\n        ^\nhint: declare it as a parameter on its own "
+     "line, e.g. 'cοef = 0.1'; 'cοef' and the defined 'coef' look alike but are different names: 'ο' is U+03BF "
+     "GREEK SMALL LETTER OMICRON, not Latin 'o'"),
+    ("r*A\u200b + foo\n",
+     "<string>:1:4: error: unexpected invisible character U+200B ZERO WIDTH SPACE\n    r*A\ufffd + foo\n       ^\n"
+     "hint: delete it (it often comes with text copied from a web page or a word processor)"),
+    ("r*A + \ufefffoo\n",
+     "<string>:1:7: error: unexpected invisible character U+FEFF ZERO WIDTH NO-BREAK SPACE\n    r*A + \ufffdfoo\n"
+     "          ^\nhint: delete it (it often comes with text copied from a web page or a word processor)"),
+    ("\tr*A +\tfoo\n",
+     "<string>:1:8: error: unknown name 'foo'\n    \tr*A +\tfoo\n    \t     \t^\n"
+     "hint: declare it as a parameter on its own line, e.g. 'foo = 0.1'"),
+    ("δ = 0.2\rr*A + foo\r",
+     "<string>:2:7: error: unknown name 'foo'\n    r*A + foo\n          ^\n"
+     "hint: declare it as a parameter on its own line, e.g. 'foo = 0.1'"),
+    ("r*A*r⁻\n",
+     "<string>:1:6: error: unexpected character '⁻'\n    r*A*r⁻\n         ^\n"
+     "hint: a superscript exponent is digits with an optional sign before them, e.g. x⁻¹ or x²"),
+])
+def test_messages_show_what_is_really_there(source, rendered):
+    with pytest.raises(DslError) as e:
+        parse(source)
+    assert e.value.render() == rendered

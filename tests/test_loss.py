@@ -1,6 +1,7 @@
 """The compiled loss: autograd's gradient equals the analysis's weight, OpenRLHF's own
 PolicyLoss is the oracle for PPO, and masked slots never leak."""
 import math
+import re
 import subprocess
 import sys
 
@@ -328,3 +329,46 @@ def test_compiled_fused_kernel_equals_the_plain_path():
         out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
     for a, b in zip(*out):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"delta": torch.tensor(0.2)}, "parameter delta=tensor(0.2000) must be a Python number"),
+    ({"delta": np.array(0.2)}, "must be a Python number or a numeric string, not ndarray"),
+    ({"delta": True}, "not bool"),
+    ({"fused": "no"}, "fused must be True or False, got 'no'"),
+    ({"compile": "yes"}, "compile must be True, False or 'auto', got 'yes'"),
+])
+def test_bad_constructor_arguments_are_refused_clearly(kwargs, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        ObjectiveLoss("drpo", **kwargs)
+
+
+def test_a_parameter_given_twice_in_two_spellings_is_refused():
+    with pytest.raises(DslError, match="parameter 'δ' is set twice"):
+        ObjectiveLoss("drpo", δ=0.3, delta=0.5)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("aggregate", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("shape", [(2, 3), (2, 0)], ids=["all-masked", "zero-length"])
+def test_a_batch_with_no_token_contributes_zero_loss_and_no_gradient(fused, aggregate, shape):
+    # OpenRLHF's own PolicyLoss gives 0/0 = NaN here; a NaN would poison the whole step
+    fn = ObjectiveLoss("drpo", fused=fused, aggregate=aggregate)
+    lp = torch.randn(shape, requires_grad=True)
+    out = fn(lp, torch.randn(shape), torch.randn(shape), action_mask=torch.zeros(shape, dtype=torch.bool))
+    out[0].backward()
+    assert out[0].item() == 0 and torch.all(lp.grad == 0)
+    assert all(math.isfinite(v.item()) for v in fn.metrics.values()) and math.isfinite(out[2].item())
+
+
+def test_half_precision_inputs_are_computed_in_fp32():
+    # SPO at A = -1e4 and log-ratio 0.57: |A|/(2ε)·(r-1)^2 overflows fp16 inside the kernel
+    T = 24
+    lp = torch.full((1, T), 0.57, dtype=torch.float16, requires_grad=True)
+    old, A = torch.zeros(1, T, dtype=torch.float16), torch.full((1, T), -1e4, dtype=torch.float16)
+    ObjectiveLoss("spo")(lp, old, A)[0].backward()
+    ref = lp.detach().double().requires_grad_()
+    r = torch.exp(ref - old.double())
+    (-(r * A.double() - A.double().abs() / 0.4 * (r - 1) ** 2).mean()).backward()
+    assert lp.grad.dtype == torch.float16
+    assert torch.allclose(lp.grad.double(), ref.grad, rtol=1e-3), (lp.grad[0, 0], ref.grad[0, 0])

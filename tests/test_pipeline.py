@@ -117,21 +117,30 @@ def test_the_policy_learns_the_synthetic_task(synced_run):
     (["--actor.model_name_or_path", "{model}", "--ds.attn_implementation", "flash_attention_2"],
      "flash attention needs CUDA"),
     (["--actor.model_name_or_path", "{model}", "--vllm.sync_backend", "nccl"], "NCCL needs CUDA"),
+    (["--actor.model_name_or_path", "{model}", "--data.prompt_dataset", "data/none.jsonl"],
+     "--data.prompt_dataset data/none.jsonl: no such file"),
     (["--actor.model_name_or_path", "{model}", "--ds.attn_impl", "flash_attention_2"], "flash attention needs CUDA"),
     (["--actor.model_name_or_path", "{model}", "--train.enable_ema"], "--train.enable_ema averages"),
     (["--actor.model_name_or_path", "{model}", "--vllm.tensor_parallel_size", "2"],
      "--vllm.tensor_parallel_size must be 1"),
 ])
-def test_preflight_turns_hangs_and_crashes_into_clear_errors_before_ray_starts(task, flags, message, tmp_path):
+def test_preflight_turns_hangs_and_crashes_into_clear_errors_before_ray_starts(task, flags, message, tmp_path,
+                                                                             monkeypatch, capsys):
+    # in-process (the command line's own subprocess runs are in test_train.py): main() sets
+    # CPU mode's environment, which monkeypatch puts back afterwards
+    from openrlhf_drpo import train
+    for key in cpu_mode.driver_environment():
+        monkeypatch.setenv(key, os.environ.get(key, ""))
     reward = ["--reward.remote_url", task["reward"]] if "--reward.remote_url" not in flags else []
-    proc = drpo_train("--drpo.objective", "drpo", "--drpo.cpu_mode", "on", "--vllm.num_engines", "1",
-                      "--actor.num_gpus_per_node", "1",
-                      "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
-                      "--rollout.n_samples_per_prompt", "2", "--ckpt.output_dir", str(tmp_path), *reward,
-                      *[f.format(model=task["model"]) for f in flags])
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and "CPU mode (no CUDA" not in proc.stdout
+    argv = ["--drpo.objective", "drpo", "--drpo.cpu_mode", "on", "--vllm.num_engines", "1",
+            "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
+            "--rollout.n_samples_per_prompt", "2", "--ckpt.output_dir", str(tmp_path), *reward,
+            *[f.format(model=task["model"]) for f in flags]]
+    with pytest.raises(SystemExit) as exit_:
+        train.main(argv)
+    assert message in str(exit_.value.code), exit_.value.code
+    assert str(exit_.value.code).startswith("drpo-train: error: ")
+    assert "CPU mode (no CUDA" not in capsys.readouterr().out
     assert not list(tmp_path.iterdir())        # nothing written: the checks come first
 
 

@@ -195,3 +195,11 @@ def test_every_flag_the_recipes_pass_exists_in_openrlhfs_parser():
     flags = set(re.findall(r"(--[a-z_]+(?:\.[a-z_]+)+)", common))
     assert len(flags) > 20
     assert not [f for f in flags if f"{f} " not in help_text and f"{f}\n" not in help_text]
+
+
+def test_a_recipe_without_its_data_says_how_to_prepare_it(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "r1d_1p5b_sanity.sh")
+    proc = subprocess.run(["bash", script, "drpo"], capture_output=True, text=True,
+                          env={**os.environ, "DATA": str(tmp_path / "r1d_sanity.jsonl")})
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "no prompt data at" in proc.stderr and "SANITY_SOURCE=" in proc.stderr
