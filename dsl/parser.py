@@ -264,7 +264,8 @@ class _Builder:
     def _normalize(self, text):
         out, origin, depth, prev = [], [], 0, ""
         for i, ch in enumerate(text):
-            if unicodedata.normalize("NFKC", ch) == "|":      # | and its full-width and other forms
+            normal = unicodedata.normalize("NFKC", ch)
+            if normal == "|":      # | and its full-width and other forms
                 # A bar after an operand closes an open |...|; anywhere else it opens one.
                 if (prev in _OPERAND_END or prev.isalnum()) and depth:
                     ch, depth = BAR_CLOSE, depth - 1
@@ -274,7 +275,7 @@ class _Builder:
             elif ch in SUPERSCRIPTS:
                 piece = ch
             else:
-                piece = unicodedata.normalize("NFKC", ch)
+                piece = normal
             if ch == "\n":
                 depth = 0
             out.append(piece)
