@@ -5,7 +5,7 @@ Every adaptation lives here, each applied only in the processes that need it:
   `ray_init_kwargs` (a local Ray with logical GPUs), and the actor classes below;
 - Ray workers: `setup_ray_worker` (the runtime env's setup hook) and `adapt_trainer_process`
   (called by the trainer-side actors before OpenRLHF's code runs);
-- the vLLM worker: `CpuWorkerExtension`, OpenRLHF's WorkerWrap with gloo and a repacking reload.
+- the vLLM worker: `CpuWorkerExtension`, in place of OpenRLHF's WorkerWrap: gloo and a repacking reload.
 They patch internals of the pinned versions only; `check_versions` refuses any other.
 This module imports nothing heavy at the top: `install_flash_attn_shim` runs before torch.
 """
@@ -150,9 +150,6 @@ def check_flags(ns, argv: list[str]) -> None:
             setattr(ns, key, default)
         elif getattr(ns, key) not in ok:
             refuse(msg)
-    for role in ("actor", "ref", "critic", "reward"):   # OpenRLHF's default is 8 processes per model
-        if not _given(argv, f"--{role}.num_gpus_per_node"):
-            setattr(ns, f"{role}.num_gpus_per_node", 1)
     for key, why in REFUSED.items():
         if getattr(ns, key, False):
             refuse(f"--{key} {why}; drop it")
@@ -160,6 +157,8 @@ def check_flags(ns, argv: list[str]) -> None:
         if getattr(ns, key, 1) != 1:
             refuse(f"--{key} must be 1: CPU mode runs one process per model")
     for role in ("actor", "ref", "critic", "reward"):
+        if not _given(argv, f"--{role}.num_gpus_per_node"):    # OpenRLHF's default is 8 processes per model
+            setattr(ns, f"{role}.num_gpus_per_node", 1)
         if getattr(ns, f"{role}.num_nodes", 1) != 1:
             refuse(f"--{role}.num_nodes must be 1: CPU mode runs on this machine's local Ray")
 
@@ -213,7 +212,7 @@ _ADAPTED = False
 
 
 def adapt_trainer_process() -> None:
-    """For the DeepSpeed actors (policy, reference): OpenRLHF calls torch.cuda directly
+    """For the DeepSpeed actors (policy, reference, critic, reward): OpenRLHF calls torch.cuda directly
     throughout its trainer; on CPU these become the CPU device or no-ops."""
     global _ADAPTED
     if _ADAPTED:
@@ -273,7 +272,6 @@ class CpuWorkerExtension:
                            backend="gloo", use_ray=False):
         import torch
         rank = torch.distributed.get_rank() + rank_offset
-        self._model_update_with_ray = False
         self._model_update_group = GlooGroup(master_address, master_port, rank, world_size)
         self._received = {}
 

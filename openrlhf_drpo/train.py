@@ -42,11 +42,12 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                             "weight sync); auto: on exactly when no CUDA device is visible")
 
 
-def _cpu_mode_choice(argv: list[str]) -> str:
+def _cpu_mode(argv: list[str]) -> bool:
     # decided before OpenRLHF's modules are imported: DeepSpeed picks its accelerator at import
+    from openrlhf_drpo.cpu_mode import wanted
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto")
-    return getattr(pre.parse_known_args(argv)[0], "drpo.cpu_mode")
+    return wanted(getattr(pre.parse_known_args(argv)[0], "drpo.cpu_mode"))
 
 
 def _looks_local(path: str) -> bool:
@@ -60,19 +61,19 @@ def preflight(ns, cpu: bool) -> None:
         raise SystemExit(f"drpo-train: error: {msg}")
 
     g = functools.partial(getattr, ns)
+    paths = lambda key: [p for p in (g(key) or "").split(",") if p]   # noqa: E731  (flags take a,b lists)
     for key in ("actor.model_name_or_path", "reward.model_name_or_path", "critic.model_name_or_path"):
-        for path in filter(None, (g(key) or "").split(",")):
+        for path in paths(key):
             if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
                 fail(f"--{key} {path}: no such file or directory")
-    data = g("data.prompt_dataset") or ""
-    for path in filter(None, data.split(",")):
+    for path in paths("data.prompt_dataset"):
         if (_looks_local(path) or path.endswith((".jsonl", ".json", ".parquet", ".csv"))) \
                 and not os.path.exists(os.path.expanduser(path)):
             fail(f"--data.prompt_dataset {path}: no such file or directory")
     if not g("reward.model_name_or_path") and not g("reward.remote_url") and not g("train.agent_func_path"):
         fail("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
              "openrlhf_drpo/reward.py) or --reward.model_name_or_path")
-    for url in filter(None, (g("reward.remote_url") or "").split(",")):
+    for url in paths("reward.remote_url"):
         if url.endswith(".py") and not url.startswith(("http://", "https://")) and not os.path.exists(url):
             fail(f"--reward.remote_url {url}: no such file")
     if cpu:
@@ -135,8 +136,8 @@ def _report(obj, args) -> None:
 def _patched_openrlhf(on_parsed, cpu: bool = False):
     """Scoped patches: OpenRLHF's parser gains the --drpo.* flags and `on_parsed(args, cpu)`
     runs on the parsed namespace; its launcher uses the objective-installing actor class. In CPU
-    mode its ray.init starts a local Ray with logical GPUs, and its vLLM and reference actors
-    are the CPU-adapted ones."""
+    mode its ray.init starts a local Ray with logical GPUs, and its vLLM, reference, critic and
+    reward-model actors are the CPU-adapted ones."""
     from openrlhf_drpo import cpu_mode
     cpu_mode.install_flash_attn_shim()
     original_parse = argparse.ArgumentParser.parse_args
@@ -196,9 +197,7 @@ def openrlhf_args(argv: list[str]):
 
     def stop(*a, **k):      # train() asks first thing: stop right there
         raise _Stop()
-    from openrlhf_drpo.cpu_mode import wanted
-    cpu = wanted(_cpu_mode_choice(argv))
-    with _patched_openrlhf(_ship_spec, cpu), mock.patch.object(config, "hierarchize", hierarchize), \
+    with _patched_openrlhf(_ship_spec, _cpu_mode(argv)), mock.patch.object(config, "hierarchize", hierarchize), \
             mock.patch.object(ray, "is_initialized", stop):
         try:
             _run_openrlhf(argv)
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     traceback = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
-    cpu = cpu_mode.wanted(_cpu_mode_choice(argv))
+    cpu = _cpu_mode(argv)
     if cpu:
         os.environ.update(cpu_mode.driver_environment())
         cpu_mode.check_versions()
