@@ -6,8 +6,9 @@ Variants: hand (eager torch, autograd), policyloss (OpenRLHF's, PPO only), plain
 (ObjectiveLoss(fused=False): the generated expression under autograd), fused_eager
 (the fused kernel, not compiled: what CPU training uses by default) and fused
 (ObjectiveLoss(compile=True): the fused kernel through torch.compile, the default on CUDA).
-Targets (issue 4), judged on `fused`: within 1.0x of hand-written and of PolicyLoss, and
->= 1.5x faster (time ratio <= 0.667) and <= 0.5x peak memory of hand-written eager.
+Targets, judged on `fused` (issue 4): within 1.0x of hand-written and of PolicyLoss, and
+>= 1.5x faster (time ratio <= 0.667) and <= 0.5x peak memory of hand-written eager; on
+`fused_eager` (issue 11): at most 1.1x the time of hand-written eager, metrics included.
 
 Time: median over interleaved blocks of consecutive calls in this process. Peak memory: each variant runs in a
 fresh subprocess that resets the kernel's RSS high-water mark and reports its growth over
@@ -172,6 +173,7 @@ def main():
         entry["meets_targets"] = {
             "within_1x": all(r["time"] <= 1.0 and r["peak_mem"] <= 1.0 for k, r in entry["ratios"].items()
                              if k.startswith("fused/")),
+            "eager_within_1.1x": entry["ratios"]["fused_eager/hand"]["time"] <= 1.1,
             "fused_1.5x_faster": fused["time"] <= 1 / 1.5,
             "fused_half_memory": fused["peak_mem"] <= 0.5,
         }

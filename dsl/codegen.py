@@ -2,7 +2,9 @@
 
 Two functions are generated per objective:
   objective(logp, anchor, A)          -> ℓ per token (autograd differentiates it: the plain path)
-  objective_and_grad(logp, anchor, A) -> (ℓ, ∂ℓ/∂log π) in one pass (the fused path)
+  objective_and_grad(logp, anchor, A, eager) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ) in one pass
+      (the fused path; the ratio, the unclamped log-ratio and μ are returned for the loss's
+      metrics; `eager` lets it branch on the data, which a compiled graph should not)
 Inputs: logp = log π (current policy), anchor = log μ, A = advantages, all [B, T].
 r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
 """
@@ -46,10 +48,14 @@ def _constant(n: Node) -> bool:
 
 class _Emitter:
     """Emits statements with common-subexpression elimination: a subtree used twice gets
-    a name; constant subtrees are folded to a float (parameters are listed in the header)."""
+    a name; constant subtrees are folded to a float (parameters are listed in the header).
+    With `inplace`, an op whose argument is a fresh temporary (an unnamed op result) updates
+    it in place: the fused function runs without autograd, and on CPU each fresh 1 MB
+    tensor costs page faults. Every tensor in it has the inputs' shape, so none broadcasts."""
 
-    def __init__(self, params):
+    def __init__(self, params, inplace=False):
         self.params = params
+        self.inplace = inplace
         self.lines: list[str] = []
         self.names: dict[Node, str] = {}
         self.uses: dict[Node, int] = {}
@@ -63,31 +69,49 @@ class _Emitter:
                     self.count(a)
 
     def expr(self, n: Node) -> str:
+        return self._expr(n)[0]
+
+    def _expr(self, n: Node) -> tuple[str, bool]:
+        """(source, whether it is a fresh temporary that no other code reads)."""
         if n in self.names:
-            return self.names[n]
+            return self.names[n], False
         if _constant(n):
             v = evaluate(n, self.params)
-            return repr(bool(v)) if OPS.get(n.op) and OPS[n.op].kind == "bool" else repr(float(v))
+            return (repr(bool(v)) if OPS.get(n.op) and OPS[n.op].kind == "bool" else repr(float(v))), False
         if n.op == "var":
-            return n.value
-        code = OPS[n.op].torch(*(self.expr(a) for a in n.args))
+            return n.value, False
+        op = OPS[n.op]
+        args = [self._expr(a) for a in n.args]
+        codes = [c for c, _ in args]
+        if self.inplace and op.inplace and args[0][1]:
+            code = f"{codes[0]}.{op.inplace}({', '.join(codes[1:])})"
+        elif self.inplace and op.commutes and args[1][1]:
+            code = f"{codes[1]}.{op.inplace}({codes[0]})"
+        else:
+            code = op.torch(*codes)
         if self.uses.get(n, 0) > 1 and n.args:
             name = f"t{len(self.names)}"
             self.lines.append(f"    {name} = {code}  # {render(n)}")
             self.names[n] = name
-            return name
-        return code
+            return name, False
+        # sg's .detach() shares its argument's storage; comparisons give bool
+        return code, op.kind == "num" and n.op != "sg"
 
 
-def _prelude(nodes) -> list[str]:
-    """Only the built-ins the expressions use are computed."""
-    used = {m.value for n in nodes for m in n.walk() if m.op == "var"}
+def _prelude(nodes, extra=()) -> list[str]:
+    """Only the built-ins the expressions (and `extra`) use are computed."""
+    used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
     out = ["    dtype = logp.dtype"]
-    if used & {"r", "log_ratio", "keep"}:
+    if used & {"r", "log_ratio", "keep", "raw"}:
         out.append("    raw = logp - anchor")
         out.append(f"    log_ratio = torch.clamp(raw, -{CLAMP}, {CLAMP})")
     if "keep" in used:
-        out.append(f"    keep = ((raw >= -{CLAMP}) & (raw <= {CLAMP})).to(dtype)")
+        # d clamp(raw)/d raw: 1 where the clamp is inactive, else 0, by float ops in place (several
+        # times faster than comparisons on CPU). Eagerly, one read-only pass first finds the usual
+        # batch where no ratio is clamped; compiled, that branch would break the graph.
+        out.append("    mm = torch.aminmax(raw) if eager and raw.numel() else None")
+        out.append(f"    keep = 1.0 if mm is not None and mm.min >= -{CLAMP} and mm.max <= {CLAMP} else "
+                   "(raw - log_ratio).sign_().abs_().neg_().add_(1.0)")
     if "r" in used:
         out.append("    r = torch.exp(log_ratio)")
     if "pi" in used:
@@ -97,16 +121,23 @@ def _prelude(nodes) -> list[str]:
     return out
 
 
-def _function(name, doc, outputs, params) -> str:
-    em = _Emitter({k: float(v) for k, v in params.items()})
+def _function(name, doc, outputs, params, extra=(), inplace=False) -> str:
+    em = _Emitter({k: float(v) for k, v in params.items()}, inplace)
     for n in outputs:
         em.count(n)
-    results = [em.expr(n) for n in outputs]
-    body = _prelude(outputs) + em.lines
-    # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
-    results = [f"torch.full_like(logp, {res})" if _constant(n) else res for n, res in zip(outputs, results)]
+    results = []
+    for n in outputs:
+        code, fresh = em._expr(n)
+        if _constant(n):      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
+            code = f"torch.full_like(logp, {code})"
+        elif inplace and not fresh:   # the caller may overwrite every returned tensor
+            code = f"{code}.clone()"
+        results.append(code)
+    body = _prelude(outputs, extra) + em.lines
+    results += list(extra)
     ret = results[0] if len(results) == 1 else "(" + ", ".join(results) + ")"
-    return "\n".join([f"def {name}(logp, anchor, A):", f'    """{doc}"""'] + body + [f"    return {ret}"])
+    signature = "logp, anchor, A, eager=False" if inplace else "logp, anchor, A"
+    return "\n".join([f"def {name}({signature}):", f'    """{doc}"""'] + body + [f"    return {ret}"])
 
 
 def torch_source(obj: Objective) -> str:
@@ -129,8 +160,10 @@ def torch_source(obj: Objective) -> str:
         "",
         "",
         _function("objective_and_grad",
-                  "ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path).",
-                  [value, grad], obj.params),
+                  "ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
+                  "    unclamped log-ratio and μ come back too, for the loss's metrics. Each returned\n"
+                  "    tensor is a buffer of its own that the caller may overwrite.",
+                  [value, grad], obj.params, extra=("r", "raw", "mu"), inplace=True),
     ]) + "\n"
 
 

@@ -219,19 +219,22 @@ class Op:
     prec: int                       # binding strength for printing; 100 = function call
     symbol: str                     # infix symbol or function name
     reuses_args: bool = False       # the torch text names an argument twice: bind it first
+    inplace: str = ""               # torch method updating its first argument in place (add_, ...)
+    commutes: bool = False          # args may swap, exactly: a fresh second argument is updated
 
 
-def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2):
+def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2, inplace="",
+           commutes=False):
     ts = torch_sym or sym
     if arity == 1:
         torch = lambda a: f"({ts}{a})"
     else:
         torch = lambda a, b: f"({a} {ts} {b})"
-    return Op((arity, arity), kind, args_kind, sympy, torch, py, deriv, prec, sym)
+    return Op((arity, arity), kind, args_kind, sympy, torch, py, deriv, prec, sym, inplace=inplace, commutes=commutes)
 
 
-def _fn(name, sympy, torch, py, deriv, arity=(1, 1), kind="num", args_kind="num", reuses_args=False):
-    return Op(arity, kind, args_kind, sympy, torch, py, deriv, 100, name, reuses_args)
+def _fn(name, sympy, torch, py, deriv, arity=(1, 1), kind="num", args_kind="num", reuses_args=False, inplace=""):
+    return Op(arity, kind, args_kind, sympy, torch, py, deriv, 100, name, reuses_args, inplace=inplace)
 
 
 def _cmp(sym, torch_sym, sympy, py):
@@ -252,25 +255,25 @@ def _sign(x):
 
 OPS: dict[str, Op] = {
     "add": _infix("+", 5, lambda sp, a, b: a + b, lambda a, b: a + b,
-                  lambda n, d: add(d[0], d[1])),
+                  lambda n, d: add(d[0], d[1]), inplace="add_", commutes=True),
     "sub": _infix("-", 5, lambda sp, a, b: a - b, lambda a, b: a - b,
-                  lambda n, d: sub(d[0], d[1])),
+                  lambda n, d: sub(d[0], d[1]), inplace="sub_"),
     "mul": _infix("*", 6, lambda sp, a, b: a * b, lambda a, b: a * b,
-                  lambda n, d: add(mul(d[0], n.args[1]), mul(n.args[0], d[1]))),
+                  lambda n, d: add(mul(d[0], n.args[1]), mul(n.args[0], d[1])), inplace="mul_", commutes=True),
     "div": _infix("/", 6, lambda sp, a, b: a / b, lambda a, b: a / b,
                   lambda n, d: sub(div(d[0], n.args[1]),
-                                   div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2)))))),
-    "neg": _infix("-", 7, lambda sp, a: -a, lambda a: -a, lambda n, d: neg(d[0]), arity=1),
-    "pow": _infix("^", 8, lambda sp, a, b: a ** b, lambda a, b: a ** b, _d_pow, torch_sym="**"),
+                                   div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2))))), inplace="div_"),
+    "neg": _infix("-", 7, lambda sp, a: -a, lambda a: -a, lambda n, d: neg(d[0]), arity=1, inplace="neg_"),
+    "pow": _infix("^", 8, lambda sp, a, b: a ** b, lambda a, b: a ** b, _d_pow, torch_sym="**", inplace="pow_"),
     "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs,
-               lambda n, d: mul(call("sign", n.args[0]), d[0])),
-    "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, _zero),
+               lambda n, d: mul(call("sign", n.args[0]), d[0]), inplace="abs_"),
+    "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, _zero, inplace="sign_"),
     "log": _fn("log", lambda sp, a: sp.log(a), lambda a: f"torch.log({a})", math.log,
-               lambda n, d: div(d[0], n.args[0])),
+               lambda n, d: div(d[0], n.args[0]), inplace="log_"),
     "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp,
-               lambda n, d: mul(n, d[0])),
+               lambda n, d: mul(n, d[0]), inplace="exp_"),
     "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt,
-                lambda n, d: div(d[0], mul(num(2), n))),
+                lambda n, d: div(d[0], mul(num(2), n)), inplace="sqrt_"),
     # SymPy rows give values only (derivatives come from the IR rules), unevaluated, so that
     # the analysis can settle each case's conditions itself before building any Piecewise.
     "min": _fn("min", lambda sp, *a: sp.Min(*a, evaluate=False),

@@ -49,45 +49,93 @@ def openrlhf_loss_module():
 _STATS = ("past_div", "past_conv", "w_sum", "w_count", "abs_pi_mu_sum", "ratio_max", "neg_log_ratio_sum", "tokens")
 
 
-def _aggregation_coef(m, mode, norm):
-    """d loss / d(per-token loss), exactly as OpenRLHF's aggregate_loss scales it: token mode
-    divides by the token count (or batch_num_tokens/dp_size), sample mode averages the
-    per-sequence means over non-empty sequences (or global_batch_size/dp_size). The
-    token-sum modes weight each sequence's mean by its length (or length / T)."""
+def _aggregation_coef(m, mode, norm, sign=1.0):
+    """d loss / d(per-token loss), exactly as OpenRLHF's aggregate_loss scales it (m is the
+    float mask): token mode divides by the token count (or batch_num_tokens/dp_size), sample
+    mode averages the per-sequence means over non-empty sequences (or global_batch_size/dp_size).
+    The token-sum modes weight each sequence's mean by its length (or length / T)."""
     if mode == "token-mean":      # an all-masked batch: 0/1, no gradient (OpenRLHF's own is 0/0 = NaN)
-        return m / (m.sum().clamp(min=1) if norm is None else norm)
+        return m * (sign / (m.sum().clamp(min=1) if norm is None else norm))
     count = m.sum(dim=-1, keepdim=True)
     per_seq = {"seq-mean-token-mean": 1.0, "seq-mean-token-sum": count,
                "seq-mean-token-sum-norm": count / m.shape[-1]}[mode] / (count + 1e-8)
     seq = (count > 0).to(m.dtype)
-    return m * per_seq * seq / (seq.sum().clamp(min=1) if norm is None else norm)
+    return m * (sign * per_seq * seq / (seq.sum().clamp(min=1) if norm is None else norm))
 
 
-def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
+def _float_mask(action_mask, dtype):
+    return action_mask.bool().to(dtype)     # .bool() is many times faster than != 0 on CPU
+
+
+def _dot(x, y):
+    return torch.dot(x.reshape(-1), y.reshape(-1))
+
+
+def _mul_sum(x, y):
+    return (x * y).sum()      # what inductor fuses into the loop (a dot is a separate BLAS call)
+
+
+def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, dot=_dot):
     """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π and the metric sums, in one
-    function that torch.compile turns into a couple of fused loops. Masked slots are
-    selected away (NaN/inf there never leak); c is OpenRLHF's aggregation scaling."""
-    mask = action_mask != 0
-    logp, anchor, A = (torch.where(mask, x, 0.0) for x in (logp, anchor, A))
-    value, grad = value_and_grad(logp, anchor, A)
-    value = torch.where(mask, value, 0.0)
-    grad = torch.where(mask, grad, 0.0)
-    coef = _aggregation_coef(mask.to(value.dtype), mode, norm)
-    raw = logp - anchor
-    r = torch.exp(raw.clamp(-20.0, 20.0))
-    move = A * (r - 1)
-    stopped = grad * A <= 0                       # w ≤ 0: the trust-region boundary is reached
-    has_w = mask & (A != 0) & (raw.abs() <= 20.0)     # where w = (∂ℓ/∂log π)/(r·A) is defined
-    w = torch.where(has_w, grad / torch.where(has_w, r * A, 1.0), 0.0)
-    f = value.dtype
-    # |π − μ| = μ·|r − 1|: one exp instead of two (r clamped at e^±20, as in the loss)
-    stats = torch.stack([
-        ((move > 0) & stopped & mask).to(f).sum(), ((move < 0) & stopped & mask).to(f).sum(),
-        w.sum(), has_w.to(f).sum(), torch.where(mask, anchor.exp() * (r - 1).abs(), 0.0).sum(),
-        torch.where(mask, r, 0.0).amax() if r.numel() else r.new_zeros(()),     # [B, 0]: nothing to max
-        torch.where(mask, -raw, 0.0).sum(), mask.to(f).sum(),
-    ])
-    return -(coef * value).sum(), -(coef * grad), stats
+    function that torch.compile turns into a couple of fused loops. Every per-token quantity
+    is selected by the mask before it is reduced, so masked slots never leak. With dot=_dot
+    each sum is the same dot product as in _eager_kernel: equal bit for bit."""
+    value, grad, r, raw, mu = value_and_grad(logp, anchor, A)
+    keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
+    m = keep.to(value.dtype)
+    coef = _aggregation_coef(m, mode, norm, sign=-1.0)
+    nonzero_A = torch.sign(A).abs()
+    w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
+    # w ≤ 0: the trust-region boundary is reached. The move's direction is the sign of
+    # A·(log π − log μ) (0 where A = 0): +1 diverging, −1 converging. So with s = stopped·direction
+    # on unmasked tokens, Σs = diverging − converging and Σs² = diverging + converging.
+    s = torch.where(keep, (1 - torch.relu(torch.sign(w))) * torch.sign(raw * A), 0.0)
+    nonzero_A = torch.where(keep, nonzero_A, 0.0)
+    sel = functools.partial(torch.where, keep, other=0.0)
+    return dot(sel(value), coef), sel(grad) * coef, _stats(
+        s.sum(), dot(s, s), dot(sel(w), nonzero_A), nonzero_A.sum(),
+        dot(sel((r - 1).abs()), sel(mu)),     # |π − μ| = μ·|r − 1|, r clamped as in the loss
+        _max(sel(r)), -dot(sel(raw), m), m.sum())
+
+
+def _max(x):
+    return x.amax() if x.numel() else x.new_zeros(())    # [B, 0]: nothing to max
+
+
+def _stats(toward, total, w_sum, w_count, abs_pi_mu_sum, ratio_max, neg_log_ratio_sum, tokens):
+    return torch.stack([(total + toward) / 2, (total - toward) / 2, w_sum, w_count, abs_pi_mu_sum,
+                        ratio_max, neg_log_ratio_sum, tokens])
+
+
+def _eager_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
+    """_kernel's results, eagerly (CPU), where comparisons, where() and fresh 1 MB tensors
+    (page faults) are slow: masked slots are multiplied by 0 rather than selected, and each
+    metric is computed in place in a buffer the generated function returned and no longer
+    needed. That equals _kernel wherever every per-token value is finite; if any result is not
+    (a masked slot held NaN or inf, or the objective is not finite somewhere), _kernel
+    recomputes it. test_loss holds the two to each other."""
+    value, grad, r, raw, mu = value_and_grad(logp, anchor, A, eager=True)
+    m = _float_mask(action_mask, value.dtype)
+    coef = _aggregation_coef(m, mode, norm, sign=-1.0)
+    loss, tokens, neg_log_ratio_sum = _dot(value, coef), m.sum(), -_dot(raw, m)
+    direction = raw.mul_(A).sign_()
+    nonzero_A = torch.sign(A, out=value).abs_()
+    w = torch.neg(nonzero_A).add_(1).addcmul_(r, A)              # r·A, or 1 where A = 0
+    w = torch.div(grad, w, out=w)
+    nonzero_A.mul_(m)
+    w_sum, w_count = _dot(w, nonzero_A), nonzero_A.sum()
+    s = torch.sign(w, out=value).relu_().neg_().add_(1)           # stopped: w ≤ 0
+    s.mul_(direction).mul_(m)
+    toward, total = s.sum(), _dot(s, s)
+    masked_r = r.mul_(m)
+    ratio_max = _max(masked_r)
+    abs_pi_mu_sum = _dot(masked_r.sub_(m).abs_(), mu)          # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
+    stats = _stats(toward, total, w_sum, w_count, abs_pi_mu_sum, ratio_max, neg_log_ratio_sum, tokens)
+    # a non-finite ∂ℓ/∂log π anywhere (masked or not) makes w_sum non-finite: w = grad/den
+    # and the dot multiplies it by 0 or 1
+    if torch.isfinite(loss + stats.sum()):
+        return loss, grad.mul_(coef), stats
+    return _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm)
 
 
 def _fused_function(kernel):
@@ -200,8 +248,7 @@ class ObjectiveLoss(nn.Module):
             if self.sink is not None:
                 self.sink.update(self.metrics)
             # OpenRLHF's masked means, on selected values so NaN/inf in masked slots stay out
-            mask = action_mask != 0
-            masked_mean = lambda x: torch.where(mask, x, 0.0).sum() / tokens   # noqa: E731
+            masked_mean = lambda x: torch.where(action_mask.bool(), x, 0.0).sum() / tokens   # noqa: E731
             if self.anchor == "old":
                 ppo_kl = st["neg_log_ratio_sum"] / tokens       # masked_mean(-(log π - old log π))
             else:
@@ -218,9 +265,11 @@ class ObjectiveLoss(nn.Module):
         """The autograd Function around the (possibly compiled) kernel, built once per mode."""
         use = self.compile is True or (self.compile == "auto" and cuda)
         if use not in self._kernels:
-            kernel = functools.partial(_kernel, self._value_and_grad, self.aggregate)
             if use:
-                kernel = torch.compile(kernel, dynamic=True)
+                kernel = torch.compile(functools.partial(_kernel, self._value_and_grad, self.aggregate, dot=_mul_sum),
+                                       dynamic=True)
+            else:
+                kernel = functools.partial(_eager_kernel, self._value_and_grad, self.aggregate)
             self._kernels[use] = _fused_function(kernel)
         return self._kernels[use]
 

@@ -222,6 +222,52 @@ def test_metrics_are_zero_dim_tensors_with_the_documented_names():
     assert torch.isclose(loss_fn.metrics["drpo_abs_pi_minus_mu"], (new.exp() - old.exp()).abs()[m].mean())
     past = ((A * (r - 1) > 0) & ((new.exp() - old.exp()).abs() > 0.05))[m].double().mean()
     assert torch.isclose(loss_fn.metrics["drpo_past_boundary_diverging"], past)
+    # w = (∂ℓ/∂log π)/(r·A) from autograd on the hand-written objective, independently
+    lp = new.clone().requires_grad_()
+    rr = torch.exp(lp - old)
+    (rr * A - A.abs() / 0.1 * old.exp() * (rr - 1) ** 2).sum().backward()
+    w = lp.grad / (r * A)
+    A[1, 1:3] = 0.0   # tokens without a weight: left out of w's mean, never counted as stopped
+    loss_fn(new, old, A, action_mask=mask)
+    has_w = m & (A != 0)
+    assert torch.isclose(loss_fn.metrics["drpo_w_mean"], w[has_w].mean())
+    conv = ((A * (r - 1) < 0) & (w <= 0))[m].double().mean()
+    assert torch.isclose(loss_fn.metrics["drpo_past_boundary_converging"], conv)
+
+
+def test_tokens_stopped_while_converging_are_counted():
+    """Dual clip gives A < 0 tokens w = 0 once r > 3: π has moved against the advantage."""
+    new, old, A, mask = batch(2)
+    new[2:5] = old[2:5] + 1.5          # r = e^1.5 > 3
+    loss_fn = ObjectiveLoss("ppo_dual_clip")
+    loss_fn(new, old, A, action_mask=mask)
+    m, r = mask.bool(), torch.exp(new - old)
+    conv = ((A < 0) & (r > 3))[m].double().mean()
+    assert conv > 0 and torch.isclose(loss_fn.metrics["drpo_past_boundary_converging"], conv)
+
+
+def _edge_batch(seed):
+    """Finite inputs with every edge the metrics branch on: A = 0, r = 1 exactly, the ratio
+    clamp active, w = 0 (PPO's clipped region), and a fully masked row."""
+    new, old, A, mask = batch(seed, B=8, T=16)
+    A[2, :5] = 0.0
+    new[3, :4] = old[3, :4]
+    new[4, :4] = old[4, :4] + torch.tensor([25.0, -25.0, 21.0, -30.0], dtype=torch.float64)
+    new[5] = old[5] + torch.linspace(-0.6, 0.6, new.shape[1], dtype=torch.float64)
+    return new, old, A, mask
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", SHIPPED)
+def test_eager_kernel_equals_the_selecting_kernel_bit_for_bit(name, mode):
+    from openrlhf_drpo.loss import _eager_kernel, _kernel
+    new, old, A, mask = _edge_batch(5)
+    vg = ObjectiveLoss(name)._value_and_grad
+    fast = _eager_kernel(vg, mode, new, old, A, mask, None)
+    exact = _kernel(vg, mode, new, old, A, mask, None)
+    assert torch.isfinite(fast[2]).all()
+    for a, b in zip(fast, exact):
+        assert torch.equal(a, b)
 
 
 def test_rollout_anchor_uses_the_inference_engines_log_probs():
