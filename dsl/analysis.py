@@ -263,7 +263,14 @@ def _case_weight(ctx, sign, direction):
     folded = ctx.limited("settling the case's conditions",
                          lambda: settle.fold(to_sympy(ctx.dl, sp, env, hook=settle) / (sign * ctx.a)))
     if folded is None:   # unsettled, but exact: numerics (range, self-check) still evaluate it
-        return s, tmax, [(to_sympy(ctx.dl, sp, env) / (sign * ctx.a), sp.true)]
+        # SymPy may fail even to build it (a Min over zoo): then no weight is derived, w is
+        # reported undefined, and the self-check leaves it unconfirmed
+        try:
+            w = to_sympy(ctx.dl, sp, env) / (sign * ctx.a)
+        except Exception as e:      # SymPy raises many types (TypeError, NotImplementedError, ...)
+            ctx.notes.append(f"building the weight: SymPy failed ({type(e).__name__}); w is not derived")
+            w = sp.nan
+        return s, tmax, [(w, sp.true)]
     merged: dict = {}
     for expr, cond in folded:
         expr = ctx.tidy(expr)
@@ -324,8 +331,9 @@ def analyze(obj: Objective) -> dict:
         "reachable": reachable,
     }
     num = _Numeric(ctx, w_values, cases, entangled)
-    result["weight_range"], exact_range = num.weight_range()
-    result["bounded"] = None not in result["weight_range"]
+    sampled, exact_range = num.weight_range()
+    result["weight_range"] = sampled or [None, None]
+    result["bounded"] = None if sampled is None else None not in sampled     # None: unknown
     result["smooth"] = num.continuous(breaks)
     result["geometry"] = _geometry(ctx, cases, boundary, entangled)
     result["self_check"] = self_check(ctx, w_values)
@@ -504,8 +512,12 @@ def _numpy_fn(args, expr):
     def ev(e, env):
         if e in env:
             return env[e]
-        if e.is_Number or e is sp.true or e is sp.false:
-            return bool(e) if e in (sp.true, sp.false) else float(e)
+        if e is sp.true or e is sp.false:
+            return bool(e)
+        if e in (sp.zoo, sp.nan, sp.I) or (e.is_number and e.is_extended_real is False):
+            return np.nan           # complex, or undefined: not a real value of w
+        if e.is_Number or e.is_NumberSymbol:      # 2/5, 1e200, E, pi, oo
+            return float(e)
         if e.is_Add:
             return sum(ev(a, env) for a in e.args)
         if e.is_Mul:
@@ -527,6 +539,8 @@ def _numpy_fn(args, expr):
             return functools.reduce(np.logical_or, [ev(a, env) for a in e.args])
         if isinstance(e, sp.Not):
             return np.logical_not(ev(e.args[0], env))
+        if isinstance(e, sp.ITE):
+            return np.where(ev(e.args[0], env), ev(e.args[1], env), ev(e.args[2], env))
         if isinstance(e, sp.Piecewise):
             conds = [ev(c, env) for _, c in e.args]
             vals = [ev(x, env) for x, _ in e.args]
@@ -576,6 +590,8 @@ class _Numeric:
 
     def weight_range(self):
         coarse, fine = self._values(1e-6), self._values(1e-12)
+        if not coarse.size or not fine.size:    # w is nowhere a finite double (e.g. 1e400·r·A)
+            return None, [False, False]
         lo_c, hi_c, lo_f, hi_f = coarse.min(), coarse.max(), fine.min(), fine.max()
         # A side that keeps growing as the grid approaches the domain's edge is unbounded.
         lo = None if lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) or abs(lo_f) > 1e8 else lo_f
@@ -676,15 +692,19 @@ def _warnings(ctx, res, exact_range):
             shown = ", ".join(f"π = {math_text(p)}" for p in b["pi"])
             out.append(f"the boundary for {sign_text} ({shown}) is unreachable: 0 < π, μ ≤ 1, "
                        f"so w stays within [{_fmt(lo)}, {_fmt(hi)}] and never cancels the gradient")
-    if not res["bounded"]:
+    if res["bounded"] is None:
+        out.append("w is not a finite double at any sampled point: its range is unknown")
+    elif not res["bounded"]:
         out.append(f"w is unbounded (range [{_fmt(lo)}, {_fmt(hi)}]): tokens with extreme ratios "
                    "(rare tokens, small μ) can dominate the gradient")
     if res["geometry"] == "advantage-entangled":
         out.append("the weight depends on |A|: the trust region moves with the advantage's magnitude")
     if not all(exact_range) and None not in (lo, hi):
         out.append("the range is numeric (sampled over the domain), not an exact bound")
-    if not res["self_check"]["passed"]:
+    if res["self_check"]["status"] == "failed":
         out.append("SELF-CHECK FAILED: the derived weight disagrees with finite differences of the objective")
+    elif res["self_check"]["status"] == "unconfirmed":
+        out.append("the weight is unconfirmed: too few points where the objective is a finite double to check it")
     return out
 
 
@@ -722,7 +742,9 @@ def self_check(ctx, w, n=64, seed=0) -> dict:
             continue
         checked += 1
         worst = max(worst, abs((fwd + bwd) / 2 - expected) / max(1.0, abs(expected)))
-    return {"points": checked, "max_rel_error": float(worst), "passed": bool(checked >= n // 2 and worst < 1e-4)}
+    # too few finite points (an objective that overflows doubles, say) confirms nothing
+    status = "failed" if worst >= 1e-4 else "passed" if checked >= n // 2 else "unconfirmed"
+    return {"points": checked, "max_rel_error": float(worst), "passed": status == "passed", "status": status}
 
 
 # ------------------------------------------------------------------ output helpers

@@ -10,7 +10,7 @@ r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
 """
 from __future__ import annotations
 
-from .ir import OPS, Node, derivative, evaluate, render
+from .ir import OPS, Node, constant_nodes, derivative, evaluate, postorder, render
 from .parser import Objective
 
 CLAMP = 20.0
@@ -26,24 +26,19 @@ def _var(name):
 _LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor"}
 
 
-def _rewrite_logs(n: Node) -> Node:
-    if n.op == "log" and n.args[0].op == "var" and n.args[0].value in _LOG_ATOMS:
-        return _var(_LOG_ATOMS[n.args[0].value])
-    if not n.args:
-        return n
-    return Node(n.op, tuple(_rewrite_logs(a) for a in n.args), n.value)
+def _rewrite_logs(root: Node) -> Node:
+    new: dict = {}
+    for n in postorder(root):     # shared nodes stay shared
+        if n.op == "log" and n.args[0].op == "var" and n.args[0].value in _LOG_ATOMS:
+            new[n] = _var(_LOG_ATOMS[n.args[0].value])
+        else:
+            new[n] = Node(n.op, tuple(new[a] for a in n.args), n.value, n.pos) if n.args else n
+    return new[root]
 
 
 # d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
-# (`keep`), exactly as autograd through torch.clamp does.
-GRAD_SEEDS = {
-    "r": Node("mul", (_var("r"), _var("keep"))), "pi": _var("pi"), "logp": Node("num", value=1),
-    "log_ratio": _var("keep"),
-}
-
-
-def _constant(n: Node) -> bool:
-    return all(m.op != "var" for m in n.walk())
+# (`keep`), exactly as autograd through torch.clamp does; dr = r·keep.
+GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "log_ratio": _var("keep")}
 
 
 class _Emitter:
@@ -53,8 +48,9 @@ class _Emitter:
     it in place: the fused function runs without autograd, and on CPU each fresh 1 MB
     tensor costs page faults. Every tensor in it has the inputs' shape, so none broadcasts."""
 
-    def __init__(self, params, inplace=False):
+    def __init__(self, params, outputs, inplace=False):
         self.params = params
+        self.constant = constant_nodes(*outputs)
         self.inplace = inplace
         self.lines: list[str] = []
         self.names: dict[Node, str] = {}
@@ -62,7 +58,7 @@ class _Emitter:
 
     def count(self, n: Node):
         self.uses[n] = self.uses.get(n, 0) + 1
-        if self.uses[n] == 1 and not _constant(n):
+        if self.uses[n] == 1 and n not in self.constant:
             for a in n.args:
                 self.count(a)
                 if OPS[n.op].reuses_args:   # torch.where(a <= b, a, b) evaluates a and b once
@@ -75,7 +71,7 @@ class _Emitter:
         """(source, whether it is a fresh temporary that no other code reads)."""
         if n in self.names:
             return self.names[n], False
-        if _constant(n):
+        if n in self.constant:
             v = evaluate(n, self.params)
             return (repr(bool(v)) if OPS.get(n.op) and OPS[n.op].kind == "bool" else repr(float(v))), False
         if n.op == "var":
@@ -101,19 +97,26 @@ class _Emitter:
 def _prelude(nodes, extra=()) -> list[str]:
     """Only the built-ins the expressions (and `extra`) use are computed."""
     used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
+    if "dr" in used:
+        used |= {"r", "keep"}
     out = ["    dtype = logp.dtype"]
     if used & {"r", "log_ratio", "keep", "raw"}:
         out.append("    raw = logp - anchor")
         out.append(f"    log_ratio = torch.clamp(raw, -{CLAMP}, {CLAMP})")
+    if "r" in used:
+        out.append("    r = torch.exp(log_ratio)")
     if "keep" in used:
         # d clamp(raw)/d raw: 1 where the clamp is inactive, else 0, by float ops in place (several
         # times faster than comparisons on CPU). Eagerly, one read-only pass first finds the usual
         # batch where no ratio is clamped; compiled, that branch would break the graph.
-        out.append("    mm = torch.aminmax(raw) if eager and raw.numel() else None")
-        out.append(f"    keep = 1.0 if mm is not None and mm.min >= -{CLAMP} and mm.max <= {CLAMP} else "
-                   "(raw - log_ratio).sign_().abs_().neg_().add_(1.0)")
-    if "r" in used:
-        out.append("    r = torch.exp(log_ratio)")
+        dr = ", r" if "dr" in used else ""
+        out += ["    mm = torch.aminmax(raw) if eager and raw.numel() else None",
+                f"    if mm is not None and mm.min >= -{CLAMP} and mm.max <= {CLAMP}:   # no ratio is clamped",
+                f"        keep{', dr' if dr else ''} = 1.0{dr}",
+                "    else:",
+                "        keep = (raw - log_ratio).sign_().abs_().neg_().add_(1.0)"]
+        if dr:
+            out.append("        dr = r * keep")
     if "pi" in used:
         out.append("    pi = torch.exp(logp)")
     if "mu" in used:
@@ -122,13 +125,13 @@ def _prelude(nodes, extra=()) -> list[str]:
 
 
 def _function(name, doc, outputs, params, extra=(), inplace=False) -> str:
-    em = _Emitter({k: float(v) for k, v in params.items()}, inplace)
+    em = _Emitter({k: float(v) for k, v in params.items()}, outputs, inplace)
     for n in outputs:
         em.count(n)
     results = []
     for n in outputs:
         code, fresh = em._expr(n)
-        if _constant(n):      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
+        if n in em.constant:      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
             code = f"torch.full_like(logp, {code})"
         elif inplace and not fresh:   # the caller may overwrite every returned tensor
             code = f"{code}.clone()"

@@ -20,17 +20,82 @@ class Pos:
     col: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Node:
+    """One operation. A binding used twice is one shared Node, so an objective is a DAG: every
+    walk visits each distinct node once, and the hash is computed once, from the children's."""
     op: str                      # 'num' | 'var' | 'param' | a key of OPS
     args: tuple = ()
     value: object = None         # Fraction for 'num', ASCII name for 'var'/'param'
-    pos: Pos | None = field(default=None, compare=False, hash=False)
+    pos: Pos | None = None       # not part of equality
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.op, self.args, self.value)))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, Node) or self._hash != other._hash:
+            return False
+        done, stack = set(), [(self, other)]
+        while stack:        # each pair of distinct nodes compared once: linear in a DAG
+            a, b = stack.pop()
+            if a is b or (id(a), id(b)) in done:
+                continue
+            if a._hash != b._hash or a.op != b.op or a.value != b.value or len(a.args) != len(b.args):
+                return False
+            done.add((id(a), id(b)))
+            stack.extend(zip(a.args, b.args))
+        return True
 
     def walk(self):
-        yield self
-        for a in self.args:
-            yield from a.walk()
+        """Each distinct sub-expression once, parents before children."""
+        seen, stack = set(), [self]
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                yield n
+                stack.extend(reversed(n.args))
+
+
+def postorder(n: Node) -> list[Node]:
+    """Each distinct sub-expression once, every node after all of its children: the order in
+    which a walk that combines the children's results visits them, without recursion."""
+    out, done, stack = [], set(), [(n, False)]
+    while stack:
+        m, expanded = stack.pop()
+        if m in done:
+            continue
+        if expanded:
+            done.add(m)
+            out.append(m)
+        else:
+            stack.append((m, True))
+            stack.extend((a, False) for a in reversed(m.args) if a not in done)
+    return out
+
+
+def constant_nodes(*roots: Node) -> set:
+    """The sub-expressions without r, π, μ or A (variables), each found once."""
+    out = set()
+    for root in roots:
+        for n in postorder(root):
+            if n.op != "var" and all(a in out for a in n.args):
+                out.add(n)
+    return out
+
+
+def tree_size(n: Node, memo: dict | None = None) -> int:
+    """The number of nodes n has written out as a tree (bindings inlined): what printing costs."""
+    memo = {} if memo is None else memo
+    for m in postorder(n):
+        if m not in memo:
+            memo[m] = 1 + sum(memo[a] for a in m.args)
+    return memo[n]
 
 
 # ---------------------------------------------------------------- names
@@ -315,39 +380,56 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
     default is ∂/∂r with μ and A constant (μ is fixed during the update), so dπ/dr = μ;
     the torch compiler passes seeds for ∂/∂log π. Both use the same rules from OPS."""
     seeds = R_SEEDS if seeds is None else seeds
-    if n.op == "num" or n.op == "param":
-        return ZERO
-    if n.op == "var":
-        return seeds.get(n.value, ZERO)
-    rule = OPS[n.op].deriv
-    if rule is NOT_DIFFERENTIABLE:
+    memo: dict = {}
+    for m in postorder(n):      # children first: each shared node is differentiated once
+        if m.op == "num" or m.op == "param":
+            memo[m] = ZERO
+        elif m.op == "var":
+            memo[m] = seeds.get(m.value, ZERO)
+        elif OPS[m.op].deriv is NOT_DIFFERENTIABLE or OPS[m.op].deriv is _zero:
+            memo[m] = ZERO      # sg, sign, [..] never look inside; a bare condition is refused below
+        else:
+            memo[m] = OPS[m.op].deriv(m, [memo[a] for a in m.args])
+    if n.op in OPS and OPS[n.op].deriv is NOT_DIFFERENTIABLE:
         raise ValueError(f"a condition ({n.op}) has no derivative; it may only appear inside [...]")
-    if rule is _zero:   # sg, sign, [..]: never look inside
-        return ZERO
-    return rule(n, [derivative(a, seeds) for a in n.args])
+    return memo[n]
 
 
-def render(n: Node, parent_prec: int = 0, right: bool = False) -> str:
-    """Canonical Unicode text, with only the parentheses precedence requires."""
+RENDER_LIMIT = 4000     # operations: past this, inlined text is abbreviated (chained bindings grow it 2^n)
+
+
+def render(n: Node, names: dict | None = None) -> str:
+    """Canonical Unicode text, with only the parentheses precedence requires. `names` maps
+    shared nodes to their binding names, printed instead of the node (except n itself);
+    without it, an expression longer than RENDER_LIMIT operations is abbreviated."""
+    if names is None and tree_size(n) > RENDER_LIMIT:
+        return f"(an expression of {tree_size(n):,} operations written out)"
+    return _render(n, 0, names or {}, n)
+
+
+def _render(n: Node, parent_prec: int, names: dict, top: Node) -> str:
+    if n in names and n is not top:
+        return display_name(names[n])
     if n.op == "num":
         return _render_number(n.value)
     if n.op in ("var", "param"):
         return display_name(n.value)
     op = OPS[n.op]
+    sub = lambda a, prec=0: _render(a, prec, names, top)    # noqa: E731
     if n.op == "ind":
-        return "[" + render(n.args[0]) + "]"
+        return "[" + sub(n.args[0]) + "]"
     if n.op == "abs":
-        return "|" + render(n.args[0]) + "|"
+        return "|" + sub(n.args[0]) + "|"
     if op.prec == 100:
-        return op.symbol + "(" + ", ".join(render(a) for a in n.args) + ")"
+        return op.symbol + "(" + ", ".join(sub(a) for a in n.args) + ")"
     if len(n.args) == 1:
-        text = op.symbol + render(n.args[0], op.prec)
+        text = op.symbol + sub(n.args[0], op.prec)
     elif n.op == "pow":   # right-associative
-        text = render(n.args[0], op.prec + 1) + "^" + render(n.args[1], op.prec)
+        text = sub(n.args[0], op.prec + 1) + "^" + sub(n.args[1], op.prec)
     else:
         # operators are left-associative: a right operand of equal precedence keeps its
         # parentheses, so the canonical text parses back to the same tree
-        text = render(n.args[0], op.prec) + f" {op.symbol} " + render(n.args[1], op.prec + 1)
+        text = sub(n.args[0], op.prec) + f" {op.symbol} " + sub(n.args[1], op.prec + 1)
     return f"({text})" if op.prec < parent_prec else text
 
 
@@ -372,15 +454,17 @@ def _render_number(v: Fraction) -> str:
 def evaluate(n: Node, env: dict, frozen: dict | None = None) -> float:
     """Python-float value of n; env maps var/param names to floats. With `frozen`, each
     sg(...) keeps the first value it was evaluated at (for finite differences)."""
-    if n.op == "num":
-        return float(n.value)
-    if n.op in ("var", "param"):
-        return env[n.value]
-    if frozen is not None and n.op == "sg":
-        if n not in frozen:
-            frozen[n] = evaluate(n.args[0], env, frozen)
-        return frozen[n]
-    return OPS[n.op].py(*(evaluate(a, env, frozen) for a in n.args))
+    memo: dict = {}
+    for m in postorder(n):      # children first, each shared node once
+        if m.op == "num":
+            memo[m] = float(m.value)
+        elif m.op in ("var", "param"):
+            memo[m] = env[m.value]
+        elif frozen is not None and m.op == "sg":
+            memo[m] = frozen.setdefault(m, memo[m.args[0]])
+        else:
+            memo[m] = OPS[m.op].py(*(memo[a] for a in m.args))
+    return memo[n]
 
 
 def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):

@@ -11,8 +11,8 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import DslError
-from .ir import (BUILTINS, FUNCTIONS, OPS, Node, Pos, canonical_name, display_name, num,
-                 render)
+from .ir import (BUILTINS, FUNCTIONS, OPS, RENDER_LIMIT, Node, Pos, canonical_name, constant_nodes,
+                 display_name, num, postorder, render, tree_size)
 
 BAR_OPEN, BAR_CLOSE = "\ue000", "\ue001"
 OPTIONS = {
@@ -43,16 +43,15 @@ class Objective:
         an inf in a training step."""
         env = {k: float(v) for k, v in self.params.items()}
         seen = set()
+        constant = constant_nodes(self.expr)
 
         def visit(n):
             if n in seen:
                 return
             seen.add(n)
-            constant = all(m.op != "var" for m in n.walk())
             # a constant zero divisor makes the whole (non-constant) quotient infinite
-            zero_divisor = (n.op == "div" and all(m.op != "var" for m in n.args[1].walk())
-                            and _safe_eval(n.args[1], env) == 0)
-            if (constant and n.op not in ("num", "param")) or zero_divisor:
+            zero_divisor = n.op == "div" and n.args[1] in constant and _safe_eval(n.args[1], env) == 0
+            if (n in constant and n.op not in ("num", "param")) or zero_divisor:
                 value = None if zero_divisor else _safe_eval(n, env)
                 ok = value is not None and (isinstance(value, bool) or math.isfinite(value))
                 if not ok:
@@ -66,16 +65,21 @@ class Objective:
                     raise DslError(what, self.path, pos.line, pos.col, src,
                                    "a sub-expression of parameters and numbers only must be a finite number")
                 return
-            for a in n.args:
-                visit(a)
-        visit(self.expr)
+            stack.extend(n.args)
+        stack = [self.expr]
+        while stack:            # each distinct node once, without recursion
+            visit(stack.pop())
         return self
 
     def canonical(self) -> str:
+        """Parameters, options, bindings and the objective, each inlined; if that would be
+        longer than RENDER_LIMIT operations, bindings are referred to by name."""
+        names = {v: k for k, v in self.bindings.items()} if tree_size(self.expr) > RENDER_LIMIT else None
         lines = [f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items()]
         lines += [f"@{k} = {v}" for k, v in self.options.items()]
-        lines += [f"{display_name(k)} = {render(v)}" for k, v in self.bindings.items()]
-        return "\n".join(lines + [render(self.expr)])
+        lines += [f"{display_name(k)} = {render(v, names)}" for k, v in self.bindings.items()]
+        last = display_name(names[self.expr]) if names and self.expr in names else render(self.expr, names)
+        return "\n".join(lines + [last])
 
     def with_overrides(self, params: dict | None = None, options: dict | None = None,
                        where: str = "<overrides>") -> "Objective":
@@ -541,25 +545,29 @@ class _Builder:
                     pos=self.pos(num_tok.start_pos))
 
     # ---- semantic checks
-    def _check_kind(self, n: Node, want: str):
-        kind = "num" if n.op in ("num", "var", "param") else OPS[n.op].kind
-        if kind != want:
-            if want == "num":
-                raise self.error(f"the condition '{render(n)}' is used as a number", n.pos,
-                                 f"write [{render(n)}] for its 0/1 indicator")
-            raise self.error(f"expected a condition, found the number '{render(n)}'", n.pos,
-                             "conditions use < <= > >= == != and, or, not; e.g. [r > 1]")
-        if n.op in OPS:
-            for a in n.args:
-                self._check_kind(a, OPS[n.op].args_kind)
+    def _check_kind(self, root: Node, want: str):
+        seen, stack = set(), [(root, want)]
+        while stack:            # each (node, expected kind) once, without recursion
+            n, want = stack.pop()
+            if (n, want) in seen:
+                continue
+            seen.add((n, want))
+            kind = "num" if n.op in ("num", "var", "param") else OPS[n.op].kind
+            if kind != want:
+                if want == "num":
+                    raise self.error(f"the condition '{render(n)}' is used as a number", n.pos,
+                                     f"write [{render(n)}] for its 0/1 indicator")
+                raise self.error(f"expected a condition, found the number '{render(n)}'", n.pos,
+                                 "conditions use < <= > >= == != and, or, not; e.g. [r > 1]")
+            if n.op in OPS:
+                stack.extend((a, OPS[n.op].args_kind) for a in n.args)
 
     def _check_policy(self, expr: Node, pos: Pos):
-        def live(n):  # r or π reachable through something with a nonzero derivative
-            if n.op == "var":
-                return n.value in ("r", "pi")
-            if n.op in ("sg", "ind", "sign"):
-                return False
-            return any(live(a) for a in n.args)
-        if not live(expr):
+        live = set()    # r or π reachable through something with a nonzero derivative
+        for n in postorder(expr):
+            if (n.op == "var" and n.value in ("r", "pi")) or (
+                    n.op not in ("sg", "ind", "sign") and any(a in live for a in n.args)):
+                live.add(n)
+        if expr not in live:
             raise self.error("the objective does not depend on the policy", pos,
                              "use r or π outside sg(...), [...] and sign(...); otherwise its gradient is zero")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from .ir import display_name
 
@@ -41,7 +42,7 @@ def math_text(e, weight: bool = False) -> str:
             tail = sp.sstr(rest)
             text = f"{sp.sstr(const)} - {tail[1:]}" if tail.startswith("-") else f"{sp.sstr(const)} + {tail}"
     text = re.sub(r"(?<![\w.)])(\d+)/(\d+)(?![\w.(])", _decimal, text)
-    text = re.sub(r"(?<![\w.])\d{16,}(?![\w.])", lambda m: f"{int(m.group(0)):.6g}", text)   # 1e+300, not 301 digits
+    text = re.sub(r"(?<![\w.])\d{16,}(?![\w.])", lambda m: f"{Decimal(m.group(0)).normalize():.6g}", text)   # 1e+300, not 301 digits
     text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
     text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
     text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",
@@ -53,7 +54,12 @@ def _fmt(x) -> str:
     return "unbounded" if x is None else f"{float(x):.6g}"
 
 
+_BOUNDED = {True: "bounded", False: "unbounded", None: "not a finite double where sampled"}
+
+
 def _range(res) -> str:
+    if res["bounded"] is None:
+        return "unknown"
     lo, hi = res["weight_range"]
     return f"[{'-∞' if lo is None else _fmt(lo)}, {'+∞' if hi is None else _fmt(hi)}]"
 
@@ -89,11 +95,12 @@ def report(res: dict) -> str:
     sc = res["self_check"]
     lines += [
         "",
-        f"  range      w ∈ {_range(res)}  ({'bounded' if res['bounded'] else 'unbounded'})",
+        f"  range      w ∈ {_range(res)}  ({_BOUNDED[res['bounded']]})",
         f"  smooth     {'yes: w is continuous in r' if res['smooth'] else 'no: w jumps (hard mask or clip)'}",
         f"  geometry   {res['geometry']}: {_GEOMETRY[res['geometry']]}",
-        f"  self-check {'passed' if sc['passed'] else 'FAILED'}: w·A matches finite differences of the objective "
-        f"at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})",
+        f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
+        f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
+        + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else ""),
     ]
     if res["warnings"]:
         lines += ["", "  warnings"] + [f"    ! {w}" for w in res["warnings"]]
@@ -114,7 +121,7 @@ def comparison(results: list[dict]) -> str:
             text = ", ".join(math_text(p) for p in pis)
             return text if res["reachable"][adv] else f"{text} (unreachable)"
         rows.append([res["name"], _range(res), side("positive"), side("negative"),
-                     "yes" if res["smooth"] else "no", "yes" if res["bounded"] else "no", res["geometry"]])
+                     "yes" if res["smooth"] else "no", {True: "yes", False: "no", None: "unknown"}[res["bounded"]], res["geometry"]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
     return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]])

@@ -111,7 +111,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
             return 1
         if not args.json:
             print(f"\nwrote {args.plot}")
-    failed = [r["name"] for r in results if not r["self_check"]["passed"]]
+    failed = [r["name"] for r in results if r["self_check"]["status"] == "failed"]
     if failed:
         print(f"drpo-analyze: self-check FAILED for {', '.join(failed)}", file=sys.stderr)
         return 2

@@ -46,7 +46,6 @@ def openrlhf_loss_module():
     return L
 
 
-_STATS = ("past_div", "past_conv", "w_sum", "w_count", "abs_pi_mu_sum", "ratio_max", "neg_log_ratio_sum", "tokens")
 
 
 def _aggregation_coef(m, mode, norm, sign=1.0):
@@ -103,8 +102,11 @@ def _max(x):
 
 
 def _stats(toward, total, w_sum, w_count, abs_pi_mu_sum, ratio_max, neg_log_ratio_sum, tokens):
-    return torch.stack([(total + toward) / 2, (total - toward) / 2, w_sum, w_count, abs_pi_mu_sum,
-                        ratio_max, neg_log_ratio_sum, tokens])
+    """The metrics (METRIC_KEYS' order), then ppo_kl's masked mean of −log r and the token
+    count, in a few vectorized ops. An all-masked batch reports 0, not 0/0."""
+    sums = torch.stack([w_sum, (total + toward) / 2, (total - toward) / 2, abs_pi_mu_sum, neg_log_ratio_sum])
+    means = sums / torch.stack([w_count, tokens, tokens, tokens, tokens]).clamp(min=1)
+    return torch.cat([means[:4], ratio_max[None], means[4:], tokens[None]])
 
 
 def _eager_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
@@ -235,22 +237,15 @@ class ObjectiveLoss(nn.Module):
                 stats = fused.apply(log_probs.detach(), anchor, advantages, action_mask, norm)[1]
 
         with torch.no_grad():
-            st = dict(zip(_STATS, stats.unbind()))
-            tokens = st["tokens"].clamp(min=1)      # an all-masked batch reports 0, not 0/0
-            clip_ratio = st["past_div"] / tokens
-            self.metrics = {
-                "drpo_w_mean": st["w_sum"] / st["w_count"].clamp(min=1),
-                "drpo_past_boundary_diverging": clip_ratio,
-                "drpo_past_boundary_converging": st["past_conv"] / tokens,
-                "drpo_abs_pi_minus_mu": st["abs_pi_mu_sum"] / tokens,
-                "drpo_ratio_max": st["ratio_max"],
-            }
+            *values, neg_log_ratio_mean, count = stats.unbind()
+            self.metrics = dict(zip(METRIC_KEYS, values))
+            clip_ratio = self.metrics["drpo_past_boundary_diverging"]
             if self.sink is not None:
                 self.sink.update(self.metrics)
             # OpenRLHF's masked means, on selected values so NaN/inf in masked slots stay out
-            masked_mean = lambda x: torch.where(action_mask.bool(), x, 0.0).sum() / tokens   # noqa: E731
+            masked_mean = lambda x: torch.where(action_mask.bool(), x, 0.0).sum() / count.clamp(min=1)  # noqa: E731
             if self.anchor == "old":
-                ppo_kl = st["neg_log_ratio_sum"] / tokens       # masked_mean(-(log π - old log π))
+                ppo_kl = neg_log_ratio_mean       # masked_mean(-(log π - old log π))
             else:
                 ppo_kl = masked_mean(old_log_probs - log_probs.detach())
             vllm_kl = is_filter_ratio = None

@@ -404,3 +404,41 @@ def test_messages_show_what_is_really_there(source, rendered):
     with pytest.raises(DslError) as e:
         parse(source)
     assert e.value.render() == rendered
+
+
+def _chain(depth, op):
+    """b0 = r*A, b1 = b0 op b0, ...: written out as a tree, 2^depth copies of r*A."""
+    return "\n".join(["b0 = r*A"] + [f"b{i} = b{i - 1} {op} b{i - 1}" for i in range(1, depth + 1)]
+                     + [f"b{depth}"]) + "\n"
+
+
+def test_chained_bindings_stay_shared_from_parsing_to_generated_code():
+    # 60 levels: a tree walk anywhere (hashing, checks, printing, differentiating, codegen)
+    # would visit 2^60 nodes and never finish; the subprocess's timeout turns that into a failure
+    code = f"""
+import torch, dsl
+from dsl.ir import postorder, tree_size
+from openrlhf_drpo import ObjectiveLoss
+obj = dsl.parse({_chain(60, '+')!r}, "chain.dsl")
+assert len(postorder(obj.expr)) == 63 and tree_size(obj.expr) == 2**62 - 1
+assert obj.canonical().splitlines()[-2:] == ["b60 = b59 + b59", "b60"]
+assert dsl.parse(obj.canonical(), "again.dsl").expr == obj.expr
+lp, old = torch.full((2, 3), -0.5, dtype=torch.float64), torch.full((2, 3), -0.7, dtype=torch.float64)
+A, mask = torch.tensor([[1.0, -2.0, 0.5], [0.25, 1.0, -1.0]], dtype=torch.float64), torch.ones(2, 3)
+grads = []
+for fused in (True, False):
+    x = lp.clone().requires_grad_()
+    ObjectiveLoss(obj, fused=fused)(x, old, A, action_mask=mask)[0].backward()
+    grads.append(x.grad)
+# ℓ = 2^60·r·A, so ∂loss/∂log π = -2^60·r·A/6 per token
+assert torch.allclose(grads[0], grads[1]) and torch.allclose(grads[0], -(2.0**60) * torch.exp(lp - old) * A / 6)
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def test_a_long_expression_prints_abbreviated_without_a_name_to_refer_to():
+    obj = parse(_chain(20, "*"), "chain.dsl")
+    assert render(obj.expr) == "(an expression of 4,194,303 operations written out)"
+    assert render(obj.bindings["b2"]) == "r * A * (r * A) * (r * A * (r * A))"     # short: written out
