@@ -17,6 +17,7 @@ import time
 import threading
 from contextlib import contextmanager
 
+from .arbiter import on_policy, on_policy_warnings
 from .ir import derivative, to_sympy
 from .parser import Objective
 
@@ -337,7 +338,8 @@ def analyze(obj: Objective) -> dict:
     result["smooth"] = num.continuous(breaks)
     result["geometry"] = _geometry(ctx, cases, boundary, entangled)
     result["self_check"] = self_check(ctx, w_values)
-    result["warnings"] = _warnings(ctx, result, exact_range)
+    result["on_policy"] = on_policy(obj)
+    result["warnings"] = _warnings(ctx, result, exact_range) + on_policy_warnings(result["on_policy"])
     result["notes"] = ctx.notes
     result["_w"] = w_values      # vectorized w(r, μ, A), for plots and callers' own checks
     return result
@@ -762,5 +764,6 @@ def to_json(res: dict) -> dict:
         "reachable": res["reachable"],
         "weight_range": [None if v is None else float(v) for v in res["weight_range"]],
         "bounded": res["bounded"], "smooth": res["smooth"], "geometry": res["geometry"],
+        "on_policy": res["on_policy"],
         "warnings": res["warnings"], "self_check": res["self_check"], "notes": res["notes"],
     }

@@ -54,6 +54,17 @@ def _fmt(x) -> str:
     return "unbounded" if x is None else f"{float(x):.6g}"
 
 
+def _on_policy(facts) -> str:
+    parts = []
+    for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
+        f = facts[adv]
+        lo, hi = f["w"]
+        value = ("undefined" if f["status"] == "undefined" else _fmt(lo) if lo == hi
+                 else f"from {_fmt(lo)} to {_fmt(hi)} (with μ, |A|)")
+        parts.append(f"{value} for {sign}")
+    return ", ".join(parts)
+
+
 _BOUNDED = {True: "bounded", False: "unbounded", None: "not a finite double where sampled"}
 
 
@@ -98,6 +109,7 @@ def report(res: dict) -> str:
         f"  range      w ∈ {_range(res)}  ({_BOUNDED[res['bounded']]})",
         f"  smooth     {'yes: w is continuous in r' if res['smooth'] else 'no: w jumps (hard mask or clip)'}",
         f"  geometry   {res['geometry']}: {_GEOMETRY[res['geometry']]}",
+        f"  on policy  w(r = 1) {_on_policy(res['on_policy'])}",
         f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
         f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
         + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else ""),

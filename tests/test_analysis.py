@@ -247,3 +247,27 @@ def test_valid_objectives_never_end_in_an_internal_error(text, says, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
     assert says in proc.stdout
+
+
+# The on-policy weight, derived by hand: w = (∂ℓ/∂r)/A at r = 1 (π = μ), for A > 0 and A < 0.
+ON_POLICY = [
+    ("r*A", "ok", (1, 1)),
+    ("r*A - |A|/(2*0.2)*μ*(r - 1)^2", "ok", (1, 1)),        # DRPO: the penalty's slope is 0 at r = 1
+    ("A*r^2/2", "ok", (1, 1)),                              # w = r
+    ("μ*r*A", "ok", (1e-6, 1)),                             # w = μ: as small as the rarest token
+    ("log(r - 0.5)*A", "ok", (2, 2)),                       # w = 1/(r - 1/2)
+    ("-r*A", "negative", (-1, -1)),
+    ("[r != 1]*r*A", "zero", (0, 0)),                       # the indicator is 0 exactly on policy
+    ("(r - 1)^3*A", "zero", (0, 0)),                        # w = 3(r - 1)^2
+    ("A*(r^2 - 1)/(r - 1)", "undefined", (None, None)),     # 0/0: NaN in the compiled loss
+    ("sqrt(1 - r)*A", "undefined", (None, None)),           # w = -1/(2√(1 - r)): a pole at r = 1
+]
+
+
+@pytest.mark.parametrize("text, status, w", ON_POLICY)
+def test_the_on_policy_weight_is_reported_for_each_sign_of_a(text, status, w):
+    from dsl.arbiter import on_policy
+    facts = on_policy(dsl.parse(text + "\n"))
+    for adv in ("positive", "negative"):
+        assert facts[adv]["status"] == status
+        assert facts[adv]["w"] == pytest.approx(list(w)) if w[0] is not None else facts[adv]["w"] == [None, None]
