@@ -48,18 +48,18 @@ def openrlhf_loss_module():
 
 
 
-def _aggregation_coef(m, mode, norm, sign=1.0):
-    """d loss / d(per-token loss), exactly as OpenRLHF's aggregate_loss scales it (m is the
+def _aggregation_coef(m, mode, norm):
+    """d loss / d ℓ (ℓ the per-token objective; the loss is minus its aggregate), exactly as OpenRLHF's aggregate_loss scales it (m is the
     float mask): token mode divides by the token count (or batch_num_tokens/dp_size), sample
     mode averages the per-sequence means over non-empty sequences (or global_batch_size/dp_size).
     The token-sum modes weight each sequence's mean by its length (or length / T)."""
     if mode == "token-mean":      # an all-masked batch: 0/1, no gradient (OpenRLHF's own is 0/0 = NaN)
-        return m * (sign / (m.sum().clamp(min=1) if norm is None else norm))
+        return m * (-1 / (m.sum().clamp(min=1) if norm is None else norm))
     count = m.sum(dim=-1, keepdim=True)
     per_seq = {"seq-mean-token-mean": 1.0, "seq-mean-token-sum": count,
                "seq-mean-token-sum-norm": count / m.shape[-1]}[mode] / (count + 1e-8)
     seq = (count > 0).to(m.dtype)
-    return m * (sign * per_seq * seq / (seq.sum().clamp(min=1) if norm is None else norm))
+    return m * (-per_seq * seq / (seq.sum().clamp(min=1) if norm is None else norm))
 
 
 def _float_mask(action_mask, dtype):
@@ -82,7 +82,7 @@ def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, dot=_dot):
     value, grad, r, raw, mu = value_and_grad(logp, anchor, A)
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
     m = keep.to(value.dtype)
-    coef = _aggregation_coef(m, mode, norm, sign=-1.0)
+    coef = _aggregation_coef(m, mode, norm)
     nonzero_A = torch.sign(A).abs()
     w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
     # w ≤ 0: the trust-region boundary is reached. The move's direction is the sign of
@@ -118,7 +118,7 @@ def _eager_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
     recomputes it. test_loss holds the two to each other."""
     value, grad, r, raw, mu = value_and_grad(logp, anchor, A, eager=True)
     m = _float_mask(action_mask, value.dtype)
-    coef = _aggregation_coef(m, mode, norm, sign=-1.0)
+    coef = _aggregation_coef(m, mode, norm)
     loss, tokens, neg_log_ratio_sum = _dot(value, coef), m.sum(), -_dot(raw, m)
     direction = raw.mul_(A).sign_()
     nonzero_A = torch.sign(A, out=value).abs_()
