@@ -418,3 +418,19 @@ def test_half_precision_inputs_are_computed_in_fp32():
     (-(r * A.double() - A.double().abs() / 0.4 * (r - 1) ** 2).mean()).backward()
     assert lp.grad.dtype == torch.float16
     assert torch.allclose(lp.grad.double(), ref.grad, rtol=1e-3), (lp.grad[0, 0], ref.grad[0, 0])
+
+
+@pytest.mark.parametrize("text", ["r", "A*log(π)", "μ*r*A", "sg(r)*A*log(π)", "exp(log(r))*A",
+                                  "min(r*A, clip(r, 0.8, 1.2)*A)", "[A > 0]*r + 0*A"])
+def test_the_in_place_eager_path_never_writes_into_its_inputs(text):
+    """The generated code and the eager kernel update temporaries in place: an objective that is
+    an input itself (ℓ = r, ∂ℓ/∂log π = A, ...) must still leave the caller's tensors alone."""
+    new, old, A, mask = batch(4)
+    copies = [x.clone() for x in (new, old, A, mask)]
+    grads = []
+    for fused in (True, False):
+        lp = new.clone().requires_grad_()
+        ObjectiveLoss(dsl.parse(text + "\n", "t.dsl"), fused=fused)(lp, old, A, action_mask=mask)[0].backward()
+        grads.append(lp.grad)
+    assert all(torch.equal(a, b) for a, b in zip(copies, (new, old, A, mask)))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)
