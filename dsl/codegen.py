@@ -64,10 +64,7 @@ class _Emitter:
                 if OPS[n.op].reuses_args:   # torch.where(a <= b, a, b) evaluates a and b once
                     self.count(a)
 
-    def expr(self, n: Node) -> str:
-        return self._expr(n)[0]
-
-    def _expr(self, n: Node) -> tuple[str, bool]:
+    def expr(self, n: Node) -> tuple[str, bool]:
         """(source, whether it is a fresh temporary that no other code reads)."""
         if n in self.names:
             return self.names[n], False
@@ -77,7 +74,7 @@ class _Emitter:
         if n.op == "var":
             return n.value, False
         op = OPS[n.op]
-        args = [self._expr(a) for a in n.args]
+        args = [self.expr(a) for a in n.args]
         codes = [c for c, _ in args]
         if self.inplace and op.inplace and args[0][1]:
             code = f"{codes[0]}.{op.inplace}({', '.join(codes[1:])})"
@@ -109,13 +106,13 @@ def _prelude(nodes, extra=()) -> list[str]:
         # d clamp(raw)/d raw: 1 where the clamp is inactive, else 0, by float ops in place (several
         # times faster than comparisons on CPU). Eagerly, one read-only pass first finds the usual
         # batch where no ratio is clamped; compiled, that branch would break the graph.
-        dr = ", r" if "dr" in used else ""
+        with_dr = "dr" in used
         out += ["    mm = torch.aminmax(raw) if eager and raw.numel() else None",
                 f"    if mm is not None and mm.min >= -{CLAMP} and mm.max <= {CLAMP}:   # no ratio is clamped",
-                f"        keep{', dr' if dr else ''} = 1.0{dr}",
+                "        keep, dr = 1.0, r" if with_dr else "        keep = 1.0",
                 "    else:",
                 "        keep = (raw - log_ratio).sign_().abs_().neg_().add_(1.0)"]
-        if dr:
+        if with_dr:
             out.append("        dr = r * keep")
     if "pi" in used:
         out.append("    pi = torch.exp(logp)")
@@ -130,7 +127,7 @@ def _function(name, doc, outputs, params, extra=(), inplace=False) -> str:
         em.count(n)
     results = []
     for n in outputs:
-        code, fresh = em._expr(n)
+        code, fresh = em.expr(n)
         if n in em.constant:      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
             code = f"torch.full_like(logp, {code})"
         elif inplace and not fresh:   # the caller may overwrite every returned tensor

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
 
@@ -89,13 +89,12 @@ def constant_nodes(*roots: Node) -> set:
     return out
 
 
-def tree_size(n: Node, memo: dict | None = None) -> int:
+def tree_size(n: Node) -> int:
     """The number of nodes n has written out as a tree (bindings inlined): what printing costs."""
-    memo = {} if memo is None else memo
+    size: dict = {}
     for m in postorder(n):
-        if m not in memo:
-            memo[m] = 1 + sum(memo[a] for a in m.args)
-    return memo[n]
+        size[m] = 1 + sum(size[a] for a in m.args)
+    return size[n]
 
 
 # ---------------------------------------------------------------- names
@@ -402,8 +401,8 @@ def render(n: Node, names: dict | None = None) -> str:
     """Canonical Unicode text, with only the parentheses precedence requires. `names` maps
     shared nodes to their binding names, printed instead of the node (except n itself);
     without it, an expression longer than RENDER_LIMIT operations is abbreviated."""
-    if names is None and tree_size(n) > RENDER_LIMIT:
-        return f"(an expression of {tree_size(n):,} operations written out)"
+    if names is None and (size := tree_size(n)) > RENDER_LIMIT:
+        return f"(an expression of {size:,} operations written out)"
     return _render(n, 0, names or {}, n)
 
 
