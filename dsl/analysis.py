@@ -17,7 +17,8 @@ import time
 import threading
 from contextlib import contextmanager
 
-from .arbiter import on_policy, on_policy_warnings
+from .arbiter import Arbiter, on_policy, on_policy_warnings
+from .confirm import check_weight, compare_range, confirm_boundaries, domain_warnings
 from .ir import derivative, to_sympy
 from .parser import Objective
 
@@ -292,11 +293,11 @@ def _as_piecewise(sp, pieces):
 def analyze(obj: Objective) -> dict:
     ctx = _Ctx(obj)
     sp = ctx.sp
-    cases, boundary, reachable, breaks = [], {}, {}, {}
+    cases, candidates, breaks = [], {}, {}
     entangled = False
     for adv, sign in SIGNS:
-        rs, pis, edges_t = [], [], []
-        reach = False
+        found = [_candidate(ctx, sp.Integer(1), "seam", probe=False)]      # r = 1, where the two cases meet
+        breaks[adv] = []
         for direction in DIRECTIONS:
             s, tmax, pieces = _case_weight(ctx, sign, direction)
             entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
@@ -304,45 +305,74 @@ def analyze(obj: Objective) -> dict:
             shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), c.subs(back)) for e, c in pieces])
             cases.append({"advantage": adv, "direction": direction, "weight": shown,
                           "_pieces": pieces, "_s": s, "_tmax": tmax})
+            a_back = {ctx.a: sign * ctx.A}
             for zero in _zeros(ctx, pieces, tmax):
                 if zero[0] == "implicit":
-                    r_star = sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)), 0)
-                    pi_star = sp.Eq(zero[1].subs(ctx.t, s * (ctx.pi / ctx.mu - 1)), 0)
-                    reach |= _reachable_implicit(ctx, zero[1], zero[2], s, tmax)
-                else:
-                    t_star, cond = zero
-                    r_star = ctx.tidy(1 + s * t_star)
-                    pi_star = ctx.tidy(ctx.mu * r_star)
-                    reach |= _reachable(ctx, t_star, s, tmax, cond)
-                if r_star not in rs:
-                    rs.append(r_star)
-                    pis.append(pi_star)
-            edges_t += [(s, e) for e in _edges(ctx, pieces)]
-        boundary[adv] = {"r": [e.subs(ctx.a, sign * ctx.A) for e in rs],
-                         "pi": [e.subs(ctx.a, sign * ctx.A) for e in pis]}
-        reachable[adv] = reach
-        breaks[adv] = edges_t
+                    found.append(_candidate(ctx, sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)).subs(a_back), 0),
+                                            "implicit"))
+                elif zero[0].is_real is not False and not isinstance(zero[0], sp.logic.boolalg.Boolean):
+                    found.append(_candidate(ctx, ctx.tidy(1 + s * zero[0]).subs(a_back), "zero"))
+            found += [_candidate(ctx, ctx.tidy(1 + s * e).subs(a_back), "edge", probe=False)
+                      for e in _edges(ctx, pieces)]
+            breaks[adv] += [(s, e) for e in _edges(ctx, pieces)]
+        candidates[adv] = [c for c in found if c is not None]
     w_values = _case_dispatch(ctx, cases)
     result = {
         "name": obj.name, "path": obj.path, "description": obj.description,
         "params": {k: float(v) for k, v in obj.params.items()},
         "options": dict(obj.options),
         "objective": obj.canonical().splitlines()[-1],
-        "weight": _full_weight(ctx, cases), "cases": cases, "boundary": boundary,
-        "reachable": reachable,
+        "weight": _full_weight(ctx, cases), "cases": cases,
     }
+    arb = Arbiter(obj)
+    facts = arb.facts()
+    result["boundary"], notes = confirm_boundaries(ctx, arb, facts, candidates)
+    ctx.notes += notes
+    result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in result["boundary"].items()}
     num = _Numeric(ctx, w_values, cases, entangled)
     sampled, exact_range = num.weight_range()
-    result["weight_range"] = sampled or [None, None]
-    result["bounded"] = None if sampled is None else None not in sampled     # None: unknown
-    result["smooth"] = num.continuous(breaks)
-    result["geometry"] = _geometry(ctx, cases, boundary, entangled)
+    claim_smooth = num.continuous(breaks)
+    weight_range, range_held = compare_range(sampled, facts["range"])
+    result["weight_range"] = weight_range or [None, None]
+    result["bounded"] = None if weight_range is None else None not in weight_range     # None: unknown
+    result["smooth"] = facts["continuous"]
+    result["geometry"] = _geometry(ctx, cases, result["boundary"], entangled)
     result["self_check"] = self_check(ctx, w_values)
     result["on_policy"] = on_policy(obj)
-    result["warnings"] = _warnings(ctx, result, exact_range) + on_policy_warnings(result["on_policy"])
+    result["arbiter"] = {
+        "points": facts["points"], "magnitudes": list(arb.magnitudes), "weight": check_weight(arb, w_values),
+        "boundary": ("numeric" if any(b["numeric"] for b in result["boundary"].values()) else "unconfirmed"
+                     if any("unconfirmed" in k for b in result["boundary"].values() for k in b["kind"]) else "confirmed"),
+        "range": "confirmed" if range_held else "disagrees", "range_derived": sampled,
+        "smooth": "confirmed" if claim_smooth == facts["continuous"] else "disagrees",
+        "poles": any(facts[adv]["poles"] for adv, _ in SIGNS),
+    }
+    result["warnings"] = (_warnings(ctx, result, exact_range if range_held else [False, False])
+                          + domain_warnings(facts) + on_policy_warnings(result["on_policy"]))
     result["notes"] = ctx.notes
     result["_w"] = w_values      # vectorized w(r, μ, A), for plots and callers' own checks
+    result["_arbiter"] = arb
     return result
+
+
+def _candidate(ctx, r_star, source, probe=True):
+    """A place the symbolic path says w may change sign, as (r*, π*, g, explicit): g(r, μ, A)
+    is 0 there, and explicit(μ, A) gives r* for a closed-form zero of w, which the arbiter
+    also probes outside the domain (an edge or r = 1 is only a place w might jump)."""
+    sp = ctx.sp
+    if isinstance(r_star, sp.logic.boolalg.BooleanAtom):    # an implicit edge that is constant: no place
+        return None
+    if isinstance(r_star, sp.Eq):
+        h = r_star.lhs - r_star.rhs
+        try:
+            g = _numpy_fn([ctx.r, ctx.mu, ctx.A], h)
+        except Exception:       # noqa: BLE001 - an implicit edge numpy cannot build: left to the arbiter
+            return None
+        return r_star, (lambda: sp.Eq(h.subs(ctx.r, ctx.pi / ctx.mu), 0)), g, None
+    explicit = _numpy_fn([ctx.mu, ctx.A], r_star)
+    # π* is built only for a candidate the arbiter keeps: tidying each one costs SymPy time
+    return r_star, (lambda: ctx.tidy(ctx.mu * r_star)), (lambda r, mu, A: r - explicit(mu, A)), \
+        explicit if probe else None
 
 
 def _case_dispatch(ctx, cases):
@@ -442,65 +472,6 @@ def _edges(ctx, pieces):
 
 
 
-def _domain_samples():
-    """μ (and |A| for advantage-entangled weights) values the reachability checks scan."""
-    import numpy as np
-    mus = np.concatenate([np.logspace(-6, 0, 120), np.linspace(0.005, 1, 120)])
-    mags = np.logspace(-3, 3, 13)
-    mu, a = np.meshgrid(mus, mags, indexing="ij")
-    return mu.ravel(), a.ravel()
-
-
-def _reachable(ctx, t_star, s, tmax, cond) -> bool:
-    """Is there 0 < μ ≤ 1 with r* > 0 and 0 < π* = μ·r* ≤ 1 (and the piece's condition)?"""
-    import numpy as np
-    sp = ctx.sp
-    mus, mags = _domain_samples()
-    f = _numpy_fn([ctx.mu, ctx.a], t_star)
-    g = _numpy_fn([ctx.t, ctx.mu, ctx.a], cond) if cond != sp.true else None
-    with np.errstate(all="ignore"):
-        try:
-            ts = np.broadcast_to(np.asarray(f(mus, mags), dtype=float), mus.shape)
-        except NotImplementedError:   # e.g. LambertW, which numpy lacks: evaluate with SymPy
-            mus, mags = mus[::40], mags[::40]
-            ts = np.array([_real_or_nan(t_star.subs({ctx.mu: m, ctx.a: a}).evalf()) for m, a in zip(mus, mags)])
-        ok = (ts >= 0) & np.isfinite(ts)
-        if tmax is not None:
-            ok &= ts < tmax
-        rs = 1 + s * ts
-        pis = mus * rs
-        ok &= (rs > 0) & (pis > 0) & (pis <= 1)
-        if g is not None:
-            ok &= np.broadcast_to(np.asarray(g(ts, mus, mags), dtype=bool), mus.shape)
-    return bool(ok.any())
-
-
-def _real_or_nan(v) -> float:
-    return float(v) if v.is_real else float("nan")
-
-
-def _reachable_implicit(ctx, h, cond, s, tmax) -> bool:
-    """An implicit boundary h(t, μ) = 0 is reachable if h changes sign inside the domain
-    (and inside the piece's condition)."""
-    import numpy as np
-    f = _numpy_fn([ctx.t, ctx.mu, ctx.a], h)
-    g = _numpy_fn([ctx.t, ctx.mu, ctx.a], cond)
-    mus = np.linspace(0.001, 1, 200)[:, None]
-    ts = np.linspace(1e-6, (tmax or 1e3) * (1 - 1e-6), 4000)[None, :]
-    shape = (mus.shape[0], ts.shape[1])
-    with np.errstate(all="ignore"):
-        try:
-            v = np.broadcast_to(np.asarray(f(ts, mus, 1.0), dtype=float), shape)
-            inside = np.broadcast_to(np.asarray(g(ts, mus, 1.0), dtype=bool), shape)
-        except NotImplementedError as e:
-            ctx.notes.append(f"reachability of an implicit boundary: cannot evaluate {e} numerically; assumed unreachable")
-            return False
-        pis = mus * (1 + s * ts)
-        v = np.where((pis > 0) & (pis <= 1) & np.isfinite(v) & inside, v, np.nan)
-        change = np.sign(v[:, 1:]) * np.sign(v[:, :-1]) < 0
-    return bool(change.any())
-
-
 # ------------------------------------------------------------------ numerics
 def _numpy_fn(args, expr):
     """A vectorized evaluator for the small expressions the analysis produces. SymPy's
@@ -555,8 +526,9 @@ def _numpy_fn(args, expr):
     def f(*values):
         with np.errstate(all="ignore"):
             env = dict(zip(args, (np.asarray(v, dtype=float) for v in values)))
-            return np.asarray(ev(expr, env), dtype=float) if not isinstance(expr, sp.logic.boolalg.Boolean) \
-                else np.asarray(ev(expr, env), dtype=bool)
+            # a bare Symbol is a Boolean to SymPy too: w = r is a number
+            boolean = isinstance(expr, sp.logic.boolalg.Boolean) and not isinstance(expr, sp.Symbol)
+            return np.asarray(ev(expr, env), dtype=bool if boolean else float)
     return f
 
 
@@ -670,13 +642,15 @@ def _geometry(ctx, cases, boundary, entangled):
             return "two-level"
     rs = [e for side in boundary.values() for e in side["r"]]
     pis = [e for side in boundary.values() for e in side["pi"]]
-    if not rs:
+    numeric = [b["where"] for side in boundary.values() for b in side["numeric"]]
+    if not rs and not numeric:
         return "other"
-    if all(ctx.mu not in e.free_symbols for e in rs):
+    if all(ctx.mu not in e.free_symbols for e in rs) and all(w.startswith("r ≈") for w in numeric):
         return "ratio"
     if any(isinstance(e, sp.Eq) for e in rs):
         return "other"
-    if all(ctx.mu not in sp.expand(p - ctx.mu).free_symbols for p in pis):
+    if all(ctx.mu not in sp.expand(p - ctx.mu).free_symbols for p in pis) and \
+            all(w.startswith("π ≈ μ") for w in numeric):
         return "binary-tv"
     return "other"
 
@@ -687,13 +661,19 @@ def _warnings(ctx, res, exact_range):
     lo, hi = res["weight_range"]
     for adv, sign_text in (("positive", "A > 0"), ("negative", "A < 0")):
         b = res["boundary"][adv]
-        if not b["pi"]:
+        if not b["pi"] and not b["numeric"]:
             if res["geometry"] != "none":
                 out.append(f"no trust-region boundary for {sign_text}: w never reaches 0, so nothing stops the update")
         elif not res["reachable"][adv]:
             shown = ", ".join(f"π = {math_text(p)}" for p in b["pi"])
             out.append(f"the boundary for {sign_text} ({shown}) is unreachable: 0 < π, μ ≤ 1, "
                        f"so w stays within [{_fmt(lo)}, {_fmt(hi)}] and never cancels the gradient")
+        elif not all(b["reachable"]):
+            shown = ", ".join(f"π = {math_text(p)}" for p, ok in zip(b["pi"], b["reachable"]) if not ok)
+            out.append(f"for {sign_text}, the boundary {shown} is unreachable in 0 < π, μ ≤ 1")
+        if b["numeric"]:
+            out.append(f"for {sign_text}, the numeric check finds w changing sign where the symbolic derivation "
+                       "found no boundary: " + "; ".join(f"{x['where']} ({x['kind']})" for x in b["numeric"]))
     if res["bounded"] is None:
         out.append("w is not a finite double at any sampled point: its range is unknown")
     elif not res["bounded"]:
@@ -703,6 +683,15 @@ def _warnings(ctx, res, exact_range):
         out.append("the weight depends on |A|: the trust region moves with the advantage's magnitude")
     if not all(exact_range) and None not in (lo, hi):
         out.append("the range is numeric (sampled over the domain), not an exact bound")
+    wc = res["arbiter"]["weight"]
+    if wc["status"] == "disagrees":
+        x = wc["example"]
+        out.append(f"THE DERIVED WEIGHT DISAGREES with the IR's own derivative at {wc['bad_points']} of "
+                   f"{wc['points']} grid points, e.g. μ = {x['mu']:.6g}, π = {x['pi']:.6g}, A = {x['A']:g}: "
+                   f"derived {x['derived']:.6g}, numeric {x['numeric']:.6g}")
+    for claim, what in (("range", "range"), ("smooth", "continuity")):
+        if res["arbiter"][claim] == "disagrees":
+            out.append(f"the symbolic {what} disagreed with the numeric arbiter; the numeric finding is shown")
     if res["self_check"]["status"] == "failed":
         out.append("SELF-CHECK FAILED: the derived weight disagrees with finite differences of the objective")
     elif res["self_check"]["status"] == "unconfirmed":
@@ -759,11 +748,12 @@ def to_json(res: dict) -> dict:
         "objective": res["objective"], "weight": s(res["weight"]),
         "cases": [{"advantage": c["advantage"], "direction": c["direction"], "weight": s(c["weight"])}
                   for c in res["cases"]],
-        "boundary": {adv: {"r": [s(e) for e in b["r"]], "pi": [s(e) for e in b["pi"]]}
+        "boundary": {adv: {"r": [s(e) for e in b["r"]], "pi": [s(e) for e in b["pi"]], "kind": b["kind"],
+                           "reachable": b["reachable"], "numeric": b["numeric"]}
                      for adv, b in res["boundary"].items()},
         "reachable": res["reachable"],
         "weight_range": [None if v is None else float(v) for v in res["weight_range"]],
         "bounded": res["bounded"], "smooth": res["smooth"], "geometry": res["geometry"],
-        "on_policy": res["on_policy"],
+        "on_policy": res["on_policy"], "arbiter": res["arbiter"],
         "warnings": res["warnings"], "self_check": res["self_check"], "notes": res["notes"],
     }

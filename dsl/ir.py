@@ -1,13 +1,15 @@
 """The IR: one small expression tree, and one table that says what every operation means.
 
 Each row of OPS declares, in one place, an operation's SymPy lowering, its torch
-lowering (source text), its numeric (Python float) lowering, its derivative rule
+lowering (source text), its numeric lowerings (Python floats, and numpy arrays for the
+analysis's numeric arbiter), its derivative rule
 (in IR, so analysis and codegen differentiate identically) and how it is printed.
 Everything else (printing, differentiation, lowering) is one generic walk over rows.
 """
 from __future__ import annotations
 
 from decimal import Decimal
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -279,6 +281,7 @@ class Op:
     sympy: Callable                 # (sympy_module, *args) -> sympy expr
     torch: Callable                 # (*arg_source) -> torch source text
     py: Callable                    # (*floats) -> float
+    np: Callable                    # (numpy, *float64 arrays) -> array, IEEE like torch: nan, not an error
     deriv: Callable | str           # (node, arg_derivatives) -> Node
     prec: int                       # binding strength for printing; 100 = function call
     symbol: str                     # infix symbol or function name
@@ -288,21 +291,28 @@ class Op:
 
 
 def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2, inplace="",
-           commutes=False):
+           commutes=False, np=None):
     ts = torch_sym or sym
     if arity == 1:
         torch = lambda a: f"({ts}{a})"
     else:
         torch = lambda a, b: f"({a} {ts} {b})"
-    return Op((arity, arity), kind, args_kind, sympy, torch, py, deriv, prec, sym, inplace=inplace, commutes=commutes)
+    # arithmetic and comparison operators act elementwise on arrays as written
+    np = np or (lambda _np, *a: py(*a))
+    return Op((arity, arity), kind, args_kind, sympy, torch, py, np, deriv, prec, sym, inplace=inplace,
+              commutes=commutes)
 
 
-def _fn(name, sympy, torch, py, deriv, arity=(1, 1), kind="num", args_kind="num", reuses_args=False, inplace=""):
-    return Op(arity, kind, args_kind, sympy, torch, py, deriv, 100, name, reuses_args, inplace=inplace)
+def _fn(name, sympy, torch, py, np, deriv, arity=(1, 1), kind="num", args_kind="num", reuses_args=False, inplace=""):
+    return Op(arity, kind, args_kind, sympy, torch, py, np, deriv, 100, name, reuses_args, inplace=inplace)
 
 
 def _cmp(sym, torch_sym, sympy, py):
     return _infix(sym, 4, sympy, py, NOT_DIFFERENTIABLE, torch_sym, kind="bool")
+
+
+def _np_reduce(name):
+    return lambda np, *a: functools.reduce(getattr(np, name), a)
 
 
 def _pymin(*a):
@@ -329,29 +339,29 @@ OPS: dict[str, Op] = {
                                    div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2))))), inplace="div_"),
     "neg": _infix("-", 7, lambda sp, a: -a, lambda a: -a, lambda n, d: neg(d[0]), arity=1, inplace="neg_"),
     "pow": _infix("^", 8, lambda sp, a, b: a ** b, lambda a, b: a ** b, _d_pow, torch_sym="**", inplace="pow_"),
-    "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs,
+    "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs, lambda np, a: np.abs(a),
                lambda n, d: mul(call("sign", n.args[0]), d[0]), inplace="abs_"),
-    "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, _zero, inplace="sign_"),
-    "log": _fn("log", lambda sp, a: sp.log(a), lambda a: f"torch.log({a})", math.log,
+    "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, lambda np, a: np.sign(a), _zero, inplace="sign_"),
+    "log": _fn("log", lambda sp, a: sp.log(a), lambda a: f"torch.log({a})", math.log, lambda np, a: np.log(a),
                lambda n, d: div(d[0], n.args[0]), inplace="log_"),
-    "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp,
+    "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp, lambda np, a: np.exp(a),
                lambda n, d: mul(n, d[0]), inplace="exp_"),
-    "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt,
+    "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt, lambda np, a: np.sqrt(a),
                 lambda n, d: div(d[0], mul(num(2), n)), inplace="sqrt_"),
     # SymPy rows give values only (derivatives come from the IR rules), unevaluated, so that
     # the analysis can settle each case's conditions itself before building any Piecewise.
     "min": _fn("min", lambda sp, *a: sp.Min(*a, evaluate=False),
-               _t_where_extreme("<="), _pymin,
+               _t_where_extreme("<="), _pymin, _np_reduce("minimum"),
                lambda n, d: _d_extreme(n, d, {False: "le", True: "lt"}), arity=(2, None), reuses_args=True),
     "max": _fn("max", lambda sp, *a: sp.Max(*a, evaluate=False),
-               _t_where_extreme(">="), _pymax,
+               _t_where_extreme(">="), _pymax, _np_reduce("maximum"),
                lambda n, d: _d_extreme(n, d, {False: "ge", True: "gt"}), arity=(2, None), reuses_args=True),
     "clip": _fn("clip", lambda sp, x, lo, hi: sp.Min(sp.Max(x, lo, evaluate=False), hi, evaluate=False),
                 _t_clip,
-                lambda x, lo, hi: min(max(x, lo), hi), _d_clip, arity=(3, 3), reuses_args=True),
-    "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, _zero),
+                lambda x, lo, hi: min(max(x, lo), hi), lambda np, x, lo, hi: np.minimum(np.maximum(x, lo), hi), _d_clip, arity=(3, 3), reuses_args=True),
+    "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, lambda np, a: a, _zero),
     "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True), evaluate=False),
-              lambda c: f"({c}).to(dtype)", float, _zero, 100, "[]"),
+              lambda c: f"({c}).to(dtype)", float, lambda np, c: np.asarray(c, dtype=float), _zero, 100, "[]"),
     "lt": _cmp("<", "<", lambda sp, a, b: sp.Lt(a, b, evaluate=False), lambda a, b: a < b),
     "le": _cmp("≤", "<=", lambda sp, a, b: sp.Le(a, b, evaluate=False), lambda a, b: a <= b),
     "gt": _cmp(">", ">", lambda sp, a, b: sp.Gt(a, b, evaluate=False), lambda a, b: a > b),
@@ -359,11 +369,12 @@ OPS: dict[str, Op] = {
     "eq": _cmp("==", "==", lambda sp, a, b: sp.Eq(a, b, evaluate=False), lambda a, b: a == b),
     "ne": _cmp("≠", "!=", lambda sp, a, b: sp.Ne(a, b, evaluate=False), lambda a, b: a != b),
     "and": _infix("and", 2, lambda sp, a, b: sp.And(a, b), lambda a, b: a and b,
-                  NOT_DIFFERENTIABLE, "&", kind="bool", args_kind="bool"),
+                  NOT_DIFFERENTIABLE, "&", kind="bool", args_kind="bool", np=_np_reduce("logical_and")),
     "or": _infix("or", 1, lambda sp, a, b: sp.Or(a, b), lambda a, b: a or b,
-                 NOT_DIFFERENTIABLE, "|", kind="bool", args_kind="bool"),
+                 NOT_DIFFERENTIABLE, "|", kind="bool", args_kind="bool", np=_np_reduce("logical_or")),
     "not": _infix("not ", 3, lambda sp, a: sp.Not(a), lambda a: not a,
-                  NOT_DIFFERENTIABLE, "~", kind="bool", args_kind="bool", arity=1),
+                  NOT_DIFFERENTIABLE, "~", kind="bool", args_kind="bool", arity=1,
+                  np=lambda np, a: np.logical_not(a)),
 }
 
 # Functions a user may call by name (the rest are operators or brackets).
@@ -464,6 +475,29 @@ def evaluate(n: Node, env: dict, frozen: dict | None = None) -> float:
         else:
             memo[m] = OPS[m.op].py(*(memo[a] for a in m.args))
     return memo[n]
+
+
+def evaluate_np(n: Node, env: dict):
+    """n over float64 arrays (env maps names to arrays or floats), by each row's numpy rule:
+    IEEE results as torch gives them (log of a negative is nan, 1/0 is inf), never an error."""
+    import numpy as np
+    memo: dict = {}
+    with np.errstate(all="ignore"):
+        for m in postorder(n):
+            if m.op == "num":
+                memo[m] = _to_float(m.value)
+            elif m.op in ("var", "param"):
+                memo[m] = env[m.value]
+            else:
+                memo[m] = OPS[m.op].np(np, *(memo[a] for a in m.args))
+    return memo[n]
+
+
+def _to_float(v: Fraction) -> float:
+    try:
+        return float(v)
+    except OverflowError:       # 10^400 as a double, as torch would hold it
+        return math.copysign(math.inf, v)
 
 
 def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):

@@ -50,6 +50,16 @@ def math_text(e, weight: bool = False) -> str:
     return text.replace("Abs", "abs")
 
 
+# what w does at a boundary, as the arbiter saw it
+_KIND = {"crosses 0": "crosses 0", "jumps across 0": "jumps across 0", "w = 0 beyond": "is 0 beyond it",
+         "w = 0 before": "is 0 before it (nearer r = 1)",
+         "unconfirmed": "is unconfirmed there (ℓ is not a finite double)"}
+
+
+def _kinds(kind: str) -> str:
+    return " or ".join(_KIND[k] for k in kind.split(", "))
+
+
 def _fmt(x) -> str:
     return "unbounded" if x is None else f"{float(x):.6g}"
 
@@ -97,28 +107,48 @@ def report(res: dict) -> str:
     for adv in ("positive", "negative"):
         b = res["boundary"][adv]
         sign = "A > 0" if adv == "positive" else "A < 0"
-        if not b["r"]:
+        if not b["r"] and not b["numeric"]:
             lines.append(f"    {sign}   none")
-            continue
-        reach = "reachable" if res["reachable"][adv] else "unreachable in 0 < μ, π ≤ 1"
-        for r_, pi_ in zip(b["r"], b["pi"]):
-            lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach})")
+        for r_, pi_, kind, ok in zip(b["r"], b["pi"], b["kind"], b["reachable"]):
+            reach = "reachable" if ok else "unreachable in 0 < μ, π ≤ 1"
+            lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach}; w {_kinds(kind)})")
+        for x in b["numeric"]:
+            lines.append(f"    {sign}   {x['where']}    (found numerically, not derived; w {_kinds(x['kind'])})")
     sc = res["self_check"]
     lines += [
         "",
         f"  range      w ∈ {_range(res)}  ({_BOUNDED[res['bounded']]})",
-        f"  smooth     {'yes: w is continuous in r' if res['smooth'] else 'no: w jumps (hard mask or clip)'}",
+        f"  smooth     {_smooth(res)}",
         f"  geometry   {res['geometry']}: {_GEOMETRY[res['geometry']]}",
         f"  on policy  w(r = 1) {_on_policy(res['on_policy'])}",
         f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
         f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
         + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else ""),
+        f"  arbiter    {_arbiter(res['arbiter'])}",
     ]
     if res["warnings"]:
         lines += ["", "  warnings"] + [f"    ! {w}" for w in res["warnings"]]
     if res["notes"]:
         lines += ["", "  notes"] + [f"    - {n}" for n in res["notes"]]
     return "\n".join(lines)
+
+
+def _smooth(res) -> str:
+    if res["smooth"]:
+        return "yes: w is continuous in r wherever it is defined"
+    return "no: w has a pole" if res["arbiter"]["poles"] else "no: w jumps (hard mask or clip)"
+
+
+def _arbiter(a) -> str:
+    """One line: which claims the numeric arbiter confirmed, on how many points."""
+    status = {"weight": a["weight"]["status"], "boundaries": a["boundary"], "range": a["range"],
+              "continuity": a["smooth"]}
+    said = {"confirmed": "confirmed", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
+            "unconfirmed": "unconfirmed"}
+    mags = (f"|A| ∈ {{{', '.join(f'{m:g}' for m in a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
+            else "|A| = 1 (w is the same at |A| = 0.001 and 1000)")
+    return (", ".join(f"{k} {said[v]}" for k, v in status.items())
+            + f", by the IR's float rules on {a['points']:,} grid points over (μ, π), both signs of A, {mags}")
 
 
 def comparison(results: list[dict]) -> str:

@@ -30,7 +30,8 @@ CLOSED_FORMS = [
     ("spo", {}, lambda p: 1 - S(A * (r - 1)) * sp.Abs(r - 1) / p["eps"], ["6*mu/5"], ["4*mu/5"],
      "ratio", False, True, (None, None)),
     ("dppo_binary_tv", {}, None, ["mu + 3/20"], ["mu - 3/20"], "binary-tv", True, False, (0, 1)),
-    ("drpo", {}, lambda p: 1 - S(A * (r - 1)) * sp.Abs(mu * r - mu) / p["delta"], ["mu + 25/2"], ["mu - 25/2"],
+    # at δ = 12.5 the A < 0 zero π = μ − 12.5 lies at r < 0: no boundary (the report's notes keep it)
+    ("drpo", {}, lambda p: 1 - S(A * (r - 1)) * sp.Abs(mu * r - mu) / p["delta"], ["mu + 25/2"], [],
      "binary-tv", True, True, (1 - 1 / 12.5, 1 + 1 / 12.5)),
     ("drpo", {"delta": "0.5"}, lambda p: 1 - S(A * (r - 1)) * sp.Abs(mu * r - mu) / p["delta"],
      ["mu + 1/2"], ["mu - 1/2"], "binary-tv", True, True, (-1, 3)),
@@ -104,8 +105,11 @@ def test_drpo_at_the_papers_delta_warns_that_its_boundary_is_unreachable():
     assert out["reachable"] == {"positive": False, "negative": False}
     assert out["weight_range"] == [0.92, 1.08]
     unreachable = [w for w in out["warnings"] if "unreachable" in w]
-    assert len(unreachable) == 2
+    assert len(unreachable) == 1
     assert "π = μ + 12.5" in unreachable[0] and "[0.92, 1.08]" in unreachable[0]
+    # the A < 0 zero π = μ − 12.5 is at r < 0: no boundary there, and the notes say why
+    assert out["boundary"]["negative"]["pi"] == []
+    assert any("r = 1 − 25/(2·μ)" in n and "r ≤ 0" in n for n in out["notes"])
     small = to_json(analyze(dsl.load("drpo", params={"δ": "0.2"})))
     assert small["reachable"] == {"positive": True, "negative": True}
     assert not [w for w in small["warnings"] if "unreachable" in w]
@@ -137,13 +141,17 @@ def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(na
     sym(out["weight"], params)
     assert set(out["boundary"]) == {"positive", "negative"}
     for side in out["boundary"].values():
-        assert set(side) == {"r", "pi"} and len(side["r"]) == len(side["pi"])
+        assert set(side) == {"r", "pi", "kind", "reachable", "numeric"}
+        assert len(side["r"]) == len(side["pi"]) == len(side["kind"]) == len(side["reachable"])
+        assert side["numeric"] == []        # every boundary of the library is derived, not only found
         for e in side["r"] + side["pi"]:
             sym(e, params)
     assert set(out["reachable"]) == {"positive", "negative"}
     assert len(out["weight_range"]) == 2
     assert out["geometry"] in ("none", "ratio", "binary-tv", "two-level", "advantage-entangled", "other")
     assert out["self_check"]["passed"] and out["self_check"]["points"] >= 32
+    arb = out["arbiter"]
+    assert (arb["weight"]["status"], arb["boundary"], arb["range"], arb["smooth"]) == ("confirmed",) * 4, arb
 
 
 def test_self_check_fails_on_a_wrong_weight():

@@ -332,7 +332,7 @@ def test_shipped_objectives_are_found_from_a_regular_install_and_no_local_folder
 def test_every_operation_row_declares_its_lowerings_derivative_and_printing():
     from dsl.ir import NOT_DIFFERENTIABLE, OPS
     for name, op in OPS.items():
-        assert callable(op.sympy) and callable(op.torch) and callable(op.py), name
+        assert callable(op.sympy) and callable(op.torch) and callable(op.py) and callable(op.np), name
         assert op.symbol and op.prec > 0, name
         if op.kind == "bool":
             assert op.deriv is NOT_DIFFERENTIABLE, name

@@ -1,0 +1,123 @@
+"""Where the symbolic derivation and the numeric arbiter meet: each symbolic claim (the
+weight, the boundaries and their reachability, the range, continuity) is checked against
+what the arbiter found with the IR's float rules. A confirmed claim is printed as derived;
+one the arbiter contradicts is replaced by the numeric finding and flagged."""
+from __future__ import annotations
+
+from .arbiter import MAGNITUDES, describe
+
+ADVANTAGES = (("positive", 1.0), ("negative", -1.0))
+
+
+def check_weight(arb, w_symbolic) -> dict:
+    """The derived weight against the IR's own derivative at every grid point where both are
+    defined, except next to a jump, where the two may round a threshold differently."""
+    np = arb.np
+    with np.errstate(all="ignore"):
+        ws = np.asarray(w_symbolic(arb.R, arb.mu, arb.sign * arb.mag), dtype=float)
+        ws = np.broadcast_to(ws, arb.R.shape)
+        both = arb.valid & ~arb.near_event
+        bad = both & ~(np.abs(ws - arb.W) <= 1e-6 * np.maximum(1.0, np.abs(arb.W)))
+    checked = int(both.sum())
+    if not checked:
+        return {"status": "unconfirmed", "points": 0}
+    if not bad.any():
+        return {"status": "confirmed", "points": checked}
+    i, j = (int(x[0]) for x in np.nonzero(bad))
+    mu, r = float(arb.mu[i, 0]), float(arb.R[i, j])
+    return {"status": "disagrees", "points": checked, "bad_points": int(bad.sum()),
+            "example": {"mu": mu, "pi": mu * r, "A": float(arb.sign[i, 0] * arb.mag[i, 0]),
+                        "derived": float(ws[i, j]), "numeric": float(arb.W[i, j])}}
+
+
+def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
+    """candidates[adv]: [(r_expr, pi_expr(), g, explicit)] from the symbolic path, where g(r, μ, A)
+    is 0 on the candidate. A candidate is a boundary if the arbiter finds w changing sign (or
+    entering an interval of 0) on it; a closed-form one it never meets inside the domain is
+    probed outside (π > 1 or μ → 0): a sign change there makes it an unreachable boundary,
+    none makes it no boundary at all. Sign changes no candidate accounts for are reported
+    as the numeric finding."""
+    np = arb.np
+    boundary, notes = {}, []
+    mus = np.unique(arb.mu)
+    for adv, sign in ADVANTAGES:
+        events = facts[adv]["events"]
+        used = np.zeros(len(events), dtype=bool)
+        out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": []}
+        for r_expr, pi_expr, g, explicit in candidates[adv]:
+            if any(r_expr == x for x in out["r"]):
+                continue
+            hit = arb.boundary_at(g, events)
+            if hit.any():
+                kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
+                used |= hit
+                reachable = True
+            elif explicit is not None:
+                A = np.repeat([sign * m for m in MAGNITUDES], mus.size)
+                mu = np.tile(mus, len(MAGNITUDES))
+                with np.errstate(all="ignore"):
+                    r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
+                changed, defined = arb.changes_sign_at(r_star, mu, A)
+                if changed.any():
+                    kinds = ["crosses 0"]
+                elif (r_star > 0).any() and not defined[r_star > 0].any():
+                    kinds = ["unconfirmed"]     # ℓ is not a finite double out there: kept, flagged
+                else:
+                    why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
+                           "is not a sign change of w (checked numerically)")
+                    notes.append(f"the symbolic zero r = {_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
+                                 "not a boundary")
+                    continue
+                reachable = False
+            else:
+                continue        # an edge where w might have jumped, and does not
+            for key, v in (("r", r_expr), ("pi", pi_expr()), ("kind", ", ".join(kinds)), ("reachable", reachable)):
+                out[key].append(v)
+        rest = [e for e, u in zip(events, used) if not u]
+        for kind in sorted({e["kind"] for e in rest}):
+            for side in (True, False):      # r > 1, r < 1: separate boundaries
+                group = [e for e in rest if e["kind"] == kind and (e["r"] > 1) == side]
+                if group:
+                    out["numeric"].append({"where": describe(group), "kind": kind})
+        boundary[adv] = out
+    return boundary, notes
+
+
+def compare_range(claim, numeric) -> tuple[list, bool]:
+    """(the range to print, whether the claim held): sides agree when both are unbounded or
+    both finite within 1e-3 relative (two grids, one of them snapped to exact values)."""
+    if numeric is None:
+        return claim, claim is None
+    agree = all((c is None and n is None) or (c is not None and n is not None and
+                                              abs(c - n) <= 1e-3 * max(1.0, abs(n)))
+                for c, n in zip(claim or [None, None], numeric))
+    return (claim if agree else numeric), agree
+
+
+def domain_warnings(facts) -> list[str]:
+    out = []
+    for adv, sign_text in (("positive", "A > 0"), ("negative", "A < 0")):
+        f = facts[adv]
+        below = [u for u in f["undefined"] if u["below"]]
+        above = [u for u in f["undefined"] if not u["below"]]
+        parts = []
+        if below and above and describe(below) == describe(above):
+            parts.append(f"at {describe(below)}")
+        else:
+            parts += [f"below {describe(below)}"] if below else []
+            parts += [f"above {describe(above)}"] if above else []
+        if parts:
+            out.append(f"for {sign_text}, ℓ or w is undefined or not finite {' and '.join(parts)}: "
+                       "the compiled loss is NaN or inf on such tokens")
+        if f["poles"]:
+            out.append(f"for {sign_text}, w has a pole at {describe(f['poles'])}: unbounded near it")
+        if f["touches"]:
+            out.append(f"for {sign_text}, w touches 0 without changing sign at {describe(f['touches'])}")
+    if facts["undefined_fraction"] > 0:
+        out.append(f"ℓ or w is undefined at {100 * facts['undefined_fraction']:.3g}% of the sampled domain")
+    return out
+
+
+def _text(e) -> str:
+    from .report import math_text
+    return math_text(e)
