@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from .ir import derivative, evaluate, evaluate_np
+from .ir import derivative, numpy_plan
 
 # μ across six decades and |A| across six: a value that holds on all of them is reported as a
 # number, one that does not as the interval it spans
@@ -21,26 +21,21 @@ def on_policy(obj) -> dict:
     """w and ℓ at r = 1 (π = μ), per sign of A: what the first mini-batch of every PPO-style
     step sees. status: "ok" (w > 0), "zero" (no on-policy gradient), "negative" (the gradient
     opposes A), "undefined" (ℓ or w is 0/0, a pole, or not a finite double there)."""
-    dl = derivative(obj.expr)        # ∂ℓ/∂r at fixed μ and A, by the IR's rules
+    import numpy as np
+    run = numpy_plan(obj.expr, derivative(obj.expr))     # ∂ℓ/∂r at fixed μ and A, by the IR's rules
     params = {k: float(v) for k, v in obj.params.items()}
+    mu, mag = (x.ravel() for x in np.meshgrid(MUS, MAGNITUDES))
     out = {}
     for adv, sign in SIGNS:
-        ws, undefined = [], None
-        for mu in MUS:
-            for mag in MAGNITUDES:
-                env = {"r": 1.0, "mu": mu, "pi": mu, "A": sign * mag, **params}
-                try:
-                    ell, w = evaluate(obj.expr, env), evaluate(dl, env) / (sign * mag)
-                except (ValueError, ZeroDivisionError, OverflowError):
-                    undefined = undefined or "ℓ or w is 0/0, a pole or outside its domain"
-                    continue
-                if not math.isfinite(ell):
-                    undefined = "ℓ is not finite"
-                elif not math.isfinite(w):
-                    undefined = undefined or "w is not finite"
-                else:
-                    ws.append(w)
-        lo, hi = (min(ws), max(ws)) if ws else (None, None)
+        A = sign * mag
+        ell, dl = (np.broadcast_to(v, mu.shape) for v in run({"r": np.ones_like(mu), "mu": mu, "pi": mu, "A": A,
+                                                                **params}))
+        with np.errstate(all="ignore"):
+            w = dl / A
+        undefined = ("ℓ is not finite" if not np.isfinite(ell).all() else
+                     "w is 0/0, a pole or not finite" if not np.isfinite(w).all() else None)
+        ws = w[np.isfinite(w) & np.isfinite(ell)]
+        lo, hi = (float(ws.min()), float(ws.max())) if ws.size else (None, None)
         status = ("undefined" if undefined else "zero" if hi == lo == 0 else
                   "negative" if lo < 0 else "zero" if lo == 0 else "ok")
         out[adv] = {"w": [lo, hi], "status": status, "why": undefined}
@@ -120,9 +115,10 @@ class Arbiter:
         np = self.np
         r, mu, A = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (r, mu, A)))
         env = {"r": r, "mu": mu, "pi": mu * r, "A": A, **self.params}
+        ell, dl = numpy_plan(self.obj.expr, self.dl)(env)
         with np.errstate(all="ignore"):
-            ell = np.broadcast_to(evaluate_np(self.obj.expr, env), r.shape)
-            w = np.broadcast_to(evaluate_np(self.dl, env), r.shape) / A
+            ell = np.broadcast_to(ell, r.shape)
+            w = np.broadcast_to(dl, r.shape) / A
             return np.where(np.isfinite(ell) & np.isfinite(w), w, np.nan)
 
     # -------------------------------------------------------------- events
@@ -241,8 +237,8 @@ class Arbiter:
             grows = max(abs(wl) if math.isfinite(wl) else 0, abs(wh) if math.isfinite(wh) else 0) > 100 * early
             if grid_valid and (grows or 2 in (sl, sh)):
                 out[adv]["poles"].append(where)     # through infinity (overflowing near it)
-            elif 2 in (sl, sh):
-                out[adv]["undefined"].append({**where, "below": sl == 2, "w_grows": grows})
+            elif 2 in (sl, sh) or 2 in (gl, gh):    # (the bracket may have closed on another change)
+                out[adv]["undefined"].append({**where, "below": 2 in (sl, gl), "w_grows": grows})
             elif grows:
                 out[adv]["poles"].append(where)
             elif 0 in (sl, sh) and 0 < max(abs(wl), abs(wh)) < UNDERFLOW:

@@ -480,17 +480,40 @@ def evaluate(n: Node, env: dict, frozen: dict | None = None) -> float:
 def evaluate_np(n: Node, env: dict):
     """n over float64 arrays (env maps names to arrays or floats), by each row's numpy rule:
     IEEE results as torch gives them (log of a negative is nan, 1/0 is inf), never an error."""
+    return numpy_plan(n)(env)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def numpy_plan(*roots: Node):
+    """roots' values over float64 arrays, as one function of env, its evaluation order fixed
+    once: the numeric checks evaluate one expression thousands of times. With `frozen` (a
+    dict, filled on the first call), each sg(...) keeps its first values, for finite
+    differences."""
     import numpy as np
-    memo: dict = {}
-    with np.errstate(all="ignore"):
-        for m in postorder(n):
-            if m.op == "num":
-                memo[m] = _to_float(m.value)
-            elif m.op in ("var", "param"):
-                memo[m] = env[m.value]
-            else:
-                memo[m] = OPS[m.op].np(np, *(memo[a] for a in m.args))
-    return memo[n]
+    order, index = [], {}
+    for root in roots:          # shared nodes of several roots are evaluated once
+        for m in postorder(root):
+            if m not in index:
+                index[m] = len(order)
+                order.append(m)
+    steps = [(m.op, m.value if m.op in ("var", "param") else _to_float(m.value) if m.op == "num" else OPS[m.op].np,
+              tuple(index[a] for a in m.args)) for m in order]
+    out = [index[root] for root in roots]
+
+    def run(env: dict, frozen: dict | None = None):
+        vals = [None] * len(steps)
+        with np.errstate(all="ignore"):
+            for i, (op, what, args) in enumerate(steps):
+                if op == "num":
+                    vals[i] = what
+                elif op in ("var", "param"):
+                    vals[i] = env[what]
+                elif op == "sg" and frozen is not None:
+                    vals[i] = frozen.setdefault(i, vals[args[0]])
+                else:
+                    vals[i] = what(np, *(vals[j] for j in args))
+        return [vals[j] for j in out]
+    return run
 
 
 def _to_float(v: Fraction) -> float:
@@ -503,15 +526,16 @@ def _to_float(v: Fraction) -> float:
 def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
     """Lower to SymPy. env maps names to SymPy objects; `hook(expr)` post-processes every
     lowered node (the analysis settles conditions there). Relations are built unevaluated:
-    deciding them is the hook's job. Repeated subtrees are lowered once."""
+    deciding them is the hook's job. Shared subtrees are lowered once, children first."""
     memo = {} if memo is None else memo
-    if n in memo:
-        return memo[n]
-    if n.op == "num":
-        out = sp.Rational(n.value.numerator, n.value.denominator)
-    elif n.op in ("var", "param"):
-        out = env[n.value]
-    else:
-        out = OPS[n.op].sympy(sp, *(to_sympy(a, sp, env, hook, memo) for a in n.args))
-    memo[n] = out = hook(out) if hook else out
-    return out
+    for m in postorder(n):
+        if m in memo:
+            continue
+        if m.op == "num":
+            out = sp.Rational(m.value.numerator, m.value.denominator)
+        elif m.op in ("var", "param"):
+            out = env[m.value]
+        else:
+            out = OPS[m.op].sympy(sp, *(memo[a] for a in m.args))
+        memo[m] = hook(out) if hook else out
+    return memo[n]

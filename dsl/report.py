@@ -31,8 +31,10 @@ def math_text(e, weight: bool = False) -> str:
     A weight puts its constant first (1 − ...); a boundary keeps μ + 12.5, as the paper does."""
     import sympy as sp
     if isinstance(e, sp.Piecewise):
-        parts = [f"{math_text(x, weight)} if {math_text(c)}" for x, c in e.args[:-1]]
-        return "; ".join(parts + [f"{math_text(e.args[-1][0], weight)} otherwise"])
+        # a nested Piecewise keeps its own brackets: (0 if r > 1.2; 1 otherwise) if A > 0 and r > 1
+        inner = lambda x: f"({math_text(x, weight)})" if isinstance(x, sp.Piecewise) else math_text(x, weight)  # noqa: E731
+        parts = [f"{inner(x)} if {math_text(c)}" for x, c in e.args[:-1]]
+        return "; ".join(parts + [f"{inner(e.args[-1][0])} otherwise"])
     if isinstance(e, sp.Eq):
         return f"{math_text(e.lhs)} = {math_text(e.rhs)}"
     text = sp.sstr(e)
@@ -69,7 +71,7 @@ def _on_policy(facts) -> str:
     for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
         f = facts[adv]
         lo, hi = f["w"]
-        value = ("undefined" if f["status"] == "undefined" else _fmt(lo) if lo == hi
+        value = ("undefined" if f["status"] == "undefined" else _fmt(lo) if _fmt(lo) == _fmt(hi)
                  else f"from {_fmt(lo)} to {_fmt(hi)} (with μ, |A|)")
         parts.append(f"{value} for {sign}")
     return ", ".join(parts)
@@ -95,14 +97,16 @@ def report(res: dict) -> str:
         "  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
         "",
         "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π",
-        f"    w = {math_text(res['weight'], weight=True)}",
+        f"    w = {_weight_text(res)}",
         "",
         "  cases",
     ]
+    if not res["cases"]:
+        lines.append("    (not derived: see notes)")
     for c in res["cases"]:
         sign = "A > 0" if c["advantage"] == "positive" else "A < 0"
         r_side = ("r > 1" if (c["advantage"] == "positive") == (c["direction"] == "diverging") else "r < 1")
-        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {math_text(c['weight'], weight=True)}")
+        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {_clip_text(math_text(c['weight'], weight=True))}")
     lines += ["", "  trust-region boundary (w = 0)"]
     for adv in ("positive", "negative"):
         b = res["boundary"][adv]
@@ -133,6 +137,21 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
+REPORT_WIDTH = 2000    # characters of one formula in the text report; --json has it whole
+
+
+def _clip_text(text: str) -> str:
+    return text if len(text) <= REPORT_WIDTH else text[:REPORT_WIDTH] + f"… ({len(text):,} characters; --json has it whole)"
+
+
+def _weight_text(res) -> str:
+    if res["weight"] is None:
+        return "(not derived symbolically: see notes; every finding below is the numeric arbiter's)"
+    flag = {"disagrees": "   (DISAGREES with the numeric arbiter: see warnings)",
+            "unconfirmed": "   (unconfirmed: w is nowhere a finite double on the grid)"}
+    return _clip_text(math_text(res["weight"], weight=True)) + flag.get(res["arbiter"]["weight"]["status"], "")
+
+
 def _smooth(res) -> str:
     if res["smooth"]:
         return "yes: w is continuous in r wherever it is defined"
@@ -144,7 +163,7 @@ def _arbiter(a) -> str:
     status = {"weight": a["weight"]["status"], "boundaries": a["boundary"], "range": a["range"],
               "continuity": a["smooth"]}
     said = {"confirmed": "confirmed", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
-            "unconfirmed": "unconfirmed"}
+            "unconfirmed": "unconfirmed", "not derived": "not derived"}
     mags = (f"|A| ∈ {{{', '.join(f'{m:g}' for m in a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
             else "|A| = 1 (w is the same at |A| = 0.001 and 1000)")
     return (", ".join(f"{k} {said[v]}" for k, v in status.items())

@@ -155,12 +155,11 @@ def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(na
 
 
 def test_self_check_fails_on_a_wrong_weight():
-    from dsl.analysis import _Ctx
-    ctx = _Ctx(dsl.load("drpo"))
+    obj = dsl.load("drpo")
     wrong = lambda rr, mm, aa: np.ones_like(np.asarray(rr, dtype=float))  # the surrogate's w, not DRPO's
-    assert not self_check(ctx, wrong)["passed"]
-    right = analyze(dsl.load("drpo"))["_w"]
-    assert self_check(ctx, right)["passed"]
+    assert not self_check(obj, wrong)["passed"]
+    right = analyze(obj)["_w"]
+    assert self_check(obj, right)["passed"]
 
 
 def test_a_sympy_time_limit_falls_back_and_says_so(monkeypatch):

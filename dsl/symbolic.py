@@ -1,0 +1,382 @@
+"""The symbolic derivation of an objective's weight, case by case.
+
+With μ fixed, ∇r = r∇log π, so a per-token objective ℓ(r, μ, A) has gradient
+(∂ℓ/∂r)·r·∇log π and induced weight w = (∂ℓ/∂r)/A relative to the surrogate r·A.
+∂ℓ/∂r comes from the IR's own derivative rules (dsl.ir.derivative), the same ones the
+torch compiler uses. Each case (sign of A × direction of the update) substitutes signed
+positive symbols, A = ±a and r = 1 ± t, so SymPy can settle Piecewise conditions cheaply
+instead of running its general inequality solvers, which can take seconds or recurse.
+What this module derives are claims: dsl.confirm checks each against the numeric arbiter.
+"""
+from __future__ import annotations
+
+import math
+
+from .ir import to_sympy
+from .sampling import numpy_fn
+
+SIGNS = (("positive", 1), ("negative", -1))
+DIRECTIONS = ("diverging", "converging")
+
+
+# ------------------------------------------------------------------ the weight
+def tidy(sp, e):
+    """Cheap canonical form: 1 - 2·μ·(r - 1)/25 rather than an expanded sum."""
+    if isinstance(e, sp.Piecewise):
+        return sp.Piecewise(*[(tidy(sp, x), c) for x, c in e.args])
+    if any(p.exp.is_Integer and abs(p.exp) > 8 for p in e.atoms(sp.Pow)):
+        return e        # expanding (1 - t)^127 gives huge alternating terms that cancel badly in floats
+    e = sp.cancel(e) if e.is_rational_function() else e
+    const, rest = sp.expand(e).as_coeff_Add()
+    return const + sp.factor_terms(rest)
+
+
+def full_weight(ctx, cases):
+    """w over r, mu, A and the parameter names. Smooth objectives keep their parameters
+    symbolic; a piecewise one is assembled from its four case weights (at parameter values),
+    since folding nested Piecewise symbolically can take SymPy seconds."""
+    sp = ctx.sp
+    if not any(n.op in ("min", "max", "clip", "ind") for n in ctx.dl.walk()):
+        dl = to_sympy(ctx.dl, sp, ctx.env(True))
+        w = dl.subs(sp.Abs(ctx.A), ctx.A * sp.sign(ctx.A)) / ctx.A
+        return ctx.limited("simplifying w", lambda: tidy(sp, w), w)
+    by = {(c["advantage"], c["direction"]): c["weight"] for c in cases}
+    A, r = ctx.A, ctx.r
+    return sp.Piecewise((by["positive", "diverging"], (A > 0) & (r > 1)), (by["positive", "converging"], A > 0),
+                        (by["negative", "diverging"], r < 1), (by["negative", "converging"], True))
+
+
+# ------------------------------------------------------------------ the derivation
+def derive(ctx):
+    """The four cases' weights, and per sign of A the candidate boundaries: zeros of a
+    piece, edges where a piece ends (w may jump there), and r = 1 where the cases meet."""
+    sp = ctx.sp
+    cases, candidates, breaks = [], {}, {}
+    entangled = False
+    for adv, sign in SIGNS:
+        found = [_candidate(ctx, sp.Integer(1), probe=False)]
+        breaks[adv] = []
+        for direction in DIRECTIONS:
+            s, tmax, pieces = _case_weight(ctx, sign, direction)
+            entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
+            back = {ctx.t: s * (ctx.r - 1), ctx.a: sign * ctx.A}
+            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), c.subs(back)) for e, c in pieces])
+            cases.append({"advantage": adv, "direction": direction, "weight": shown,
+                          "_pieces": pieces, "_s": s, "_tmax": tmax})
+            a_back = {ctx.a: sign * ctx.A}
+            for zero in _zeros(ctx, pieces, tmax):
+                if zero[0] == "implicit":
+                    found.append(_candidate(ctx, sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)).subs(a_back), 0)))
+                elif zero[0].is_real is not False and not isinstance(zero[0], sp.logic.boolalg.Boolean):
+                    found.append(_candidate(ctx, ctx.tidy(1 + s * zero[0]).subs(a_back)))
+            edges = _edges(ctx, pieces)
+            found += [_candidate(ctx, ctx.tidy(1 + s * e).subs(a_back), probe=False) for e in edges]
+            breaks[adv] += [(s, e) for e in edges]
+        candidates[adv] = [c for c in found if c is not None]
+    return cases, candidates, breaks, entangled
+
+
+def _candidate(ctx, r_star, probe=True):
+    """A place the symbolic path says w may change sign, as (r*, π*(), g, explicit): g(r, μ, A)
+    is 0 there, and explicit(μ, A) gives r* for a closed-form zero of w, which the arbiter
+    also probes outside the domain (an edge or r = 1 is only a place w might jump)."""
+    sp = ctx.sp
+    if isinstance(r_star, sp.logic.boolalg.BooleanAtom):    # an implicit edge that is constant: no place
+        return None
+    if isinstance(r_star, sp.Eq):
+        h = r_star.lhs - r_star.rhs
+        try:
+            g = numpy_fn([ctx.r, ctx.mu, ctx.A], h)
+        except Exception:       # noqa: BLE001 - an implicit edge numpy cannot build: left to the arbiter
+            return None
+        return r_star, (lambda: sp.Eq(h.subs(ctx.r, ctx.pi / ctx.mu), 0)), g, None
+    explicit = numpy_fn([ctx.mu, ctx.A], r_star)
+    # π* is built only for a candidate the arbiter keeps: tidying each one costs SymPy time
+    return r_star, (lambda: ctx.tidy(ctx.mu * r_star)), (lambda r, mu, A: r - explicit(mu, A)), \
+        explicit if probe else None
+
+
+# ------------------------------------------------------------------ cases
+def _case_subs(ctx, sign, direction):
+    """A = sign·a, r = 1 + s·t with s = +sign when diverging (A·(r-1) > 0), else -sign."""
+    s = sign if direction == "diverging" else -sign
+    return s, {"r": 1 + s * ctx.t, "pi": ctx.mu * (1 + s * ctx.t), "A": sign * ctx.a}
+
+
+class _Settle:
+    """The lowering hook for one case: every condition is rewritten, as soon as it is built,
+    to relations t ⋚ c and settled against the case's domain 0 < t < tmax, so Piecewise
+    never nests conditions SymPy would have to untangle later."""
+
+    def __init__(self, ctx, tmax):
+        self.ctx, self.tmax = ctx, tmax
+
+    def __call__(self, e):
+        sp = self.ctx.sp
+        if isinstance(e, (sp.Min, sp.Max)):   # first argument attaining the extreme, as in the IR rule
+            le, lt = (sp.Le, sp.Lt) if isinstance(e, sp.Min) else (sp.Ge, sp.Gt)
+            args = [self(x) if isinstance(x, (sp.Min, sp.Max)) else x for x in e.args]
+            e = sp.Piecewise(*[(x, self.cond(sp.And(*[(lt if j < i else le)(x, y, evaluate=False)
+                                                      for j, y in enumerate(args) if j != i])))
+                               for i, x in enumerate(args)][:-1], (args[-1], True))
+        if isinstance(e, sp.Piecewise):
+            pieces = []
+            for x, c in e.args:
+                c = self.cond(c)
+                if c == sp.false:
+                    continue
+                pieces.append((x, c))
+                if c == sp.true:
+                    break
+            if not pieces:
+                return sp.nan
+            if pieces[0][1] == sp.true:
+                return pieces[0][0]
+            return sp.Piecewise(*pieces[:-1], (pieces[-1][0], True))
+        if isinstance(e, sp.logic.boolalg.Boolean) and not isinstance(e, sp.Symbol):
+            return self.cond(e)
+        return e
+
+    def cond(self, c):
+        sp = self.ctx.sp
+        if c in (True, False, sp.true, sp.false):
+            return sp.true if c in (True, sp.true) else sp.false
+        if isinstance(c, sp.ITE):   # SymPy writes a Piecewise inside a condition as ITE
+            i, x, y = c.args
+            return self.cond(sp.Or(sp.And(i, x), sp.And(sp.Not(i), y)))
+        if isinstance(c, (sp.And, sp.Or, sp.Not)):
+            out = c.func(*[self.cond(x) for x in c.args])
+        elif isinstance(c, sp.core.relational.Relational):
+            out = self.relation(c)
+        else:
+            return c
+        if out in (sp.true, sp.false) or out.free_symbols != {self.ctx.t}:
+            return out
+        return self.settle(out)
+
+    def settle(self, cond):
+        """A condition in t alone is constant between its thresholds: evaluate it at each
+        threshold and between them, then rebuild the shortest equivalent (t ≤ c, t > c, ...).
+        (SymPy's as_set does the same job about a hundred times slower.)"""
+        sp, t = self.ctx.sp, self.ctx.t
+        cuts = sorted({float(rel.rhs) for rel in cond.atoms(sp.core.relational.Relational)
+                       if rel.lhs == t and rel.rhs.is_number})
+        lo, hi = 0.0, float(self.tmax) if self.tmax is not None else math.inf
+        cuts = [c for c in cuts if lo < c < hi]
+        if any(rel.lhs != t or not rel.rhs.is_number for rel in cond.atoms(sp.core.relational.Relational)):
+            return cond
+        edges = [lo] + cuts + [hi]
+        probes = []
+        for i in range(len(edges) - 1):
+            a, b = edges[i], edges[i + 1]
+            probes.append((a + b) / 2 if math.isfinite(b) else a + 1.0)
+            if i < len(cuts):
+                probes.append(cuts[i])
+        truth = [bool(cond.xreplace({t: sp.Float(x)})) for x in probes]
+        if all(truth):
+            return sp.true
+        if not any(truth):
+            return sp.false
+        exact = {float(rel.rhs): rel.rhs for rel in cond.atoms(sp.core.relational.Relational)}
+        if len(cuts) >= 1:
+            k = truth.index(not truth[0])      # first change
+            if all(v == truth[0] for v in truth[:k]) and all(v != truth[0] for v in truth[k:]):
+                if k % 2 == 1:                 # the change happens at a threshold itself
+                    c, at_cut_matches_start = exact[cuts[k // 2]], False
+                else:
+                    c, at_cut_matches_start = exact[cuts[k // 2 - 1]], True
+                if truth[0]:
+                    return sp.Le(t, c) if at_cut_matches_start else sp.Lt(t, c)
+                return sp.Gt(t, c) if at_cut_matches_start else sp.Ge(t, c)
+        return cond
+
+    def fold(self, e, cond=None):
+        """[(expr, condition)] without Piecewise, conditions settled and mutually exclusive.
+        SymPy's piecewise_fold does this too, but calls simplify_logic, which is slow."""
+        sp = self.ctx.sp
+        cond = sp.true if cond is None else cond
+        found = e.atoms(sp.Piecewise)
+        if not found:
+            return [(e, cond)]
+        P = next(iter(found))
+        out, before = [], []
+        for x, c in P.args:   # first match wins: branch i also excludes branches 1..i-1
+            cc = self.cond(sp.And(cond, *before, c))
+            before.append(sp.Not(c))
+            if cc != sp.false:
+                out += self.fold(e.xreplace({P: x}), cc)
+        return out
+
+    def relation(self, e):
+        sp, t = self.ctx.sp, self.ctx.t
+        if not isinstance(e, sp.core.relational.Relational):
+            return e
+        h = e.lhs - e.rhs
+        if h.has(sp.Piecewise):   # distribute: h_i ⋚ 0 where piece i holds
+            return self.cond(sp.Or(*[sp.And(c, self.relation(e.func(x, 0))) for x, c in self.fold(h)]))
+        h = sp.expand(h)
+        if t not in h.free_symbols:
+            return e.func(h, 0)
+        poly = h.as_poly(t)
+        if poly is None or poly.degree() != 1:
+            return e.func(h, 0)
+        c1, c0 = poly.all_coeffs()
+        flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
+        func = e.func if c1.is_positive else flip[e.func] if c1.is_negative else None
+        if func is None:
+            return e.func(h, 0)
+        return func(t, sp.cancel(-c0 / c1))
+
+
+def _case_weight(ctx, sign, direction):
+    """The weight on one case as [(expr, condition)] over t: conditions are mutually
+    exclusive, equal expressions merged, and the last condition stands for 'otherwise'."""
+    sp = ctx.sp
+    s, subs = _case_subs(ctx, sign, direction)
+    tmax = 1 if s < 0 else None
+    settle = _Settle(ctx, tmax)
+    env = {**ctx.env(False), **subs}
+    folded = ctx.limited("settling the case's conditions",
+                         lambda: settle.fold(to_sympy(ctx.dl, sp, env, hook=settle) / (sign * ctx.a)))
+    if folded is None:   # unsettled, but exact: numerics (range, self-check) still evaluate it
+        # SymPy may fail even to build it (a Min over zoo): then no weight is derived, w is
+        # reported undefined, and the self-check leaves it unconfirmed
+        try:
+            w = to_sympy(ctx.dl, sp, env) / (sign * ctx.a)
+        except Exception as e:      # SymPy raises many types (TypeError, NotImplementedError, ...)
+            ctx.notes.append(f"building the weight: SymPy failed ({type(e).__name__}); w is not derived")
+            w = sp.nan
+        return s, tmax, [(w, sp.true)]
+    merged: dict = {}
+    for expr, cond in folded:
+        expr = ctx.tidy(expr)
+        merged[expr] = settle.cond(sp.Or(merged[expr], cond)) if expr in merged else cond
+    pieces = list(merged.items())
+    if len(pieces) == 1:
+        pieces = [(pieces[0][0], sp.true)]
+    return s, tmax, pieces
+
+
+def _as_piecewise(sp, pieces):
+    if len(pieces) == 1:
+        return pieces[0][0]
+    return sp.Piecewise(*pieces[:-1], (pieces[-1][0], True))
+
+
+def _zeros(ctx, pieces, tmax):
+    """Where w = 0 for t > 0: a piece's zeros inside its condition, or the edges where w
+    jumps to 0. Returns (t*, condition) or ("implicit", h) for an edge h(t, μ) = 0 that
+    SymPy cannot solve in closed form."""
+    sp, t = ctx.sp, ctx.t
+    out = []
+    for i, (expr, cond) in enumerate(pieces):
+        if expr == 0:
+            if cond == sp.true and i == 0:       # w ≡ 0 on this whole side: the boundary is r = 1
+                out.append((sp.Integer(0), sp.true))
+            eff = _effective(ctx, pieces, i)
+            out += [(c, sp.true) for c in _thresholds(ctx, eff)]
+            out += [("implicit", rel.lhs - rel.rhs, sp.true) for rel in eff.atoms(sp.core.relational.Relational)
+                    if t in rel.free_symbols and not _is_threshold(ctx, rel)]
+            continue
+        if t not in expr.free_symbols:
+            continue
+        if not expr.is_rational_function(t):   # transcendental: an implicit boundary, found numerically
+            out.append(("implicit", expr, cond))
+            continue
+        sols = ctx.limited("solving w = 0", lambda: _solve_rational(sp, expr, t), None)
+        if sols is None:
+            out.append(("implicit", expr, cond))
+            continue
+        for sol in sols or []:
+            if sol.is_real is False or sol.is_nonpositive or (tmax is not None and (sol - tmax).is_nonnegative):
+                continue
+            out.append((sp.cancel(sol), cond))
+    return out
+
+
+def _solve_rational(sp, expr, t):
+    """Zeros in t of a rational function: the numerator's roots, in closed form. (sp.solve
+    gives the same, but its first call imports the solvers package, ~0.9 s.)"""
+    num, den = sp.fraction(sp.together(expr))
+    poly = sp.Poly(num, t)
+    coeffs = poly.all_coeffs()
+    if poly.degree() == 1:
+        roots = [-coeffs[1] / coeffs[0]]
+    elif poly.degree() == 2:
+        a2, b, c = coeffs
+        disc = sp.sqrt(b * b - 4 * a2 * c)
+        roots = [(-b + disc) / (2 * a2), (-b - disc) / (2 * a2)]
+    elif poly.degree() <= 0:
+        return []
+    else:
+        found = sp.roots(poly)
+        if sum(found.values()) != poly.degree():
+            raise NotImplementedError("roots not in closed form")
+        roots = list(found)
+    return [x for x in roots if den.subs(t, x) != 0]
+
+
+def _effective(ctx, pieces, i):
+    sp = ctx.sp
+    prev = [sp.Not(c) for _, c in pieces[:i]]
+    return sp.And(*prev, pieces[i][1]) if prev else pieces[i][1]
+
+
+def _is_threshold(ctx, rel) -> bool:
+    return rel.lhs == ctx.t and ctx.t not in rel.rhs.free_symbols
+
+
+def _thresholds(ctx, cond) -> list:
+    """Every c of a settled relation t ⋚ c inside a condition."""
+    return [rel.rhs for rel in cond.atoms(ctx.sp.core.relational.Relational) if _is_threshold(ctx, rel)]
+
+
+def _edges(ctx, pieces):
+    out = []
+    for _, cond in pieces:
+        out += [c for c in _thresholds(ctx, cond) if c not in out]
+    return out
+
+
+
+# ------------------------------------------------------------------ geometry, warnings
+def geometry(ctx, cases, boundary, entangled):
+    sp = ctx.sp
+    weights = [c["weight"] for c in cases]
+    if all(sp.sympify(w) == 1 for w in weights):
+        return "none"
+    if entangled:
+        return "advantage-entangled"
+    if all(w.is_number for w in weights) and len({float(w) for w in weights}) == 2:
+        div = {float(c["weight"]) for c in cases if c["direction"] == "diverging"}
+        conv = {float(c["weight"]) for c in cases if c["direction"] == "converging"}
+        if len(div) == 1 and len(conv) == 1 and div != conv:
+            return "two-level"
+    rs = [e for side in boundary.values() for e in side["r"]]
+    pis = [e for side in boundary.values() for e in side["pi"]]
+    numeric = [b["where"] for side in boundary.values() for b in side["numeric"]]
+    if not rs and not numeric:
+        return "other"
+    if all(ctx.mu not in e.free_symbols for e in rs) and all(w.startswith("r ≈") for w in numeric):
+        return "ratio"
+    if any(isinstance(e, sp.Eq) for e in rs):
+        return "other"
+    if all(ctx.mu not in sp.expand(p - ctx.mu).free_symbols for p in pis) and \
+            all(w.startswith("π ≈ μ") for w in numeric):
+        return "binary-tv"
+    return "other"
+
+
+
+def numeric_geometry(arb, boundary) -> str:
+    """The geometry from the arbiter alone (no derived weight): w ≡ 1, or by where the
+    numerically found boundaries lie."""
+    np = arb.np
+    if arb.valid.any() and np.all(arb.W[arb.valid] == 1):
+        return "none"
+    where = [b["where"] for side in boundary.values() for b in side["numeric"]]
+    if where and all(w.startswith("r ≈") for w in where):
+        return "ratio"
+    if where and all(w.startswith("π ≈ μ") for w in where):
+        return "binary-tv"
+    return "other"
