@@ -122,7 +122,7 @@ def analyze(obj: Objective) -> dict:
     if claims is None:
         boundary, notes = confirm_boundaries(ctx, arb, facts, {adv: [] for adv, _ in SIGNS})
         claims = {"weight": None, "cases": [], "boundary": boundary, "range": facts["range"],
-                  "exact_range": [False, False], "smooth": facts["continuous"], "w": arb.w,
+                  "exact_range": [False, False], "w": arb.w,
                   "geometry": numeric_geometry(arb, boundary), "weight_check": {"status": "not derived"}}
         ctx.notes += notes
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
@@ -140,7 +140,7 @@ def analyze(obj: Objective) -> dict:
         "boundary": ("numeric" if any(b["numeric"] for b in claims["boundary"].values()) else
                      "unconfirmed" if any("unconfirmed" in k for k in kinds) else "confirmed"),
         "range": "confirmed" if range_held else "disagrees", "range_derived": claims["range"],
-        "smooth": "confirmed" if claims["smooth"] == facts["continuous"] else "disagrees",
+        "smooth": "numeric",        # continuity is the arbiter's alone: jumps judged against w's local scale
         "poles": any(facts[adv]["poles"] for adv, _ in SIGNS),
     }
     result["warnings"] = (_warnings(result, claims["exact_range"] if range_held else [False, False])
@@ -162,14 +162,14 @@ def _widen(facts, on_policy_facts):
 
 def _symbolic_claims(ctx, arb, facts) -> dict:
     """The derivation's claims, each boundary already confirmed or dropped by the arbiter."""
-    cases, candidates, breaks, entangled = derive(ctx)
+    cases, candidates, entangled = derive(ctx)
     w = case_dispatch(ctx, cases)
     boundary, notes = confirm_boundaries(ctx, arb, facts, candidates)
     ctx.notes += notes
     num = Numeric(ctx, w, cases, entangled)
     sampled, exact = num.weight_range()
     return {"weight": _full_weight(ctx, cases), "cases": cases, "boundary": boundary, "range": sampled,
-            "exact_range": exact, "smooth": num.continuous(breaks), "w": w,
+            "exact_range": exact, "w": w,
             "geometry": geometry(ctx, cases, boundary, entangled), "weight_check": check_weight(arb, w)}
 
 
@@ -212,9 +212,8 @@ def _warnings(res, exact_range):
         out.append(f"THE DERIVED WEIGHT DISAGREES with the IR's own derivative at {wc['bad_points']} of "
                    f"{wc['points']} grid points, e.g. μ = {x['mu']:.6g}, π = {x['pi']:.6g}, A = {x['A']:g}: "
                    f"derived {x['derived']:.6g}, numeric {x['numeric']:.6g}")
-    for claim, what in (("range", "range"), ("smooth", "continuity")):
-        if res["arbiter"][claim] == "disagrees":
-            out.append(f"the symbolic {what} disagreed with the numeric arbiter; the numeric finding is shown")
+    if res["arbiter"]["range"] == "disagrees":
+        out.append("the symbolic range disagreed with the numeric arbiter; the numeric finding is shown")
     if res["self_check"]["status"] == "failed":
         out.append("SELF-CHECK FAILED: the derived weight disagrees with finite differences of the objective")
     elif res["self_check"]["status"] == "unconfirmed":
@@ -229,6 +228,9 @@ def to_json(res: dict) -> dict:
     s = lambda e: sp.sstr(e)
     return {
         "name": res["name"], "params": res["params"], "options": res["options"],
+        # names SymPy would read as its own (E, I, N, S, O, Q, beta, gamma, pi, ...) read back as
+        # symbols with sympy.sympify(text, locals={n: sympy.Symbol(n) for n in symbols})
+        "symbols": ["r", "mu", "A", *res["params"]],
         "objective": res["objective"], "weight": s(res["weight"]),
         "cases": [{"advantage": c["advantage"], "direction": c["direction"], "weight": s(c["weight"])}
                   for c in res["cases"]],

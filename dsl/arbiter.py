@@ -313,6 +313,8 @@ class Arbiter:
                     v = float(self.w(r, p["mu"], p["A"]))
                     unbounded_hi |= math.isfinite(v) and v > 0
                     unbounded_lo |= math.isfinite(v) and v < 0
+        if any(facts[adv]["touches"] for adv in ("positive", "negative")):
+            lo, hi = min(lo, 0.0), max(hi, 0.0)     # w = 0 exactly there, between grid points
         unbounded_lo |= lo < -HUGE
         unbounded_hi |= hi > HUGE
         return [None if unbounded_lo else lo, None if unbounded_hi else hi]

@@ -63,10 +63,14 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 elif (r_star > 0).any() and not defined[r_star > 0].any():
                     kinds = ["unconfirmed"]     # ℓ is not a finite double out there: kept, flagged
                 else:
+                    touches = arb.boundary_at(g, [{**t, "lo": t["r"], "hi": t["r"]} for t in facts[adv]["touches"]])
                     why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
+                           "is where w touches 0 without changing sign" if touches.any() else
                            "is not a sign change of w (checked numerically)")
-                    notes.append(f"the symbolic zero r = {_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
-                                 "not a boundary")
+                    note = (f"the symbolic zero r = {_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
+                            "not a boundary")
+                    if note not in notes:
+                        notes.append(note)
                     continue
                 reachable = False
             else:
@@ -91,7 +95,12 @@ def compare_range(claim, numeric) -> tuple[list, bool]:
     agree = all((c is None and n is None) or (c is not None and n is not None and
                                               abs(c - n) <= 1e-3 * max(1.0, abs(n)))
                 for c, n in zip(claim or [None, None], numeric))
-    return (claim if agree else numeric), agree
+    if not agree:
+        return numeric, False
+    # agreeing sides: the more extreme of the two samples (the claim's are snapped to exact
+    # corner values; the arbiter's include where w touches 0 between grid points)
+    lo, hi = (None if c is None else f(c, n) for c, n, f in zip(claim, numeric, (min, max)))
+    return [lo, hi], True
 
 
 def domain_warnings(facts) -> list[str]:

@@ -136,31 +136,6 @@ class Numeric:
                         values.append(float(v))
         return values
 
-    def continuous(self, breaks) -> bool:
-        """w is continuous in r if it has no jump at r = 1 nor at any piece edge."""
-        np, ctx = self.np, self.ctx
-        mus = np.array([0.02, 0.1, 0.3, 0.5, 0.77, 1.0])
-        mags = np.array([0.3, 1.0, 3.0])
-        for sign, adv in ((1.0, "positive"), (-1.0, "negative")):
-            for m in mags:
-                edges = [np.ones_like(mus)]
-                for s, edge in breaks[adv]:
-                    try:
-                        t0 = numpy_fn([ctx.mu, ctx.a], edge)(mus, m)
-                    except NotImplementedError:     # e.g. LambertW: that edge is not probed
-                        continue
-                    edges.append(1 + s * np.broadcast_to(np.asarray(t0, dtype=float), mus.shape))
-                for r0 in edges:
-                    ok = np.isfinite(r0) & (r0 > 0)
-                    rr, mm = r0[ok], mus[ok]
-                    h = 1e-7 * np.maximum(rr, 1.0)
-                    with np.errstate(all="ignore"):
-                        lo = np.asarray(self.f(rr - h, mm, sign * m), dtype=float)
-                        hi = np.asarray(self.f(rr + h, mm, sign * m), dtype=float)
-                    if np.any(np.abs(np.broadcast_to(hi - lo, rr.shape)) > 1e-4):
-                        return False
-        return True
-
 
 def case_dispatch(ctx, cases):
     """Vectorized w(r, μ, A) assembled from the four case weights: what the numeric checks

@@ -27,7 +27,8 @@ def tidy(sp, e):
     if any(p.exp.is_Integer and abs(p.exp) > 8 for p in e.atoms(sp.Pow)):
         return e        # expanding (1 - t)^127 gives huge alternating terms that cancel badly in floats
     e = sp.cancel(e) if e.is_rational_function() else e
-    const, rest = sp.expand(e).as_coeff_Add()
+    # exp(A·(r − 1)) stays whole: exp(−A)·exp(A·r) is 0·inf in floats for |A| = 1000
+    const, rest = sp.expand(e, power_exp=False, power_base=False, log=False).as_coeff_Add()
     return const + sp.factor_terms(rest)
 
 
@@ -51,11 +52,10 @@ def derive(ctx):
     """The four cases' weights, and per sign of A the candidate boundaries: zeros of a
     piece, edges where a piece ends (w may jump there), and r = 1 where the cases meet."""
     sp = ctx.sp
-    cases, candidates, breaks = [], {}, {}
+    cases, candidates = [], {}
     entangled = False
     for adv, sign in SIGNS:
         found = [_candidate(ctx, sp.Integer(1), probe=False)]
-        breaks[adv] = []
         for direction in DIRECTIONS:
             s, tmax, pieces = _case_weight(ctx, sign, direction)
             entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
@@ -67,13 +67,12 @@ def derive(ctx):
             for zero in _zeros(ctx, pieces, tmax):
                 if zero[0] == "implicit":
                     found.append(_candidate(ctx, sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)).subs(a_back), 0)))
-                elif zero[0].is_real is not False and not isinstance(zero[0], sp.logic.boolalg.Boolean):
+                elif isinstance(zero[0], sp.Expr) and zero[0].is_real is not False and zero[0] != 0:
+                    # (a Symbol is a Boolean to SymPy too; r = 1 itself is the seam's candidate)
                     found.append(_candidate(ctx, ctx.tidy(1 + s * zero[0]).subs(a_back)))
-            edges = _edges(ctx, pieces)
-            found += [_candidate(ctx, ctx.tidy(1 + s * e).subs(a_back), probe=False) for e in edges]
-            breaks[adv] += [(s, e) for e in edges]
+            found += [_candidate(ctx, ctx.tidy(1 + s * e).subs(a_back), probe=False) for e in _edges(ctx, pieces)]
         candidates[adv] = [c for c in found if c is not None]
-    return cases, candidates, breaks, entangled
+    return cases, candidates, entangled
 
 
 def _candidate(ctx, r_star, probe=True):
@@ -280,6 +279,9 @@ def _zeros(ctx, pieces, tmax):
             continue
         if t not in expr.free_symbols:
             continue
+        while isinstance(expr, sp.sign) or (expr.is_Mul and any(isinstance(f, sp.sign) for f in expr.args)
+                                            and len(expr.args) == 2 and expr.args[0].is_number):
+            expr = expr.args[-1] if expr.is_Mul else expr.args[0]      # c·sign(f) = 0 where f = 0
         if not expr.is_rational_function(t):   # transcendental: an implicit boundary, found numerically
             out.append(("implicit", expr, cond))
             continue
