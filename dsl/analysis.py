@@ -132,7 +132,7 @@ def analyze(obj: Objective) -> dict:
     weight_range, range_held = compare_range(claims["range"], facts["range"])
     result["weight_range"] = weight_range or [None, None]
     result["bounded"] = None if weight_range is None else None not in weight_range     # None: unknown
-    result["smooth"] = facts["continuous"]
+    result["smooth"] = facts["continuous"] and not any(f["jumps"] for f in result["on_policy"].values())
     result["self_check"] = self_check(obj, claims["w"])
     kinds = [k for b in claims["boundary"].values() for k in b["kind"]]
     result["arbiter"] = {

@@ -38,7 +38,13 @@ def on_policy(obj) -> dict:
         lo, hi = (float(ws.min()), float(ws.max())) if ws.size else (None, None)
         status = ("undefined" if undefined else "zero" if hi == lo == 0 else
                   "negative" if lo < 0 else "zero" if lo == 0 else "ok")
-        out[adv] = {"w": [lo, hi], "status": status, "why": undefined}
+        # continuous at r = 1 where defined: w there is the limit from both sides
+        near = [np.broadcast_to(run({"r": r, "mu": mu, "pi": mu * r, "A": A, **params})[1], mu.shape) / A
+                for r in (1 - 1e-12, 1 + 1e-12)]
+        with np.errstate(all="ignore"):
+            jumps = [np.abs(x - w) > 1e-6 * np.maximum(1.0, np.abs(w)) for x in near]
+        out[adv] = {"w": [lo, hi], "status": status, "why": undefined,
+                    "jumps": bool(np.any(np.isfinite(w) & (jumps[0] | jumps[1])))}
     return out
 
 

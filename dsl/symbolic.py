@@ -197,7 +197,7 @@ class _Settle:
         found = e.atoms(sp.Piecewise)
         if not found:
             return [(e, cond)]
-        P = next(iter(found))
+        P = min(found, key=sp.default_sort_key)     # a set: pick the same one in every process
         out, before = [], []
         for x, c in P.args:   # first match wins: branch i also excludes branches 1..i-1
             cc = self.cond(sp.And(cond, *before, c))

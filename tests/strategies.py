@@ -13,3 +13,22 @@ OBJECTIVES = st.recursive(LEAVES, lambda inner: st.one_of(
     st.tuples(inner, inner, inner).map(lambda t: f"clip({t[0]}, {t[1]}, {t[2]})"),
     st.tuples(inner, st.sampled_from(["<", ">="]), inner, inner).map(lambda t: f"[{t[0]} {t[1]} {t[2]}]*({t[3]})"),
 ), max_leaves=8)
+
+
+# Objectives as researchers write them (issue 8): sums of surrogate terms (clipped, dual-clipped,
+# masked) and penalties that depend on μ and A, with thresholds that may depend on μ.
+_SIZES = st.sampled_from(["0.1", "0.2", "0.28", "0.5", "1.5"])
+_THRESHOLD = st.one_of(_SIZES, _SIZES.map(lambda c: f"{c}*μ"))
+_TERMS = st.one_of(
+    st.just("r*A"),
+    st.tuples(_THRESHOLD, _THRESHOLD).map(lambda t: f"min(r*A, clip(r, 1 - {t[0]}, 1 + {t[1]})*A)"),
+    st.tuples(_THRESHOLD, st.sampled_from(["2", "3"])).map(
+        lambda t: f"max(min(r*A, clip(r, 1 - {t[0]}, 1 + {t[0]})*A), {t[1]}*A)"),
+    st.tuples(st.sampled_from(["<=", "<"]), _THRESHOLD).map(lambda t: f"[A*(r - 1) {t[0]} 0 or |π - μ| <= {t[1]}]*r*A"),
+    st.tuples(st.sampled_from(["μ*", ""]), _SIZES).map(lambda t: f"-|A|/(2*{t[1]})*{t[0]}(r - 1)^2"),
+    _SIZES.map(lambda c: f"-(r - 1)^2/(2*{c})"),
+    _SIZES.map(lambda c: f"-|A|*|π - μ|/{c}"),
+    _SIZES.map(lambda c: f"-|A|*{c}*log(r)^2"),
+)
+RESEARCH_OBJECTIVES = st.lists(_TERMS, min_size=1, max_size=3).map(
+    lambda terms: " + ".join(f"({t})" for t in terms))
