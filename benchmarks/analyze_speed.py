@@ -1,6 +1,8 @@
 """drpo-analyze speed: cold process wall time per shipped objective (start, imports, parse,
-analysis, output) and the whole library in one process. Prints JSON. Targets (issue 3):
-<= 1.5 s per objective cold, <= 6 s for the library in one process, on a 2-core machine.
+analysis, output), the whole library in one process, and a pathological set (issue 8: deep
+nesting, high powers, huge constants, chained bindings, a 4 KB sum). Prints JSON. Targets:
+<= 1.5 s per shipped objective cold and <= 6 s for the library (issue 3); every pathological
+objective <= 2 s cold and never > 5 s, with exit 0 (issue 8).
 
     python3 benchmarks/analyze_speed.py [--repeat 3]
 """
@@ -10,15 +12,46 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import dsl
 
 
-def wall(cmd) -> float:
+def wall(cmd, check=True) -> float:
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
+
+
+PATHOLOGICAL = {
+    "abs_nested_300": "abs(" * 300 + "r*A" + ")" * 300,
+    "log_nested_150": "log(1 + " * 150 + "r" + ")" * 150 + "*A",
+    "sqrt_nested_100": "sqrt(" * 100 + "r" + ")" * 100 + "*A",
+    "min_nested_150": "min(" * 150 + "r*A" + ", clip(r, 0.8, 1.2)*A)" * 150,
+    "parentheses_2000": "(" * 2000 + "r*A" + ")" * 2000,
+    "power_128": "A*r^128",
+    "power_1000": "A*r^1000/1000",
+    "huge_constant": "r*A*1e200*1e200",
+    "chained_bindings_40": "\n".join(["b0 = r"] + [f"b{i} = b{i - 1}*b{i - 1}" for i in range(1, 40)] + ["b39*A"]),
+    "sum_of_89_clips_4kb": " + ".join(f"min(r*A, clip(r, {1 - i / 1000:.3f}, {1 + i / 1000:.3f})*A)"
+                                      for i in range(1, 90)),
+}
+
+
+def pathological(exe, repeat):
+    """Cold time and exit status of each pathological objective (each file is at most 4 KB)."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in PATHOLOGICAL.items():
+            path = Path(tmp) / f"{name}.dsl"
+            path.write_text(text + "\n")
+            assert path.stat().st_size <= 4096, name
+            rc = subprocess.run([exe, str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+            out[name] = {"s": round(statistics.median(wall([exe, str(path)], check=False) for _ in range(repeat)), 3),
+                         "exit": rc, "bytes": path.stat().st_size}
+    return out
 
 
 def main():
@@ -31,13 +64,19 @@ def main():
     per = {n: statistics.median(wall([exe, n, "--json"]) for _ in range(args.repeat)) for n in names}
     library = statistics.median(wall([exe, *names, "--json"]) for _ in range(args.repeat))
     baseline = statistics.median(wall([sys.executable, "-c", "import sympy, numpy"]) for _ in range(args.repeat))
+    patho = pathological(exe, args.repeat)
+    slowest = max(v["s"] for v in patho.values())
     out = {
         "per_objective_cold_s": {n: round(t, 3) for n, t in per.items()},
         "max_per_objective_s": round(max(per.values()), 3),
         "library_one_process_s": round(library, 3),
         "python_sympy_numpy_import_s": round(baseline, 3),
-        "targets": {"per_objective_s": 1.5, "library_s": 6.0},
-        "meets_targets": {"per_objective": max(per.values()) <= 1.5, "library": library <= 6.0},
+        "pathological_cold_s": patho,
+        "max_pathological_s": slowest,
+        "targets": {"per_objective_s": 1.5, "library_s": 6.0, "pathological_s": 2.0, "pathological_never_s": 5.0},
+        "meets_targets": {"per_objective": max(per.values()) <= 1.5, "library": library <= 6.0,
+                          "pathological": slowest <= 2.0, "pathological_never": slowest <= 5.0,
+                          "pathological_exit_0": all(v["exit"] == 0 for v in patho.values())},
         "repeat": args.repeat,
     }
     print(json.dumps(out, indent=2))

@@ -16,13 +16,14 @@ from contextlib import contextmanager
 
 from .arbiter import Arbiter, on_policy, on_policy_warnings
 from .confirm import check_weight, compare_range, confirm_boundaries, domain_warnings
-from .ir import derivative
+from .ir import derivative, tree_size
 from .parser import Objective
 from .sampling import Numeric, case_dispatch, self_check  # noqa: F401 - self_check is this module's API too
 from .symbolic import SIGNS, derive, geometry, numeric_geometry
 
 SYMPY_SECONDS = 0.5      # any one SymPy step; past it, that step takes its fallback
 SYMBOLIC_SECONDS = 1.0   # the whole derivation (the library needs at most 0.3 s); past it, the arbiter alone
+SYMBOLIC_SIZE = 2000     # ∂ℓ/∂r written out as a tree (the library's largest: 137); past it, the arbiter alone
 
 
 class _Timeout(BaseException):
@@ -110,15 +111,19 @@ def analyze(obj: Objective) -> dict:
         "options": dict(obj.options),
         "objective": obj.canonical().splitlines()[-1],
     }
-    try:
-        with _time_limit(SYMBOLIC_SECONDS):
-            claims = _symbolic_claims(ctx, arb, facts)
-    except (_Timeout, RecursionError) as e:
-        why = (f"SymPy took over {SYMBOLIC_SECONDS:g} s" if isinstance(e, _Timeout)
-               else "the expression is too deeply nested for SymPy")
+    claims, why = None, None
+    if (size := tree_size(ctx.dl)) > SYMBOLIC_SIZE:
+        why = f"∂ℓ/∂r has {size:,} operations written out; SymPy is tried up to {SYMBOLIC_SIZE:,}"
+    else:
+        try:
+            with _time_limit(SYMBOLIC_SECONDS):
+                claims = _symbolic_claims(ctx, arb, facts)
+        except (_Timeout, RecursionError) as e:
+            why = (f"SymPy took over {SYMBOLIC_SECONDS:g} s" if isinstance(e, _Timeout)
+                   else "the expression is too deeply nested for SymPy")
+    if why:
         ctx.notes.append(f"the weight is not derived symbolically ({why}): every finding below is the "
                          "numeric arbiter's")
-        claims = None
     if claims is None:
         boundary, notes = confirm_boundaries(ctx, arb, facts, {adv: [] for adv, _ in SIGNS})
         claims = {"weight": None, "cases": [], "boundary": boundary, "range": facts["range"],
@@ -146,7 +151,8 @@ def analyze(obj: Objective) -> dict:
     result["warnings"] = (_warnings(result, claims["exact_range"] if range_held else [False, False])
                           + domain_warnings(facts) + on_policy_warnings(result["on_policy"]))
     result["notes"] = ctx.notes
-    result["_w"] = claims["w"]      # vectorized w(r, μ, A), for plots and callers' own checks
+    result["_w"] = claims["w"]      # vectorized w(r, μ, A) as derived, for callers' own checks
+    result["_w_numeric"] = arb.w    # the same by the IR's float rules (nan where undefined): the plot's
     return result
 
 

@@ -83,8 +83,8 @@ class Arbiter:
         self.dl = derivative(obj.expr)
         self.params = {k: float(v) for k, v in obj.params.items()}
         nodes = len(set(obj.expr.walk()) | set(self.dl.walk()))
-        scale = min(1.0, math.sqrt(GRID_NODE_POINTS / (nodes * 2 * len(MAGNITUDES) * 40 * 1600)))
-        n_mu, n_lin, n_log = max(6, int(40 * scale)), max(100, int(1200 * scale)), max(40, int(400 * scale))
+        scale = min(1.0, math.sqrt(GRID_NODE_POINTS / (nodes * 2 * len(MAGNITUDES) * 30 * 1200)))
+        n_mu, n_lin, n_log = max(6, int(30 * scale)), max(100, int(900 * scale)), max(40, int(300 * scale))
         mus = np.unique(np.concatenate([np.logspace(-6, 0, n_mu // 2), np.linspace(0.02, 1, n_mu - n_mu // 2)]))
         base = np.unique(np.concatenate([np.linspace(0, 3, n_lin + 1)[1:], np.logspace(-6, 6, n_log)]))
         base = base[base != 1.0]            # r = 1 itself is the on-policy check's

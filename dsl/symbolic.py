@@ -70,7 +70,7 @@ def derive(ctx):
                 elif isinstance(zero[0], sp.Expr) and zero[0].is_real is not False and zero[0] != 0:
                     # (a Symbol is a Boolean to SymPy too; r = 1 itself is the seam's candidate)
                     found.append(_candidate(ctx, ctx.tidy(1 + s * zero[0]).subs(a_back)))
-            found += [_candidate(ctx, ctx.tidy(1 + s * e).subs(a_back), probe=False) for e in _edges(ctx, pieces)]
+            found += [_candidate(ctx, (1 + s * e).subs(a_back), probe=False) for e in _edges(ctx, pieces)]
         candidates[adv] = [c for c in found if c is not None]
     return cases, candidates, entangled
 
