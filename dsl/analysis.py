@@ -201,8 +201,9 @@ def _warnings(res, exact_range):
             shown = ", ".join(f"π = {math_text(p)}" for p, ok in zip(b["pi"], b["reachable"]) if not ok)
             out.append(f"for {sign_text}, the boundary {shown} is unreachable in 0 < π, μ ≤ 1")
         if b["numeric"]:
-            out.append(f"for {sign_text}, the numeric check finds w changing sign where the symbolic derivation "
-                       "found no boundary: " + "; ".join(f"{x['where']} ({x['kind']})" for x in b["numeric"]))
+            found = "; ".join(f"{x['where']} ({x['kind']})" for x in b["numeric"])
+            out.append(f"for {sign_text}, the numeric arbiter finds w changing sign at {found}" +
+                       (": the symbolic derivation found no boundary there" if res["weight"] is not None else ""))
     if res["bounded"] is None:
         out.append("w is not a finite double at any sampled point: its range is unknown")
     elif not res["bounded"]:
