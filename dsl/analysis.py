@@ -22,8 +22,9 @@ from .sampling import Numeric, case_dispatch, self_check  # noqa: F401 - self_ch
 from .symbolic import SIGNS, derive, geometry, numeric_geometry
 
 SYMPY_SECONDS = 0.5      # any one SymPy step; past it, that step takes its fallback
-SYMBOLIC_SECONDS = 1.0   # the whole derivation (the library needs at most 0.3 s); past it, the arbiter alone
+SYMBOLIC_SECONDS = 3.0   # the whole derivation (the library needs at most 0.3 s warm); past it, the arbiter alone
 SYMBOLIC_SIZE = 2000     # ∂ℓ/∂r written out as a tree (the library's largest: 137); past it, the arbiter alone
+SYMBOLIC_POWER = 128     # a constant exponent (r^1000 takes SymPy seconds); past it, the arbiter alone
 
 
 class _Timeout(BaseException):
@@ -114,6 +115,8 @@ def analyze(obj: Objective) -> dict:
     claims, why = None, None
     if (size := tree_size(ctx.dl)) > SYMBOLIC_SIZE:
         why = f"∂ℓ/∂r has {size:,} operations written out; SymPy is tried up to {SYMBOLIC_SIZE:,}"
+    elif (power := _highest_power(ctx.dl)) > SYMBOLIC_POWER:
+        why = f"∂ℓ/∂r has the power ^{power:g}; SymPy is tried up to ^{SYMBOLIC_POWER}"
     else:
         try:
             with _time_limit(SYMBOLIC_SECONDS):
@@ -154,6 +157,11 @@ def analyze(obj: Objective) -> dict:
     result["_w"] = claims["w"]      # vectorized w(r, μ, A) as derived, for callers' own checks
     result["_w_numeric"] = arb.w    # the same by the IR's float rules (nan where undefined): the plot's
     return result
+
+
+def _highest_power(n) -> float:
+    return max((abs(float(m.args[1].value)) for m in n.walk() if m.op == "pow" and m.args[1].op == "num"),
+               default=0.0)
 
 
 def _widen(facts, on_policy_facts):
