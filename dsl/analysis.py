@@ -18,8 +18,8 @@ from .arbiter import Arbiter, on_policy, on_policy_warnings
 from .confirm import check_weight, compare_range, confirm_boundaries, domain_warnings
 from .ir import derivative, tree_size
 from .parser import Objective
-from .sampling import Numeric, case_dispatch, self_check  # noqa: F401 - self_check is this module's API too
-from .symbolic import SIGNS, derive, geometry, numeric_geometry
+from .sampling import Numeric, case_dispatch, numpy_fn, self_check  # noqa: F401 - self_check is this module's API too
+from .symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
 
 SYMPY_SECONDS = 0.5      # any one SymPy step; past it, that step takes its fallback
 SYMBOLIC_SECONDS = 3.0   # the whole derivation (the library needs at most 0.3 s warm); past it, the arbiter alone
@@ -182,14 +182,20 @@ def _symbolic_claims(ctx, arb, facts) -> dict:
     ctx.notes += notes
     num = Numeric(ctx, w, cases, entangled)
     sampled, exact = num.weight_range()
-    return {"weight": _full_weight(ctx, cases), "cases": cases, "boundary": boundary, "range": sampled,
-            "exact_range": exact, "w": w,
-            "geometry": geometry(ctx, cases, boundary, entangled), "weight_check": check_weight(arb, w)}
-
-
-def _full_weight(ctx, cases):
-    from .symbolic import full_weight
-    return full_weight(ctx, cases)
+    weight = full_weight(ctx, cases)
+    # the one-line w is printed too: checked like the cases (for a smooth objective it is
+    # derived on its own, with the parameters symbolic)
+    values = {ctx.param_syms[k]: v for k, v in ctx.param_vals.items()}
+    checks = [check_weight(arb, w)]
+    try:
+        whole = numpy_fn([ctx.r, ctx.mu, ctx.A], weight.subs(values))
+        checks.append(check_weight(arb, whole))
+    except NotImplementedError:     # a function numpy lacks (LambertW): the cases' check stands
+        pass
+    worst = next((c for c in checks if c["status"] == "disagrees"), checks[0])
+    return {"weight": weight, "cases": cases, "boundary": boundary, "range": sampled,
+            "exact_range": exact, "w": w, "geometry": geometry(ctx, cases, boundary, entangled),
+            "weight_check": worst}
 
 
 def _warnings(res, exact_range):
