@@ -234,7 +234,8 @@ def _warnings(res, exact_range):
                    f"{wc['points']} grid points, e.g. μ = {x['mu']:.6g}, π = {x['pi']:.6g}, A = {x['A']:g}: "
                    f"derived {x['derived']:.6g}, numeric {x['numeric']:.6g}")
     if res["arbiter"]["range"] == "disagrees":
-        out.append("the symbolic range disagreed with the numeric arbiter; the numeric finding is shown")
+        out.append("the derived range disagreed with the numeric arbiter (whose extremes are refined between "
+                   "grid points); the arbiter's is shown")
     if res["self_check"]["status"] == "failed":
         out.append("SELF-CHECK FAILED: the derived weight disagrees with finite differences of the objective")
     elif res["self_check"]["status"] == "unconfirmed":

@@ -295,7 +295,7 @@ class Arbiter:
         np = self.np
         if not self.valid.any():
             return None
-        lo, hi = float(np.nanmin(self.W)), float(np.nanmax(self.W))
+        lo, hi = -self._refined_extreme(-1.0), self._refined_extreme(1.0)
         mus = np.logspace(-12, -7, 6)[:, None]
         pis = np.logspace(-12, 0, 240)[None, :]
         small_r = np.logspace(-12, -7, 6)[None, :]
@@ -324,6 +324,36 @@ class Arbiter:
         unbounded_lo |= lo < -HUGE
         unbounded_hi |= hi > HUGE
         return [None if unbounded_lo else lo, None if unbounded_hi else hi]
+
+    def _refined_extreme(self, s, keep=8, steps=60):
+        """max of s·w: the grid's best points, each improved by a pattern search over log μ,
+        log r and log |A| inside the domain (all directions, diagonals too: an extreme can sit
+        on a ridge such as r = |A|), since it can lie between grid points and sampled |A|."""
+        np = self.np
+        vals = np.where(self.valid, s * self.W, -np.inf)
+        top = np.argsort(vals, axis=None)[-keep:]
+        rows, cols = np.unravel_index(top, vals.shape)
+        x = np.stack([np.log(self.mu[rows, 0]), np.log(self.R[rows, cols]), np.log(self.mag[rows, 0])])
+        sign, best = self.sign[rows, 0], vals[rows, cols]
+        free = 3 if len(self.magnitudes) > 1 else 2         # |A| only where w depends on it
+        dirs = np.array(np.meshgrid(*[[-1.0, 0.0, 1.0]] * free)).reshape(free, -1)
+        dirs = np.vstack([dirs[:, np.any(dirs != 0, axis=0)], np.zeros((3 - free, 3 ** free - 1))])
+        step = np.full(rows.size, 0.05)
+        with np.errstate(all="ignore"):
+            for _ in range(steps):
+                y = x[:, :, None] + step[None, :, None] * dirs[:, None, :]      # (3, points, directions)
+                y[0] = np.minimum(y[0], 0.0)                                   # μ ≤ 1
+                y[1] = np.minimum(y[1], -y[0])                                 # π = μ·r ≤ 1
+                y[2] = np.clip(y[2], math.log(MAGNITUDES[0]), math.log(MAGNITUDES[-1]))
+                v = s * self.w(np.exp(y[1]), np.exp(y[0]), sign[:, None] * np.exp(y[2]))
+                v = np.where(np.isfinite(v), v, -np.inf)
+                k = np.argmax(v, axis=1)
+                gain = v[np.arange(rows.size), k]
+                better = gain > best
+                x[:, better] = y[:, better, k[better]]
+                best = np.where(better, gain, best)
+                step = np.where(better, step, step / 2)
+        return float(np.max(best))
 
     def boundary_at(self, g, events):
         """The events that a candidate boundary g(r, μ, A) = 0 accounts for: g changes sign

@@ -149,9 +149,27 @@ class _Settle:
             out = self.relation(c)
         else:
             return c
-        if out in (sp.true, sp.false) or out.free_symbols != {self.ctx.t}:
+        if out in (sp.true, sp.false) or self.ctx.t not in out.free_symbols:
             return out
-        return self.settle(out)
+        return self.settle(out) if out.free_symbols == {self.ctx.t} else self.settle_one(out)
+
+    def settle_one(self, cond):
+        """A condition whose relations all compare t with one expression c(μ): its truth
+        depends only on t < c, t = c or t > c, so it is one of t ≤ c, t < c, t ≥ c, t > c,
+        t = c, t ≠ c, true or false (μ-dependent clips print as a person would write them)."""
+        sp, t = self.ctx.sp, self.ctx.t
+        rels = cond.atoms(sp.core.relational.Relational)
+        sides = {rel.rhs for rel in rels}
+        if any(rel.lhs != t for rel in rels) or len(sides) != 1:
+            return cond
+        c = sides.pop()
+        e = sp.Dummy("e", positive=True)
+        truth = [cond.xreplace({t: x}) for x in (c - e, c, c + e)]
+        if any(v not in (sp.true, sp.false) for v in truth):
+            return cond
+        forms = {(1, 1, 1): sp.true, (0, 0, 0): sp.false, (1, 1, 0): sp.Le(t, c), (1, 0, 0): sp.Lt(t, c),
+                 (0, 1, 1): sp.Ge(t, c), (0, 0, 1): sp.Gt(t, c), (0, 1, 0): sp.Eq(t, c), (1, 0, 1): sp.Ne(t, c)}
+        return forms[tuple(int(v == sp.true) for v in truth)]
 
     def settle(self, cond):
         """A condition in t alone is constant between its thresholds: evaluate it at each
