@@ -9,6 +9,14 @@ from .arbiter import MAGNITUDES, describe
 ADVANTAGES = (("positive", 1.0), ("negative", -1.0))
 
 
+def _probe_mus():
+    import numpy as np
+    return np.unique(np.concatenate([np.logspace(-6, 0, 2000), np.linspace(1e-3, 1, 2000)]))
+
+
+PROBE_MUS = _probe_mus()
+
+
 def check_weight(arb, w_symbolic) -> dict:
     """The derived weight against the IR's own derivative at every grid point where both are
     defined, except next to a jump, where the two may round a threshold differently."""
@@ -39,7 +47,6 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     as the numeric finding."""
     np = arb.np
     boundary, notes = {}, []
-    mus = np.unique(arb.mu)
     for adv, sign in ADVANTAGES:
         events = facts[adv]["events"]
         used = np.zeros(len(events), dtype=bool)
@@ -53,15 +60,18 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 used |= hit
                 reachable = True
             elif explicit is not None:
-                A = np.repeat([sign * m for m in MAGNITUDES], mus.size)
-                mu = np.tile(mus, len(MAGNITUDES))
+                # a zero the grid's rows did not meet: probed on its own curve r*(μ) at many μ,
+                # since it may be a boundary only in a narrow band of μ, or only outside the domain
+                A = np.repeat([sign * m for m in MAGNITUDES], PROBE_MUS.size)
+                mu = np.tile(PROBE_MUS, len(MAGNITUDES))
                 with np.errstate(all="ignore"):
                     r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
                 changed, defined = arb.changes_sign_at(r_star, mu, A)
                 if changed.any():
                     kinds = ["crosses 0"]
+                    reachable = bool((changed & (mu * r_star <= 1)).any())
                 elif (r_star > 0).any() and not defined[r_star > 0].any():
-                    kinds = ["unconfirmed"]     # ℓ is not a finite double out there: kept, flagged
+                    kinds, reachable = ["unconfirmed"], False    # ℓ is not a finite double there: kept, flagged
                 else:
                     touches = arb.boundary_at(g, [{**t, "lo": t["r"], "hi": t["r"]} for t in facts[adv]["touches"]])
                     why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
@@ -72,7 +82,6 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     if note not in notes:
                         notes.append(note)
                     continue
-                reachable = False
             else:
                 continue        # an edge where w might have jumped, and does not
             for key, v in (("r", r_expr), ("pi", pi_expr()), ("kind", ", ".join(kinds)), ("reachable", reachable)):
