@@ -477,12 +477,6 @@ def evaluate(n: Node, env: dict, frozen: dict | None = None) -> float:
     return memo[n]
 
 
-def evaluate_np(n: Node, env: dict):
-    """n over float64 arrays (env maps names to arrays or floats), by each row's numpy rule:
-    IEEE results as torch gives them (log of a negative is nan, 1/0 is inf), never an error."""
-    return numpy_plan(n)(env)[0]
-
-
 @functools.lru_cache(maxsize=64)
 def numpy_plan(*roots: Node):
     """roots' values over float64 arrays, as one function of env, its evaluation order fixed

@@ -5,7 +5,6 @@ self-check of a weight against the objective's own float rules."""
 from __future__ import annotations
 
 import functools
-import math
 
 # ------------------------------------------------------------------ numerics
 def numpy_fn(args, expr):
