@@ -1,10 +1,11 @@
 """IR -> torch source. The same IR and the same derivative rules as the analysis.
 
-Two functions are generated per objective:
+Three functions are generated per objective:
   objective(logp, anchor, A)          -> ℓ per token (autograd differentiates it: the plain path)
-  objective_and_grad(logp, anchor, A, eager) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ) in one pass
+  objective_and_grad(logp, anchor, A) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ) in one pass
       (the fused path; the ratio, the unclamped log-ratio and μ are returned for the loss's
-      metrics; `eager` lets it branch on the data, which a compiled graph should not)
+      metrics)
+  objective_and_grad_eager(logp, anchor, A) -> the same, written for eager CPU execution
 Inputs: logp = log π (current policy), anchor = log μ, A = advantages, all [B, T].
 r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
 """
@@ -37,8 +38,10 @@ def _rewrite_logs(root: Node) -> Node:
 
 
 # d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
-# (`keep`), exactly as autograd through torch.clamp does; dr = r·keep.
+# (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
+# clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
 GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "log_ratio": _var("keep")}
+UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": _var("r"), "log_ratio": Node("num", value=1)}
 
 
 class _Emitter:
@@ -46,14 +49,17 @@ class _Emitter:
     a name; constant subtrees are folded to a float (parameters are listed in the header).
     With `inplace`, an op whose argument is a fresh temporary (an unnamed op result) updates
     it in place: the fused function runs without autograd, and on CPU each fresh 1 MB
-    tensor costs page faults. Every tensor in it has the inputs' shape, so none broadcasts."""
+    tensor costs page faults. Every tensor in it has the inputs' shape, so none broadcasts.
+    With `floats`, booleans are 0/1 float tensors (each op's `floats` lowering)."""
 
-    def __init__(self, params, outputs, inplace=False):
+    def __init__(self, params, outputs, inplace=False, floats=False):
         self.params = params
         self.constant = constant_nodes(*outputs)
         self.inplace = inplace
+        self.floats = floats
         self.lines: list[str] = []
         self.names: dict[Node, str] = {}
+        self.owned: set[str] = set()       # named temporaries that own their storage
         self.uses: dict[Node, int] = {}
 
     def count(self, n: Node):
@@ -70,59 +76,37 @@ class _Emitter:
             return self.names[n], False
         if n in self.constant:
             v = evaluate(n, self.params)
-            return (repr(bool(v)) if OPS.get(n.op) and OPS[n.op].kind == "bool" else repr(float(v))), False
+            if OPS.get(n.op) and OPS[n.op].kind == "bool":
+                return repr(float(bool(v)) if self.floats else bool(v)), False
+            return repr(float(v)), False
         if n.op == "var":
             return n.value, False
         op = OPS[n.op]
         args = [self.expr(a) for a in n.args]
         codes = [c for c, _ in args]
-        if self.inplace and op.inplace and args[0][1]:
+        # sg's .detach() shares its argument's storage; comparisons give bool
+        fresh = op.kind == "num" and n.op != "sg"
+        if self.floats and op.floats:
+            code, fresh = op.floats(*args)
+        elif self.inplace and op.inplace and args[0][1]:
             code = f"{codes[0]}.{op.inplace}({', '.join(codes[1:])})"
-        elif self.inplace and op.commutes and args[1][1]:
-            code = f"{codes[1]}.{op.inplace}({codes[0]})"
+        elif self.inplace and op.inplace_second and args[1][1]:
+            code = op.inplace_second(*codes)
         else:
             code = op.torch(*codes)
         if self.uses.get(n, 0) > 1 and n.args:
             name = f"t{len(self.names)}"
             self.lines.append(f"    {name} = {code}  # {render(n)}")
             self.names[n] = name
+            if fresh:
+                self.owned.add(name)
             return name, False
-        # sg's .detach() shares its argument's storage; comparisons give bool
-        return code, op.kind == "num" and n.op != "sg"
+        return code, fresh
 
 
-def _prelude(nodes, extra=()) -> list[str]:
-    """Only the built-ins the expressions (and `extra`) use are computed."""
-    used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
-    if "dr" in used:
-        used |= {"r", "keep"}
-    out = ["    dtype = logp.dtype"]
-    if used & {"r", "log_ratio", "keep", "raw"}:
-        out.append("    raw = logp - anchor")
-        out.append(f"    log_ratio = torch.clamp(raw, -{CLAMP}, {CLAMP})")
-    if "r" in used:
-        out.append("    r = torch.exp(log_ratio)")
-    if "keep" in used:
-        # d clamp(raw)/d raw: 1 where the clamp is inactive, else 0, by float ops in place (several
-        # times faster than comparisons on CPU). Eagerly, one read-only pass first finds the usual
-        # batch where no ratio is clamped; compiled, that branch would break the graph.
-        with_dr = "dr" in used
-        out += ["    mm = torch.aminmax(raw) if eager and raw.numel() else None",
-                f"    if mm is not None and mm.min >= -{CLAMP} and mm.max <= {CLAMP}:   # no ratio is clamped",
-                "        keep, dr = 1.0, r" if with_dr else "        keep = 1.0",
-                "    else:",
-                "        keep = (raw - log_ratio).sign_().abs_().neg_().add_(1.0)"]
-        if with_dr:
-            out.append("        dr = r * keep")
-    if "pi" in used:
-        out.append("    pi = torch.exp(logp)")
-    if "mu" in used:
-        out.append("    mu = torch.exp(anchor)")
-    return out
-
-
-def _function(name, doc, outputs, params, extra=(), inplace=False) -> str:
-    em = _Emitter({k: float(v) for k, v in params.items()}, outputs, inplace)
+def _emit(outputs, params, inplace=False, floats=False):
+    """(statements, one expression per output) computing `outputs`."""
+    em = _Emitter({k: float(v) for k, v in params.items()}, outputs, inplace, floats)
     for n in outputs:
         em.count(n)
     results = []
@@ -130,20 +114,86 @@ def _function(name, doc, outputs, params, extra=(), inplace=False) -> str:
         code, fresh = em.expr(n)
         if n in em.constant:      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
             code = f"torch.full_like(logp, {code})"
+        elif inplace and code in em.owned:      # returned once as it is, then copied
+            em.owned.discard(code)
         elif inplace and not fresh:   # the caller may overwrite every returned tensor
             code = f"{code}.clone()"
         results.append(code)
-    body = _prelude(outputs, extra) + em.lines
-    results += list(extra)
-    ret = results[0] if len(results) == 1 else "(" + ", ".join(results) + ")"
-    signature = "logp, anchor, A, eager=False" if inplace else "logp, anchor, A"
-    return "\n".join([f"def {name}({signature}):", f'    """{doc}"""'] + body + [f"    return {ret}"])
+    return em.lines, results
+
+
+def _used(nodes, extra=()) -> set:
+    used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
+    return used | ({"r", "keep"} if "dr" in used else set())
+
+
+def _prelude(used, unclamped=False) -> list[str]:
+    """Only the built-ins the expressions use are computed (raw = logp − anchor comes first)."""
+    out = []
+    if unclamped:
+        out += ["    log_ratio = raw"] * bool(used & {"log_ratio"}) + ["    r = torch.exp(raw)"] * ("r" in used)
+    else:
+        if used & {"r", "log_ratio", "keep"}:
+            out.append(f"    log_ratio = torch.clamp(raw, -{CLAMP}, {CLAMP})")
+        if "r" in used:
+            out.append("    r = torch.exp(log_ratio)")
+        if "keep" in used:
+            # d clamp(raw)/d raw: 1 where the clamp is inactive, else 0, by float ops in place
+            # (several times faster than comparisons on CPU)
+            out.append("    keep = (raw - log_ratio).sign_().abs_().neg_().add_(1.0)")
+        if "dr" in used:
+            out.append("    dr = r * keep")
+    if "pi" in used:
+        out.append("    pi = torch.exp(logp)")
+    if "mu" in used:
+        out.append("    mu = torch.exp(anchor)")
+    return out
+
+
+def _tuple(codes) -> str:
+    return codes[0] if len(codes) == 1 else "(" + ", ".join(codes) + ")"
+
+
+def _function(name, doc, outputs, params) -> str:
+    used = _used(outputs)
+    head = ["    dtype = logp.dtype"] + ["    raw = logp - anchor"] * bool(used & {"r", "log_ratio", "raw", "keep"})
+    lines, results = _emit(outputs, params)
+    return "\n".join([f"def {name}(logp, anchor, A):", f'    """{doc}"""'] + head + _prelude(used) + lines
+                     + [f"    return {_tuple(results)}"])
+
+
+def _fused_functions(value, params) -> str:
+    """objective_and_grad (for torch.compile) and objective_and_grad_eager (run eagerly: booleans
+    as floats, and a branch on the data, which a compiled graph should not have)."""
+    extra = ("r", "raw", "mu")
+    head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
+    grad = derivative(value, GRAD_SEEDS)
+    lines, results = _emit([value, grad], params, inplace=True)
+    compiled = [*head, *_prelude(_used([value, grad], extra)), *lines, f"    return {_tuple(results + list(extra))}"]
+    fast_grad = derivative(value, UNCLAMPED_SEEDS)
+    fast_lines, fast_results = _emit([value, fast_grad], params, inplace=True, floats=True)
+    fast = [*_prelude(_used([value, fast_grad], extra), unclamped=True), *fast_lines,
+            f"    return {_tuple(fast_results + list(extra))}"]
+    lines, results = _emit([value, grad], params, inplace=True, floats=True)
+    eager = [*head,
+             "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
+             f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
+             *("    " + line for line in fast),
+             *_prelude(_used([value, grad], extra)), *lines, f"    return {_tuple(results + list(extra))}"]
+    doc = ("ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
+           "    unclamped log-ratio and μ come back too, for the loss's metrics. Each returned\n"
+           "    tensor is a buffer of its own that the caller may overwrite.")
+    eager_doc = ("objective_and_grad, run eagerly (CPU): booleans are 0/1 floats (a comparison into\n"
+                 "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
+                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.")
+    return "\n".join([
+        "def objective_and_grad(logp, anchor, A):", f'    """{doc}"""', *compiled, "", "",
+        "def objective_and_grad_eager(logp, anchor, A):", f'    """{eager_doc}"""', *eager])
 
 
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     value = _rewrite_logs(obj.expr)
-    grad = derivative(value, GRAD_SEEDS)
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
@@ -159,18 +209,14 @@ def torch_source(obj: Objective) -> str:
                   [value], obj.params),
         "",
         "",
-        _function("objective_and_grad",
-                  "ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
-                  "    unclamped log-ratio and μ come back too, for the loss's metrics. Each returned\n"
-                  "    tensor is a buffer of its own that the caller may overwrite.",
-                  [value, grad], obj.params, extra=("r", "raw", "mu"), inplace=True),
+        _fused_functions(value, obj.params),
     ]) + "\n"
 
 
 def compile_objective(obj: Objective):
-    """(objective, objective_and_grad, source) as Python callables."""
+    """(objective, objective_and_grad, objective_and_grad_eager, source): the functions as callables."""
     import torch
     source = torch_source(obj)
     namespace = {"torch": torch}
     exec(compile(source, f"<objective {obj.name}>", "exec"), namespace)
-    return namespace["objective"], namespace["objective_and_grad"], source
+    return namespace["objective"], namespace["objective_and_grad"], namespace["objective_and_grad_eager"], source

@@ -252,7 +252,7 @@ def _is_literal(code: str) -> bool:
 
 
 def _t_where_extreme(cmp):
-    pick = min if cmp == "<=" else max
+    pick, bound = (min, "max") if cmp == "<=" else (max, "min")
 
     def lower(*a):
         out = a[-1]
@@ -260,10 +260,45 @@ def _t_where_extreme(cmp):
             rest = out
             if _is_literal(x) and _is_literal(rest):    # clip's inner max of two constants
                 out = repr(pick(float(x), float(rest)))
+            elif _is_literal(rest):   # one pass (where() is ~20x slower on CPU); a tie passes x's gradient
+                out = f"torch.clamp({x}, {bound}={rest})"
             else:   # nested where: the first argument attaining the extreme wins, as in the IR rule
                 out = f"torch.where({x} {cmp} {rest}, {x}, {rest})"
         return out
     return lower
+
+
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _f_cmp(name):
+    def lower(a, b):
+        if _is_literal(a[0]) or (b[1] and not a[1]):     # the tensor (a fresh one, if any) goes first
+            a, b, name_ = b, a, _MIRROR[name]
+        else:
+            name_ = name
+        if a[1]:
+            return f"{a[0]}.{name_}_({b[0]})", True
+        return f"torch.{name_}({a[0]}, {b[0]}, out=torch.empty_like(logp))", True
+    return lower
+
+
+def _f_fresh_first(a, b):
+    return (b, a) if b[1] and not a[1] else (a, b)
+
+
+def _f_and(a, b):
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.mul_({b[0]})" if a[1] else f"({a[0]} * {b[0]})"), True
+
+
+def _f_or(a, b):       # 0/1 values: a + b, clamped to 1
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.add_({b[0]})" if a[1] else f"({a[0]} + {b[0]})") + ".clamp_(max=1.0)", True
+
+
+def _f_not(a):
+    return (f"{a[0]}.neg_().add_(1.0)" if a[1] else f"(1.0 - {a[0]})"), True
 
 
 def _t_clip(x, lo, hi):
@@ -287,11 +322,15 @@ class Op:
     symbol: str                     # infix symbol or function name
     reuses_args: bool = False       # the torch text names an argument twice: bind it first
     inplace: str = ""               # torch method updating its first argument in place (add_, ...)
-    commutes: bool = False          # args may swap, exactly: a fresh second argument is updated
+    # how a fresh second argument is updated in place, bit for bit ((a, b) -> source), if it can be
+    inplace_second: Callable | None = None
+    # the eager kernel's lowering of a boolean op, with booleans as 0/1 floats (comparisons
+    # into a float tensor are ~4x faster on CPU than into bool): ((code, fresh), ...) -> (code, fresh)
+    floats: Callable | None = None
 
 
 def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2, inplace="",
-           commutes=False, np=None):
+           inplace_second=None, np=None, floats=None):
     ts = torch_sym or sym
     if arity == 1:
         torch = lambda a: f"({ts}{a})"
@@ -300,15 +339,15 @@ def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="n
     # arithmetic and comparison operators act elementwise on arrays as written
     np = np or (lambda _np, *a: py(*a))
     return Op((arity, arity), kind, args_kind, sympy, torch, py, np, deriv, prec, sym, inplace=inplace,
-              commutes=commutes)
+              inplace_second=inplace_second, floats=floats)
 
 
 def _fn(name, sympy, torch, py, np, deriv, arity=(1, 1), kind="num", args_kind="num", reuses_args=False, inplace=""):
     return Op(arity, kind, args_kind, sympy, torch, py, np, deriv, 100, name, reuses_args, inplace=inplace)
 
 
-def _cmp(sym, torch_sym, sympy, py):
-    return _infix(sym, 4, sympy, py, NOT_DIFFERENTIABLE, torch_sym, kind="bool")
+def _cmp(name, sym, torch_sym, sympy, py):
+    return _infix(sym, 4, sympy, py, NOT_DIFFERENTIABLE, torch_sym, kind="bool", floats=_f_cmp(name))
 
 
 def _np_reduce(name):
@@ -329,11 +368,13 @@ def _sign(x):
 
 OPS: dict[str, Op] = {
     "add": _infix("+", 5, lambda sp, a, b: a + b, lambda a, b: a + b,
-                  lambda n, d: add(d[0], d[1]), inplace="add_", commutes=True),
+                  lambda n, d: add(d[0], d[1]), inplace="add_", inplace_second=lambda a, b: f"{b}.add_({a})"),
     "sub": _infix("-", 5, lambda sp, a, b: a - b, lambda a, b: a - b,
-                  lambda n, d: sub(d[0], d[1]), inplace="sub_"),
+                  lambda n, d: sub(d[0], d[1]), inplace="sub_",
+                  inplace_second=lambda a, b: f"{b}.neg_().add_({a})"),    # IEEE: a - b is a + (-b)
     "mul": _infix("*", 6, lambda sp, a, b: a * b, lambda a, b: a * b,
-                  lambda n, d: add(mul(d[0], n.args[1]), mul(n.args[0], d[1])), inplace="mul_", commutes=True),
+                  lambda n, d: add(mul(d[0], n.args[1]), mul(n.args[0], d[1])), inplace="mul_",
+                  inplace_second=lambda a, b: f"{b}.mul_({a})"),
     "div": _infix("/", 6, lambda sp, a, b: a / b, lambda a, b: a / b,
                   lambda n, d: sub(div(d[0], n.args[1]),
                                    div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2))))), inplace="div_"),
@@ -361,20 +402,21 @@ OPS: dict[str, Op] = {
                 lambda x, lo, hi: min(max(x, lo), hi), lambda np, x, lo, hi: np.minimum(np.maximum(x, lo), hi), _d_clip, arity=(3, 3), reuses_args=True),
     "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, lambda np, a: a, _zero),
     "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True), evaluate=False),
-              lambda c: f"({c}).to(dtype)", float, lambda np, c: np.asarray(c, dtype=float), _zero, 100, "[]"),
-    "lt": _cmp("<", "<", lambda sp, a, b: sp.Lt(a, b, evaluate=False), lambda a, b: a < b),
-    "le": _cmp("≤", "<=", lambda sp, a, b: sp.Le(a, b, evaluate=False), lambda a, b: a <= b),
-    "gt": _cmp(">", ">", lambda sp, a, b: sp.Gt(a, b, evaluate=False), lambda a, b: a > b),
-    "ge": _cmp("≥", ">=", lambda sp, a, b: sp.Ge(a, b, evaluate=False), lambda a, b: a >= b),
-    "eq": _cmp("==", "==", lambda sp, a, b: sp.Eq(a, b, evaluate=False), lambda a, b: a == b),
-    "ne": _cmp("≠", "!=", lambda sp, a, b: sp.Ne(a, b, evaluate=False), lambda a, b: a != b),
+              lambda c: f"({c}).to(dtype)", float, lambda np, c: np.asarray(c, dtype=float), _zero, 100, "[]",
+              floats=lambda c: c),
+    "lt": _cmp("lt", "<", "<", lambda sp, a, b: sp.Lt(a, b, evaluate=False), lambda a, b: a < b),
+    "le": _cmp("le", "≤", "<=", lambda sp, a, b: sp.Le(a, b, evaluate=False), lambda a, b: a <= b),
+    "gt": _cmp("gt", ">", ">", lambda sp, a, b: sp.Gt(a, b, evaluate=False), lambda a, b: a > b),
+    "ge": _cmp("ge", "≥", ">=", lambda sp, a, b: sp.Ge(a, b, evaluate=False), lambda a, b: a >= b),
+    "eq": _cmp("eq", "==", "==", lambda sp, a, b: sp.Eq(a, b, evaluate=False), lambda a, b: a == b),
+    "ne": _cmp("ne", "≠", "!=", lambda sp, a, b: sp.Ne(a, b, evaluate=False), lambda a, b: a != b),
     "and": _infix("and", 2, lambda sp, a, b: sp.And(a, b), lambda a, b: a and b,
-                  NOT_DIFFERENTIABLE, "&", kind="bool", args_kind="bool", np=_np_reduce("logical_and")),
+                  NOT_DIFFERENTIABLE, "&", kind="bool", args_kind="bool", np=_np_reduce("logical_and"), floats=_f_and),
     "or": _infix("or", 1, lambda sp, a, b: sp.Or(a, b), lambda a, b: a or b,
-                 NOT_DIFFERENTIABLE, "|", kind="bool", args_kind="bool", np=_np_reduce("logical_or")),
+                 NOT_DIFFERENTIABLE, "|", kind="bool", args_kind="bool", np=_np_reduce("logical_or"), floats=_f_or),
     "not": _infix("not ", 3, lambda sp, a: sp.Not(a), lambda a: not a,
                   NOT_DIFFERENTIABLE, "~", kind="bool", args_kind="bool", arity=1,
-                  np=lambda np, a: np.logical_not(a)),
+                  np=lambda np, a: np.logical_not(a), floats=_f_not),
 }
 
 # Functions a user may call by name (the rest are operators or brackets).

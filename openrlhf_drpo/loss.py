@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from fractions import Fraction
 
 import torch
@@ -48,22 +49,28 @@ def openrlhf_loss_module():
 
 
 
-def _aggregation_coef(m, mode, norm):
-    """d loss / d ℓ (ℓ the per-token objective; the loss is minus its aggregate), exactly as OpenRLHF's aggregate_loss scales it (m is the
-    float mask): token mode divides by the token count (or batch_num_tokens/dp_size), sample
-    mode averages the per-sequence means over non-empty sequences (or global_batch_size/dp_size).
-    The token-sum modes weight each sequence's mean by its length (or length / T)."""
-    if mode == "token-mean":      # an all-masked batch: 0/1, no gradient (OpenRLHF's own is 0/0 = NaN)
-        return m * (-1 / (m.sum().clamp(min=1) if norm is None else norm))
+def _aggregation_coef(m, mode):
+    """(coef, count): d loss / d ℓ = −coef/count (ℓ the per-token objective; the loss is minus
+    its aggregate), exactly as OpenRLHF's aggregate_loss scales it (m is the float mask), where
+    a given normalizer (batch_num_tokens or global_batch_size, over dp_size) replaces count.
+    Token mode divides by the token count; sample mode averages the per-sequence means over
+    non-empty sequences. The token-sum modes weight each sequence's mean by its length (or
+    length / T)."""
+    if mode == "token-mean":
+        return m, m.sum()
     count = m.sum(dim=-1, keepdim=True)
     per_seq = {"seq-mean-token-mean": 1.0, "seq-mean-token-sum": count,
                "seq-mean-token-sum-norm": count / m.shape[-1]}[mode] / (count + 1e-8)
     seq = (count > 0).to(m.dtype)
-    return m * (-per_seq * seq / (seq.sum().clamp(min=1) if norm is None else norm))
+    return m * (per_seq * seq), seq.sum()
 
 
 def _float_mask(action_mask, dtype):
-    return action_mask.bool().to(dtype)     # .bool() is many times faster than != 0 on CPU
+    # on CPU a bool tensor converts ~4x slower than uint8, and a comparison into bool ~4x
+    # slower than into float
+    if action_mask.dtype == torch.bool:
+        return action_mask.view(torch.uint8).to(dtype)
+    return torch.ne(action_mask, 0, out=torch.empty_like(action_mask, dtype=dtype))
 
 
 def _dot(x, y):
@@ -75,14 +82,15 @@ def _mul_sum(x, y):
 
 
 def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, dot=_dot):
-    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π and the metric sums, in one
-    function that torch.compile turns into a couple of fused loops. Every per-token quantity
-    is selected by the mask before it is reduced, so masked slots never leak. With dot=_dot
-    each sum is the same dot product as in _eager_kernel: equal bit for bit."""
+    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π (scale None: already applied)
+    and the metric sums, in one function that torch.compile turns into a couple of fused
+    loops. Every per-token quantity is selected by the mask before it is reduced, so masked
+    slots never leak. With dot=_dot, loss and gradient equal _eager_kernel's bit for bit."""
     value, grad, r, raw, mu = value_and_grad(logp, anchor, A)
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
     m = keep.to(value.dtype)
-    coef = _aggregation_coef(m, mode, norm)
+    coef, count = _aggregation_coef(m, mode)
+    scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
     nonzero_A = torch.sign(A).abs()
     w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
     # w ≤ 0: the trust-region boundary is reached. The move's direction is the sign of
@@ -91,53 +99,67 @@ def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, dot=_dot):
     s = torch.where(keep, (1 - torch.relu(torch.sign(w))) * torch.sign(raw * A), 0.0)
     nonzero_A = torch.where(keep, nonzero_A, 0.0)
     sel = functools.partial(torch.where, keep, other=0.0)
-    return dot(sel(value), coef), sel(grad) * coef, _stats(
-        s.sum(), dot(s, s), dot(sel(w), nonzero_A), nonzero_A.sum(),
-        dot(sel((r - 1).abs()), sel(mu)),     # |π − μ| = μ·|r − 1|, r clamped as in the loss
-        _max(sel(r)), -dot(sel(raw), m), m.sum())
+    sums = torch.stack([dot(sel(w), nonzero_A), nonzero_A.sum(), s.sum(), dot(s, s),
+                        dot(sel((r - 1).abs()), sel(mu)),     # |π − μ| = μ·|r − 1|, r clamped as in the loss
+                        _max(sel(r)), dot(sel(raw), m), m.sum()])
+    return dot(sel(value), coef) * scale, sel(grad) * coef * scale, None, _stats(sums)
 
 
 def _max(x):
     return x.amax() if x.numel() else x.new_zeros(())    # [B, 0]: nothing to max
 
 
-def _stats(toward, total, w_sum, w_count, abs_pi_mu_sum, ratio_max, neg_log_ratio_sum, tokens):
+def _stats(sums):
     """The metrics (METRIC_KEYS' order), then ppo_kl's masked mean of −log r and the token
-    count, in a few vectorized ops. An all-masked batch reports 0, not 0/0."""
-    sums = torch.stack([w_sum, (total + toward) / 2, (total - toward) / 2, abs_pi_mu_sum, neg_log_ratio_sum])
-    means = sums / torch.stack([w_count, tokens, tokens, tokens, tokens]).clamp(min=1)
-    return torch.cat([means[:4], ratio_max[None], means[4:], tokens[None]])
+    count, from the sums [Σw, #w, Σs, Σs², Σ|π−μ|, max r, Σ log r, #tokens]. An all-masked
+    batch reports 0, not 0/0."""
+    w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens = sums.unbind()
+    n = tokens.clamp(min=1)
+    return torch.stack([w_sum / w_count.clamp(min=1), (total + toward) / 2 / n, (total - toward) / 2 / n,
+                        abs_pi_mu / n, ratio_max, -log_ratio / n, tokens])
 
 
-def _eager_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm):
-    """_kernel's results, eagerly (CPU), where comparisons, where() and fresh 1 MB tensors
-    (page faults) are slow: masked slots are multiplied by 0 rather than selected, and each
-    metric is computed in place in a buffer the generated function returned and no longer
-    needed. That equals _kernel wherever every per-token value is finite; if any result is not
-    (a masked slot held NaN or inf, or the objective is not finite somewhere), _kernel
-    recomputes it. test_loss holds the two to each other."""
-    value, grad, r, raw, mu = value_and_grad(logp, anchor, A, eager=True)
+def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm):
+    """_kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
+    comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: tensors are
+    flat, masked slots are multiplied by 0 rather than selected, each metric is computed in
+    place in a buffer the generated function returned and no longer needs, the scalars are
+    finished in Python (one host sync), and the gradient's scale is left to backward. That
+    equals _kernel wherever every per-token value is finite; if any result is not (a masked
+    slot held NaN or inf, or the objective is not finite somewhere), _kernel recomputes it.
+    test_loss holds the two to each other."""
+    exact = functools.partial(_kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm)
+    if not logp.numel():          # [B, 0]: nothing to compute
+        return exact()
+    A = A.reshape(-1)
+    value, grad, r, raw, mu = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A)
     m = _float_mask(action_mask, value.dtype)
-    coef = _aggregation_coef(m, mode, norm)
-    loss, tokens, neg_log_ratio_sum = _dot(value, coef), m.sum(), -_dot(raw, m)
-    direction = raw.mul_(A).sign_()
-    nonzero_A = torch.sign(A, out=value).abs_()
-    w = torch.neg(nonzero_A).add_(1).addcmul_(r, A)              # r·A, or 1 where A = 0
-    w = torch.div(grad, w, out=w)
-    nonzero_A.mul_(m)
-    w_sum, w_count = _dot(w, nonzero_A), nonzero_A.sum()
-    s = torch.sign(w, out=value).relu_().neg_().add_(1)           # stopped: w ≤ 0
-    s.mul_(direction).mul_(m)
-    toward, total = s.sum(), _dot(s, s)
+    coef, count = _aggregation_coef(m, mode)
+    m, coef = m.view(-1), coef.reshape(-1)
+    tokens = count if mode == "token-mean" else m.sum()
+    loss, log_ratio = torch.dot(value, coef), torch.dot(raw, m)
+    a = torch.mul(A, m, out=value)     # masked advantages: the metrics below need no other mask
+    direction = raw.mul_(a).sign_()
+    w = torch.eq(a, 0, out=torch.empty_like(a)).addcmul_(r, a)    # r·A, or 1 where A = 0 (or masked)
+    w = torch.div(grad, w, out=w)                                  # w = (∂ℓ/∂log π)/(r·A)
+    has_w = a.ne_(0)
+    w_sum, w_count = torch.dot(w, has_w), has_w.sum()
+    stopped = w.le_(0)              # see _kernel: Σ stopped·direction, Σ stopped·|direction|
+    toward, total = torch.dot(stopped, direction), torch.dot(stopped, direction.abs_())
     masked_r = r.mul_(m)
-    ratio_max = _max(masked_r)
-    abs_pi_mu_sum = _dot(masked_r.sub_(m).abs_(), mu)          # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
-    stats = _stats(toward, total, w_sum, w_count, abs_pi_mu_sum, ratio_max, neg_log_ratio_sum, tokens)
+    ratio_max = masked_r.amax()
+    abs_pi_mu = torch.dot(masked_r.sub_(m).abs_(), mu)            # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
     # a non-finite ∂ℓ/∂log π anywhere (masked or not) makes w_sum non-finite: w = grad/den
     # and the dot multiplies it by 0 or 1
-    if torch.isfinite(loss + stats.sum()):
-        return loss, grad.mul_(coef), stats
-    return _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm)
+    values = torch.stack([loss, count, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens]).tolist()
+    if not all(map(math.isfinite, values)):
+        return exact()
+    loss, count, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens = values
+    scale = -1 / (max(count, 1) if norm is None else norm.item())
+    n = max(tokens, 1)
+    out = torch.tensor([loss * scale, w_sum / max(w_count, 1), (total + toward) / 2 / n, (total - toward) / 2 / n,
+                        abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=value.dtype, device=value.device)
+    return out[0], grad.mul_(coef).view_as(logp), scale, out[1:]
 
 
 def _fused_function(kernel):
@@ -150,17 +172,17 @@ def _fused_function(kernel):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
             # Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16.
             wide = lambda x: x.float() if x.dtype in (torch.float16, torch.bfloat16) else x   # noqa: E731
-            loss, grad, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask,
-                                       None if norm is None else wide(norm))
+            loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask,
+                                              None if norm is None else wide(norm))
             ctx.save_for_backward(grad)
-            ctx.dtype = logp.dtype
+            ctx.dtype, ctx.scale = logp.dtype, scale
             ctx.mark_non_differentiable(stats)
             return loss, stats
 
         @staticmethod
         def backward(ctx, g, _):
             (grad,) = ctx.saved_tensors
-            return (g * grad).to(ctx.dtype), None, None, None, None
+            return (grad * (g if ctx.scale is None else g * ctx.scale)).to(ctx.dtype), None, None, None, None
     return Fused
 
 
@@ -194,7 +216,7 @@ class ObjectiveLoss(nn.Module):
         options = {k: overrides.pop(k) for k in list(overrides) if k in OPTIONS}
         self.objective = obj.with_overrides(overrides, options, where="ObjectiveLoss") if (overrides or options) else obj
         self._L = openrlhf_loss_module()
-        self._value, self._value_and_grad, self.source = compile_objective(self.objective)
+        self._value, self._value_and_grad, self._value_and_grad_eager, self.source = compile_objective(self.objective)
         self.fused = fused
         # "auto": torch.compile (inductor) on CUDA inputs, where compiling takes seconds; eager
         # on CPU, where it takes ~30 s per objective. True/False force it either way.
@@ -220,7 +242,6 @@ class ObjectiveLoss(nn.Module):
         if action_mask is None:
             action_mask = torch.ones_like(log_probs, dtype=torch.bool)
         fused = self._fused(log_probs.is_cuda)
-        anchor, advantages = anchor.detach(), advantages.detach()
         # the global normalizer, as a tensor so a compiled kernel does not specialize on it
         total = batch_num_tokens if self.aggregate == "token-mean" else global_batch_size
         norm = None if total is None else torch.as_tensor(total / dp_size, dtype=log_probs.dtype,
@@ -228,6 +249,7 @@ class ObjectiveLoss(nn.Module):
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, action_mask, norm)
         else:
+            anchor, advantages = anchor.detach(), advantages.detach()
             mask = action_mask != 0
             clean = lambda x: torch.where(mask, x, 0.0)   # noqa: E731  select, don't multiply
             per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages))
@@ -264,7 +286,8 @@ class ObjectiveLoss(nn.Module):
                 kernel = torch.compile(functools.partial(_kernel, self._value_and_grad, self.aggregate, dot=_mul_sum),
                                        dynamic=True)
             else:
-                kernel = functools.partial(_eager_kernel, self._value_and_grad, self.aggregate)
+                kernel = functools.partial(_eager_kernel, self._value_and_grad_eager, self._value_and_grad,
+                                           self.aggregate)
             self._kernels[use] = _fused_function(kernel)
         return self._kernels[use]
 

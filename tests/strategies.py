@@ -3,6 +3,16 @@ operation the language has (kept finite-ish: divisions and logs of 1 + x²)."""
 from hypothesis import strategies as st
 
 LEAVES = st.sampled_from(["r", "π", "μ", "A", "δ", "2", "0.5"])
+
+
+_SIDES = st.one_of(LEAVES, st.tuples(LEAVES, st.sampled_from(["+", "-", "*"]), LEAVES).map(" ".join))
+# every comparison, combined by and/or/not (constant sides included: `δ < 2`)
+CONDITIONS = st.recursive(
+    st.tuples(_SIDES, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), _SIDES).map(" ".join),
+    lambda c: st.one_of(st.tuples(c, st.sampled_from(["and", "or"]), c).map(lambda t: f"({t[0]}) {t[1]} ({t[2]})"),
+                        c.map(lambda x: f"not ({x})")), max_leaves=3)
+
+
 OBJECTIVES = st.recursive(LEAVES, lambda inner: st.one_of(
     st.tuples(inner, st.sampled_from(["+", "-", "*"]), inner).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
     st.tuples(inner, inner).map(lambda t: f"({t[0]})/(1 + ({t[1]})^2)"),
@@ -11,7 +21,7 @@ OBJECTIVES = st.recursive(LEAVES, lambda inner: st.one_of(
     inner.map(lambda x: f"log(1 + ({x})^2)"), inner.map(lambda x: f"sqrt(1 + ({x})^2)"),
     st.tuples(st.sampled_from(["min", "max"]), inner, inner).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
     st.tuples(inner, inner, inner).map(lambda t: f"clip({t[0]}, {t[1]}, {t[2]})"),
-    st.tuples(inner, st.sampled_from(["<", ">="]), inner, inner).map(lambda t: f"[{t[0]} {t[1]} {t[2]}]*({t[3]})"),
+    st.tuples(CONDITIONS, inner).map(lambda t: f"[{t[0]}]*({t[1]})"),
 ), max_leaves=8)
 
 

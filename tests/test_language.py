@@ -335,7 +335,7 @@ def test_every_operation_row_declares_its_lowerings_derivative_and_printing():
         assert callable(op.sympy) and callable(op.torch) and callable(op.py) and callable(op.np), name
         assert op.symbol and op.prec > 0, name
         if op.kind == "bool":
-            assert op.deriv is NOT_DIFFERENTIABLE, name
+            assert op.deriv is NOT_DIFFERENTIABLE and callable(op.floats), name   # the eager kernel's 0/1 floats
         else:
             assert callable(op.deriv), name
 

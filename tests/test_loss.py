@@ -246,28 +246,33 @@ def test_tokens_stopped_while_converging_are_counted():
     assert conv > 0 and torch.isclose(loss_fn.metrics["drpo_past_boundary_converging"], conv)
 
 
-def _edge_batch(seed):
+def _edge_batch(seed, clamped=True):
     """Finite inputs with every edge the metrics branch on: A = 0, r = 1 exactly, the ratio
-    clamp active, w = 0 (PPO's clipped region), and a fully masked row."""
+    clamp active (or, with clamped=False, only nearly: the eager code's other branch), w = 0
+    (PPO's clipped region), and a fully masked row."""
     new, old, A, mask = batch(seed, B=8, T=16)
     A[2, :5] = 0.0
     new[3, :4] = old[3, :4]
-    new[4, :4] = old[4, :4] + torch.tensor([25.0, -25.0, 21.0, -30.0], dtype=torch.float64)
+    shift = [25.0, -25.0, 21.0, -30.0] if clamped else [20.0, -20.0, 19.5, -19.9]
+    new[4, :4] = old[4, :4] + torch.tensor(shift, dtype=torch.float64)
     new[5] = old[5] + torch.linspace(-0.6, 0.6, new.shape[1], dtype=torch.float64)
     return new, old, A, mask
 
 
+@pytest.mark.parametrize("clamped", [True, False], ids=["clamped", "unclamped"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", SHIPPED)
-def test_eager_kernel_equals_the_selecting_kernel_bit_for_bit(name, mode):
+def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped):
+    """Loss and gradient bit for bit; the metrics (finished in Python there) to rounding."""
     from openrlhf_drpo.loss import _eager_kernel, _kernel
-    new, old, A, mask = _edge_batch(5)
-    vg = ObjectiveLoss(name)._value_and_grad
-    fast = _eager_kernel(vg, mode, new, old, A, mask, None)
-    exact = _kernel(vg, mode, new, old, A, mask, None)
-    assert torch.isfinite(fast[2]).all()
-    for a, b in zip(fast, exact):
-        assert torch.equal(a, b)
+    new, old, A, mask = _edge_batch(5, clamped)
+    loss_fn = ObjectiveLoss(name)
+    loss, grad, scale, stats = _eager_kernel(loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode,
+                                             new, old, A, mask, None)
+    exact = _kernel(loss_fn._value_and_grad, mode, new, old, A, mask, None)
+    assert exact[2] is None and torch.isfinite(stats).all()
+    assert torch.equal(loss, exact[0]) and torch.equal(grad * scale, exact[1])
+    assert torch.allclose(stats, exact[3], rtol=1e-14, atol=0)
 
 
 def test_rollout_anchor_uses_the_inference_engines_log_probs():
@@ -342,6 +347,8 @@ def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(te
         return          # e.g. no dependence on the policy: rejected before any tensor exists
     from dsl.ir import evaluate
     new, old, A, mask = batch(seed, B=3, T=5)
+    if seed % 2:        # a clamped ratio: the eager code's other branch
+        new[0, 0] = old[0, 0] + 25
     grads, losses = [], []
     for fused in (True, False):
         lp = new.clone().requires_grad_()
@@ -422,10 +429,13 @@ def test_half_precision_inputs_are_computed_in_fp32():
 
 @pytest.mark.parametrize("text", ["r", "A*log(π)", "μ*r*A", "sg(r)*A*log(π)", "exp(log(r))*A",
                                   "min(r*A, clip(r, 0.8, 1.2)*A)", "[A > 0]*r + 0*A"])
-def test_the_in_place_eager_path_never_writes_into_its_inputs(text):
+@pytest.mark.parametrize("clamped", [True, False], ids=["clamped", "unclamped"])
+def test_the_in_place_eager_path_never_writes_into_its_inputs(text, clamped):
     """The generated code and the eager kernel update temporaries in place: an objective that is
     an input itself (ℓ = r, ∂ℓ/∂log π = A, ...) must still leave the caller's tensors alone."""
     new, old, A, mask = batch(4)
+    if clamped:       # the eager code's branch for batches with a clamped ratio
+        new[0, 0] = old[0, 0] + 30
     copies = [x.clone() for x in (new, old, A, mask)]
     grads = []
     for fused in (True, False):
