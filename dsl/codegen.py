@@ -2,9 +2,9 @@
 
 Three functions are generated per objective:
   objective(logp, anchor, A)          -> ℓ per token (autograd differentiates it: the plain path)
-  objective_and_grad(logp, anchor, A) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ) in one pass
-      (the fused path; the ratio, the unclamped log-ratio and μ are returned for the loss's
-      metrics)
+  objective_and_grad(logp, anchor, A) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ, keep) in one pass
+      (the fused path; the ratio, the unclamped log-ratio, μ and where the ratio clamp is
+      inactive are returned for the loss's metrics)
   objective_and_grad_eager(logp, anchor, A) -> the same, written for eager CPU execution
 Inputs: logp = log π (current policy), anchor = log μ, A = advantages, all [B, T].
 r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
@@ -165,15 +165,15 @@ def _function(name, doc, outputs, params) -> str:
 def _fused_functions(value, params) -> str:
     """objective_and_grad (for torch.compile) and objective_and_grad_eager (run eagerly: booleans
     as floats, and a branch on the data, which a compiled graph should not have)."""
-    extra = ("r", "raw", "mu")
+    extra = ("r", "raw", "mu", "keep")
     head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
     grad = derivative(value, GRAD_SEEDS)
     lines, results = _emit([value, grad], params, inplace=True)
     compiled = [*head, *_prelude(_used([value, grad], extra)), *lines, f"    return {_tuple(results + list(extra))}"]
     fast_grad = derivative(value, UNCLAMPED_SEEDS)
     fast_lines, fast_results = _emit([value, fast_grad], params, inplace=True, floats=True)
-    fast = [*_prelude(_used([value, fast_grad], extra), unclamped=True), *fast_lines,
-            f"    return {_tuple(fast_results + list(extra))}"]
+    fast = [*_prelude(_used([value, fast_grad], extra[:-1]), unclamped=True), *fast_lines,
+            f"    return {_tuple(fast_results + [*extra[:-1], '1.0'])}"]
     lines, results = _emit([value, grad], params, inplace=True, floats=True)
     eager = [*head,
              "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
@@ -181,8 +181,9 @@ def _fused_functions(value, params) -> str:
              *("    " + line for line in fast),
              *_prelude(_used([value, grad], extra)), *lines, f"    return {_tuple(results + list(extra))}"]
     doc = ("ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
-           "    unclamped log-ratio and μ come back too, for the loss's metrics. Each returned\n"
-           "    tensor is a buffer of its own that the caller may overwrite.")
+           "    unclamped log-ratio, μ and keep (0 where the ratio clamp is active) come back too,\n"
+           "    for the loss's metrics. Each returned tensor is a buffer of its own that the caller\n"
+           "    may overwrite, except keep.")
     eager_doc = ("objective_and_grad, run eagerly (CPU): booleans are 0/1 floats (a comparison into\n"
                  "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
                  "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.")

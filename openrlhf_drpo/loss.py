@@ -86,17 +86,18 @@ def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, dot=_dot):
     and the metric sums, in one function that torch.compile turns into a couple of fused
     loops. Every per-token quantity is selected by the mask before it is reduced, so masked
     slots never leak. With dot=_dot, loss and gradient equal _eager_kernel's bit for bit."""
-    value, grad, r, raw, mu = value_and_grad(logp, anchor, A)
+    value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A)
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
     m = keep.to(value.dtype)
     coef, count = _aggregation_coef(m, mode)
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
     nonzero_A = torch.sign(A).abs()
     w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
-    # w ≤ 0: the trust-region boundary is reached. The move's direction is the sign of
-    # A·(log π − log μ) (0 where A = 0): +1 diverging, −1 converging. So with s = stopped·direction
-    # on unmasked tokens, Σs = diverging − converging and Σs² = diverging + converging.
-    s = torch.where(keep, (1 - torch.relu(torch.sign(w))) * torch.sign(raw * A), 0.0)
+    # w ≤ 0: the trust-region boundary is reached, unless the ratio clamp zeroed the gradient
+    # (`inside` = 0: a numerical stop, not the objective's). The move's direction is the sign
+    # of A·(log π − log μ) (0 where A = 0): +1 diverging, −1 converging. So with
+    # s = stopped·direction on unmasked tokens, Σs = diverging − converging and Σs² = their sum.
+    s = torch.where(keep, (1 - torch.relu(torch.sign(w))) * inside * torch.sign(raw * A), 0.0)
     nonzero_A = torch.where(keep, nonzero_A, 0.0)
     sel = functools.partial(torch.where, keep, other=0.0)
     sums = torch.stack([dot(sel(w), nonzero_A), nonzero_A.sum(), s.sum(), dot(s, s),
@@ -132,7 +133,7 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     if not logp.numel():          # [B, 0]: nothing to compute
         return exact()
     A = A.reshape(-1)
-    value, grad, r, raw, mu = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A)
+    value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A)
     m = _float_mask(action_mask, value.dtype)
     coef, count = _aggregation_coef(m, mode)
     m, coef = m.view(-1), coef.reshape(-1)
@@ -145,6 +146,8 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     has_w = a.ne_(0)
     w_sum, w_count = torch.dot(w, has_w), has_w.sum()
     stopped = w.le_(0)              # see _kernel: Σ stopped·direction, Σ stopped·|direction|
+    if not isinstance(inside, float):        # some ratio is clamped
+        stopped.mul_(inside)
     toward, total = torch.dot(stopped, direction), torch.dot(stopped, direction.abs_())
     masked_r = r.mul_(m)
     ratio_max = masked_r.amax()
@@ -226,6 +229,8 @@ class ObjectiveLoss(nn.Module):
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: dict[str, torch.Tensor] = {}
         self.sink: dict | None = None      # drpo-train points this at experience.info
+        self.track_extremes = False        # drpo-lab: fill self.extremes on every call
+        self.extremes: dict[str, float] = {}
 
     def extra_repr(self) -> str:
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
@@ -276,7 +281,25 @@ class ObjectiveLoss(nn.Module):
                 # so no token is filtered here
                 vllm_kl = masked_mean(rollout_log_probs - old_log_probs)
                 is_filter_ratio = torch.zeros((), device=log_probs.device)
+            if self.track_extremes:
+                self.extremes = self._extremes(log_probs, anchor, advantages, action_mask != 0)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+
+    def _extremes(self, logp, anchor, A, keep) -> dict:
+        """What drpo-lab logs per optimizer step, over unmasked tokens: the range of r and the
+        largest per-token |∂ℓ/∂log π|/|A| (over A ≠ 0), with μ at that token. A second,
+        plain evaluation of the generated code: only the lab pays for it."""
+        if not keep.any():
+            return {}
+        logp, anchor, A = (x.detach().float() for x in (logp, anchor, A))
+        _, grad, r, _, mu, _ = self._value_and_grad(logp, anchor, A)
+        weighted = keep & (A != 0)
+        weight = torch.where(weighted, grad.abs() / torch.where(weighted, A.abs(), 1.0), -1.0).flatten()
+        i = int(weight.argmax())
+        out = {"ratio_min": r[keep].min().item(), "ratio_max": r[keep].max().item()}
+        if weight[i] >= 0:
+            out.update(max_token_weight=weight[i].item(), mu_at_max_token_weight=mu.flatten()[i].item())
+        return out
 
     def _fused(self, cuda: bool):
         """The autograd Function around the (possibly compiled) kernel, built once per mode."""

@@ -36,12 +36,12 @@ def reward_func(queries, prompts, labels):
     return {"rewards": rewards, "scores": rewards, "extra_logs": {"target_frequency": rewards}}
 
 
-def build(folder: str, prompts: int = 256, prompt_words: int = 4, seed: int = 0, hidden: int = 128) -> dict:
-    """Writes a tiny Llama with its word-level tokenizer and a prompt set; returns their paths."""
+def tiny_llama(folder: str, vocab: list[str], seed: int = 0, hidden: int = 128):
+    """A randomly initialised tiny Llama (fp32, not saved) and its word-level tokenizer, saved
+    in folder/model; returns (model, tokenizer, model folder)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    vocab = SPECIAL + WORDS
     model_dir = os.path.join(folder, "model")
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -51,7 +51,14 @@ def build(folder: str, prompts: int = 256, prompt_words: int = 4, seed: int = 0,
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(model_dir)
+    return LlamaForCausalLM(config), tok, model_dir
+
+
+def build(folder: str, prompts: int = 256, prompt_words: int = 4, seed: int = 0, hidden: int = 128) -> dict:
+    """Writes a tiny Llama with its word-level tokenizer and a prompt set; returns their paths."""
+    import torch
+    model, _, model_dir = tiny_llama(folder, SPECIAL + WORDS, seed, hidden)
+    model.to(torch.bfloat16).save_pretrained(model_dir)
     rng = random.Random(seed)
     data = os.path.join(folder, "prompts.jsonl")
     with open(data, "w") as f:
@@ -61,16 +68,17 @@ def build(folder: str, prompts: int = 256, prompt_words: int = 4, seed: int = 0,
 
 
 def flags(task: dict, out: str, steps: int, rollout_prompts: int = 4, samples: int = 4, seed: int = 0,
-          lr: float = 5e-3) -> list[str]:
-    """drpo-train flags for a CPU run of `steps` optimizer steps on the task (one update per
-    rollout: the train batch is the whole rollout batch; at most 256 / rollout_prompts steps)."""
-    batch = rollout_prompts * samples
+          lr: float = 5e-3, updates: int = 1) -> list[str]:
+    """drpo-train flags for a CPU run of `steps` rollouts on the task, each cut into `updates`
+    optimizer steps (1: the train batch is the whole rollout batch); at most as many steps as
+    the prompt file has prompts / rollout_prompts."""
+    batch = rollout_prompts * samples // updates
     return [
         "--actor.model_name_or_path", task["model"], "--reward.remote_url", task["reward"],
         "--data.prompt_dataset", task["prompts"], "--data.input_key", "prompt", "--data.label_key", "target",
         "--data.max_samples", str(rollout_prompts * steps), "--data.max_len", "64", "--rollout.max_new_tokens", "8",
         "--rollout.batch_size", str(rollout_prompts), "--rollout.n_samples_per_prompt", str(samples),
-        "--rollout.micro_batch_size", str(batch), "--train.batch_size", str(batch),
+        "--rollout.micro_batch_size", str(rollout_prompts * samples), "--train.batch_size", str(batch),
         "--train.micro_batch_size", str(batch), "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0",
         "--actor.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1",
         "--vllm.enforce_eager", "--ds.zero_stage", "2", "--ds.param_dtype", "bf16", "--actor.adam.lr", str(lr),

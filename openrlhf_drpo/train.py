@@ -37,6 +37,9 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                        help="override an objective parameter (repeatable)")
     group.add_argument("--drpo.anchor", choices=["old", "rollout"], default=None,
                        help="which log-probs play μ: the trainer's old log-probs or vLLM's rollout log-probs")
+    group.add_argument("--drpo.step_log", metavar="FILE", default=None,
+                       help="append one JSON line per optimizer step (gradient norm before clipping, the range "
+                            "of r, the largest per-token |dl/dlog pi|/|A| and mu there, dead steps): drpo-lab's record")
     group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
                             "weight sync); auto: on exactly when no CUDA device is visible")
@@ -215,6 +218,10 @@ def _ship_spec(ns, cpu: bool) -> None:
         cpu_mode.check_flags(ns, sys.argv[1:])
     preflight(ns, cpu)
     _report(obj, ns)
+    if obj.options["anchor"] == "rollout":
+        print("openrlhf-drpo: @anchor = rollout: r is π/μ against vLLM's log-probs; ppo_kl is OpenRLHF's drift "
+              "from the trainer's log-probs at the start of the step (π_old), within the step; vllm_kl is the "
+              "engine/trainer mismatch", flush=True)
     # The objective's text and parameters travel inside the args to every actor, on every
     # node: no path that might not exist elsewhere.
     setattr(ns, "drpo.spec", json.dumps(spec, ensure_ascii=False))

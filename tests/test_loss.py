@@ -235,6 +235,48 @@ def test_metrics_are_zero_dim_tensors_with_the_documented_names():
     assert torch.isclose(loss_fn.metrics["drpo_past_boundary_converging"], conv)
 
 
+@pytest.mark.parametrize("kernel", ["eager", "selecting"])
+def test_a_ratio_zeroed_by_the_clamp_is_not_counted_past_the_boundary(kernel):
+    """The surrogate r·A has no boundary; where log r < -20 the clamp zeroes its gradient
+    (w = 0), which used to read as tokens stopped while diverging (drpo-lab saw it)."""
+    from openrlhf_drpo.loss import _eager_kernel, _kernel
+    new, old, A, mask = batch(3)
+    mask[:] = 1
+    A[:2] = -A[:2].abs() - 0.1
+    new[:2] = old[:2] - 30           # π collapsed against a negative advantage: diverging
+    loss_fn = ObjectiveLoss("surrogate")
+    args = ("token-mean", new, old, A, mask, None)
+    if kernel == "eager":
+        stats = _eager_kernel(loss_fn._value_and_grad_eager, loss_fn._value_and_grad, *args)[3]
+    else:
+        stats = _kernel(loss_fn._value_and_grad, *args)[3]
+    metrics = dict(zip(METRIC_KEYS, stats.tolist()))
+    assert metrics["drpo_past_boundary_diverging"] == 0 and metrics["drpo_past_boundary_converging"] == 0
+    assert 0 < metrics["drpo_w_mean"] < 1           # w = 0 on the clamped tokens, as applied
+
+
+def test_the_extremes_drpo_lab_logs_match_autograd_on_the_hand_written_objective():
+    new, old, A, mask = batch(8)
+    A[0, :3] = 0.0
+    loss_fn = ObjectiveLoss("drpo", delta=0.2)
+    loss_fn.track_extremes = True
+    loss_fn(new, old, A, action_mask=mask)
+    lp = new.clone().requires_grad_()
+    r = torch.exp(lp - old)
+    (r * A - A.abs() / 0.4 * old.exp() * (r - 1) ** 2).sum().backward()
+    keep = (mask != 0) & (A != 0)
+    weight = torch.where(keep, lp.grad.abs() / A.abs().clamp(min=1e-300), -1.0)
+    i = weight.argmax()
+    got = loss_fn.extremes
+    assert math.isclose(got["max_token_weight"], weight.flatten()[i].item(), rel_tol=1e-6)
+    assert math.isclose(got["mu_at_max_token_weight"], old.exp().flatten()[i].item(), rel_tol=1e-6)
+    ratios = r.detach()[mask != 0]
+    assert math.isclose(got["ratio_min"], ratios.min().item(), rel_tol=1e-6)
+    assert math.isclose(got["ratio_max"], ratios.max().item(), rel_tol=1e-6)
+    loss_fn(new, old, A, action_mask=torch.zeros_like(mask))
+    assert loss_fn.extremes == {}
+
+
 def test_tokens_stopped_while_converging_are_counted():
     """Dual clip gives A < 0 tokens w = 0 once r > 3: π has moved against the advantage."""
     new, old, A, mask = batch(2)
