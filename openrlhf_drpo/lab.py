@@ -187,11 +187,11 @@ def plot(runs: list[dict], path: str) -> None:
               ("mismatch", "engine/trainer mismatch: max |log r|, first update", False)]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for ax, (key, title, log) in zip(axes.flat, panels):
-        for run in runs:
+        for i, run in enumerate(runs):       # one colour per run in every panel
             c = run["curves"]
-            points = [(s, v) for s, v in zip(c["step"], c[key]) if v is not None]
+            points = [(s, v) for s, v in zip(c["step"], c[key]) if v is not None and (v > 0 or not log)]
             if points:
-                ax.plot(*zip(*points), label=f"{run['row']['objective']} (seed {run['row']['seed']})")
+                ax.plot(*zip(*points), color=f"C{i % 10}", label=f"{run['row']['objective']} (seed {run['row']['seed']})")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         if log and ax.has_data():
