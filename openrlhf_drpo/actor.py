@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import ray
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
@@ -23,45 +24,65 @@ def build_loss(spec):
     return ObjectiveLoss(obj)
 
 
+def _merge(row: dict, extremes: dict, dead: bool) -> None:
+    """Fold one micro-batch's extremes into its optimizer step's row."""
+    row["dead"] = row.get("dead", True) and dead
+    if "ratio_min" in extremes:
+        row["ratio_min"] = min(row.get("ratio_min", math.inf), extremes["ratio_min"])
+        row["ratio_max"] = max(row.get("ratio_max", -math.inf), extremes["ratio_max"])
+    if extremes.get("max_token_weight", -1.0) > row.get("max_token_weight", -1.0):
+        row["max_token_weight"] = extremes["max_token_weight"]
+        row["mu_at_max_token_weight"] = extremes["mu_at_max_token_weight"]
+
+
 def install_objective(trainer, spec, step_log=None):
     """Replace the trainer's PolicyLoss by the compiled objective, and route the objective's
     per-step metrics into experience.info, where OpenRLHF picks up 0-d tensors for its logs
     (reduced over ranks like its own ppo_kl and clip_ratio). OpenRLHF averages every metric
     over a step's updates, so drpo_ratio_max is set to the step's true maximum afterwards.
-    With `step_log` (a path), rank 0 appends one JSON line per optimizer step: what drpo-lab
-    reads (the gradient norm before clipping, r's range, the largest per-token weight)."""
+    With `step_log` (a path), rank 0 appends one JSON line per optimizer step (its
+    micro-batches folded together): what drpo-lab reads (the gradient norm before clipping,
+    r's range, the largest per-token weight). `step` counts ppo_train calls in this run."""
     loss_fn = build_loss(spec)
     loss_fn.track_extremes = bool(step_log)
     trainer.actor_loss_fn = loss_fn
     original_step, original_train = trainer.training_step, trainer.ppo_train
-    step = {"index": 0, "update": 0, "ratio_max": []}
+    state = {"step": 0, "micro": 0, "update": 0, "ratio_max": [], "row": {}}
+
+    def optimizer_stepped(micro_index) -> bool:       # as ActorPPOTrainer.training_step decides it
+        if trainer.args.train.dynamic_batch_enable:
+            return bool(trainer.replay_buffer.dynamic_optimizer_step[micro_index])
+        return state["micro"] % trainer.strategy.accumulated_gradient == 0
 
     @functools.wraps(original_step)
-    def training_step(experience, *args, **kwargs):
+    def training_step(experience, kl_ctl, micro_index, *args, **kwargs):
         loss_fn.sink = experience.info
         try:
-            status = original_step(experience, *args, **kwargs)
+            status = original_step(experience, kl_ctl, micro_index, *args, **kwargs)
         finally:
             loss_fn.sink = None
-        step["ratio_max"].append(float(loss_fn.metrics["drpo_ratio_max"]))
-        if step_log and trainer.strategy.is_rank_0():
+        state["ratio_max"].append(float(loss_fn.metrics["drpo_ratio_max"]))
+        if step_log:
             keep = experience.action_mask.bool()
-            grad_norm = status["metrics"].get("actor_grad_norm")
-            row = {"step": step["index"] + 1, "update": step["update"], **loss_fn.extremes,
-                   "grad_norm": None if grad_norm is None else float(grad_norm),
-                   "dead": bool((experience.advantages[keep] == 0).all())}
-            with open(step_log, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        step["update"] += 1
+            _merge(state["row"], loss_fn.extremes, bool((experience.advantages[keep] == 0).all()))
+            state["micro"] += 1
+            if optimizer_stepped(micro_index):
+                grad_norm = status["metrics"].get("actor_grad_norm")
+                row = {"step": state["step"] + 1, "update": state["update"], **state["row"],
+                       "grad_norm": None if grad_norm is None else float(grad_norm)}
+                if trainer.strategy.is_rank_0():
+                    with open(step_log, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                state["update"], state["row"] = state["update"] + 1, {}
         return status
 
     @functools.wraps(original_train)
     def ppo_train(*args, **kwargs):
-        step["ratio_max"], step["update"] = [], 0
+        state.update(ratio_max=[], micro=0, update=0, row={})
         status = original_train(*args, **kwargs)
-        if step["ratio_max"]:
-            status["drpo_ratio_max"] = trainer.strategy.all_reduce(max(step["ratio_max"]), op="max")
-        step["index"] += 1
+        if state["ratio_max"]:
+            status["drpo_ratio_max"] = trainer.strategy.all_reduce(max(state["ratio_max"]), op="max")
+        state["step"] += 1
         return status
     trainer.training_step, trainer.ppo_train = training_step, ppo_train
     return loss_fn

@@ -152,6 +152,8 @@ def run_one(task, name, params, seed, args, label, progress) -> dict:
     updates = [json.loads(x) for x in open(step_log)] if os.path.exists(step_log) else []
     row = {"objective": _label(name, params), "params": params, "seed": seed, "preset": args.preset,
            **summarize(steps, updates), "wall_s": round(wall, 1)}
+    if not steps:
+        raise SystemExit(f"drpo-lab: error: {label}: drpo-train logged no step; log: {log_path}")
     progress.show(f"{label}: done in {wall:.0f} s, final reward {row['final_reward']:.3f}", args.steps, last=True)
     return {"row": row, "curves": curves(steps, updates), "log": log_path}
 
@@ -220,10 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.extra = extra
     preset = PRESETS[args.preset]
-    args.updates = args.updates or preset["updates"]
-    args.lr = args.lr or preset["lr"]
-    if args.seeds < 1 or args.steps < 1 or (ROLLOUT_PROMPTS * SAMPLES) % args.updates:
-        p.error(f"--seeds and --steps must be at least 1, and --updates must divide {ROLLOUT_PROMPTS * SAMPLES}")
+    args.updates = preset["updates"] if args.updates is None else args.updates
+    args.lr = preset["lr"] if args.lr is None else args.lr
+    if min(args.seeds, args.steps, args.updates) < 1 or (ROLLOUT_PROMPTS * SAMPLES) % args.updates or not args.lr > 0:
+        p.error(f"--seeds and --steps must be at least 1, --updates must divide {ROLLOUT_PROMPTS * SAMPLES} "
+                "and --lr be positive")
     specs = [parse_spec(t) for t in args.objectives]
     from dsl import DslError
     try:

@@ -124,7 +124,7 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     """_kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
     comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: tensors are
     flat, masked slots are multiplied by 0 rather than selected, each metric is computed in
-    place in a buffer the generated function returned and no longer needs, the scalars are
+    place in a buffer the generated function returned and no longer needs, the metrics are
     finished in Python (one host sync), and the gradient's scale is left to backward. That
     equals _kernel wherever every per-token value is finite; if any result is not (a masked
     slot held NaN or inf, or the objective is not finite somewhere), _kernel recomputes it.
@@ -136,9 +136,10 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A)
     m = _float_mask(action_mask, value.dtype)
     coef, count = _aggregation_coef(m, mode)
-    m, coef = m.view(-1), coef.reshape(-1)
+    m, coef = m.reshape(-1), coef.reshape(-1)
     tokens = count if mode == "token-mean" else m.sum()
-    loss, log_ratio = torch.dot(value, coef), torch.dot(raw, m)
+    scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as _kernel, in the same dtype
+    loss, log_ratio = torch.dot(value, coef) * scale, torch.dot(raw, m)
     a = torch.mul(A, m, out=value)     # masked advantages: the metrics below need no other mask
     direction = raw.mul_(a).sign_()
     w = torch.eq(a, 0, out=torch.empty_like(a)).addcmul_(r, a)    # r·A, or 1 where A = 0 (or masked)
@@ -154,15 +155,14 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     abs_pi_mu = torch.dot(masked_r.sub_(m).abs_(), mu)            # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
     # a non-finite ∂ℓ/∂log π anywhere (masked or not) makes w_sum non-finite: w = grad/den
     # and the dot multiplies it by 0 or 1
-    values = torch.stack([loss, count, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens]).tolist()
+    values = torch.stack([loss, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens]).tolist()
     if not all(map(math.isfinite, values)):
         return exact()
-    loss, count, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens = values
-    scale = -1 / (max(count, 1) if norm is None else norm.item())
+    _, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens = values
     n = max(tokens, 1)
-    out = torch.tensor([loss * scale, w_sum / max(w_count, 1), (total + toward) / 2 / n, (total - toward) / 2 / n,
-                        abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=value.dtype, device=value.device)
-    return out[0], grad.mul_(coef).view_as(logp), scale, out[1:]
+    stats = torch.tensor([w_sum / max(w_count, 1), (total + toward) / 2 / n, (total - toward) / 2 / n,
+                          abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=value.dtype, device=value.device)
+    return loss, grad.mul_(coef).view_as(logp), scale, stats
 
 
 def _fused_function(kernel):
@@ -185,7 +185,9 @@ def _fused_function(kernel):
         @staticmethod
         def backward(ctx, g, _):
             (grad,) = ctx.saved_tensors
-            return (grad * (g if ctx.scale is None else g * ctx.scale)).to(ctx.dtype), None, None, None, None
+            # g·((grad·coef)·scale), the order _kernel's compiled product gives: equal bit for bit
+            grad = g * grad if ctx.scale is None else torch.mul(grad, ctx.scale).mul_(g)
+            return grad.to(ctx.dtype), None, None, None, None
     return Fused
 
 

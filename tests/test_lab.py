@@ -69,6 +69,9 @@ def test_objective_specs_parse(text, expected):
 @pytest.mark.parametrize("argv, message", [
     (["drpo:delta"], "expected OBJECTIVE or OBJECTIVE:NAME=VALUE"),
     (["drpo", "--updates", "5"], "--updates must divide 32"),
+    (["drpo", "--updates", "-4"], "--updates must divide 32"),
+    (["drpo", "--updates", "0"], "--updates must divide 32"),
+    (["drpo", "--lr", "0"], "--lr be positive"),
     (["drpo:foo=1"], "unknown parameter 'foo' for objective 'drpo'"),
     (["nonexistent"], "no objective file or shipped objective named 'nonexistent'"),
 ])
@@ -81,8 +84,10 @@ def test_bad_input_stops_the_lab_before_anything_runs(argv, message, tmp_path):
 
 def test_the_lab_runs_an_objective_through_drpo_train_and_reports_what_it_measured(tmp_path):
     out, steps, updates = tmp_path / "lab", 3, 8
+    # micro-batches of 2 (a drpo-train flag after --): 2 per optimizer step, still one row per step
     proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", "drpo:delta=0.2", "--preset", "mild",
-                           "--steps", str(steps), "--pretrain-steps", "20", "--out", str(out)],
+                           "--steps", str(steps), "--pretrain-steps", "20", "--out", str(out),
+                           "--", "--train.micro_batch_size", "2"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "predicted (drpo-analyze)" in proc.stdout and "binary-tv" in proc.stdout and "measured" in proc.stdout

@@ -1,5 +1,6 @@
 """The compiled loss: autograd's gradient equals the analysis's weight, OpenRLHF's own
 PolicyLoss is the oracle for PPO, and masked slots never leak."""
+import functools
 import math
 import re
 import subprocess
@@ -301,20 +302,27 @@ def _edge_batch(seed, clamped=True):
     return new, old, A, mask
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("clamped", [True, False], ids=["clamped", "unclamped"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", SHIPPED)
-def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped):
-    """Loss and gradient bit for bit; the metrics (finished in Python there) to rounding."""
-    from openrlhf_drpo.loss import _eager_kernel, _kernel
-    new, old, A, mask = _edge_batch(5, clamped)
+def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped, dtype):
+    """Loss and gradient bit for bit, also when backward's incoming gradient is not 1 (DeepSpeed
+    divides the loss by the accumulation steps); the metrics (finished in Python there) to rounding."""
+    from openrlhf_drpo.loss import _eager_kernel, _fused_function, _kernel
+    new, old, A, mask = (x.to(dtype) for x in _edge_batch(5, clamped))
     loss_fn = ObjectiveLoss(name)
-    loss, grad, scale, stats = _eager_kernel(loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode,
-                                             new, old, A, mask, None)
-    exact = _kernel(loss_fn._value_and_grad, mode, new, old, A, mask, None)
-    assert exact[2] is None and torch.isfinite(stats).all()
-    assert torch.equal(loss, exact[0]) and torch.equal(grad * scale, exact[1])
-    assert torch.allclose(stats, exact[3], rtol=1e-14, atol=0)
+    eager = functools.partial(_eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode)
+    exact = functools.partial(_kernel, loss_fn._value_and_grad, mode)
+    results = []
+    for kernel in (eager, exact):
+        lp = new.clone().requires_grad_()
+        loss, stats = _fused_function(kernel).apply(lp, old, A, mask, None)
+        (loss / 3).backward()
+        results.append((loss.detach(), lp.grad, stats))
+    (l0, g0, s0), (l1, g1, s1) = results
+    assert torch.isfinite(s0).all() and torch.equal(l0, l1) and torch.equal(g0, g1)
+    assert torch.allclose(s0, s1, rtol=1e-14 if dtype == torch.float64 else 1e-6, atol=0)
 
 
 def test_rollout_anchor_uses_the_inference_engines_log_probs():
