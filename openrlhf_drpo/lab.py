@@ -106,21 +106,16 @@ def _slug(name, params, seed) -> str:
     return "-".join([base, *(f"{k}{v}" for k, v in params.items()), f"s{seed}"]).replace("/", "_")
 
 
-class _Progress:
-    """One status line: redrawn in place on a terminal, else printed every few steps."""
-
-    def __init__(self, stream=sys.stdout):
-        self.stream, self.tty = stream, stream.isatty()
-
-    def show(self, text: str, step: int, last: bool = False):
-        if self.tty:
-            self.stream.write("\r\033[K" + text + ("\n" if last else ""))
-        elif last or step % 5 == 1:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+def _show(text: str, step: int, last: bool = False) -> None:
+    """The progress line: redrawn in place on a terminal, else printed every few steps."""
+    if sys.stdout.isatty():
+        sys.stdout.write("\r\033[K" + text + ("\n" if last else ""))
+    elif last or step % 5 == 1:
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
-def run_one(task, name, params, seed, args, label, progress) -> dict:
+def run_one(task, name, params, seed, args, label) -> dict:
     """One drpo-train run; returns its result row and curves."""
     from openrlhf_drpo import toytask
     folder = os.path.join(args.out, "runs", _slug(name, params, seed))
@@ -135,14 +130,14 @@ def run_one(task, name, params, seed, args, label, progress) -> dict:
            "--actor.lr_scheduler", "constant", "--drpo.step_log", step_log, *args.extra]
     log_path = os.path.join(folder, "train.log")
     start, steps = time.time(), []
-    progress.show(f"{label}: starting (Ray, vLLM, DeepSpeed)", 0)
+    _show(f"{label}: starting (Ray, vLLM, DeepSpeed)", 0)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
             for s in toytask.steps_from_log(line):
                 steps.append(s)
-                progress.show(f"{label}: step {s['step']}/{args.steps}  reward {s.get('reward', float('nan')):.3f}",
+                _show(f"{label}: step {s['step']}/{args.steps}  reward {s.get('reward', float('nan')):.3f}",
                               s["step"])
         rc = proc.wait()
     wall = time.time() - start
@@ -154,7 +149,7 @@ def run_one(task, name, params, seed, args, label, progress) -> dict:
            **summarize(steps, updates), "wall_s": round(wall, 1)}
     if not steps:
         raise SystemExit(f"drpo-lab: error: {label}: drpo-train logged no step; log: {log_path}")
-    progress.show(f"{label}: done in {wall:.0f} s, final reward {row['final_reward']:.3f}", args.steps, last=True)
+    _show(f"{label}: done in {wall:.0f} s, final reward {row['final_reward']:.3f}", args.steps, last=True)
     return {"row": row, "curves": curves(steps, updates), "log": log_path}
 
 
@@ -242,12 +237,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{PRESETS[args.preset]['stresses'] if args.updates == preset['updates'] else 'custom depth'}", flush=True)
     print("building the task (tiny Llama pre-trained towards a Zipf distribution) ...", flush=True)
     task = labtask.build(os.path.join(args.out, "task"), pretrain_steps=args.pretrain_steps)
-    runs, progress = [], _Progress()
+    runs = []
     total = len(specs) * args.seeds
     for i, (name, params) in enumerate(specs):
         for seed in range(args.seeds):
             label = f"[{len(runs) + 1}/{total}] {_label(name, params)} seed {seed}"
-            runs.append(run_one(task, name, params, seed, args, label, progress))
+            runs.append(run_one(task, name, params, seed, args, label))
     rows = [r["row"] for r in runs]
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=2)

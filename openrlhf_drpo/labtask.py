@@ -15,12 +15,13 @@ import json
 import os
 import random
 
+from openrlhf_drpo.toytask import SPECIAL     # standard library only, like this file
+
 WORDS = [f"w{i}" for i in range(128)]
 TARGETS = frozenset(WORDS[-16:])       # the rare words the reward counts
 TARGET_MASS = 0.0025                   # each target word's probability before training
 ZIPF_EXPONENT = 1.1
 RESPONSE_WORDS = 8
-SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
 
 
 def _response(query: str, prompt: str) -> str:
