@@ -1,17 +1,24 @@
 """IR -> torch source. The same IR and the same derivative rules as the analysis.
 
 Three functions are generated per objective:
-  objective(logp, anchor, A)          -> ℓ per token (autograd differentiates it: the plain path)
-  objective_and_grad(logp, anchor, A) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ, keep) in one pass
-      (the fused path; the ratio, the unclamped log-ratio, μ and where the ratio clamp is
-      inactive are returned for the loss's metrics)
-  objective_and_grad_eager(logp, anchor, A) -> the same, written for eager CPU execution
-Inputs: logp = log π (current policy), anchor = log μ, A = advantages, all [B, T].
+  objective(logp, anchor, A, old, rollout, m) -> ℓ per token (autograd differentiates it: the plain path)
+  objective_and_grad(logp, anchor, A, old, rollout, m, coef) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ,
+      keep) in one pass (the fused path; the ratio, the unclamped log-ratio, μ and where the
+      ratio clamp is inactive are returned for the loss's metrics)
+  objective_and_grad_eager(...) -> the same, written for eager CPU execution
+Inputs: logp = log π (current policy), anchor = log μ, A = advantages, old and rollout the
+trainer's and the engine's log-probs (π_old, π_rollout; None where unused), m the bool mask,
+coef the aggregation weight of each token, all [B, T].
 r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
+
+A sequence reduction (seq_mean, ...) of the policy makes a token's gradient depend on its
+whole response. Then objective_and_grad is derived in reverse mode from the same rules, and
+its gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is the same one.
 """
 from __future__ import annotations
 
-from .ir import OPS, Node, constant_nodes, derivative, evaluate, postorder, render
+from .ir import (ONE, OPS, ZERO, NonLocal, Node, add, constant_nodes, derivative, div, evaluate,
+                 is_num, mul, passes_no_gradient, postorder, render)
 from .parser import Objective
 
 CLAMP = 20.0
@@ -24,7 +31,7 @@ def _var(name):
 
 # log of a built-in probability is emitted as the log-prob itself: exact for tiny π
 # (no exp/log round trip) and its derivative needs no division by π.
-_LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor"}
+_LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor", "pi_old": "old", "pi_rollout": "rollout"}
 
 
 def _rewrite_logs(root: Node) -> Node:
@@ -85,7 +92,7 @@ class _Emitter:
         args = [self.expr(a) for a in n.args]
         codes = [c for c, _ in args]
         # sg's .detach() shares its argument's storage; comparisons give bool
-        fresh = op.kind == "num" and n.op != "sg"
+        fresh = op.kind == "num" and n.op != "sg" and not op.reduce    # a reduction is an expanded view
         if self.floats and op.floats:
             code, fresh = op.floats(*args)
         elif self.inplace and op.inplace and args[0][1]:
@@ -147,6 +154,13 @@ def _prelude(used, unclamped=False) -> list[str]:
         out.append("    pi = torch.exp(logp)")
     if "mu" in used:
         out.append("    mu = torch.exp(anchor)")
+    for name, tensor in (("pi_old", "old"), ("pi_rollout", "rollout")):
+        if name in used:
+            out.append(f"    {name} = torch.exp({tensor})")
+    if "seq_len" in used:
+        out.append("    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)")
+    if "mf" in used:
+        out.append("    mf = m.to(dtype)")
     return out
 
 
@@ -158,7 +172,7 @@ def _function(name, doc, outputs, params) -> str:
     used = _used(outputs)
     head = ["    dtype = logp.dtype"] + ["    raw = logp - anchor"] * bool(used & {"r", "log_ratio", "raw", "keep"})
     lines, results = _emit(outputs, params)
-    return "\n".join([f"def {name}(logp, anchor, A):", f'    """{doc}"""'] + head + _prelude(used) + lines
+    return "\n".join([f"def {name}(logp, anchor, A, old=None, rollout=None, m=None):", f'    """{doc}"""'] + head + _prelude(used) + lines
                      + [f"    return {_tuple(results)}"])
 
 
@@ -188,29 +202,133 @@ def _fused_functions(value, params) -> str:
                  "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
                  "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.")
     return "\n".join([
-        "def objective_and_grad(logp, anchor, A):", f'    """{doc}"""', *compiled, "", "",
-        "def objective_and_grad_eager(logp, anchor, A):", f'    """{eager_doc}"""', *eager])
+        f"def objective_and_grad({_SIG}):", f'    """{doc}"""', *compiled, "", "",
+        f"def objective_and_grad_eager({_SIG}):", f'    """{eager_doc}"""', *eager])
+
+
+_SIG = "logp, anchor, A, old=None, rollout=None, m=None, coef=None"
+
+
+def reverse_gradient(value: Node, seeds: dict) -> Node:
+    """d(Σ coef·ℓ)/d(log π) per token, as an IR expression, in reverse mode: each node's
+    adjoint goes to its arguments through its rule's partial derivatives (the forward rule
+    with a one-hot seed, so both modes share OPS). A reduction's adjoint is summed over its
+    response and spread back over the tokens it read: a mean by 1/n, a max to its ties."""
+    constant = constant_nodes(value)
+    adj: dict = {value: _var("coef")}
+    mf = _var("mf")         # the float mask: masked tokens receive nothing
+    for n in reversed(postorder(value)):          # parents before children
+        if n not in adj or n.op in ("num", "var", "param") or n in constant:
+            continue
+        op, a = OPS[n.op], adj[n]
+        if passes_no_gradient(n.op):
+            continue
+        if op.reduce:
+            x = n.args[0]
+            total = Node("seq_sum", (a,))
+            if op.reduce == "mean":
+                share = mul(mf, Node("seq_mean", (a,)))
+            elif op.reduce == "sum":
+                share = mul(mf, total)
+            else:       # the maximum's (minimum's) ties share it equally, as torch.amax's gradient
+                tie = Node("ind", (Node("eq", (x, n)),))
+                share = mul(mul(mf, tie), div(total, Node("max", (Node("seq_sum", (tie,)), ONE))))
+            contributions = [(x, share)]
+        else:
+            contributions = []
+            for i, x in enumerate(n.args):
+                if x in constant:
+                    continue
+                partial = op.deriv(n, [ONE if j == i else ZERO for j in range(len(n.args))])
+                if not is_num(partial, 0):
+                    contributions.append((x, mul(a, partial)))
+        for x, c in contributions:
+            adj[x] = add(adj[x], c) if x in adj else c
+    total = ZERO
+    for n, a in adj.items():
+        if n.op == "var" and n.value in seeds:
+            total = add(total, mul(a, seeds[n.value]))
+    return total
+
+
+def _reverse_functions(value, params) -> str:
+    """objective_and_grad for an objective with a reduction of the policy: its gradient is
+    that of Σ coef·ℓ, computed plainly (no in-place updates: reductions broadcast)."""
+    extra = ("r", "raw", "mu", "keep")
+    grad = reverse_gradient(value, GRAD_SEEDS)
+    lines, results = _emit([value, grad], params)
+    used = _used([value, grad], extra)
+    doc = ("ℓ and d(Σ coef·ℓ)/d(log π) (the aggregation weight coef is inside: a reduction\n"
+           "    spreads each token's gradient over its response), r, the unclamped log-ratio, μ, keep.")
+    return "\n".join([
+        f"def objective_and_grad({_SIG}):", f'    """{doc}"""', "    dtype = logp.dtype",
+        "    raw = logp - anchor", *_prelude(used), *lines,
+        f"    return {_tuple([f'torch.broadcast_to({c}, logp.shape)' for c in results] + list(extra))}", "",
+        "",
+        "objective_and_grad.includes_coef = True",
+        "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
+
+
+# The reductions, over the tokens m selects (selected, never multiplied: a masked NaN stays
+# out). An empty response reduces to 0. Emitted only where an objective uses them.
+_HELPERS = '''
+def _selected(x, m, other, like):
+    return torch.where(m, torch.as_tensor(x, dtype=like.dtype, device=like.device), other)
+
+
+def _seq_sum(x, m, like):
+    return _selected(x, m, 0.0, like).sum(-1, keepdim=True).expand_as(like)
+
+
+def _seq_mean(x, m, like):
+    n = m.sum(-1, keepdim=True).clamp(min=1)
+    return (_selected(x, m, 0.0, like).sum(-1, keepdim=True) / n).expand_as(like)
+
+
+def _seq_extreme(x, m, like, pick, empty):
+    if like.shape[-1] == 0:
+        return torch.zeros_like(like)
+    top = pick(_selected(x, m, empty, like), -1, keepdim=True)
+    return torch.where(m.any(-1, keepdim=True), top, 0.0).expand_as(like)
+
+
+def _seq_max(x, m, like):
+    return _seq_extreme(x, m, like, torch.amax, -math.inf)
+
+
+def _seq_min(x, m, like):
+    return _seq_extreme(x, m, like, torch.amin, math.inf)
+'''
 
 
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     value = _rewrite_logs(obj.expr)
+    try:
+        derivative(value, GRAD_SEEDS)
+        fused = _fused_functions(value, obj.params)
+    except NonLocal:
+        fused = _reverse_functions(value, obj.params)
+    reduces = any(OPS[n.op].reduce for n in value.walk() if n.op in OPS)
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
         f"# parameters: {params}; @anchor = {obj.options['anchor']}; @aggregate = {obj.options['aggregate']}",
         "# logp = log π (current policy), anchor = log μ, A = advantages; all [batch, tokens].",
         f"# r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
+        "import math" if reduces else None,
         "import torch",
-        "",
+        _HELPERS if reduces else None,
         "",
     ]
-    return "\n".join(header) + "\n".join([
+    return "\n".join(h for h in header if h is not None) + "\n".join([
         _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
                   [value], obj.params),
         "",
         "",
-        _fused_functions(value, obj.params),
+        fused,
+        # the loss's eager kernel flattens tokens, which a reduction over each response cannot take
+        f"objective_and_grad.reduces = {reduces}",
     ]) + "\n"
 
 

@@ -82,11 +82,12 @@ def postorder(n: Node) -> list[Node]:
 
 
 def constant_nodes(*roots: Node) -> set:
-    """The sub-expressions without r, π, μ or A (variables), each found once."""
+    """The sub-expressions without r, π, μ or A (variables), each found once. A sequence
+    reduction is never constant: seq_mean(2) is 2, or 0 on an empty response."""
     out = set()
     for root in roots:
         for n in postorder(root):
-            if n.op != "var" and all(a in out for a in n.args):
+            if n.op != "var" and not (n.op in OPS and OPS[n.op].reduce) and all(a in out for a in n.args):
                 out.add(n)
     return out
 
@@ -118,7 +119,14 @@ BUILTINS = {
     "pi": "the current probability of the sampled token",
     "mu": "the behaviour probability of the sampled token",
     "A": "the advantage",
+    # the two probabilities μ can be (@anchor picks which one μ is), each nameable on its own
+    "pi_old": "the trainer's recomputed old (proximal) probability of the sampled token",
+    "pi_rollout": "the rollout engine's (vLLM's) probability of the sampled token",
+    "seq_len": "the number of unmasked tokens in this response",
 }
+# the policies that are constants during an update, and the name of the log-prob tensor
+# ObjectiveLoss receives for each
+OTHER_POLICIES = {"pi_old": "old_log_probs", "pi_rollout": "rollout_log_probs"}
 
 
 def canonical_name(raw: str) -> str:
@@ -242,6 +250,12 @@ def _zero(n, d):
 NOT_DIFFERENTIABLE = "boolean"   # conditions only ever sit inside [...] whose derivative is 0
 
 
+def passes_no_gradient(op: str) -> bool:
+    """sg, sign, [...] and the conditions: nothing below them is differentiated."""
+    return OPS[op].deriv is NOT_DIFFERENTIABLE or OPS[op].deriv is _zero
+REDUCTION = "reduction"          # a token's derivative depends on its whole response: reverse mode only
+
+
 # ---------------------------------------------------------------- torch lowering helpers
 def _is_literal(code: str) -> bool:
     try:
@@ -327,6 +341,9 @@ class Op:
     # the eager kernel's lowering of a boolean op, with booleans as 0/1 floats (comparisons
     # into a float tensor are ~4x faster on CPU than into bool): ((code, fresh), ...) -> (code, fresh)
     floats: Callable | None = None
+    # a reduction over the unmasked tokens of one response ('sum', 'mean', 'max', 'min'); its
+    # value is broadcast back to every token, and its derivative is taken in reverse mode
+    reduce: str = ""
 
 
 def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2, inplace="",
@@ -348,6 +365,14 @@ def _fn(name, sympy, torch, py, np, deriv, arity=(1, 1), kind="num", args_kind="
 
 def _cmp(name, sym, torch_sym, sympy, py):
     return _infix(sym, 4, sympy, py, NOT_DIFFERENTIABLE, torch_sym, kind="bool", floats=_f_cmp(name))
+
+
+def _seq(kind):
+    def unlowered(*a):
+        raise ValueError(f"seq_{kind} has no per-token value: rewrite sequence reductions first "
+                         "(dsl.sequence.diagonal) or compile them (dsl.codegen)")
+    return Op((1, 1), "num", "num", unlowered, lambda x: f"_seq_{kind}({x}, m, logp)", unlowered,
+              unlowered, REDUCTION, 100, f"seq_{kind}", reduce=kind)
 
 
 def _np_reduce(name):
@@ -417,10 +442,18 @@ OPS: dict[str, Op] = {
     "not": _infix("not ", 3, lambda sp, a: sp.Not(a), lambda a: not a,
                   NOT_DIFFERENTIABLE, "~", kind="bool", args_kind="bool", arity=1,
                   np=lambda np, a: np.logical_not(a), floats=_f_not),
+    **{f"seq_{k}": _seq(k) for k in ("sum", "mean", "max", "min")},
 }
 
 # Functions a user may call by name (the rest are operators or brackets).
-FUNCTIONS = {k: OPS[k].arity for k in ("log", "exp", "sqrt", "abs", "sign", "min", "max", "clip", "sg")}
+FUNCTIONS = {k: OPS[k].arity for k in ("log", "exp", "sqrt", "abs", "sign", "min", "max", "clip", "sg",
+                                       "seq_sum", "seq_mean", "seq_max", "seq_min")}
+# Reductions wider than one response: refused by name, with the reason (an update's tokens are
+# split across micro-batches and ranks, so a batch statistic would silently change with them).
+BATCH_WIDE = ("mean", "sum", "std", "var", "median", "quantile", "percentile", "topk", "top_k", "kthvalue",
+              "rank", "softmax", "logsumexp", "whiten", "normalize", "batch_mean", "batch_sum", "batch_max",
+              "batch_min", "batch_std", "group_mean", "group_std", "argmax", "argmin", "cumsum", "cummax")
+SEQ_REDUCTIONS = tuple(k for k in OPS if OPS[k].reduce)
 
 
 # ---------------------------------------------------------------- generic walks
@@ -438,13 +471,25 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
             memo[m] = ZERO
         elif m.op == "var":
             memo[m] = seeds.get(m.value, ZERO)
-        elif OPS[m.op].deriv is NOT_DIFFERENTIABLE or OPS[m.op].deriv is _zero:
+        elif passes_no_gradient(m.op):
             memo[m] = ZERO      # sg, sign, [..] never look inside; a bare condition is refused below
+        elif OPS[m.op].deriv is REDUCTION:
+            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response
+            memo[m] = ZERO if memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0) else None
+        elif any(memo[a] is None for a in m.args):
+            memo[m] = None
         else:
             memo[m] = OPS[m.op].deriv(m, [memo[a] for a in m.args])
     if n.op in OPS and OPS[n.op].deriv is NOT_DIFFERENTIABLE:
         raise ValueError(f"a condition ({n.op}) has no derivative; it may only appear inside [...]")
+    if memo[n] is None:
+        raise NonLocal("a sequence reduction of the policy has no per-token derivative: a token's gradient "
+                       "depends on its whole response (dsl.codegen differentiates it in reverse mode)")
     return memo[n]
+
+
+class NonLocal(ValueError):
+    """derivative() of an objective whose policy gradient passes through a sequence reduction."""
 
 
 RENDER_LIMIT = 4000     # operations: past this, inlined text is abbreviated (chained bindings grow it 2^n)

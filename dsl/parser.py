@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import DslError
-from .ir import (BUILTINS, FUNCTIONS, OPS, RENDER_LIMIT, Node, Pos, canonical_name, constant_nodes,
+from .ir import (BATCH_WIDE, BUILTINS, FUNCTIONS, OPS, RENDER_LIMIT, Node, Pos, canonical_name, constant_nodes,
                  display_name, num, postorder, render, tree_size)
 from .source import Source, _did_you_mean, _lookalike
 
@@ -395,6 +395,12 @@ class _Builder(Source):
         tok = t.children[0]
         raw, name, pos = tok.value, canonical_name(tok.value), self.pos(tok.start_pos)
         if name not in FUNCTIONS:
+            if name in BATCH_WIDE:
+                raise self.error(f"'{raw}' would reduce over the whole batch; only reductions over one "
+                                 "response's tokens are in the language", pos,
+                                 "a batch statistic changes with how the batch is split into micro-batches "
+                                 "and ranks; use seq_mean, seq_sum, seq_max, seq_min or seq_len, or compute "
+                                 "it into the advantages")
             if name in BUILTINS or name in params or name in bindings:
                 raise self.error(f"'{raw}' is not a function", pos,
                                  f"to multiply, write {raw}*(...)")

@@ -81,15 +81,25 @@ def _mul_sum(x, y):
     return (x * y).sum()      # what inductor fuses into the loop (a dot is a separate BLAS call)
 
 
-def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, dot=_dot):
+def _per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef):
+    """The generated function's results, with its gradient per token as ∂ℓ/∂log π, and the
+    gradient of Σ coef·ℓ (for an objective with a sequence reduction, which computes that one
+    itself, ∂ℓ/∂log π is that over coef: the gradient a token gets per unit of its weight)."""
+    value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A, old, rollout, keep, coef)
+    if getattr(value_and_grad, "includes_coef", False):
+        return value, grad / torch.where(coef != 0, coef, 1.0), grad, r, raw, mu, inside
+    return value, grad, grad * coef, r, raw, mu, inside
+
+
+def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, dot=_dot):
     """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π (scale None: already applied)
     and the metric sums, in one function that torch.compile turns into a couple of fused
     loops. Every per-token quantity is selected by the mask before it is reduced, so masked
     slots never leak. With dot=_dot, loss and gradient equal _eager_kernel's bit for bit."""
-    value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A)
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
-    m = keep.to(value.dtype)
+    m = keep.to(logp.dtype)
     coef, count = _aggregation_coef(m, mode)
+    value, grad, total, r, raw, mu, inside = _per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef)
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
     nonzero_A = torch.sign(A).abs()
     w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
@@ -103,7 +113,7 @@ def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, dot=_dot):
     sums = torch.stack([dot(sel(w), nonzero_A), nonzero_A.sum(), s.sum(), dot(s, s),
                         dot(sel((r - 1).abs()), sel(mu)),     # |π − μ| = μ·|r − 1|, r clamped as in the loss
                         _max(sel(r)), dot(sel(raw), m), m.sum()])
-    return dot(sel(value), coef) * scale, sel(grad) * coef * scale, None, _stats(sums)
+    return dot(sel(value), coef) * scale, sel(total) * scale, None, _stats(sums)
 
 
 def _max(x):
@@ -120,7 +130,8 @@ def _stats(sums):
                         abs_pi_mu / n, ratio_max, -log_ratio / n, tokens])
 
 
-def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm):
+def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None,
+                  rollout=None):
     """_kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
     comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: tensors are
     flat, masked slots are multiplied by 0 rather than selected, each metric is computed in
@@ -129,11 +140,13 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     equals _kernel wherever every per-token value is finite; if any result is not (a masked
     slot held NaN or inf, or the objective is not finite somewhere), _kernel recomputes it.
     test_loss holds the two to each other."""
-    exact = functools.partial(_kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm)
-    if not logp.numel():          # [B, 0]: nothing to compute
+    exact = functools.partial(_kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout)
+    if not logp.numel() or value_and_grad.reduces:      # [B, 0], or reductions over each response
         return exact()
     A = A.reshape(-1)
-    value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A)
+    flat = lambda x: None if x is None else x.reshape(-1)   # noqa: E731
+    value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A, flat(old),
+                                                           flat(rollout))
     m = _float_mask(action_mask, value.dtype)
     coef, count = _aggregation_coef(m, mode)
     m, coef = m.reshape(-1), coef.reshape(-1)
@@ -171,12 +184,12 @@ def _fused_function(kernel):
         backward is one multiply, and no intermediate of the objective stays alive."""
 
         @staticmethod
-        def forward(ctx, logp, anchor, A, mask, norm):
+        def forward(ctx, logp, anchor, A, mask, norm, old, rollout):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
             # Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16.
-            wide = lambda x: x.float() if x.dtype in (torch.float16, torch.bfloat16) else x   # noqa: E731
-            loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask,
-                                              None if norm is None else wide(norm))
+            wide = lambda x: x if x is None else x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # noqa: E731
+            loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
+                                              wide(old), wide(rollout))
             ctx.save_for_backward(grad)
             ctx.dtype, ctx.scale = logp.dtype, scale
             ctx.mark_non_differentiable(stats)
@@ -187,7 +200,7 @@ def _fused_function(kernel):
             (grad,) = ctx.saved_tensors
             # g·((grad·coef)·scale), the order _kernel's compiled product gives: equal bit for bit
             grad = g * grad if ctx.scale is None else torch.mul(grad, ctx.scale).mul_(g)
-            return grad.to(ctx.dtype), None, None, None, None
+            return grad.to(ctx.dtype), None, None, None, None, None, None
     return Fused
 
 
@@ -228,6 +241,8 @@ class ObjectiveLoss(nn.Module):
         self.compile = compile
         self._kernels: dict[bool, object] = {}
         self.anchor = self.objective.options["anchor"]
+        self.names = {n.value for n in self.objective.expr.walk() if n.op == "var"}
+        self.uses_rollout = self.anchor == "rollout" or "pi_rollout" in self.names
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: dict[str, torch.Tensor] = {}
         self.sink: dict | None = None      # drpo-train points this at experience.info
@@ -239,13 +254,14 @@ class ObjectiveLoss(nn.Module):
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
                 dp_size=1, batch_num_tokens=None, global_batch_size=None):
-        if self.anchor == "rollout":
-            if rollout_log_probs is None:
-                raise ValueError(f"objective '{self.objective.name}' uses @anchor = rollout, but no rollout "
-                                 "log-probs were given (drpo-train keeps vLLM's log-probs for it)")
-            anchor = rollout_log_probs
-        else:
-            anchor = old_log_probs
+        if self.uses_rollout and rollout_log_probs is None:
+            why = "@anchor = rollout" if self.anchor == "rollout" else "π_rollout"
+            raise ValueError(f"objective '{self.objective.name}' uses {why}, but no rollout "
+                             "log-probs were given (drpo-train keeps vLLM's log-probs for it)")
+        anchor = rollout_log_probs if self.anchor == "rollout" else old_log_probs
+        # the policies the objective names besides μ (None where it names none: nothing to compute)
+        old = old_log_probs.detach() if "pi_old" in self.names else None
+        rollout = rollout_log_probs.detach() if "pi_rollout" in self.names else None
         if action_mask is None:
             action_mask = torch.ones_like(log_probs, dtype=torch.bool)
         fused = self._fused(log_probs.is_cuda)
@@ -254,16 +270,17 @@ class ObjectiveLoss(nn.Module):
         norm = None if total is None else torch.as_tensor(total / dp_size, dtype=log_probs.dtype,
                                                           device=log_probs.device)
         if self.fused:
-            loss, stats = fused.apply(log_probs, anchor, advantages, action_mask, norm)
+            loss, stats = fused.apply(log_probs, anchor, advantages, action_mask, norm, old, rollout)
         else:
             anchor, advantages = anchor.detach(), advantages.detach()
             mask = action_mask != 0
-            clean = lambda x: torch.where(mask, x, 0.0)   # noqa: E731  select, don't multiply
-            per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages))
+            clean = lambda x: x if x is None else torch.where(mask, x, 0.0)   # noqa: E731  select, don't multiply
+            per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages), clean(old), clean(rollout),
+                                     mask)
             loss = self._aggregate(per_token, action_mask, dp_size, batch_num_tokens, global_batch_size)
             loss = torch.where(mask.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
             with torch.no_grad():
-                stats = fused.apply(log_probs.detach(), anchor, advantages, action_mask, norm)[1]
+                stats = fused.apply(log_probs.detach(), anchor, advantages, action_mask, norm, old, rollout)[1]
 
         with torch.no_grad():
             *values, neg_log_ratio_mean, count = stats.unbind()
@@ -284,17 +301,18 @@ class ObjectiveLoss(nn.Module):
                 vllm_kl = masked_mean(rollout_log_probs - old_log_probs)
                 is_filter_ratio = torch.zeros((), device=log_probs.device)
             if self.track_extremes:
-                self.extremes = self._extremes(log_probs, anchor, advantages, action_mask != 0)
+                self.extremes = self._extremes(log_probs, anchor, advantages, action_mask != 0, old, rollout)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
 
-    def _extremes(self, logp, anchor, A, keep) -> dict:
+    def _extremes(self, logp, anchor, A, keep, old, rollout) -> dict:
         """What drpo-lab logs per optimizer step, over unmasked tokens: the range of r and the
         largest per-token |∂ℓ/∂log π|/|A| (over A ≠ 0), with μ at that token. A second,
         plain evaluation of the generated code: only the lab pays for it."""
         if not keep.any():
             return {}
-        logp, anchor, A = (x.detach().float() for x in (logp, anchor, A))
-        _, grad, r, _, mu, _ = self._value_and_grad(logp, anchor, A)
+        logp, anchor, A, old, rollout = (x if x is None else x.detach().float() for x in (logp, anchor, A, old, rollout))
+        coef = _aggregation_coef(keep.to(logp.dtype), self.aggregate)[0]
+        _, grad, _, r, _, mu, _ = _per_token(self._value_and_grad, logp, anchor, A, old, rollout, keep, coef)
         weighted = keep & (A != 0)
         weight = torch.where(weighted, grad.abs() / torch.where(weighted, A.abs(), 1.0), -1.0).flatten()
         i = int(weight.argmax())
@@ -321,6 +339,8 @@ class ObjectiveLoss(nn.Module):
         same scaling per token, and the tests hold the two to each other). The token-sum modes
         (verl's) scale the per-token values so that its per-sequence mean becomes a sum."""
         L, mode = self._L, self.aggregate
+        # a bool mask's counts plus 1e-8 are float32 there (int64 + float): keep the loss's precision
+        loss_mask = loss_mask.to(per_token.dtype)
         if mode == "token-mean":
             return L.aggregate_loss(per_token, loss_mask, True, dp_size, batch_num_tokens, global_batch_size)
         if mode != "seq-mean-token-mean":

@@ -42,3 +42,15 @@ _TERMS = st.one_of(
 )
 RESEARCH_OBJECTIVES = st.lists(_TERMS, min_size=1, max_size=3).map(
     lambda terms: " + ".join(f"({t})" for t in terms))
+
+
+# Sequence objectives: random objectives around reductions over each response (nested too),
+# the response length, and the two policies besides μ.
+_REDUCTIONS = st.sampled_from(["seq_mean", "seq_sum", "seq_max", "seq_min"])
+_SEQ_LEAVES = st.one_of(OBJECTIVES, st.sampled_from(["seq_len", "π_old", "pi_rollout", "log(π_old) - log(μ)"]))
+_REDUCED = st.tuples(_REDUCTIONS, _SEQ_LEAVES).map(lambda t: f"{t[0]}({t[1]})")
+SEQUENCE_OBJECTIVES = st.one_of(
+    st.tuples(_SEQ_LEAVES, st.sampled_from(["+", "-", "*"]), _REDUCED).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
+    st.tuples(_REDUCTIONS, _SEQ_LEAVES, _REDUCED).map(lambda t: f"{t[0]}(({t[1]})*({t[2]}))*A"),
+    st.tuples(_REDUCED, _REDUCED).map(lambda t: f"exp(({t[0]})/8)*({t[1]})"),
+)

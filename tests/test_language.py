@@ -142,9 +142,9 @@ ERRORS = [
     ('unknown_name_suggests', 'delta = 1\nr*A - delt*(r-1)^2',
      "obj.dsl:2:7: error: unknown name 'delt'\n    r*A - delt*(r-1)^2\n          ^\nhint: declare it as a parameter on its own line, e.g. 'delt = 0.1'; did you mean 'δ'?"),
     ('unknown_function', 'r*A*lg(r)',
-     "obj.dsl:1:5: error: unknown function 'lg'\n    r*A*lg(r)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg; did you mean 'log'?"),
+     "obj.dsl:1:5: error: unknown function 'lg'\n    r*A*lg(r)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'log'?"),
     ('unknown_function_suggests', 'r*A*clamp(r, 0, 1)',
-     "obj.dsl:1:5: error: unknown function 'clamp'\n    r*A*clamp(r, 0, 1)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg; did you mean 'clip'?"),
+     "obj.dsl:1:5: error: unknown function 'clamp'\n    r*A*clamp(r, 0, 1)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'clip'?"),
     ('name_is_not_a_function', 'δ = 1\nr*A*δ(r-1)',
      "obj.dsl:2:5: error: 'δ' is not a function\n    r*A*δ(r-1)\n        ^\nhint: to multiply, write δ*(...)"),
     ('wrong_arity_clip', 'clip(r, 0.8)*A',
@@ -330,12 +330,14 @@ def test_shipped_objectives_are_found_from_a_regular_install_and_no_local_folder
 
 
 def test_every_operation_row_declares_its_lowerings_derivative_and_printing():
-    from dsl.ir import NOT_DIFFERENTIABLE, OPS
+    from dsl.ir import NOT_DIFFERENTIABLE, OPS, REDUCTION
     for name, op in OPS.items():
         assert callable(op.sympy) and callable(op.torch) and callable(op.py) and callable(op.np), name
         assert op.symbol and op.prec > 0, name
         if op.kind == "bool":
             assert op.deriv is NOT_DIFFERENTIABLE and callable(op.floats), name   # the eager kernel's 0/1 floats
+        elif op.reduce:
+            assert op.deriv is REDUCTION and name == f"seq_{op.reduce}", name     # reverse mode, in dsl.codegen
         else:
             assert callable(op.deriv), name
 

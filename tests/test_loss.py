@@ -317,7 +317,7 @@ def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped, dtype):
     results = []
     for kernel in (eager, exact):
         lp = new.clone().requires_grad_()
-        loss, stats = _fused_function(kernel).apply(lp, old, A, mask, None)
+        loss, stats = _fused_function(kernel).apply(lp, old, A, mask, None, None, None)
         (loss / 3).backward()
         results.append((loss.detach(), lp.grad, stats))
     (l0, g0, s0), (l1, g1, s1) = results

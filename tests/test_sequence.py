@@ -1,0 +1,224 @@
+"""The language's second version: reductions over each response, the three probabilities
+(π, π_old, π_rollout), and every configuration of OpenRLHF's own PolicyLoss written as an
+objective and held to PolicyLoss itself."""
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+from strategies import SEQUENCE_OBJECTIVES
+
+import dsl
+from dsl import DslError
+from dsl.codegen import compile_objective
+from openrlhf.models.loss import PolicyLoss
+from openrlhf_drpo import ObjectiveLoss
+from openrlhf_drpo.openrlhf_options import compose, is_correction_factor, policy_loss_text
+
+MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+SCALINGS = [{}, {"dp_size": 2, "batch_num_tokens": 53.0, "global_batch_size": 7.0}]
+
+
+def batch(seed, B=6, T=10):
+    """log π, log π_old, log π_rollout, A and a mask with an empty response and a one-token one."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    new = old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    rollout = old + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    A = torch.randn(B, T, generator=g, dtype=torch.float64) * 2
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[0] = False
+    mask[1] = False
+    mask[1, 3] = True
+    return new, old, rollout, A, mask
+
+
+def dirty(x, mask):
+    """x with NaN, +inf and -inf in its masked slots, in turn."""
+    junk = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=x.dtype).repeat(x.numel() // 3 + 1)
+    return torch.where(mask, x, junk[: x.numel()].view_as(x))
+
+
+def run(loss_fn, new, old, A, mask, rollout=None, **scaling):
+    lp = new.clone().requires_grad_()
+    out = loss_fn(lp, old, A, action_mask=mask, rollout_log_probs=rollout, **scaling)
+    return out[0].detach(), torch.autograd.grad(out[0], lp)[0], out
+
+
+# ---------------------------------------------------------------- reductions
+@pytest.mark.parametrize("kind, reduce", [
+    ("sum", lambda x: x.sum()), ("mean", lambda x: x.mean()), ("max", lambda x: x.max()), ("min", lambda x: x.min()),
+])
+def test_a_reduction_reads_only_its_responses_unmasked_tokens_and_is_zero_on_an_empty_one(kind, reduce):
+    new, old, rollout, A, mask = batch(0)
+    objective = compile_objective(dsl.parse(f"seq_{kind}(log(π))"))[0]
+    got = objective(dirty(new, mask), old, A, old, rollout, mask)
+    for b in range(new.shape[0]):
+        expected = reduce(new[b][mask[b]]) if mask[b].any() else torch.tensor(0.0, dtype=new.dtype)
+        assert torch.allclose(got[b], expected.expand_as(got[b]), rtol=1e-14, atol=0), (kind, b)
+
+
+def test_the_response_length_counts_unmasked_tokens():
+    new, old, rollout, A, mask = batch(1)
+    objective = compile_objective(dsl.parse("seq_len*r"))[0]
+    got = objective(new, old, A, None, None, mask)
+    assert torch.equal(got, mask.sum(-1, keepdim=True).double() * torch.exp(new - old))
+
+
+SEQUENCE_TABLE = [
+    "exp(seq_mean(log(π) - log(μ)))*A",                      # GSPO's sequence ratio
+    "min(exp(seq_mean(log(r)))*A, clip(exp(seq_mean(log(r))), 0.9, 1.1)*A)",
+    "seq_sum(log(r))*A + seq_len*r*A/10",
+    "seq_max(clip(r, 0.5, 2))*A",                             # the maximum's ties share its gradient
+    "seq_min(r)*A - seq_max(|π - μ|)",
+    "seq_mean(r*seq_mean(log(π)))*A",                         # nested
+    "[seq_mean(log(π_old) - log(π_rollout)) > -0.1]*exp(log(π_old) - log(π_rollout))*r*A",
+    "r*A*min(π_old/π_rollout, 2)",
+    "sg(exp(seq_mean(log(r))))*r/sg(r)*A",                    # GSPO-token
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("text", SEQUENCE_TABLE)
+def test_the_fused_gradient_through_a_reduction_equals_autograd_in_every_aggregation_mode(text, mode):
+    new, old, rollout, A, mask = batch(2)
+    new[3] = old[3] + 0.2           # one ratio over a whole response: seq_max's ties
+    obj = dsl.parse(f"@aggregate = {mode}\n{text}")
+    results = [run(ObjectiveLoss(obj, fused=fused), new, old, A, mask, rollout, **SCALINGS[1]) for fused in (True, False)]
+    (l0, g0, _), (l1, g1, _) = results
+    assert torch.allclose(l0, l1, rtol=1e-12, atol=1e-15)
+    assert torch.allclose(g0, g1, rtol=1e-10, atol=1e-15), (g0 - g1).abs().max()
+    assert torch.all(g0[~mask] == 0) and g0.abs().sum() > 0
+
+
+@pytest.mark.parametrize("text", SEQUENCE_TABLE)
+def test_masked_nan_and_inf_never_reach_a_sequence_objectives_loss_or_gradient(text):
+    new, old, rollout, A, mask = batch(3)
+    for fused in (True, False):
+        loss_fn = ObjectiveLoss(dsl.parse(text), fused=fused)
+        clean = run(loss_fn, new, old, A, mask, rollout)
+        messy = run(loss_fn, dirty(new, mask), dirty(old, mask), dirty(A, mask), mask, dirty(rollout, mask))
+        assert torch.equal(clean[0], messy[0]) and torch.equal(clean[1], messy[1])
+        assert all(torch.isfinite(v).all() for v in messy[2][1:] if v is not None)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SEQUENCE_OBJECTIVES, st.sampled_from(MODES), st.integers(0, 10_000))
+def test_fused_and_plain_paths_agree_on_random_sequence_objectives(text, mode, seed):
+    try:
+        obj = dsl.parse(f"δ = 0.3\n@aggregate = {mode}\n{text}")
+    except DslError:
+        return          # no dependence on the policy
+    new, old, rollout, A, mask = batch(seed, B=4, T=5)
+    (l0, g0, _), (l1, g1, _) = (run(ObjectiveLoss(obj, fused=f), new, old, A, mask, rollout) for f in (True, False))
+    if not (torch.isfinite(l1) and torch.isfinite(g1).all()):
+        return          # overflow in a random expression: nothing to compare
+    assert torch.allclose(l0, l1, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(g0, g1, rtol=1e-7, atol=1e-9 * max(1.0, g1.abs().max().item()))
+
+
+@pytest.mark.parametrize("text, col, message", [
+    ("quantile(r, 0.5)*A", 1, "'quantile' would reduce over the whole batch"),
+    ("r*A - mean(r)", 7, "'mean' would reduce over the whole batch"),
+    ("r*batch_max(A)", 3, "'batch_max' would reduce over the whole batch"),
+    ("topk(r, 3)*A", 1, "'topk' would reduce over the whole batch"),
+    ("seq_mean(r, A)*A", 1, "seq_mean() takes 1 argument, got 2"),
+    ("seq_mean*A", 1, "'seq_mean' is a function"),
+])
+def test_a_reduction_wider_than_one_response_is_a_located_error(text, col, message):
+    with pytest.raises(DslError) as e:
+        dsl.parse(text, "x.dsl")
+    assert e.value.col == col and message in str(e.value)
+    assert str(e.value).startswith(f"x.dsl:1:{col}: error: ")
+
+
+# ---------------------------------------------------------------- the three probabilities
+def test_the_old_and_rollout_policies_have_unicode_and_ascii_names():
+    assert dsl.parse("π_old*r*A").expr == dsl.parse("pi_old*r*A").expr
+    assert dsl.parse("π_rollout*r*A").expr == dsl.parse("pi_rollout*r*A").expr
+
+
+@pytest.mark.parametrize("anchor, mu_is", [("old", "π_old"), ("rollout", "π_rollout")])
+def test_mu_is_the_policy_the_anchor_names(anchor, mu_is):
+    new, old, rollout, A, mask = batch(4)
+    a = run(ObjectiveLoss(dsl.parse(f"@anchor = {anchor}\nr*A - (π - μ)^2")), new, old, A, mask, rollout)
+    b = run(ObjectiveLoss(dsl.parse(f"@anchor = {anchor}\nexp(log(π) - log({mu_is}))*A - (π - {mu_is})^2")),
+            new, old, A, mask, rollout)
+    assert torch.allclose(a[0], b[0], rtol=1e-13) and torch.allclose(a[1], b[1], rtol=1e-12, atol=1e-16)
+
+
+def test_an_objective_naming_the_rollout_policy_needs_its_log_probs():
+    new, old, rollout, A, mask = batch(5)
+    with pytest.raises(ValueError, match="uses π_rollout, but no rollout log-probs were given"):
+        ObjectiveLoss(dsl.parse("r*A*min(π_old/π_rollout, 2)"))(new, old, A, action_mask=mask)
+
+
+# ---------------------------------------------------------------- OpenRLHF's PolicyLoss, every configuration
+def _configurations():
+    for typ, dual, token, level, mode, gating in itertools.product(
+            ["ppo", "gspo"], [None, 3.0], [True, False], ["off", "token", "seq"], ["mask", "clip"],
+            ["ratio", "binary_kl", "tv"]):
+        if level == "off" and (mode, gating) != ("mask", "ratio"):
+            continue        # the correction's other settings do nothing when it is off
+        if typ == "gspo" and not token:
+            continue        # GSPO always aggregates per sequence
+        yield dict(policy_loss_type=typ, clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=dual, token_level_loss=token,
+                   is_correction_level=level, is_correction_mode=mode, is_correction_gating=gating,
+                   is_correction_threshold=(0.5, 2.0) if gating == "ratio" else (0.0, {"tv": 0.05}.get(gating, 0.02)))
+
+
+CONFIGS = list(_configurations())
+
+
+def _valid(kwargs):
+    try:
+        PolicyLoss(**kwargs)
+        return True
+    except (ValueError, AssertionError):
+        return False
+
+
+def _config_id(kw):
+    return "-".join(str(v) for k, v in kw.items() if k not in ("clip_eps_low", "clip_eps_high", "is_correction_threshold"))
+
+
+def test_every_configuration_policy_loss_refuses_is_refused_and_every_other_is_written():
+    for kwargs in CONFIGS:
+        if _valid(kwargs):
+            dsl.parse(policy_loss_text(**kwargs))
+        else:
+            with pytest.raises(ValueError):
+                policy_loss_text(**kwargs)
+    assert sum(map(_valid, CONFIGS)) == 48      # ppo: 2 dual-clip × 2 aggregations × 8 corrections; gspo: 2 × 8
+
+
+@pytest.mark.parametrize("kwargs", [c for c in CONFIGS if _valid(c)], ids=_config_id)
+def test_every_policy_loss_configuration_is_an_objective_with_its_loss_and_gradient(kwargs):
+    new, old, rollout, A, mask = batch(6, B=8, T=14)
+    peer = PolicyLoss(**kwargs)
+    obj = dsl.parse(policy_loss_text(**kwargs), "policy_loss.dsl")
+    for scaling, fused in itertools.product(SCALINGS, (True, False)):
+        ours = ObjectiveLoss(obj, fused=fused)
+        # PolicyLoss multiplies by the mask, so a masked NaN reaches its result: it gets clean inputs
+        expected = run(peer, new, old, A, mask.double(), rollout, **scaling)
+        got = run(ours, dirty(new, mask), dirty(old, mask), dirty(A, mask), mask, dirty(rollout, mask), **scaling)
+        assert torch.allclose(got[0], expected[0], rtol=1e-12, atol=1e-15), (scaling, fused)
+        assert torch.allclose(got[1], expected[1], rtol=1e-10, atol=1e-15), (scaling, fused)
+        if kwargs["is_correction_level"] != "off" and kwargs["policy_loss_type"] == "ppo":
+            assert torch.allclose(got[2][3], expected[2][3])        # vllm_kl
+            assert 0 < expected[2][4] < 1       # the band filters some units and keeps others
+
+
+@pytest.mark.parametrize("level, mode, gating, threshold", [
+    ("token", "mask", "ratio", (0.5, 2.0)), ("token", "clip", "ratio", (0.8, 1.5)), ("seq", "mask", "ratio", (0.9, 1.1)),
+    ("token", "mask", "tv", (0.0, 0.05)), ("seq", "mask", "binary_kl", (0.0, 0.02)),
+])
+def test_drpo_trains_composition_of_the_is_correction_with_ppo_equals_policy_loss(level, mode, gating, threshold):
+    new, old, rollout, A, mask = batch(7, B=8, T=14)
+    composed = compose(dsl.load("ppo"), is_correction_factor(level, mode, gating, threshold))
+    peer = PolicyLoss(is_correction_level=level, is_correction_mode=mode, is_correction_gating=gating,
+                      is_correction_threshold=threshold)
+    expected = run(peer, new, old, A, mask.double(), rollout)
+    got = run(ObjectiveLoss(composed), new, old, A, mask, rollout)
+    assert torch.allclose(got[0], expected[0], rtol=1e-12) and torch.allclose(got[1], expected[1], rtol=1e-10, atol=1e-15)
+    assert composed.name == "ppo" and composed.params == dsl.load("ppo").params
