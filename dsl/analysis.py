@@ -16,7 +16,9 @@ from contextlib import contextmanager
 
 from .arbiter import Arbiter, on_policy, on_policy_warnings
 from .confirm import check_weight, compare_range, confirm_boundaries, domain_warnings
-from .ir import derivative, tree_size
+from fractions import Fraction
+
+from .ir import OPS, derivative, numpy_plan, tree_size, uniform_view
 from .parser import Objective
 from .sampling import Numeric, case_dispatch, numpy_fn, self_check  # noqa: F401 - self_check is this module's API too
 from .symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
@@ -102,7 +104,34 @@ class _Ctx:
 
 
 # ------------------------------------------------------------------ analysis
-def analyze(obj: Objective) -> dict:
+def analysis_view(obj: Objective, seq_len=1, rho=1) -> tuple[Objective, dict]:
+    """The token-level objective in r, μ and A that is analysed, and what it stands for. A
+    sequence objective is studied on a response whose tokens share r, μ and A (|y| = seq_len
+    tokens): each reduction is its value there, r is the response's ratio, and every token's
+    gradient is exactly the w·r·A derived for it. The policy μ is not is μ·ρ or μ/ρ, with ρ =
+    π_old/π_rollout held at `rho`. Existing token-level objectives are unchanged."""
+    names = {n.value for n in obj.expr.walk() if n.op == "var"}
+    sequence = "seq_len" in names or any(OPS[n.op].reduce for n in obj.expr.walk() if n.op in OPS)
+    other = {"old": "pi_rollout", "rollout": "pi_old"}[obj.options["anchor"]]
+    scope = {"sequence": sequence, "seq_len": seq_len if sequence else None,
+             "mismatch": other in names, "rho": rho if other in names else None, "rho_name": None}
+    if not sequence and not names & {"pi_old", "pi_rollout"}:
+        return obj, scope
+    rho_name = "rho" if "rho" not in obj.params else "rho_mismatch"
+    expr = uniform_view(obj.expr, obj.options["anchor"], rho_name)
+    used = {n.value for n in expr.walk() if n.op == "param"}
+    params = dict(obj.params)
+    for name, value in (("seq_len", seq_len), (rho_name, rho)):
+        if name in used:
+            params[name] = Fraction(value)
+    scope["rho_name"] = rho_name if rho_name in used else None
+    view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
+    return view, scope
+
+
+def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
+    original = obj
+    obj, scope = analysis_view(obj, seq_len, rho)
     ctx = _Ctx(obj)
     arb = Arbiter(obj)
     facts = arb.facts()
@@ -110,8 +139,11 @@ def analyze(obj: Objective) -> dict:
         "name": obj.name, "path": obj.path, "description": obj.description,
         "params": {k: float(v) for k, v in obj.params.items()},
         "options": dict(obj.options),
-        "objective": obj.canonical().splitlines()[-1],
+        "objective": original.canonical().splitlines()[-1],
+        "scope": scope,
     }
+    if scope["rho_name"]:
+        scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"])
     claims, why = None, None
     if (size := tree_size(ctx.dl)) > SYMBOLIC_SIZE:
         why = f"∂ℓ/∂r has {size:,} operations written out; SymPy is tried up to {SYMBOLIC_SIZE:,}"
@@ -157,6 +189,27 @@ def analyze(obj: Objective) -> dict:
     result["_w"] = claims["w"]      # vectorized w(r, μ, A) as derived, for callers' own checks
     result["_w_numeric"] = arb.w    # the same by the IR's float rules (nan where undefined): the plot's
     return result
+
+
+MISMATCH_GRID = (1e-4, 1e4, 801)      # ρ = π_old/π_rollout, log-spaced
+
+
+def mismatch_range(view: Objective, rho_name: str) -> dict:
+    """On policy (r = 1), over μ in [1e-6, 1], A = ±1 and ρ on MISMATCH_GRID: the range of w
+    and the ρ where some token keeps a nonzero weight (outside it the objective filters it)."""
+    import numpy as np
+    rho = np.geomspace(*MISMATCH_GRID)
+    mu = np.geomspace(1e-6, 1, 31)[:, None]
+    run = numpy_plan(derivative(view.expr))
+    params = {k: float(v) for k, v in view.params.items()}
+    ws = [run({**params, "r": np.ones_like(mu), "mu": mu, "pi": mu, "A": a, rho_name: rho[None, :]})[0] / a
+          for a in (1.0, -1.0)]
+    w = np.broadcast_to(np.stack(ws), (2, mu.shape[0], rho.size))
+    finite = w[np.isfinite(w)]
+    kept = rho[np.any(np.isfinite(w) & (w != 0), axis=(0, 1))]
+    return {"w": [float(finite.min()), float(finite.max())] if finite.size else [None, None],
+            "kept": [float(kept.min()), float(kept.max())] if kept.size else None,
+            "grid": list(MISMATCH_GRID), "status": "numeric"}
 
 
 def _highest_power(n) -> float:
@@ -253,6 +306,7 @@ def to_json(res: dict) -> dict:
         # names SymPy would read as its own (E, I, N, S, O, Q, beta, gamma, pi, ...) read back as
         # symbols with sympy.sympify(text, locals={n: sympy.Symbol(n) for n in symbols})
         "symbols": ["r", "mu", "A", *res["params"]],
+        "scope": res["scope"],
         "objective": res["objective"], "weight": s(res["weight"]),
         "cases": [{"advantage": c["advantage"], "direction": c["direction"], "weight": s(c["weight"])}
                   for c in res["cases"]],

@@ -344,6 +344,9 @@ class Op:
     # a reduction over the unmasked tokens of one response ('sum', 'mean', 'max', 'min'); its
     # value is broadcast back to every token, and its derivative is taken in reverse mode
     reduce: str = ""
+    # a reduction's value on a response whose tokens all hold x ((x, |y|) -> Node): the analysis
+    # studies a sequence objective there (dsl.ir.uniform_view)
+    uniform: Callable | None = None
 
 
 def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="num", arity=2, inplace="",
@@ -371,8 +374,9 @@ def _seq(kind):
     def unlowered(*a):
         raise ValueError(f"seq_{kind} has no per-token value: rewrite sequence reductions first "
                          "(dsl.sequence.diagonal) or compile them (dsl.codegen)")
+    uniform = (lambda x, n: mul(n, x)) if kind == "sum" else (lambda x, n: x)
     return Op((1, 1), "num", "num", unlowered, lambda x: f"_seq_{kind}({x}, m, logp)", unlowered,
-              unlowered, REDUCTION, 100, f"seq_{kind}", reduce=kind)
+              unlowered, REDUCTION, 100, f"seq_{kind}", reduce=kind, uniform=uniform)
 
 
 def _np_reduce(name):
@@ -620,3 +624,26 @@ def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
             out = OPS[m.op].sympy(sp, *(memo[a] for a in m.args))
         memo[m] = hook(out) if hook else out
     return memo[n]
+
+
+def uniform_view(n: Node, anchor: str, rho: str) -> Node:
+    """The objective on one response whose tokens all share r, μ and A, in r, μ, A and two
+    parameters: each reduction is its value there (seq_mean(x) = x, seq_sum(x) = |y|·x, with
+    |y| the parameter seq_len), and the policy μ is not is μ times the train/rollout ratio ρ
+    (the parameter named `rho`): π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
+    @anchor = old. A token-level objective that names neither policy is returned as it is."""
+    mu, length, ratio = Node("var", value="mu"), Node("param", value="seq_len"), Node("param", value=rho)
+    other = {"old": ("pi_rollout", div(mu, ratio)), "rollout": ("pi_old", mul(mu, ratio))}[anchor]
+    new: dict = {}
+    for m in postorder(n):
+        if m.op == "var" and m.value == f"pi_{anchor}":
+            new[m] = mu
+        elif m.op == "var" and m.value == other[0]:
+            new[m] = other[1]
+        elif m.op == "var" and m.value == "seq_len":
+            new[m] = length
+        elif m.op in OPS and OPS[m.op].reduce:
+            new[m] = OPS[m.op].uniform(new[m.args[0]], length)
+        else:
+            new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
+    return new[n]

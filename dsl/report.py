@@ -95,6 +95,7 @@ def report(res: dict) -> str:
         f"  objective  {res['objective']}    (maximized; the loss is its negative)",
         f"  params     {params}",
         "  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
+        *_scope(res["scope"]),
         "",
         "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π",
         f"    w = {_weight_text(res)}",
@@ -135,6 +136,34 @@ def report(res: dict) -> str:
     if res["notes"]:
         lines += ["", "  notes"] + [f"    - {n}" for n in res["notes"]]
     return "\n".join(lines)
+
+
+def _scope(scope) -> list[str]:
+    """What a sequence or mismatch objective's analysis stands for (dsl.analysis.analysis_view)."""
+    out = []
+    if scope["sequence"]:
+        out += [f"  sequence   analysed on a response whose tokens share r, μ and A (|y| = {scope['seq_len']:g}; "
+                "--seq-len): there seq_mean(x) = seq_max(x) = seq_min(x) = x",
+                "             and seq_sum(x) = |y|·x, r is the response's ratio (GSPO's s), and each token's gradient is "
+                "w·r·A times its aggregation weight, as for a token; on other responses it also depends on the rest "
+                "of the response"]
+    if scope["rho_name"]:
+        m = scope["mismatch_range"]
+        lo, hi = m["w"]
+        kept = ("w = 0 for every ρ" if m["kept"] is None else
+                "nonzero over the whole grid" if m["kept"] == [m["grid"][0], m["grid"][1]] else
+                f"nonzero only for ρ ∈ [{_fmt(m['kept'][0])}, {_fmt(m['kept'][1])}]")
+        out += [f"  mismatch   ρ = π_old/π_rollout, held at {scope['rho']:g} above (--rho); on policy (r = 1), over "
+                f"ρ ∈ [{_fmt(m['grid'][0])}, {_fmt(m['grid'][1])}], μ ∈ [1e-6, 1], A = ±1:",
+                f"             w ∈ [{_fmt(lo)}, {_fmt(hi)}], {kept} (numeric: {m['grid'][2]} values of ρ, "
+                "not derived)"]
+    return out
+
+
+def _view_title(scope) -> str:
+    parts = [f"one response, |y| = {scope['seq_len']:g}"] if scope["sequence"] else []
+    parts += [f"ρ = {scope['rho']:g}"] if scope["rho_name"] else []
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 REPORT_WIDTH = 2000    # characters of one formula in the text report; --json has it whole
@@ -210,6 +239,8 @@ def plot(results: list[dict], path: str) -> None:
         ws = [np.asarray(res["_w_numeric"](pi / mu, mu, A), dtype=float) for A in (1.0, -1.0)]
         finite = np.concatenate([w[np.isfinite(w)] for w in ws])
         lo, hi = (np.percentile(finite, [1, 99]) if finite.size else (0.0, 2.0))
+        # to 9 digits: a w of 1 ± rounding (exp(log π − log μ) is r to 1 ulp) is one colour, not two
+        lo, hi = (float(f"{x:.9g}") for x in (lo, hi))
         lo, hi = (lo - 0.5, hi + 0.5) if hi - lo < 1e-9 else (lo, hi)
         norm = TwoSlopeNorm(1.0, lo, hi) if lo < 1 < hi else Normalize(lo, hi)
         for ax, A, w in zip(row, (1.0, -1.0), ws):
@@ -222,7 +253,7 @@ def plot(results: list[dict], path: str) -> None:
                 ax.contourf(mu, pi, np.isnan(w).astype(float), levels=[0.5, 1.5], colors="none",
                             hatches=["///"])
             ax.plot([0, 1], [0, 1], color="gray", lw=0.8, ls=":")
-            ax.set_title(f"{res['name']}: w for A {'> 0' if A > 0 else '< 0'}"
+            ax.set_title(f"{res['name']}: w for A {'> 0' if A > 0 else '< 0'}{_view_title(res['scope'])}"
                          + ("  (hatched: undefined)" if np.isnan(w).any() else ""), fontsize=10)
             ax.set_xlabel("μ (behaviour prob.)")
             ax.set_ylabel("π (current prob.)")

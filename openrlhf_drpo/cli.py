@@ -43,6 +43,18 @@ def _load_all(specs, overrides):
     return objs
 
 
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive {'integer' if kind is int else 'number'}, got {text!r}")
+        return value
+    return parse
+
+
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 
 
@@ -67,6 +79,10 @@ def analyze_main(argv: list[str] | None = None) -> int:
                     help="override a parameter (ASCII or Unicode name), e.g. --set delta=0.2")
     ap.add_argument("--json", action="store_true", help="print JSON (a list when several objectives)")
     ap.add_argument("--plot", metavar="PATH.png", help="write heatmaps of w over (μ, π), like the paper's Figure 1")
+    ap.add_argument("--seq-len", type=_positive(int), default=1, metavar="N",
+                    help="a sequence objective is analysed on a response of N tokens that share r, μ and A (default 1)")
+    ap.add_argument("--rho", type=_positive(float), default=1.0, metavar="X",
+                    help="the train/rollout ratio π_old/π_rollout the analysis holds (default 1: no mismatch)")
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
     ap.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     args = ap.parse_args(argv)
@@ -83,7 +99,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
         results = []
         for obj in objs:
             try:
-                results.append(analyze(obj))
+                results.append(analyze(obj, args.seq_len, args.rho))
             except Exception as e:   # a bug of ours, not bad input: say which objective, no traceback
                 if args.traceback:
                     raise

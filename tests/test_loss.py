@@ -1,6 +1,7 @@
 """The compiled loss: autograd's gradient equals the analysis's weight, OpenRLHF's own
 PolicyLoss is the oracle for PPO, and masked slots never leak."""
 import functools
+import itertools
 import math
 import re
 import subprocess
@@ -24,11 +25,45 @@ MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-to
 _WEIGHTS: dict = {}
 
 
-def weight_fn(name):
-    """The analysis's vectorized w(r, μ, A) for a shipped objective (cached per name)."""
-    if name not in _WEIGHTS:
-        _WEIGHTS[name] = analyze(dsl.load(name))["_w"]
-    return _WEIGHTS[name]
+SEQ_LEN = 4       # tokens per response where the analysis of a sequence objective is checked
+
+
+def weight_fn(name, rho=1.0):
+    """The analysis's vectorized w(r, μ, A) for a shipped objective (cached per name and ρ)."""
+    if (name, rho) not in _WEIGHTS:
+        _WEIGHTS[name, rho] = analyze(dsl.load(name), seq_len=SEQ_LEN, rho=rho)["_w"]
+    return _WEIGHTS[name, rho]
+
+
+def token_level(name) -> bool:
+    """Neither a sequence reduction nor the policy μ is not: the analysis is per token as it is."""
+    scope = analyze_scope(name)
+    return not scope["sequence"] and not scope["mismatch"]
+
+
+@functools.lru_cache(maxsize=None)
+def analyze_scope(name):
+    from dsl.analysis import analysis_view
+    return analysis_view(dsl.load(name))[1]
+
+
+def uniform_responses(new, old, A, mask):
+    """Each response's tokens share one log π, log μ and A (a different token's per response),
+    with SEQ_LEN unmasked tokens (the first response stays empty): where the analysis of a
+    sequence objective describes each token's gradient exactly."""
+    B, T = new.shape
+    col = (torch.arange(B) * 5) % T
+    pick = lambda x: x[torch.arange(B), col].unsqueeze(-1).expand(B, T).clone()   # noqa: E731
+    m = torch.zeros_like(mask)
+    m[1:, 1:1 + SEQ_LEN] = 1
+    new, old = pick(new), pick(old)
+    new[::2] = old[::2] + (new[::2] - old[::2]) * 1e-3     # inside a narrow clip too (GSPO's 3e-4)
+    return new, old, pick(A), m
+
+
+def rollout_for(old, rho):
+    """Rollout log-probs with π_old/π_rollout = ρ on every token."""
+    return old - math.log(rho)
 
 
 def batch(seed, B=6, T=12, extreme=False):
@@ -64,35 +99,45 @@ def agg_coef(mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=Non
     return mask * per * valid / nseq
 
 
-def oracle_grad(name, new, old, A, mask, coef):
+def oracle_grad(name, new, old, A, mask, coef, rho=1.0):
     """-w·r·A times the aggregation coefficient, with w from the analysis (SymPy-derived)."""
     r = torch.exp((new - old).clamp(-20, 20)).numpy()
-    w = weight_fn(name)(r, np.exp(old.numpy()), A.numpy())
+    w = weight_fn(name, rho)(r, np.exp(old.numpy()), A.numpy())
     return torch.from_numpy(-w * r * A.numpy()) * coef
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
 @pytest.mark.parametrize("name", SHIPPED)
 def test_autograd_gradient_equals_the_symbolic_weight(name, fused):
-    for seed, mode in enumerate(MODES):
+    # a sequence or mismatch objective: on the responses its analysis describes, at ρ = 1 and 2.5
+    rhos = [1.0] if token_level(name) or not analyze_scope(name)["mismatch"] else [1.0, 2.5]
+    for (seed, mode), rho in itertools.product(enumerate(MODES), rhos):
         new, old, A, mask = batch(seed)
+        if not token_level(name):
+            new, old, A, mask = uniform_responses(new, old, A, mask)
         lp = new.clone().requires_grad_()
         loss_fn = ObjectiveLoss(name, fused=fused, aggregate=mode)
-        loss = loss_fn(lp, old, A, action_mask=mask)[0]
+        rollout = rollout_for(old, rho) if loss_fn.anchor == "old" else old
+        old_ = old + math.log(rho) if loss_fn.anchor == "rollout" else old     # π_old = μ·ρ there
+        loss = loss_fn(lp, old_, A, action_mask=mask, rollout_log_probs=rollout)[0]
         (grad,) = torch.autograd.grad(loss, lp)
-        expected = oracle_grad(name, new, old, A, mask, agg_coef(mask, mode))
-        assert torch.allclose(grad, expected, rtol=1e-7, atol=1e-12), (mode, (grad - expected).abs().max())
-        assert torch.all(grad[mask == 0] == 0)
+        anchor = old if loss_fn.anchor == "old" else rollout
+        expected = oracle_grad(name, new, anchor, A, mask, agg_coef(mask, mode), rho)
+        assert torch.allclose(grad, expected, rtol=1e-7, atol=1e-12), (mode, rho, (grad - expected).abs().max())
+        assert torch.all(grad[mask == 0] == 0) and grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_gradient_oracle_holds_at_extreme_inputs(name):
     new, old, A, mask = batch(7, B=8, T=16, extreme=True)
+    if not token_level(name):
+        new, old, A, mask = uniform_responses(new, old, A, mask)
     for fused in (True, False):
         lp = new.clone().requires_grad_()
-        loss = ObjectiveLoss(name, fused=fused)(lp, old, A, action_mask=mask)[0]
+        loss_fn = ObjectiveLoss(name, fused=fused)
+        loss = loss_fn(lp, old, A, action_mask=mask, rollout_log_probs=old)[0]
         (grad,) = torch.autograd.grad(loss, lp)
-        expected = oracle_grad(name, new, old, A, mask, agg_coef(mask, "token-mean"))
+        expected = oracle_grad(name, new, old, A, mask, agg_coef(mask, loss_fn.aggregate))
         assert torch.isfinite(grad).all() and torch.isfinite(loss)
         assert torch.allclose(grad, expected, rtol=1e-6, atol=1e-9 * expected.abs().max().item()), name
 
@@ -104,7 +149,7 @@ def test_fused_path_equals_plain_path_even_where_the_ratio_clamp_is_active(name)
     out = {}
     for fused in (True, False):
         lp = new.clone().requires_grad_()
-        res = ObjectiveLoss(name, fused=fused)(lp, old, A, action_mask=mask)
+        res = ObjectiveLoss(name, fused=fused)(lp, old, A, action_mask=mask, rollout_log_probs=old - 0.1 * A)
         out[fused] = (res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1])
     for a, b in zip(out[True], out[False]):
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-15)
@@ -317,7 +362,7 @@ def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped, dtype):
     results = []
     for kernel in (eager, exact):
         lp = new.clone().requires_grad_()
-        loss, stats = _fused_function(kernel).apply(lp, old, A, mask, None, None, None)
+        loss, stats = _fused_function(kernel).apply(lp, old, A, mask, None, old, old - 0.1 * A)
         (loss / 3).backward()
         results.append((loss.detach(), lp.grad, stats))
     (l0, g0, s0), (l1, g1, s1) = results

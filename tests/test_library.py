@@ -1,0 +1,178 @@
+"""The library's sequence-level and off-policy objectives, each held to an independent torch
+implementation of its source's formula (written here from the paper or the peer's code, never
+from this project's generated code), on inputs whose masked slots hold NaN and ±inf."""
+import pytest
+import torch
+from test_sequence import dirty
+
+from openrlhf.models.loss import PolicyLoss
+from openrlhf_drpo import ObjectiveLoss
+
+
+def masked_seq_mean(x, m):
+    return (x * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+
+
+def token_mean(loss, m):
+    return (loss * m).sum() / m.sum()
+
+
+def seq_mean_token_mean(loss, m):
+    """The mean over non-empty responses of each one's token mean."""
+    n = m.sum(-1)
+    per_seq = (loss * m).sum(-1) / n.clamp(min=1)
+    return per_seq[n > 0].mean()
+
+
+def pick(cond, a, b):
+    """a where cond, else b, in float64 (torch.where of two Python floats is float32)."""
+    return torch.where(cond, torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
+
+
+def ppo_objective(r, A, low=0.2, high=0.2):
+    return torch.min(r * A, r.clamp(1 - low, 1 + high) * A)
+
+
+def gspo(logp, old, roll, A, m, low=3e-4, high=4e-4):
+    s = torch.exp(masked_seq_mean(logp - old, m))
+    return seq_mean_token_mean(-torch.min(s * A, s.clamp(1 - low, 1 + high) * A), m)
+
+
+def gmpo(logp, old, roll, A, m, eps=0.4):
+    log_ratio = logp - old
+    sgn = torch.sign(A)
+    kept = sgn * torch.min(sgn * log_ratio, sgn * log_ratio.clamp(-eps, eps))
+    per_seq = -masked_seq_mean(A, m) * torch.exp(masked_seq_mean(kept, m))     # [B, 1]
+    return per_seq[m.sum(-1) > 0].mean()
+
+
+def luspo(logp, old, roll, A, m, low=2e-3, high=2.5e-3):
+    s = torch.exp(masked_seq_mean(logp - old, m))
+    per_token = -torch.min(s * A, s.clamp(1 - low, 1 + high) * A)
+    n = m.sum(-1)
+    per_seq = (per_token * m).sum(-1) / n.clamp(min=1) * n           # a response's mean, times its length
+    return per_seq[n > 0].mean()
+
+
+def vespo(logp, old, roll, A, m):
+    log_w = ((logp - old).clamp(-20, 20) * m).sum(-1, keepdim=True) + ((old - roll) * m).sum(-1, keepdim=True)
+    log_w = log_w.clamp(-20, 20)
+    k = pick(A >= 0, 2.0, 3.0)
+    lam = pick(A >= 0, 3.0, 2.0)
+    phi = torch.exp(k * log_w + lam * (1 - torch.exp(log_w))).detach()
+    return token_mean(-phi * A * logp, m)
+
+
+def sapo(logp, old, roll, A, m):
+    tau = pick(A > 0, 1.0, 1.05)
+    r = torch.exp((logp - old).clamp(-20, 20))
+    return seq_mean_token_mean(-torch.sigmoid(tau * (r - 1)) * 4 / tau * A, m)
+
+
+def gpg(logp, old, roll, A, m):
+    return token_mean(-A * logp, m)
+
+
+def dro(logp, old, roll, A, m, tau=0.05):
+    return token_mean(-(A * logp - tau / 2 * (logp - old) ** 2), m)
+
+
+def opsm(logp, old, roll, A, m, delta=0.5):
+    drift = masked_seq_mean(roll - logp.detach(), m)
+    keep = ~((A < 0) & (drift > delta))
+    return seq_mean_token_mean(-(keep * ppo_objective(torch.exp(logp - old), A)), m)
+
+
+def tis_ppo(logp, old, roll, A, m, cap=2.0):
+    return token_mean(-torch.exp(old - roll).clamp(max=cap) * ppo_objective(torch.exp(logp - old), A), m)
+
+
+def icepop(logp, old, roll, A, m, lo=0.5, hi=5.0):
+    k = torch.exp(old - roll)
+    return token_mean(-torch.where((k >= lo) & (k <= hi), k, 0.0) * ppo_objective(torch.exp(logp - old), A), m)
+
+
+def seq_mask_tis(logp, old, roll, A, m, lo=0.5, hi=5.0):
+    g = torch.exp(masked_seq_mean(old - roll, m))
+    k = torch.where((g >= lo) & (g <= hi), torch.exp(old - roll), 0.0)
+    return token_mean(-k * ppo_objective(torch.exp(logp - old), A), m)
+
+
+def glm5_rollout_is(logp, old, roll, A, m, low=0.2, high=0.2):
+    r = torch.exp(logp - roll)
+    weight = (r * ((r > 1 - low) & (r < 1 + high))).detach()
+    return token_mean(-weight * A * logp, m)
+
+
+def ipo(logp, old, roll, A, m, delta=0.15):
+    pi, mu = torch.exp(logp), torch.exp(old)
+    return token_mean(-(((pi - mu).abs() <= delta) * torch.exp(logp - old) * A), m)
+
+
+REFERENCES = [gspo, gmpo, luspo, vespo, sapo, gpg, dro, opsm, tis_ppo, icepop, seq_mask_tis, glm5_rollout_is, ipo]
+
+
+def library_batch(seed, B=10, T=14):
+    """Responses drifted from their rollout by different amounts (OPSM, IcePop and the sequence
+    mask all act on some and not others), with an empty and a one-token response."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2.5 - 0.05
+    new = old + 0.25 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    new[:, :3] = old[:, :3] + 1e-4 * torch.randn(B, 3, generator=g, dtype=torch.float64)   # inside GSPO's clip
+    drift = torch.linspace(-1.5, 1.5, B, dtype=torch.float64).unsqueeze(-1)
+    rollout = old + drift + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    A = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T) + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) > 0.25
+    mask[0] = False
+    mask[1] = False
+    mask[1, 5] = True
+    return new, old, rollout, A, mask
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("reference", REFERENCES, ids=lambda f: f.__name__)
+def test_each_library_objective_equals_its_sources_formula(reference, fused):
+    new, old, rollout, A, mask = library_batch(0)
+    lp = new.clone().requires_grad_()
+    expected = reference(lp, old, rollout, A, mask.double())
+    expected_grad = torch.autograd.grad(expected, lp)[0]
+    lp = dirty(new, mask).requires_grad_()
+    got = ObjectiveLoss(reference.__name__, fused=fused)(lp, dirty(old, mask), dirty(A, mask), action_mask=mask,
+                                                          rollout_log_probs=dirty(rollout, mask))[0]
+    grad = torch.autograd.grad(got, lp)[0]
+    # the seq-mean modes divide by count + 1e-8, as OpenRLHF: 1e-8 relative to a one-token response
+    assert torch.allclose(got, expected, rtol=2e-8, atol=0), (got, expected)
+    assert torch.allclose(grad, expected_grad, rtol=2e-8, atol=1e-15), (grad - expected_grad).abs().max()
+    assert grad.abs().sum() > 0 and torch.all(grad[~mask] == 0)
+
+
+@pytest.mark.parametrize("reference, override, effect", [
+    (opsm, dict(delta=100.0), "a response is dropped"),
+    (icepop, dict(lo=0.0, hi=1e9), "a token is dropped"),
+    (seq_mask_tis, dict(lo=0.0, hi=1e9), "a response is dropped"),
+    (glm5_rollout_is, dict(low=1.0, high=1e9), "a token leaves the band"),
+    (ipo, dict(delta=1e9), "a token leaves the box"),
+    (tis_ppo, dict(cap=1e9), "a weight is truncated"),
+    (gspo, dict(low=1.0, high=1e9), "a response is clipped"),
+    (gmpo, dict(eps=1e9), "a token's log-ratio is clipped"),
+])
+def test_each_filter_and_clip_in_the_library_acts_on_the_test_batch(reference, override, effect):
+    # the comparison above is not vacuous: with the mechanism switched off, the loss changes
+    new, old, rollout, A, mask = library_batch(0)
+    m = mask.double()
+    assert not torch.isclose(reference(new, old, rollout, A, m), reference(new, old, rollout, A, m, **override)), effect
+
+
+@pytest.mark.parametrize("name, peer", [
+    ("gspo", dict(policy_loss_type="gspo", clip_eps_low=3e-4, clip_eps_high=4e-4)),
+    ("seq_mask_tis", dict(is_correction_level="seq", is_correction_mode="mask", is_correction_threshold=(0.5, 5.0))),
+    ("icepop", dict(is_correction_level="token", is_correction_mode="mask", is_correction_threshold=(0.5, 5.0))),
+])
+def test_library_objectives_that_openrlhf_ships_equal_its_policy_loss(name, peer):
+    new, old, rollout, A, mask = library_batch(1)
+    out = []
+    for fn in (PolicyLoss(**peer), ObjectiveLoss(name)):
+        lp = new.clone().requires_grad_()
+        loss = fn(lp, old, A, action_mask=mask.double(), rollout_log_probs=rollout)[0]
+        out.append((loss.detach(), torch.autograd.grad(loss, lp)[0]))
+    assert torch.allclose(out[0][0], out[1][0], rtol=1e-12) and torch.allclose(out[0][1], out[1][1], rtol=1e-10, atol=1e-15)
