@@ -17,6 +17,8 @@ its gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is th
 """
 from __future__ import annotations
 
+import functools
+
 from .ir import (ONE, OPS, ZERO, NonLocal, Node, add, constant_nodes, derivative, div, evaluate,
                  is_num, mul, passes_no_gradient, postorder, render)
 from .parser import Objective
@@ -176,28 +178,62 @@ def _function(name, doc, outputs, params) -> str:
                      + [f"    return {_tuple(results)}"])
 
 
+_POLICY = ("r", "pi", "logp", "log_ratio")
+
+
+def filters(value: Node) -> list[Node]:
+    """The objective's filters: [...] factors of the whole objective whose condition does not
+    involve the current policy, so they are fixed for the update and drop tokens or responses
+    (IcePop's band, a sequence mask on π_old/π_rollout). A condition on π is a trust-region
+    boundary instead: the update itself reaches it."""
+    out, stack = [], [value]
+    while stack:
+        n = stack.pop()
+        if n.op == "mul":
+            stack.extend(n.args)
+        elif n.op in ("neg", "div"):
+            stack.append(n.args[0])
+        elif n.op == "ind" and not any(m.op == "var" and m.value in _POLICY for m in n.walk()):
+            out.append(n)
+    return out
+
+
+def _kept(value):
+    """The product of the filters (1 where a token survives them all), or None."""
+    found = filters(value)
+    return functools.reduce(mul, found) if found else None
+
+
 def _fused_functions(value, params) -> str:
     """objective_and_grad (for torch.compile) and objective_and_grad_eager (run eagerly: booleans
     as floats, and a branch on the data, which a compiled graph should not have)."""
     extra = ("r", "raw", "mu", "keep")
     head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
     grad = derivative(value, GRAD_SEEDS)
-    lines, results = _emit([value, grad], params, inplace=True)
-    compiled = [*head, *_prelude(_used([value, grad], extra)), *lines, f"    return {_tuple(results + list(extra))}"]
+    kept = _kept(value)
+    outputs = [value, grad] + [kept] * (kept is not None)
+
+    def returned(results, keep="keep"):      # keep is 0 where the ratio clamp is active or a filter drops
+        if kept is None:
+            return _tuple(results + [*extra[:-1], keep])
+        return _tuple(results[:2] + [*extra[:-1], results[2] if keep == "1.0" else f"{keep} * {results[2]}"])
+    lines, results = _emit(outputs, params, inplace=True)
+    compiled = [*head, *_prelude(_used(outputs, extra)), *lines, f"    return {returned(results)}"]
     fast_grad = derivative(value, UNCLAMPED_SEEDS)
-    fast_lines, fast_results = _emit([value, fast_grad], params, inplace=True, floats=True)
-    fast = [*_prelude(_used([value, fast_grad], extra[:-1]), unclamped=True), *fast_lines,
-            f"    return {_tuple(fast_results + [*extra[:-1], '1.0'])}"]
-    lines, results = _emit([value, grad], params, inplace=True, floats=True)
+    fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
+    fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True)
+    fast = [*_prelude(_used(fast_outputs, extra[:-1]), unclamped=True), *fast_lines,
+            f"    return {returned(fast_results, '1.0')}"]
+    lines, results = _emit(outputs, params, inplace=True, floats=True)
     eager = [*head,
              "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
              f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
              *("    " + line for line in fast),
-             *_prelude(_used([value, grad], extra)), *lines, f"    return {_tuple(results + list(extra))}"]
+             *_prelude(_used(outputs, extra)), *lines, f"    return {returned(results)}"]
     doc = ("ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
-           "    unclamped log-ratio, μ and keep (0 where the ratio clamp is active) come back too,\n"
-           "    for the loss's metrics. Each returned tensor is a buffer of its own that the caller\n"
-           "    may overwrite, except keep.")
+           "    unclamped log-ratio, μ and keep (0 where the ratio clamp is active or a filter drops\n"
+           "    the token) come back too, for the loss's metrics. Each returned tensor is a buffer of\n"
+           "    its own that the caller may overwrite, except keep.")
     eager_doc = ("objective_and_grad, run eagerly (CPU): booleans are 0/1 floats (a comparison into\n"
                  "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
                  "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.")
@@ -254,12 +290,17 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
 def _reverse_functions(value, params) -> str:
     """objective_and_grad for an objective with a reduction of the policy: its gradient is
     that of Σ coef·ℓ, computed plainly (no in-place updates: reductions broadcast)."""
-    extra = ("r", "raw", "mu", "keep")
+    # raw comes back as its response's mean: the move's direction is the response's (its
+    # masked mean over tokens is unchanged, so ppo_kl is too)
+    extra = ("r", "_seq_mean(raw, m, logp)", "mu", "keep")
     grad = reverse_gradient(value, GRAD_SEEDS)
-    lines, results = _emit([value, grad], params)
-    used = _used([value, grad], extra)
+    kept = _kept(value)
+    lines, results = _emit([value, grad] + [kept] * (kept is not None), params)
+    used = _used([value, grad], ("r", "raw", "mu", "keep"))
+    if kept is not None:
+        results, extra = results[:2], (*extra[:-1], f"keep * {results[2]}")
     doc = ("ℓ and d(Σ coef·ℓ)/d(log π) (the aggregation weight coef is inside: a reduction\n"
-           "    spreads each token's gradient over its response), r, the unclamped log-ratio, μ, keep.")
+           "    spreads each token's gradient over its response), r, the response's mean log-ratio, μ, keep.")
     return "\n".join([
         f"def objective_and_grad({_SIG}):", f'    """{doc}"""', "    dtype = logp.dtype",
         "    raw = logp - anchor", *_prelude(used), *lines,
@@ -329,13 +370,23 @@ def torch_source(obj: Objective) -> str:
         fused,
         # the loss's eager kernel flattens tokens, which a reduction over each response cannot take
         f"objective_and_grad.reduces = {reduces}",
+        "",
+        "",
+        *([_function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
+                     [Node("sub", (ONE, kept))], obj.params)] if (kept := _kept(value)) is not None
+          else ["filtered = None   # the objective has no filter (a [...] factor not involving π)"]),
+        f"filtered_per_response = {any(OPS[n.op].reduce for f in filters(value) for n in f.walk() if n.op in OPS)}",
     ]) + "\n"
 
 
 def compile_objective(obj: Objective):
-    """(objective, objective_and_grad, objective_and_grad_eager, source): the functions as callables."""
+    """(objective, objective_and_grad, objective_and_grad_eager, source): the functions as
+    callables; objective.filtered is the filter function (or None) and .filtered_per_response
+    whether a filter reads a whole response."""
     import torch
     source = torch_source(obj)
     namespace = {"torch": torch}
     exec(compile(source, f"<objective {obj.name}>", "exec"), namespace)
-    return namespace["objective"], namespace["objective_and_grad"], namespace["objective_and_grad_eager"], source
+    plain = namespace["objective"]
+    plain.filtered, plain.filtered_per_response = namespace["filtered"], namespace["filtered_per_response"]
+    return plain, namespace["objective_and_grad"], namespace["objective_and_grad_eager"], source

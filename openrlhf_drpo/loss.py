@@ -286,8 +286,6 @@ class ObjectiveLoss(nn.Module):
             *values, neg_log_ratio_mean, count = stats.unbind()
             self.metrics = dict(zip(METRIC_KEYS, values))
             clip_ratio = self.metrics["drpo_past_boundary_diverging"]
-            if self.sink is not None:
-                self.sink.update(self.metrics)
             # OpenRLHF's masked means, on selected values so NaN/inf in masked slots stay out
             masked_mean = lambda x: torch.where(action_mask.bool(), x, 0.0).sum() / count.clamp(min=1)  # noqa: E731
             if self.anchor == "old":
@@ -296,13 +294,29 @@ class ObjectiveLoss(nn.Module):
                 ppo_kl = masked_mean(old_log_probs - log_probs.detach())
             vllm_kl = is_filter_ratio = None
             if rollout_log_probs is not None:
-                # as OpenRLHF reports it; the objective itself defines any off-policy correction,
-                # so no token is filtered here
+                # as OpenRLHF reports it; the objective itself defines any off-policy correction
                 vllm_kl = masked_mean(rollout_log_probs - old_log_probs)
                 is_filter_ratio = torch.zeros((), device=log_probs.device)
+            if self._value.filtered is not None:
+                is_filter_ratio = self.metrics["drpo_filtered"] = self._filtered_fraction(
+                    log_probs, anchor, advantages, old, rollout, action_mask != 0)
+            if self.sink is not None:
+                self.sink.update(self.metrics)
             if self.track_extremes:
                 self.extremes = self._extremes(log_probs, anchor, advantages, action_mask != 0, old, rollout)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
+
+    def _filtered_fraction(self, logp, anchor, A, old, rollout, keep):
+        """The fraction the objective's filters drop (dsl.codegen.filters), at their own
+        granularity as OpenRLHF's is_filter_ratio: of unmasked tokens, or, when a filter reads a
+        whole response, of non-empty responses (a response counts once all its tokens are dropped)."""
+        clean = lambda x: x if x is None else torch.where(keep, x.detach(), 0.0)   # noqa: E731
+        dropped = self._value.filtered(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep) != 0
+        if self._value.filtered_per_response:
+            present = keep.any(-1)
+            gone = (dropped | ~keep).all(-1) & present
+            return gone.sum() / present.sum().clamp(min=1)
+        return (dropped & keep).sum() / keep.sum().clamp(min=1)
 
     def _extremes(self, logp, anchor, A, keep, old, rollout) -> dict:
         """What drpo-lab logs per optimizer step, over unmasked tokens: the range of r and the

@@ -103,16 +103,28 @@ def prepare_objective(args: argparse.Namespace):
         raise SystemExit("drpo-train: error: --drpo.objective FILE_OR_NAME is required")
     options = {"anchor": getattr(args, "drpo.anchor")} if getattr(args, "drpo.anchor") else {}
     obj = load(spec_name).with_overrides(_overrides(getattr(args, "drpo.set")), options, where="--drpo.set")
-    level = getattr(args, "algo.advantage.is_correction_level", "off")
-    if level != "off":
-        raise SystemExit(
-            "drpo-train: error: --algo.advantage.is_correction_level applies OpenRLHF's importance-sampling "
-            "correction inside PolicyLoss, which the objective replaces, so it would be silently dropped. "
-            "Write the correction into the objective instead (e.g. @anchor = rollout).")
-    if obj.options["anchor"] == "rollout":
+    # OpenRLHF applies its train/rollout IS correction inside PolicyLoss, which the objective
+    # replaces: the same factor is composed with the objective instead, so the flags keep
+    # their meaning (tests/test_sequence.py holds ppo composed so to PolicyLoss itself).
+    correction = [getattr(args, f"algo.advantage.is_correction_{k}", d)
+                  for k, d in (("level", "off"), ("mode", "mask"), ("gating", "ratio"), ("threshold", [0.5, 5.0]))]
+    if correction[0] != "off":
+        from openrlhf_drpo.openrlhf_options import compose, is_correction_factor
+        threshold = list(correction[3])
+        threshold = [0.0, *threshold] if len(threshold) == 1 else threshold   # HIGH alone: an upper bound
+        try:
+            factor = is_correction_factor(correction[0], correction[1], correction[2], threshold)
+        except ValueError as e:
+            raise SystemExit(f"drpo-train: error: --algo.advantage.{e}") from None
+        obj = compose(obj, factor)
+        print("openrlhf-drpo: --algo.advantage.is_correction_* is composed with the objective; training and "
+              f"the analysis use:\n  {obj.canonical().splitlines()[-1]}", flush=True)
+    names = {n.value for n in obj.expr.walk() if n.op == "var"}
+    if obj.options["anchor"] == "rollout" or "pi_rollout" in names:
         # OpenRLHF 0.11.2 keeps vLLM's log-probs only when IS correction is on; turning it on
         # here only keeps them: the correction itself lives in PolicyLoss, which is replaced.
-        setattr(args, "algo.advantage.is_correction_level", "token")
+        if correction[0] == "off":
+            setattr(args, "algo.advantage.is_correction_level", "token")
     from openrlhf_drpo.loss import ObjectiveLoss
     ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
     spec = {"source": obj.source, "path": obj.path, "params": {k: str(v) for k, v in obj.params.items()},

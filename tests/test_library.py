@@ -173,6 +173,10 @@ def test_library_objectives_that_openrlhf_ships_equal_its_policy_loss(name, peer
     out = []
     for fn in (PolicyLoss(**peer), ObjectiveLoss(name)):
         lp = new.clone().requires_grad_()
-        loss = fn(lp, old, A, action_mask=mask.double(), rollout_log_probs=rollout)[0]
-        out.append((loss.detach(), torch.autograd.grad(loss, lp)[0]))
+        loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio = fn(lp, old, A, action_mask=mask.double(),
+                                                                rollout_log_probs=rollout)
+        out.append((loss.detach(), torch.autograd.grad(loss, lp)[0], clip_ratio, ppo_kl))
     assert torch.allclose(out[0][0], out[1][0], rtol=1e-12) and torch.allclose(out[0][1], out[1][1], rtol=1e-10, atol=1e-15)
+    assert torch.allclose(out[0][3], out[1][3], rtol=1e-12)          # ppo_kl
+    if name == "gspo":      # tokens of responses past GSPO's clip, moving away: PolicyLoss's clip_ratio
+        assert 0 < out[0][2] < 1 and torch.allclose(out[0][2], out[1][2].to(out[0][2].dtype), rtol=1e-12)

@@ -102,6 +102,20 @@ def test_reference_and_critic_models_run_in_cpu_mode_too(task, tmp_path):
     assert "Traceback" not in log
 
 
+def test_a_sequence_objective_composed_with_the_rollout_is_correction_trains_end_to_end(task, tmp_path):
+    # GSPO (a reduction over each response) times OpenRLHF's sequence-masked IS correction
+    # (the rollout policy π_rollout): the composed objective is what every actor trains with
+    log, steps = _run(task, tmp_path, 2, objective=("gspo", "--drpo.set", "eps_low=0.05", "--drpo.set", "eps_high=0.05"),
+                      extra=("--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_threshold",
+                             "0.5", "2"))
+    assert "is composed with the objective" in log and "[exp(seq_mean(log(π_old) - log(π_rollout))) >= 0.5" in log
+    assert "sequence   analysed on a response" in log and "mismatch   ρ = π_old/π_rollout" in log
+    assert len(steps) == 2 and "Traceback" not in log
+    for step in steps:
+        assert 0 <= step["drpo_filtered"] <= 1 and step["is_filter_ratio"] == step["drpo_filtered"]
+        assert "vllm_kl" in step and "drpo_w_mean" in step     # (0 where a step's rewards, so its A, are all 0)
+
+
 def test_the_policy_learns_the_synthetic_task(synced_run):
     _, _, steps = synced_run
     reward = [s["reward"] for s in steps]

@@ -222,3 +222,32 @@ def test_drpo_trains_composition_of_the_is_correction_with_ppo_equals_policy_los
     got = run(ObjectiveLoss(composed), new, old, A, mask, rollout)
     assert torch.allclose(got[0], expected[0], rtol=1e-12) and torch.allclose(got[1], expected[1], rtol=1e-10, atol=1e-15)
     assert composed.name == "ppo" and composed.params == dsl.load("ppo").params
+
+
+# ---------------------------------------------------------------- what the objective filters
+@pytest.mark.parametrize("level, gating, threshold", [
+    ("token", "ratio", (0.5, 2.0)), ("seq", "ratio", (0.9, 1.1)), ("token", "tv", (0.0, 0.05)),
+    ("seq", "binary_kl", (0.0, 0.02)),
+])
+def test_the_fraction_filtered_is_openrlhfs_is_filter_ratio(level, gating, threshold):
+    new, old, rollout, A, mask = batch(8, B=12, T=9)
+    mask[:2] = True            # OpenRLHF counts empty responses among the responses: none here
+    kwargs = dict(is_correction_level=level, is_correction_mode="mask", is_correction_gating=gating,
+                  is_correction_threshold=threshold)
+    peer = PolicyLoss(**kwargs)(new, old, A, action_mask=mask.double(), rollout_log_probs=rollout)[4]
+    loss_fn = ObjectiveLoss(dsl.parse(policy_loss_text(**kwargs)))
+    ours = loss_fn(dirty(new, mask), dirty(old, mask), dirty(A, mask), action_mask=mask,
+                   rollout_log_probs=dirty(rollout, mask))[4]
+    assert 0 < peer < 1 and torch.allclose(ours, peer.to(ours.dtype), rtol=1e-6)
+    assert loss_fn.metrics["drpo_filtered"] is ours
+
+
+def test_a_filtered_token_is_not_counted_past_the_trust_region_boundary():
+    # IcePop with a band nobody is in: every token is filtered, none is stopped by the clip
+    new, old, rollout, A, mask = batch(9)
+    new = old + 2.0 * torch.sign(A)          # every token far past PPO's clip, diverging
+    for fused in (True, False):
+        loss_fn = ObjectiveLoss("icepop", fused=fused, alpha=100, beta=200)
+        clip_ratio, is_filter_ratio = (loss_fn(new, old, A, action_mask=mask, rollout_log_probs=rollout)[i] for i in (1, 4))
+        assert clip_ratio == 0 and is_filter_ratio == 1
+        assert ObjectiveLoss("ppo")(new, old, A, action_mask=mask)[1] == 1

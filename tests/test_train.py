@@ -1,6 +1,7 @@
 """drpo-train on CPU: OpenRLHF's real ActorPPOTrainer.ppo_train with DeepSpeed's CPU
 accelerator (ZeRO-2) on a tiny random causal LM, with the objective installed by the same
 code the Ray actor runs; the actor class on a local Ray; the command line."""
+import json
 import os
 import socket
 import subprocess
@@ -166,11 +167,32 @@ def test_a_bad_objective_stops_drpo_train_before_ray_starts(tmp_path):
     assert "Traceback" not in proc.stderr and "ray" not in proc.stdout.lower()
 
 
-def test_drpo_train_refuses_openrlhfs_is_correction_it_would_silently_drop():
-    proc = _drpo_train("--drpo.objective", "drpo", "--actor.model_name_or_path", "x",
-                       "--algo.advantage.is_correction_level", "token")
-    assert proc.returncode != 0
-    assert "would be silently dropped" in proc.stderr
+def test_drpo_train_composes_openrlhfs_is_correction_with_the_objective(tiny_model, tmp_path, capsys):
+    from openrlhf_drpo.train import openrlhf_args
+    args = openrlhf_args(train_flags(tmp_path, tiny_model, "drpo", "--algo.advantage.is_correction_level", "seq",
+                                     "--algo.advantage.is_correction_threshold", "0.8", "1.25"))
+    spec = json.loads(args.drpo.spec)
+    assert "[exp(seq_mean(log(π_old) - log(π_rollout))) >= 0.8 and" in spec["source"]
+    out = capsys.readouterr().out
+    assert "is composed with the objective" in out and "mismatch   ρ = π_old/π_rollout" in out
+    assert "δ = 12.5" in spec["source"] and spec["options"]["anchor"] == "old"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--algo.advantage.is_correction_mode", "clip", "--algo.advantage.is_correction_level", "seq"],
+     "is_correction_mode=clip requires is_correction_level=token"),
+    (["--algo.advantage.is_correction_gating", "tv", "--algo.advantage.is_correction_level", "token"],
+     "is_correction_gating=tv takes an upper bound only"),
+])
+def test_an_is_correction_policy_loss_would_refuse_is_refused(flags, message):
+    proc = _drpo_train("--drpo.objective", "drpo", "--actor.model_name_or_path", "x", *flags)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_objective_naming_the_rollout_policy_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
+    from openrlhf_drpo.train import openrlhf_args
+    args = openrlhf_args(train_flags(tmp_path, tiny_model, "tis_ppo"))
+    assert args.algo.advantage.is_correction_level == "token"
 
 
 def test_rollout_anchor_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
