@@ -355,7 +355,8 @@ def torch_source(obj: Objective) -> str:
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
         f"# parameters: {params}; @anchor = {obj.options['anchor']}; @aggregate = {obj.options['aggregate']}",
-        "# logp = log π (current policy), anchor = log μ, A = advantages; all [batch, tokens].",
+        "# logp = log π (current policy), anchor = log μ, A = advantages, old/rollout = log π_old/log π_rollout,",
+        "# m = the mask (reductions read only its tokens), coef = the aggregation weight; all [batch, tokens].",
         f"# r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
         "import math" if reduces else None,
         "import torch",

@@ -104,7 +104,15 @@ TABLE = [
      (0, None), True, ("ok", "ok"), []),
     # 300 nested abs: ℓ = r|A|, w = sign(A). Its derivative is too large to try SymPy on: the
     # report is the arbiter's alone.
-    ("nested_abs", ABS300, [], [], (-1, 1), True, ("ok", "negative"), []),
+    ("nested_abs", ABS300, [], [], (-1, 1), True, ("ok", "negative"), []),    # Sequence objectives, analysed on a response whose tokens share r (|y| = 1): the geometric
+    # mean ratio is r there, so GSPO-like clipping is PPO's in the response's ratio.
+    ("geo_mean_clip", "s = exp(seq_mean(log(r)))\nmin(s*A, clip(s, 0.8, 1.2)*A)", [(1.2, BEYOND)], [(0.8, BEYOND)],
+     (0, 1), False, ("ok", "ok"), []),
+    # the response's largest ratio caps every token's: w = 1 until max r = 1.5, for either sign of A
+    ("max_ratio_mask", "[seq_max(r) <= 1.5]*r*A", [(1.5, BEYOND)], [(1.5, BEYOND)], (0, 1), False, ("ok", "ok"), []),
+    # A mismatch band on π_old/π_rollout (ρ = 1 here: kept), times the surrogate: w = 1.
+    ("mismatch_band", "[0.5 <= π_old/π_rollout and π_old/π_rollout <= 2]*r*A", [], [], (1, 1), True, ("ok", "ok"),
+     []),
 ]
 
 
