@@ -46,6 +46,22 @@ def _rewrite_logs(root: Node) -> Node:
     return new[root]
 
 
+def _select_masks(root: Node) -> Node:
+    """[c]·x as select(c, x): x where c holds, else 0, even where x is inf or NaN (an IS weight
+    that overflowed on a token the band drops), as PolicyLoss selects its factor
+    (torch.where(keep, ratio, 0)) before multiplying: [c]·k·ℓ is select(c, k)·ℓ, so autograd's
+    backward through the product never meets 0·inf either."""
+    new: dict = {}
+    for n in postorder(root):
+        args = tuple(new[a] for a in n.args)
+        if n.op == "mul" and "ind" in (args[0].op, args[1].op):
+            c, x = (args[0], args[1]) if args[0].op == "ind" else (args[1], args[0])
+            new[n] = Node("select", (c.args[0], x), pos=n.pos)
+        else:
+            new[n] = Node(n.op, args, n.value, n.pos) if n.args else n
+    return new[root]
+
+
 # d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
 # (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
 # clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
@@ -187,13 +203,18 @@ def filters(value: Node) -> list[Node]:
     (IcePop's band, a sequence mask on π_old/π_rollout). A condition on π is a trust-region
     boundary instead: the update itself reaches it."""
     out, stack = [], [value]
+    policy = lambda c: any(m.op == "var" and m.value in _POLICY for m in c.walk())   # noqa: E731
     while stack:
         n = stack.pop()
         if n.op == "mul":
             stack.extend(n.args)
         elif n.op in ("neg", "div"):
             stack.append(n.args[0])
-        elif n.op == "ind" and not any(m.op == "var" and m.value in _POLICY for m in n.walk()):
+        elif n.op == "select":
+            stack.append(n.args[1])
+            if not policy(n.args[0]):
+                out.append(Node("ind", (n.args[0],)))
+        elif n.op == "ind" and not policy(n):
             out.append(n)
     return out
 
@@ -267,7 +288,7 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
             elif op.reduce == "sum":
                 share = mul(mf, total)
             else:       # the maximum's (minimum's) ties share it equally, as torch.amax's gradient
-                tie = Node("ind", (Node("eq", (x, n)),))
+                tie = Node("ind", (Node("ge" if op.reduce == "max" else "le", (x, n)),))
                 share = mul(mul(mf, tie), div(total, Node("max", (Node("seq_sum", (tie,)), ONE))))
             contributions = [(x, share)]
         else:
@@ -327,8 +348,8 @@ def _seq_mean(x, m, like):
 
 
 def _seq_extreme(x, m, like, pick, empty):
-    if like.shape[-1] == 0:
-        return torch.zeros_like(like)
+    if like.shape[-1] == 0:             # no token: 0, still attached to x's graph
+        return _seq_sum(x, m, like)
     top = pick(_selected(x, m, empty, like), -1, keepdim=True)
     return torch.where(m.any(-1, keepdim=True), top, 0.0).expand_as(like)
 
@@ -342,15 +363,20 @@ def _seq_min(x, m, like):
 '''
 
 
+def _per_response(n: Node) -> bool:
+    """A reduction over the response, or its length: a value that needs the whole response."""
+    return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
+
+
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
-    value = _rewrite_logs(obj.expr)
+    value = _select_masks(_rewrite_logs(obj.expr))
     try:
         derivative(value, GRAD_SEEDS)
         fused = _fused_functions(value, obj.params)
     except NonLocal:
         fused = _reverse_functions(value, obj.params)
-    reduces = any(OPS[n.op].reduce for n in value.walk() if n.op in OPS)
+    reduces = any(_per_response(n) for n in value.walk())
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
@@ -376,7 +402,7 @@ def torch_source(obj: Objective) -> str:
         *([_function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
                      [Node("sub", (ONE, kept))], obj.params)] if (kept := _kept(value)) is not None
           else ["filtered = None   # the objective has no filter (a [...] factor not involving π)"]),
-        f"filtered_per_response = {any(OPS[n.op].reduce for f in filters(value) for n in f.walk() if n.op in OPS)}",
+        f"filtered_per_response = {any(_per_response(n) for f in filters(value) for n in f.walk())}",
     ]) + "\n"
 
 

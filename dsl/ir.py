@@ -315,6 +315,14 @@ def _f_not(a):
     return (f"{a[0]}.neg_().add_(1.0)" if a[1] else f"(1.0 - {a[0]})"), True
 
 
+def _t_select(c, x):
+    if c in ("True", "False"):         # a condition of constants, folded
+        return f"({x} * {float(c == 'True')})"
+    if _is_literal(x):                  # torch.where of two floats would be float32
+        return f"(({c}).to(dtype) * {x})"
+    return f"torch.where({c}, {x}, 0.0)"
+
+
 def _t_clip(x, lo, hi):
     if _is_literal(lo) and _is_literal(hi):
         return f"torch.clamp({x}, {lo}, {hi})"
@@ -373,7 +381,7 @@ def _cmp(name, sym, torch_sym, sympy, py):
 def _seq(kind):
     def unlowered(*a):
         raise ValueError(f"seq_{kind} has no per-token value: rewrite sequence reductions first "
-                         "(dsl.sequence.diagonal) or compile them (dsl.codegen)")
+                         "(dsl.ir.uniform_view) or compile them (dsl.codegen)")
     uniform = (lambda x, n: mul(n, x)) if kind == "sum" else (lambda x, n: x)
     return Op((1, 1), "num", "num", unlowered, lambda x: f"_seq_{kind}({x}, m, logp)", unlowered,
               unlowered, REDUCTION, 100, f"seq_{kind}", reduce=kind, uniform=uniform)
@@ -433,6 +441,12 @@ OPS: dict[str, Op] = {
     "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True), evaluate=False),
               lambda c: f"({c}).to(dtype)", float, lambda np, c: np.asarray(c, dtype=float), _zero, 100, "[]",
               floats=lambda c: c),
+    # [c]·x as codegen writes it (dsl.codegen._select_masks; not in the language): x where c holds,
+    # else 0 even where x is inf or NaN, as PolicyLoss's torch.where(keep, ratio, 0) drops them
+    "select": Op((2, 2), "num", "num", lambda sp, c, x: sp.Piecewise((x, c), (0, True), evaluate=False),
+                 _t_select, lambda c, x: x if c else 0.0, lambda np, c, x: np.where(c, x, 0.0),
+                 lambda n, d: ZERO if is_num(d[1], 0) else Node("select", (n.args[0], d[1])), 100, "select",
+                 floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
     "lt": _cmp("lt", "<", "<", lambda sp, a, b: sp.Lt(a, b, evaluate=False), lambda a, b: a < b),
     "le": _cmp("le", "≤", "<=", lambda sp, a, b: sp.Le(a, b, evaluate=False), lambda a, b: a <= b),
     "gt": _cmp("gt", ">", ">", lambda sp, a, b: sp.Gt(a, b, evaluate=False), lambda a, b: a > b),
@@ -519,6 +533,8 @@ def _render(n: Node, parent_prec: int, names: dict, top: Node) -> str:
     sub = lambda a, prec=0: _render(a, prec, names, top)    # noqa: E731
     if n.op == "ind":
         return "[" + sub(n.args[0]) + "]"
+    if n.op == "select":
+        return _render(Node("mul", (Node("ind", (n.args[0],)), n.args[1])), parent_prec, names, top)
     if n.op == "abs":
         return "|" + sub(n.args[0]) + "|"
     if op.prec == 100:

@@ -187,7 +187,9 @@ def _fused_function(kernel):
         def forward(ctx, logp, anchor, A, mask, norm, old, rollout):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
             # Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16.
-            wide = lambda x: x if x is None else x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # noqa: E731
+            # every input in the one compute dtype: a float64 anchor with float32 log-probs too
+            dtype = torch.float32 if logp.dtype in (torch.float16, torch.bfloat16) else logp.dtype
+            wide = lambda x: x if x is None else x.to(dtype)  # noqa: E731
             loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
                                               wide(old), wide(rollout))
             ctx.save_for_backward(grad)
@@ -310,7 +312,8 @@ class ObjectiveLoss(nn.Module):
         """The fraction the objective's filters drop (dsl.codegen.filters), at their own
         granularity as OpenRLHF's is_filter_ratio: of unmasked tokens, or, when a filter reads a
         whole response, of non-empty responses (a response counts once all its tokens are dropped)."""
-        clean = lambda x: x if x is None else torch.where(keep, x.detach(), 0.0)   # noqa: E731
+        dtype = torch.float32 if logp.dtype in (torch.float16, torch.bfloat16) else logp.dtype   # as the loss's
+        clean = lambda x: x if x is None else torch.where(keep, x.detach().to(dtype), 0.0)   # noqa: E731
         dropped = self._value.filtered(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep) != 0
         if self._value.filtered_per_response:
             present = keep.any(-1)

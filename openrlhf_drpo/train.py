@@ -110,7 +110,15 @@ def prepare_objective(args: argparse.Namespace):
                   for k, d in (("level", "off"), ("mode", "mask"), ("gating", "ratio"), ("threshold", [0.5, 5.0]))]
     if correction[0] != "off":
         from openrlhf_drpo.openrlhf_options import compose, is_correction_factor
+        if obj.options["anchor"] == "rollout":
+            # r is already π/π_rollout: the factor π_old/π_rollout on top would correct twice
+            # (OpenRLHF's own GSPO takes its ratio against the rollout policy instead of the factor)
+            raise SystemExit("drpo-train: error: --algo.advantage.is_correction_level with @anchor = rollout would "
+                             "correct for the rollout policy twice (r is already π/π_rollout); use @anchor = old "
+                             "with the correction, or write the correction into the objective")
         threshold = list(correction[3])
+        if len(threshold) not in (1, 2):
+            raise SystemExit("drpo-train: error: --algo.advantage.is_correction_threshold takes HIGH or LOW HIGH")
         threshold = [0.0, *threshold] if len(threshold) == 1 else threshold   # HIGH alone: an upper bound
         try:
             factor = is_correction_factor(correction[0], correction[1], correction[2], threshold)
@@ -123,8 +131,9 @@ def prepare_objective(args: argparse.Namespace):
     if obj.options["anchor"] == "rollout" or "pi_rollout" in names:
         # OpenRLHF 0.11.2 keeps vLLM's log-probs only when IS correction is on; turning it on
         # here only keeps them: the correction itself lives in PolicyLoss, which is replaced.
-        if correction[0] == "off":
-            setattr(args, "algo.advantage.is_correction_level", "token")
+        if correction[0] == "off":    # and a configuration PolicyLoss (still built) accepts
+            for key, value in (("level", "token"), ("mode", "mask"), ("gating", "ratio"), ("threshold", [0.5, 5.0])):
+                setattr(args, f"algo.advantage.is_correction_{key}", value)
     from openrlhf_drpo.loss import ObjectiveLoss
     ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
     spec = {"source": obj.source, "path": obj.path, "params": {k: str(v) for k, v in obj.params.items()},

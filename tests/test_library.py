@@ -39,7 +39,7 @@ def gspo(logp, old, roll, A, m, low=3e-4, high=4e-4):
 
 
 def gmpo(logp, old, roll, A, m, eps=0.4):
-    log_ratio = logp - old
+    log_ratio = (logp - old).clamp(-20, 20)
     sgn = torch.sign(A)
     kept = sgn * torch.min(sgn * log_ratio, sgn * log_ratio.clamp(-eps, eps))
     per_seq = -masked_seq_mean(A, m) * torch.exp(masked_seq_mean(kept, m))     # [B, 1]

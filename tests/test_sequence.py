@@ -251,3 +251,37 @@ def test_a_filtered_token_is_not_counted_past_the_trust_region_boundary():
         clip_ratio, is_filter_ratio = (loss_fn(new, old, A, action_mask=mask, rollout_log_probs=rollout)[i] for i in (1, 4))
         assert clip_ratio == 0 and is_filter_ratio == 1
         assert ObjectiveLoss("ppo")(new, old, A, action_mask=mask)[1] == 1
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(is_correction_level="token"), dict(is_correction_level="seq"),
+    dict(is_correction_level="token", is_correction_gating="tv", is_correction_threshold=(0.0, 0.01)),
+], ids=["token", "seq", "tv"])
+def test_a_token_the_band_drops_is_dropped_even_where_its_is_weight_overflows(kwargs):
+    # π_rollout underflowed to e^-100: π_old/π_rollout is inf in float32. PolicyLoss selects
+    # (torch.where(keep, ratio, 0)); a product 0·inf would be NaN and poison the whole batch.
+    new, old, rollout, A, mask = (x.float() if x.is_floating_point() else x for x in batch(10))
+    rollout[2, :] = -100.0
+    expected = run(PolicyLoss(**kwargs), new, old, A, mask.float(), rollout)
+    for fused in (True, False):
+        got = run(ObjectiveLoss(dsl.parse(policy_loss_text(**kwargs)), fused=fused), new, old, A, mask, rollout)
+        assert torch.isfinite(got[0]) and torch.isfinite(got[1]).all()
+        assert torch.allclose(got[0], expected[0], rtol=1e-5) and torch.allclose(got[1], expected[1], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("text", ["seq_len*r*A", "[seq_len < 4]*r*A", "seq_max(r)*A", "seq_min(log(π))*A"])
+def test_the_response_length_alone_and_empty_inputs_work_on_both_paths(text):
+    new, old, rollout, A, mask = batch(11)
+    for shape in ((6, 10), (2, 0)):
+        x = [t[: shape[0], : shape[1]] for t in (new, old, A, mask, rollout)]
+        for fused in (True, False):
+            loss, grad, _ = run(ObjectiveLoss(dsl.parse(text), fused=fused), x[0], x[1], x[2], x[3], x[4])
+            assert torch.isfinite(loss) and grad.shape == x[0].shape and torch.isfinite(grad).all()
+
+
+def test_inputs_of_mixed_precision_are_computed_in_the_log_probs_dtype():
+    new, old, rollout, A, mask = batch(12)
+    for name in ("seq_mask_tis", "gspo", "glm5_rollout_is"):
+        ref = run(ObjectiveLoss(name), new, old, A, mask, rollout)
+        got = run(ObjectiveLoss(name), new.float(), old, A, mask, rollout)       # float32 log π, the rest float64
+        assert got[0].dtype == torch.float32 and torch.allclose(got[0].double(), ref[0], rtol=1e-5, atol=1e-7)

@@ -183,6 +183,10 @@ def test_drpo_train_composes_openrlhfs_is_correction_with_the_objective(tiny_mod
      "is_correction_mode=clip requires is_correction_level=token"),
     (["--algo.advantage.is_correction_gating", "tv", "--algo.advantage.is_correction_level", "token"],
      "is_correction_gating=tv takes an upper bound only"),
+    (["--algo.advantage.is_correction_level", "token", "--drpo.anchor", "rollout"],
+     "would correct for the rollout policy twice"),
+    (["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_threshold", "1", "2", "3"],
+     "--algo.advantage.is_correction_threshold takes HIGH or LOW HIGH"),
 ])
 def test_an_is_correction_policy_loss_would_refuse_is_refused(flags, message):
     proc = _drpo_train("--drpo.objective", "drpo", "--actor.model_name_or_path", "x", *flags)
@@ -191,8 +195,10 @@ def test_an_is_correction_policy_loss_would_refuse_is_refused(flags, message):
 
 def test_an_objective_naming_the_rollout_policy_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
     from openrlhf_drpo.train import openrlhf_args
-    args = openrlhf_args(train_flags(tmp_path, tiny_model, "tis_ppo"))
+    args = openrlhf_args(train_flags(tmp_path, tiny_model, "tis_ppo", "--algo.advantage.is_correction_gating", "tv"))
     assert args.algo.advantage.is_correction_level == "token"
+    # a gating flag that did nothing while the correction was off must not make PolicyLoss refuse
+    assert args.algo.advantage.is_correction_gating == "ratio"
 
 
 def test_rollout_anchor_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
