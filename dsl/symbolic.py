@@ -234,6 +234,11 @@ class _Settle:
         h = sp.expand(h)
         if t not in h.free_symbols:
             return e.func(h, 0)
+        # log(x) ⋚ c ⟺ x ⋚ e^c: log is increasing, and where x ≤ 0 the objective is undefined
+        # anyway (GMPO's clip in log space, OPSM's mean log-ratio)
+        logs = [a for a in sp.Add.make_args(h) if isinstance(a, sp.log) and t in a.free_symbols]
+        if len(logs) == 1 and t not in (h - logs[0]).free_symbols:
+            return self.relation(e.func(logs[0].args[0] - sp.exp(-(h - logs[0])), 0, evaluate=False))
         poly = h.as_poly(t)
         if poly is None or poly.degree() != 1:
             return e.func(h, 0)
@@ -242,7 +247,8 @@ class _Settle:
         func = e.func if c1.is_positive else flip[e.func] if c1.is_negative else None
         if func is None:
             return e.func(h, 0)
-        return func(t, sp.cancel(-c0 / c1))
+        c = sp.cancel(-c0 / c1)
+        return func(t, sp.expand(c) if c.has(sp.exp) else c)      # (e^0.4 − 1)·e^-0.4 is 1 − e^-0.4
 
 
 def _case_weight(ctx, sign, direction):
