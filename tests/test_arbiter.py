@@ -15,10 +15,10 @@ import pytest
 import sympy as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import OBJECTIVES, RESEARCH_OBJECTIVES
+from strategies import OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES
 
 import dsl
-from dsl.analysis import analyze, to_json
+from dsl.analysis import analysis_view, analyze, to_json
 from dsl.ir import derivative, evaluate
 from dsl.report import report
 
@@ -179,12 +179,25 @@ def test_every_claim_of_a_random_objective_holds_on_points_the_arbiter_never_saw
     """Random objectives, checked with the IR's scalar float rules on random rows: w matches the
     reported weight, stays inside the reported range, and changes sign only at a reported
     boundary (or where ℓ is undefined)."""
+    _claims_hold_on_fresh_points(text)
+
+
+@given(SEQUENCE_OBJECTIVES)
+@settings(max_examples=int(os.environ.get('DRPO_EXAMPLES', 30)), deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_claim_about_a_random_sequence_or_mismatch_objective_holds_where_it_is_made(text):
+    """The same, for objectives with reductions and π_old/π_rollout: on the objective the report
+    says it analyses (one response whose tokens share r, μ and A; ρ = 1)."""
+    _claims_hold_on_fresh_points(text)
+
+
+def _claims_hold_on_fresh_points(text):
     try:
         obj = dsl.parse(f"δ = 0.3\n{text}")
     except dsl.DslError:        # the generic strategy can write objectives that do not depend on π
         return
     res = analyze(obj)
     out = to_json(res)
+    obj = analysis_view(obj)[0]
     dl = derivative(obj.expr)
     params = {k: float(v) for k, v in obj.params.items()}
     rng = np.random.default_rng(1)
