@@ -110,7 +110,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1) -> tuple[Objective, dict]:
     tokens): each reduction is its value there, r is the response's ratio, and every token's
     gradient is exactly the w·r·A derived for it. The policy μ is not is μ·ρ or μ/ρ, with ρ =
     π_old/π_rollout held at `rho`. Existing token-level objectives are unchanged."""
-    names = {n.value for n in obj.expr.walk() if n.op == "var"}
+    names = obj.names()
     sequence = "seq_len" in names or any(OPS[n.op].reduce for n in obj.expr.walk() if n.op in OPS)
     other = {"old": "pi_rollout", "rollout": "pi_old"}[obj.options["anchor"]]
     scope = {"sequence": sequence, "seq_len": seq_len if sequence else None,

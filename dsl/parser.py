@@ -67,6 +67,10 @@ class Objective:
             visit(stack.pop())
         return self
 
+    def names(self) -> set[str]:
+        """The built-ins the objective reads (r, pi, mu, A, pi_old, pi_rollout, seq_len)."""
+        return {n.value for n in self.expr.walk() if n.op == "var"}
+
     def canonical(self) -> str:
         """Parameters, options, bindings and the objective, each inlined; if that would be
         longer than RENDER_LIMIT operations, bindings are referred to by name."""

@@ -178,6 +178,11 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     return loss, grad.mul_(coef).view_as(logp), scale, stats
 
 
+def _compute_dtype(logp):
+    """Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16."""
+    return torch.float32 if logp.dtype in (torch.float16, torch.bfloat16) else logp.dtype
+
+
 def _fused_function(kernel):
     class Fused(torch.autograd.Function):
         """Forward computes the loss and its gradient together and keeps only the gradient:
@@ -186,9 +191,9 @@ def _fused_function(kernel):
         @staticmethod
         def forward(ctx, logp, anchor, A, mask, norm, old, rollout):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
-            # Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16.
-            # every input in the one compute dtype: a float64 anchor with float32 log-probs too
-            dtype = torch.float32 if logp.dtype in (torch.float16, torch.bfloat16) else logp.dtype
+            # Every input in the one compute dtype (_compute_dtype): a float64 anchor with
+            # float32 log-probs too.
+            dtype = _compute_dtype(logp)
             wide = lambda x: x if x is None else x.to(dtype)  # noqa: E731
             loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
                                               wide(old), wide(rollout))
@@ -243,7 +248,7 @@ class ObjectiveLoss(nn.Module):
         self.compile = compile
         self._kernels: dict[bool, object] = {}
         self.anchor = self.objective.options["anchor"]
-        self.names = {n.value for n in self.objective.expr.walk() if n.op == "var"}
+        self.names = self.objective.names()
         self.uses_rollout = self.anchor == "rollout" or "pi_rollout" in self.names
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: dict[str, torch.Tensor] = {}
@@ -312,7 +317,7 @@ class ObjectiveLoss(nn.Module):
         """The fraction the objective's filters drop (dsl.codegen.filters), at their own
         granularity as OpenRLHF's is_filter_ratio: of unmasked tokens, or, when a filter reads a
         whole response, of non-empty responses (a response counts once all its tokens are dropped)."""
-        dtype = torch.float32 if logp.dtype in (torch.float16, torch.bfloat16) else logp.dtype   # as the loss's
+        dtype = _compute_dtype(logp)     # as the loss's
         clean = lambda x: x if x is None else torch.where(keep, x.detach().to(dtype), 0.0)   # noqa: E731
         dropped = self._value.filtered(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep) != 0
         if self._value.filtered_per_response:

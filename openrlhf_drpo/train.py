@@ -127,7 +127,7 @@ def prepare_objective(args: argparse.Namespace):
         obj = compose(obj, factor)
         print("openrlhf-drpo: --algo.advantage.is_correction_* is composed with the objective; training and "
               f"the analysis use:\n  {obj.canonical().splitlines()[-1]}", flush=True)
-    names = {n.value for n in obj.expr.walk() if n.op == "var"}
+    names = obj.names()
     if obj.options["anchor"] == "rollout" or "pi_rollout" in names:
         # OpenRLHF 0.11.2 keeps vLLM's log-probs only when IS correction is on; turning it on
         # here only keeps them: the correction itself lives in PolicyLoss, which is replaced.
