@@ -18,7 +18,7 @@ from .arbiter import Arbiter, on_policy, on_policy_warnings
 from .confirm import check_weight, compare_range, confirm_boundaries, domain_warnings
 from fractions import Fraction
 
-from .ir import OPS, derivative, numpy_plan, tree_size, uniform_view
+from .ir import derivative, numpy_plan, reads_whole_response, tree_size, uniform_view
 from .parser import Objective
 from .sampling import Numeric, case_dispatch, numpy_fn, self_check  # noqa: F401 - self_check is this module's API too
 from .symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
@@ -111,7 +111,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1) -> tuple[Objective, dict]:
     gradient is exactly the w·r·A derived for it. The policy μ is not is μ·ρ or μ/ρ, with ρ =
     π_old/π_rollout held at `rho`. Existing token-level objectives are unchanged."""
     names = obj.names()
-    sequence = "seq_len" in names or any(OPS[n.op].reduce for n in obj.expr.walk() if n.op in OPS)
+    sequence = any(map(reads_whole_response, obj.expr.walk()))
     other = {"old": "pi_rollout", "rollout": "pi_old"}[obj.options["anchor"]]
     scope = {"sequence": sequence, "seq_len": seq_len if sequence else None,
              "mismatch": other in names, "rho": rho if other in names else None, "rho_name": None}

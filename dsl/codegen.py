@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 
 from .ir import (ONE, OPS, ZERO, NonLocal, Node, add, constant_nodes, derivative, div, evaluate,
-                 is_num, mul, passes_no_gradient, postorder, render)
+                 is_num, mul, passes_no_gradient, postorder, reads_whole_response, render)
 from .parser import Objective
 
 CLAMP = 20.0
@@ -219,19 +219,12 @@ def filters(value: Node) -> list[Node]:
     return out
 
 
-def _kept(value):
-    """The product of the filters (1 where a token survives them all), or None."""
-    found = filters(value)
-    return functools.reduce(mul, found) if found else None
-
-
-def _fused_functions(value, params) -> str:
+def _fused_functions(value, params, kept) -> str:
     """objective_and_grad (for torch.compile) and objective_and_grad_eager (run eagerly: booleans
     as floats, and a branch on the data, which a compiled graph should not have)."""
     extra = ("r", "raw", "mu", "keep")
     head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
     grad = derivative(value, GRAD_SEEDS)
-    kept = _kept(value)
     outputs = [value, grad] + [kept] * (kept is not None)
 
     def returned(results, keep="keep"):      # keep is 0 where the ratio clamp is active or a filter drops
@@ -308,14 +301,13 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
     return total
 
 
-def _reverse_functions(value, params) -> str:
+def _reverse_functions(value, params, kept) -> str:
     """objective_and_grad for an objective with a reduction of the policy: its gradient is
     that of Σ coef·ℓ, computed plainly (no in-place updates: reductions broadcast)."""
     # raw comes back as its response's mean: the move's direction is the response's (its
     # masked mean over tokens is unchanged, so ppo_kl is too)
     extra = ("r", "_seq_mean(raw, m, logp)", "mu", "keep")
     grad = reverse_gradient(value, GRAD_SEEDS)
-    kept = _kept(value)
     lines, results = _emit([value, grad] + [kept] * (kept is not None), params)
     used = _used([value, grad], ("r", "raw", "mu", "keep"))
     if kept is not None:
@@ -363,20 +355,17 @@ def _seq_min(x, m, like):
 '''
 
 
-def _per_response(n: Node) -> bool:
-    """A reduction over the response, or its length: a value that needs the whole response."""
-    return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
-
-
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     value = _select_masks(_rewrite_logs(obj.expr))
+    found = filters(value)
+    kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
     try:
         derivative(value, GRAD_SEEDS)
-        fused = _fused_functions(value, obj.params)
+        fused = _fused_functions(value, obj.params, kept)
     except NonLocal:
-        fused = _reverse_functions(value, obj.params)
-    reduces = any(_per_response(n) for n in value.walk())
+        fused = _reverse_functions(value, obj.params, kept)
+    reduces = any(map(reads_whole_response, value.walk()))
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
@@ -400,9 +389,9 @@ def torch_source(obj: Objective) -> str:
         "",
         "",
         *([_function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
-                     [Node("sub", (ONE, kept))], obj.params)] if (kept := _kept(value)) is not None
+                     [Node("sub", (ONE, kept))], obj.params)] if kept is not None
           else ["filtered = None   # the objective has no filter (a [...] factor not involving π)"]),
-        f"filtered_per_response = {any(_per_response(n) for f in filters(value) for n in f.walk())}",
+        f"filtered_per_response = {any(reads_whole_response(n) for f in found for n in f.walk())}",
     ]) + "\n"
 
 

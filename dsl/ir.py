@@ -642,6 +642,11 @@ def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
     return memo[n]
 
 
+def reads_whole_response(n: Node) -> bool:
+    """A reduction over the response, or its length: a value that needs the whole response."""
+    return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
+
+
 def uniform_view(n: Node, anchor: str, rho: str) -> Node:
     """The objective on one response whose tokens all share r, μ and A, in r, μ, A and two
     parameters: each reduction is its value there (seq_mean(x) = x, seq_sum(x) = |y|·x, with

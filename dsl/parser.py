@@ -71,6 +71,10 @@ class Objective:
         """The built-ins the objective reads (r, pi, mu, A, pi_old, pi_rollout, seq_len)."""
         return {n.value for n in self.expr.walk() if n.op == "var"}
 
+    def reads_rollout(self) -> bool:
+        """Whether training needs the rollout engine's log-probs (μ is them, or π_rollout is named)."""
+        return self.options["anchor"] == "rollout" or "pi_rollout" in self.names()
+
     def canonical(self) -> str:
         """Parameters, options, bindings and the objective, each inlined; if that would be
         longer than RENDER_LIMIT operations, bindings are referred to by name."""

@@ -249,7 +249,7 @@ class ObjectiveLoss(nn.Module):
         self._kernels: dict[bool, object] = {}
         self.anchor = self.objective.options["anchor"]
         self.names = self.objective.names()
-        self.uses_rollout = self.anchor == "rollout" or "pi_rollout" in self.names
+        self.uses_rollout = self.objective.reads_rollout()
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: dict[str, torch.Tensor] = {}
         self.sink: dict | None = None      # drpo-train points this at experience.info

@@ -92,6 +92,10 @@ def preflight(ns, cpu: bool) -> None:
              f"(ray start), or use --drpo.cpu_mode on")
 
 
+# OpenRLHF 0.11.2's defaults for --algo.advantage.is_correction_{level,mode,gating,threshold}
+_IS_DEFAULTS = {"level": "off", "mode": "mask", "gating": "ratio", "threshold": [0.5, 5.0]}
+
+
 def prepare_objective(args: argparse.Namespace):
     """Parse, check and compile the objective named in the (flat) args; returns the spec every
     actor rebuilds it from, and the objective. Raises DslError or SystemExit with a clear message."""
@@ -106,8 +110,7 @@ def prepare_objective(args: argparse.Namespace):
     # OpenRLHF applies its train/rollout IS correction inside PolicyLoss, which the objective
     # replaces: the same factor is composed with the objective instead, so the flags keep
     # their meaning (tests/test_sequence.py holds ppo composed so to PolicyLoss itself).
-    correction = [getattr(args, f"algo.advantage.is_correction_{k}", d)
-                  for k, d in (("level", "off"), ("mode", "mask"), ("gating", "ratio"), ("threshold", [0.5, 5.0]))]
+    correction = [getattr(args, f"algo.advantage.is_correction_{k}", d) for k, d in _IS_DEFAULTS.items()]
     if correction[0] != "off":
         from openrlhf_drpo.openrlhf_options import compose, is_correction_factor
         if obj.options["anchor"] == "rollout":
@@ -127,12 +130,11 @@ def prepare_objective(args: argparse.Namespace):
         obj = compose(obj, factor)
         print("openrlhf-drpo: --algo.advantage.is_correction_* is composed with the objective; training and "
               f"the analysis use:\n  {obj.canonical().splitlines()[-1]}", flush=True)
-    names = obj.names()
-    if obj.options["anchor"] == "rollout" or "pi_rollout" in names:
+    if obj.reads_rollout():
         # OpenRLHF 0.11.2 keeps vLLM's log-probs only when IS correction is on; turning it on
         # here only keeps them: the correction itself lives in PolicyLoss, which is replaced.
         if correction[0] == "off":    # and a configuration PolicyLoss (still built) accepts
-            for key, value in (("level", "token"), ("mode", "mask"), ("gating", "ratio"), ("threshold", [0.5, 5.0])):
+            for key, value in {**_IS_DEFAULTS, "level": "token"}.items():
                 setattr(args, f"algo.advantage.is_correction_{key}", value)
     from openrlhf_drpo.loss import ObjectiveLoss
     ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
