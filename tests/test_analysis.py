@@ -337,3 +337,19 @@ def test_smooth_atom_gates_have_the_hand_derived_weight_range_and_tails(text, w_
             assert sp.limit(w * r ** 20, r, sp.oo) == 0
         else:
             assert sp.limit(w * r ** tail_order, r, sp.oo).is_positive
+
+
+# The report's formulas, by hand: SymPy's constant π (from erf's derivative 2/√π·e^(−x²)) is a
+# decimal, never the letter the language uses for the probability; r**2/400 is r²/400.
+REPORT_TEXT = [
+    ("erf(r - 1)*A", "1.12838·exp(-r^2 + 2·r − 1)"),                       # 2/√π = 1.1283791...
+    ("0.886226925452758*erf(r - 1)*A", "exp(-r^2 + 2·r − 1)"),             # (√π/2)·(2/√π) = 1 to 1e-16
+    ("erf(1.05*(r - 1))*A", "1.1848·exp(-441·r^2/400 + 441·r/200 − 1.1025)"),   # 1.05·2/√π; 1.05² = 441/400
+    ("atan(2*(r - 1))/2*A", "1/(4·r^2 − 8·r + 5)"),
+]
+
+
+@pytest.mark.parametrize("text, shown", REPORT_TEXT)
+def test_the_report_prints_constants_as_numbers_and_exponents_whole(text, shown):
+    from dsl.report import math_text
+    assert math_text(analyze(dsl.parse(text + "\n"))["weight"], weight=True) == shown
