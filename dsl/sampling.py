@@ -118,7 +118,7 @@ class Numeric:
         # A side that keeps growing as the grid approaches the domain's edge is unbounded.
         lo = None if lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) or abs(lo_f) > 1e8 else lo_f
         hi = None if hi_f > hi_c + 1e-3 * max(1.0, abs(hi_c)) or abs(hi_f) > 1e8 else hi_f
-        candidates, tails = self._corner_values(), None
+        candidates, tails = self._corner_values(), _Lazy(self._tail_values())
         exact = [True, True]
         out = []
         for k, v in enumerate((lo, hi)):
@@ -126,9 +126,9 @@ class Numeric:
                 out.append(None)
                 continue
             snap = [c for c in candidates if abs(c - v) <= 1e-5 * max(1.0, abs(c))]
-            if not snap:        # limits cost SymPy time: taken only for an extreme nothing else explains
-                tails = self._tail_values() if tails is None else tails
-                snap = [c for c in tails if abs(c - v) <= 1e-5 * max(1.0, abs(c))]
+            if not snap:        # limits cost SymPy time: taken only until one explains the extreme
+                hit = next((c for c in tails if abs(c - v) <= 1e-5 * max(1.0, abs(c))), None)
+                snap = [] if hit is None else [hit]
             if snap:
                 out.append(snap[0])
             else:
@@ -147,10 +147,11 @@ class Numeric:
         """Limits at the corners r → ∞ (μ → 0) and r → 0 (π → 0) where substituting reads ∞ − ∞
         or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. The first limit SymPy
         cannot take in time ends the search: each costs up to a step's time limit."""
-        ctx, sp, out = self.ctx, self.ctx.sp, []
+        ctx, sp, done = self.ctx, self.ctx.sp, set()
         for e, corner in self._corners():
-            if corner[ctx.pi] == 1 and corner[ctx.mu] == 1:
+            if (corner[ctx.pi] == 1 and corner[ctx.mu] == 1) or (e, corner[ctx.mu]) in done:
                 continue
+            done.add((e, corner[ctx.mu]))
             v = ctx.limited("evaluating a corner", lambda: e.subs(corner))
             if v is None or not v.is_number or v.is_finite:
                 continue        # a finite value is _corner_values'
@@ -160,8 +161,7 @@ class Numeric:
             if v is False:
                 break
             if v is not None and v.is_number and v.is_finite and v.is_real:
-                out.append(float(v))
-        return out
+                yield float(v)
 
     def _corners(self):
         """(piece formula over μ and π, corner) for every piece and corner of the closed square."""
@@ -174,6 +174,20 @@ class Numeric:
                 e = sp.expand(expr.subs(ctx.t, s * (ctx.pi / ctx.mu - 1)))
                 for m0, p0 in ((0, 1), (1, 0), (1, 1)):
                     yield e, {ctx.mu: m0, ctx.pi: p0}
+
+
+class _Lazy:
+    """A generator's values, each computed once, on first demand, then kept: iterating stops
+    wherever the caller stops, and a later iteration replays the kept ones first."""
+
+    def __init__(self, gen):
+        self.gen, self.seen = gen, []
+
+    def __iter__(self):
+        yield from self.seen
+        for x in self.gen:
+            self.seen.append(x)
+            yield x
 
 
 def case_dispatch(ctx, cases):
