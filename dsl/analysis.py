@@ -264,12 +264,12 @@ def _classify(x, w) -> dict:
         if finite.any():
             k = np.nonzero(finite)[0][-1]
             if k > 5 and abs(w[k]) > 1e3 * max(1.0, abs(w[0])):
-                return {"kind": "grows", "order": None, "note": f"not a finite double past r ≈ {x[k]:.3g}"}
+                return {"kind": "grows", "order": None, "sign": int(np.sign(w[k])), "past": float(x[k])}
         return {"kind": "undefined"}
     if (w[-5:] == 0).all():
         nz = np.nonzero(w != 0)[0]
         if nz.size and abs(w[nz[-1]]) < UNDERFLOW:
-            return {"kind": "decays exponentially", "order": None, "note": f"underflows to 0 past r ≈ {x[nz[-1]]:.3g}"}
+            return {"kind": "decays exponentially", "order": None, "underflows": float(x[nz[-1]])}
         return {"kind": "is 0 (cut off)", "order": None}
     tail = slice(len(x) - 30, len(x))       # the last ~1.5 decades of r
     with np.errstate(divide="ignore"):
@@ -306,6 +306,11 @@ def _merge_tails(found) -> dict:
     signs = {f.get("sign") for f in found if f.get("sign")}
     out["sign"] = signs.pop() if len(signs) == 1 else None
     notes = sorted({f["note"] for f in found if f.get("note")})
+    # where a double gives out first along the path: w overflows (ℓ with it) or underflows to 0
+    for key, text in (("past", "not a finite double past r ≈ {:.3g}"), ("underflows", "underflows to 0 past r ≈ {:.3g}")):
+        xs = [f[key] for f in found if key in f]
+        if xs:
+            notes.append(text.format(min(xs, key=lambda x: abs(math.log(x)))))
     out["note"] = "; ".join(notes) if notes else None
     return out
 
@@ -330,7 +335,7 @@ def _symmetric(ctx, arb, res) -> dict:
                 if rel[k] > max(gap, 1e-6):       # the example is the largest difference
                     gap = float(rel[k])
                     worst = {"mu": float(mu), "A": float(sign * mag), "r": float(np.exp(t[k])),
-                             "w": [float(a[k]), float(b[k])]}
+                             "w": [None if np.isnan(x) else float(x) for x in (a[k], b[k])]}   # None: undefined
         by[adv] = {"value": worst is None, "example": worst}
 
     def derived():

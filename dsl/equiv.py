@@ -184,14 +184,17 @@ def _symbolically(view, dls) -> dict:
                     s, _, pieces = _case_weight(ctx, sign, direction)
                     for expr, cond in pieces:
                         if expr != 0 and sp.count_ops(expr) <= SIMPLIFY_OPS:
-                            expr = ctx.limited("simplifying the difference", lambda: sp.simplify(expr), expr)
+                            # in r and μ (positive symbols), so that log(μ·r) = log(μ) + log(r)
+                            in_r = expr.subs(ctx.t, s * (ctx.r - 1))
+                            expr = ctx.limited("simplifying the difference",
+                                               lambda: sp.simplify(sp.expand_log(in_r)), expr)
                         if expr == 0:
                             continue
                         at = _only_at(sp, ctx.t, cond)
                         if at:
                             ties += [x for x in (math_text(1 + s * c) for c in at) if x not in ties]
                             continue
-                        back = {ctx.t: s * (ctx.r - 1), ctx.a: sign * ctx.A}
+                        back = {ctx.t: s * (ctx.r - 1), ctx.a: sign * ctx.A}     # (expr may be in t or r)
                         return {"status": "not proven", "advantage": adv, "direction": direction,
                                 "difference": math_text(ctx.sp.sympify(expr * sign * ctx.a).subs(back)),
                                 "why": "the difference of ∂ℓ/∂r does not simplify to 0 there"}

@@ -157,8 +157,8 @@ def _admissibility(adm) -> list[str]:
         for adv, text in sides:
             x = sym["by_sign"][adv]["example"]
             parts.append(f"{text} yes" if x is None else
-                         f"{text} no (μ = {x['mu']:g}, |A| = {abs(x['A']):g}: w({x['r']:.4g}) = {_fmt(x['w'][0])}, "
-                         f"w(1/{x['r']:.4g}) = {_fmt(x['w'][1])})")
+                         f"{text} no (μ = {x['mu']:g}, |A| = {abs(x['A']):g}: w({x['r']:.4g}) = {_value(x['w'][0])}, "
+                         f"w(1/{x['r']:.4g}) = {_value(x['w'][1])})")
         symmetric = "; ".join(parts)
     smp = tails["samples"]
     return [
@@ -173,6 +173,10 @@ def _admissibility(adm) -> list[str]:
         f"{{{', '.join(f'{m:g}' for m in smp['mu'])}}}, and along π = 1 from r = 10 to {smp['r'][1]:g}; "
         f"|A| ∈ {{{', '.join(f'{m:g}' for m in smp['magnitudes'])}}})",
     ]
+
+
+def _value(x) -> str:
+    return "undefined" if x is None else _fmt(x)
 
 
 def _tail(t) -> str:
