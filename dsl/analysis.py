@@ -203,7 +203,7 @@ def admissibility(ctx, arb, res) -> dict:
     """Each property with how it is known: 'derived' (SymPy, confirmed by the IR's float
     rules) or 'numeric' (the IR's float rules alone, on the samples stated)."""
     return {"w_at_1": _w_at_1(ctx, res), "bounded": {"value": res["bounded"], "range": res["weight_range"],
-                                                       "status": "as the range above"},
+                                                       "status": "the range's (weight_range; arbiter.range)"},
             "tails": _tails(arb), "symmetric_log_r": _symmetric(ctx, arb, res)}
 
 

@@ -200,6 +200,8 @@ def _symbolically(view, dls) -> dict:
                                 "why": "the difference of ∂ℓ/∂r does not simplify to 0 there"}
     except (_Timeout, RecursionError):
         return {"status": "not proven", "why": f"SymPy took over {SYMBOLIC_SECONDS:g} s (hang guard)"}
+    except Exception as e:      # noqa: BLE001 - SymPy raises many types; the numeric comparison stands
+        return {"status": "not proven", "why": f"SymPy failed ({type(e).__name__})"}
     notes = [n for n in ctx.notes if "SymPy" in n]
     if any(n.startswith("settling") for n in notes):
         return {"status": "not proven", "why": f"SymPy could not settle a case's conditions within {SYMPY_SECONDS:g} s"}
