@@ -272,3 +272,35 @@ def test_the_report_has_the_admissibility_block():
     assert "bounded             no: w ∈ [-∞, +∞]" in block
     assert "tail r → 0          A > 0: tends to a constant, 6; A < 0: tends to a constant, -4" in block
     assert "tail r → 1/μ        A > 0: grows to −∞ (order 1); A < 0: grows to +∞ (order 1)" in block
+
+
+# ------------------------------------------------------------------ beyond the uniform response (torch)
+GSPO_REWRITE = ("@aggregate = seq-mean-token-mean\nε_low = 3e-4\nε_high = 4e-4\ns = exp(seq_mean(log(r)))\n"
+                "min(A*s, A*clip(s, 1 - ε_low, 1 + ε_high))\n")
+SEQUENCE_PAIRS = [
+    # (a, b, the same on every response): --equiv compares them on a uniform response only, and says so
+    ("gspo", GSPO_REWRITE, True),
+    ("seq_mean(r)*A\n", "seq_sum(r)/seq_len*A\n", True),
+    ("seq_mean(r)^2*A\n", "seq_mean(r^2)*A\n", False),     # r²·A on a uniform response; not elsewhere
+]
+
+
+@pytest.mark.parametrize("a, b, everywhere", SEQUENCE_PAIRS, ids=[f"{i}" for i in range(len(SEQUENCE_PAIRS))])
+def test_sequence_equivalence_holds_on_the_uniform_response_it_states(a, b, everywhere):
+    """--equiv says equivalent for each pair, on the uniform response; the compiled losses'
+    gradients on random non-uniform responses show where that statement's scope matters."""
+    torch = pytest.importorskip("torch")
+    from openrlhf_drpo.loss import ObjectiveLoss
+    oa, ob = _obj(a), _obj(b)
+    res = equivalence(oa, ob, seq_len=4)
+    assert res["equivalent"] and res["scope"]["sequence"], res["numeric"].get("witness")
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 2 - 0.05
+    new = old + 0.02 * torch.randn(6, 9, generator=g, dtype=torch.float64)
+    A = torch.randn(6, 9, generator=g, dtype=torch.float64)
+    mask = torch.rand(6, 9, generator=g) > 0.2
+    grads = []
+    for o in (oa, ob):
+        lp = new.clone().requires_grad_()
+        grads.append(torch.autograd.grad(ObjectiveLoss(o)(lp, old, A, action_mask=mask)[0], lp)[0])
+    assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-12) is everywhere
