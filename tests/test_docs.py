@@ -62,7 +62,7 @@ def workdir(page, tmp_path):
 
 
 def command(line):
-    words = shlex.split(line)
+    words = shlex.split(line, comments=True)      # `$ cmd  # a remark` on a page
     if words[0] in MODULES:
         return [sys.executable, "-m", MODULES[words[0]], *words[1:]]
     assert words[0] == "python3", f"a console block runs drpo-analyze, drpo-train, drpo-lab or python3, not {words[0]}"
