@@ -109,15 +109,13 @@ def test_each_example_in_the_docs_runs_and_shows_its_real_output(page, info, tex
     else:
         parts = re.split(r"^\$ (.*)\n", text, flags=re.M)[1:]
         assert parts, "a console block starts with a `$ COMMAND` line"
-        produced = ""
-        for cmd, shown in zip(parts[::2], parts[1::2]):
-            proc = run(command(cmd), cwd, stdin=subprocess.DEVNULL)
-            out = proc.stdout + proc.stderr
-            assert "Traceback" not in out, out
-            produced += f"$ {cmd}\n{out}"
-            assert matches(shown.splitlines(), out.splitlines()), f"{cmd}: the page shows\n{shown}\nthe command printed\n{out}"
+        outputs = [run(command(cmd), cwd, stdin=subprocess.DEVNULL) for cmd in parts[::2]]
+        outputs = [proc.stdout + proc.stderr for proc in outputs]
         if not any(line.endswith("...") for line in text.splitlines()):
-            rewrite(page, text, produced)
+            rewrite(page, text, "".join(f"$ {cmd}\n{out}" for cmd, out in zip(parts[::2], outputs)))
+        for cmd, shown, out in zip(parts[::2], parts[1::2], outputs):
+            assert "Traceback" not in out, out
+            assert matches(shown.splitlines(), out.splitlines()), f"{cmd}: the page shows\n{shown}\nthe command printed\n{out}"
 
 
 def test_every_page_has_an_example_a_test_runs():
