@@ -1,6 +1,6 @@
-# GIPO: Gaussian Importance sampling Policy Optimization. The importance-weighted surrogate r·A,
-# its gradient damped by a (stopped) Gaussian trust weight on log r instead of clipped: the
-# weight w = exp(−(log r)²/(2σ²)) is 1 on policy and falls smoothly, never to exactly 0.
+# GIPO: the surrogate r·A with its gradient damped by a (stopped) Gaussian trust weight on log r.
+# The weight w = exp(−(log r)²/(2σ²)) replaces the clip: 1 on policy, falling smoothly and never
+# to exactly 0.
 # Source: Lu et al. 2026, "GIPO: Gaussian Importance Sampling Policy Optimization", arXiv
 # 2603.03955; only its abstract could be read (no code found), so the form is the abstract's
 # ("a log-ratio-based Gaussian trust weight ... maintaining non-zero gradients") and these are

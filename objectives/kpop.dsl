@@ -1,11 +1,12 @@
-# KPop: keep a token only while the Bernoulli KL between π_old and π_rollout of the sampled token
-# is at most φ in both directions; survivors keep their train/rollout IS weight on PPO's objective.
-# Source: AReaL (areal-project/AReaL, areal/utils/functional/functional.py: apply_rejection_sampling
-# with metric=binary_kl, compute_binary_kl_divergence, ppo_actor_loss_fn; docs/en/algorithms/
-# grpo_series.md "KPop"): φ = 2 (its documented upper and examples/math/gsm8k_kpop.yaml),
-# probabilities clamped to [1e-8, 1 − 1e-8] before the KL, a token kept when the larger KL
-# is ≤ φ; PPO's ratio and the IS weight from unclamped log-ratios, ε = 0.2 (AReaL's default;
-# that example uses 0.4); token-mean over all valid tokens, the dropped ones included.
+# KPop: PPO times π_old/π_rollout, a token kept while the Bernoulli KL of π_old and π_rollout is at
+# most φ both ways. The KL is between the sampled token's Bernoulli (p, 1 − p) under each policy.
+# Source: AReaL's rejection sampling with metric=binary_kl; areal-project/AReaL
+# areal/utils/functional/functional.py (apply_rejection_sampling, compute_binary_kl_divergence,
+# ppo_actor_loss_fn) and docs/en/algorithms/grpo_series.md ("KPop"): φ = 2 (its documented upper
+# and examples/math/gsm8k_kpop.yaml), probabilities clamped to [1e-8, 1 − 1e-8] before the KL, a
+# token kept when the larger KL is ≤ φ; PPO's ratio and the IS weight from unclamped log-ratios,
+# ε = 0.2 (AReaL's default; that example uses 0.4); token-mean over all valid tokens, the dropped
+# ones included.
 ε_low = 0.2
 ε_high = 0.2
 φ = 2

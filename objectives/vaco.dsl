@@ -1,6 +1,5 @@
-# VACO: drop a whole response while its policy lag is too large, measured as the mean over its
-# tokens of the binary total variation |π_old − π_rollout| of the sampled token; the rest is
-# PPO's clipped objective.
+# VACO: PPO, a response dropped while its mean binary total variation |π_old − π_rollout| exceeds δ.
+# The lag is measured on the sampled tokens, the mean over the response's tokens.
 # Source: Honari et al. 2026, "Align and Filter: Improving Performance in Asynchronous On-Policy
 # RL" (VACO), arXiv 2603.01365; only its abstract and summaries could be read (no code found),
 # so the form is the issue's and these are choices: the divergence binary TV (the "total
