@@ -420,7 +420,9 @@ OPS: dict[str, Op] = {
     "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs, lambda np, a: np.abs(a),
                lambda n, d: mul(call("sign", n.args[0]), d[0]), inplace="abs_"),
     "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, lambda np, a: np.sign(a), _zero, inplace="sign_"),
-    "log": _fn("log", lambda sp, a: sp.log(a), lambda a: f"torch.log({a})", math.log, lambda np, a: np.log(a),
+    # log(π) = log(μ·r) is split into log(μ) + log(r) (both positive), so log(π) − log(μ) is log(r):
+    # the analysis settles GMPO's conditions on the raw log-ratio as fast as on log(r)
+    "log": _fn("log", lambda sp, a: sp.expand_log(sp.log(a)), lambda a: f"torch.log({a})", math.log, lambda np, a: np.log(a),
                lambda n, d: div(d[0], n.args[0]), inplace="log_"),
     "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp, lambda np, a: np.exp(a),
                lambda n, d: mul(n, d[0]), inplace="exp_"),
