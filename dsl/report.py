@@ -37,19 +37,35 @@ def math_text(e, weight: bool = False) -> str:
         return "; ".join(parts + [f"{inner(e.args[-1][0])} otherwise"])
     if isinstance(e, sp.Eq):
         return f"{math_text(e.lhs)} = {math_text(e.rhs)}"
+    e = _without_pi(sp, e)
     text = sp.sstr(e)
     if weight and isinstance(e, sp.Add):   # the constant first: 1 − 0.08·μ·(r − 1)
         const, rest = e.as_coeff_Add()
         if const != 0 and not rest.is_number:
             tail = sp.sstr(rest)
             text = f"{sp.sstr(const)} - {tail[1:]}" if tail.startswith("-") else f"{sp.sstr(const)} + {tail}"
-    text = re.sub(r"(?<![\w.)])(\d+)/(\d+)(?![\w.(])", _decimal, text)
+    # p/q alone, never an exponent's tail: r**2/400 is r²/400, not r^0.005
+    text = re.sub(r"(?<![\w.)*])(\d+)/(\d+)(?![\w.(])", _decimal, text)
     text = re.sub(r"(?<![\w.])\d{16,}(?![\w.])", lambda m: f"{Decimal(m.group(0)).normalize():.6g}", text)   # 1e+300, not 301 digits
     text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
     text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
     text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",
                   lambda m: m.group(1) if m.group(1) in _FUNCS else display_name(m.group(1)), text)
     return text.replace("Abs", "abs")
+
+
+def _without_pi(sp, e):
+    """SymPy's constant π (erf's derivative is 2/√π·e^(−x²)) as a 6-digit decimal: printed as
+    'pi', it would read as the language's π, the probability."""
+    if not isinstance(e, sp.Basic) or not e.has(sp.pi):
+        return e
+    if e.is_number:
+        v = float(f"{float(e):.6g}")
+        return sp.Integer(int(v)) if v.is_integer() else sp.Float(v, 6)
+    if e.is_Mul:            # the numeric factors as one decimal: 1.12838·exp(−(r − 1)²)
+        coeff, rest = e.as_independent(*e.free_symbols)
+        return _without_pi(sp, coeff) * e.func(*[_without_pi(sp, a) for a in sp.Mul.make_args(rest)])
+    return e.func(*[_without_pi(sp, a) for a in e.args])
 
 
 # what w does at a boundary, as the arbiter saw it
