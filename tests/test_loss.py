@@ -467,16 +467,30 @@ def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(te
             assert math.isclose(float(values[i, j]), expected, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def test_compiled_fused_kernel_equals_the_plain_path():
-    # the path CUDA training takes by default (compile="auto"); on CPU it is forced here
-    new, old, A, mask = batch(21, B=4, T=9)
-    out = []
-    for kwargs in ({"compile": True}, {"fused": False}):
-        lp = new.clone().requires_grad_()
-        res = ObjectiveLoss("ppo", aggregate="seq-mean-token-sum", **kwargs)(lp, old, A, action_mask=mask)
-        out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
-    for a, b in zip(*out):
-        assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
+@pytest.mark.parametrize("name, aggregate", [("ppo", "seq-mean-token-sum"), ("gspo", "seq-mean-token-mean")],
+                         ids=["ppo-token", "gspo-sequence"])
+def test_compiled_fused_kernel_compiles_once_for_every_sequence_length_and_equals_the_plain_path(name, aggregate):
+    # The path CUDA training takes by default (compile="auto"); on CPU it is forced here.
+    # OpenRLHF's micro-batches change their length every step: a compilation per length
+    # (~30 s on CPU, seconds on CUDA) would cost more than the loss. dynamic=True keeps it at
+    # one graph; without it dynamo compiles a static graph, then again for the second length.
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = ObjectiveLoss(name, aggregate=aggregate, compile=True)
+    plain = ObjectiveLoss(name, aggregate=aggregate, fused=False)
+    lengths = [9, 5, 16, 23, 40, 64]
+    for T in lengths:
+        new, old, A, mask = batch(21 + T, B=4, T=T)
+        out = []
+        for loss_fn in (compiled, plain):
+            lp = new.clone().requires_grad_()
+            res = loss_fn(lp, old, A, action_mask=mask)
+            out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
+        for a, b in zip(*out):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-14), T
+    assert counters["stats"]["unique_graphs"] == 1, (lengths, dict(counters["stats"]))
+    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
 
 
 @pytest.mark.parametrize("kwargs, message", [
