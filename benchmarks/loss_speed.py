@@ -1,21 +1,31 @@
 """Compiled loss vs the same objective hand-written in eager torch (and OpenRLHF's PolicyLoss
-for PPO): forward + backward time and peak memory at B = 64, T = 4096, side by side in one
-run. Prints JSON with ratios (ours / reference; < 1 is better).
+for PPO): forward + backward time and peak memory at LLM batch sizes (B·T tokens, T = 4096),
+in fp32 and bf16, side by side in one run. Prints JSON with ratios (ours / reference; < 1 is
+better), one entry per dtype, size and objective.
 
 Variants: hand (eager torch, autograd), policyloss (OpenRLHF's, PPO only), plain
 (ObjectiveLoss(fused=False): the generated expression under autograd), fused_eager
 (the fused kernel, not compiled: what CPU training uses by default) and fused
-(ObjectiveLoss(compile=True): the fused kernel through torch.compile, the default on CUDA).
+(ObjectiveLoss(compile=True): the fused kernel through torch.compile, the default on CUDA;
+compiled once per objective, for every size: dynamic shapes).
 Targets, judged on `fused` (issue 4): within 1.0x of hand-written and of PolicyLoss, and
 >= 1.5x faster (time ratio <= 0.667) and <= 0.5x peak memory of hand-written eager; on
 `fused_eager` (issue 11): at most 1.1x the time of hand-written eager, metrics included.
 
-Time: median over interleaved blocks of consecutive calls in this process. Peak memory: each variant runs in a
-fresh subprocess that resets the kernel's RSS high-water mark and reports its growth over
-one forward + backward (large CPU tensors are mmap'd and returned to the OS when freed, so
-RSS follows live tensors); on CUDA, torch.cuda.max_memory_allocated.
+bf16: the log-probs (π and μ) are bf16, advantages fp32. hand and policyloss then compute
+in bf16 (promoted to fp32 where they meet A); ObjectiveLoss's fused kernel computes in fp32
+and returns a bf16 gradient. (OpenRLHF 0.11.2's actor itself casts logits to fp32, so under
+OpenRLHF the log-probs reach the loss in fp32; bf16 is the case of a host that keeps them.)
 
-    python3 benchmarks/loss_speed.py [--device cpu|cuda] [--repeat 15]
+Time: median over interleaved blocks of consecutive calls in this process; the number of
+blocks shrinks with the size (--repeat at 256k tokens, at least 2), so each size costs
+about the same. Peak memory: each variant runs in a fresh subprocess that, per dtype and
+size, resets the kernel's RSS high-water mark and reports its growth over one forward +
+backward (large CPU tensors are mmap'd and returned to the OS when freed, so RSS follows
+live tensors); on CUDA, torch.cuda.max_memory_allocated.
+
+    python3 benchmarks/loss_speed.py [--device cpu|cuda] [--sizes 32k,128k,512k,1M]
+        [--dtypes fp32,bf16] [--objectives drpo,ppo,spo,dppo_binary_tv] [--repeat 6] [--T 4096]
 """
 import argparse
 import json
@@ -32,6 +42,14 @@ __import__("openrlhf_drpo.cpu_mode").cpu_mode.install_flash_attn_shim()   # Open
 
 
 BLOCK = 4
+REFERENCE_TOKENS = 256 * 1024     # --repeat counts blocks at this size
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def parse_tokens(text):
+    """'32k' -> 32768, '1M' -> 1048576, '5000' -> 5000."""
+    scale = {"k": 1024, "m": 1024 ** 2}.get(text[-1].lower(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
 
 
 def hand_written(name):
@@ -72,13 +90,14 @@ def make_fn(variant, name):
     return lambda lp, old, A, mask: f(lp, old, A, action_mask=mask)[0]
 
 
-def inputs(B, T, device, seed=0):
+def inputs(B, T, device, dtype=torch.float32, seed=0):
+    """Log-probs in `dtype` (as the trainer's model gives them), advantages and mask in fp32."""
     g = torch.Generator().manual_seed(seed)
     old = (-torch.rand(B, T, generator=g) * 3 - 0.05)
     new = old + 0.3 * torch.randn(B, T, generator=g)
     A = torch.randn(B, T, generator=g)
     mask = (torch.rand(B, T, generator=g) > 0.2).float()
-    return [x.to(device) for x in (new, old, A, mask)]
+    return [x.to(device) for x in (new.to(dtype), old.to(dtype), A, mask)]
 
 
 def step(fn, new, old, A, mask):
@@ -92,27 +111,31 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def peak_child(variant, name, B, T, device):
-    """Runs in a fresh process: the peak memory growth of one forward + backward, in bytes."""
-    new, old, A, mask = inputs(B, T, device)
-    fn = make_fn(variant, name)
-    if device == "cuda":
-        step(fn, new, old, A, mask)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step(fn, new, old, A, mask)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    step(fn, new, old, A, mask)            # import and compile everything first, at this shape
-    # Reset the kernel's RSS high-water mark (clear_refs 5), so that VmHWM afterwards is the
-    # peak of this forward + backward alone, not of the imports before it.
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status_bytes("VmRSS")
-    grad = step(fn, new, old, A, mask)
-    del grad
-    return _status_bytes("VmHWM") - base
+def peak_child(variant, configs, T, device):
+    """Runs in a fresh process: the peak memory growth of one forward + backward, in bytes,
+    for each (objective, dtype, tokens) in `configs`."""
+    fns, out = {}, []
+    for name, dtype, tokens in configs:
+        new, old, A, mask = inputs(tokens // T, T, device, DTYPES[dtype])
+        fn = fns.setdefault(name, make_fn(variant, name))
+        step(fn, new, old, A, mask)            # import and compile everything first, at this shape
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step(fn, new, old, A, mask)
+            torch.cuda.synchronize()
+            out.append(torch.cuda.max_memory_allocated() - base)
+            continue
+        # Reset the kernel's RSS high-water mark (clear_refs 5), so that VmHWM afterwards is the
+        # peak of this forward + backward alone, not of the imports or the sizes before it.
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status_bytes("VmRSS")
+        grad = step(fn, new, old, A, mask)
+        del grad
+        out.append(_status_bytes("VmHWM") - base)
+    return out
 
 
 def _status_bytes(key):
@@ -120,66 +143,98 @@ def _status_bytes(key):
     return int(re.search(key + r":\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
 
 
-def peak(variant, name, B, T, device):
+def peaks(variant, configs, T, device):
+    """One subprocess per variant (imports and compiles once), every configuration in it."""
     # A fixed mmap threshold keeps glibc from raising it after the first free, so every large
     # tensor stays mmap'd and its memory returns to the OS when freed.
     env = {**__import__("os").environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run([sys.executable, __file__, "--child", variant, name, str(B), str(T), device],
+    out = subprocess.run([sys.executable, __file__, "--child", variant, json.dumps(configs), str(T), device],
                          check=True, capture_output=True, text=True, env=env).stdout
-    return int(out.strip().splitlines()[-1])
+    return dict(zip(map(tuple, configs), json.loads(out.strip().splitlines()[-1])))
+
+
+def variants_of(name):
+    return ["hand", "plain", "fused_eager", "fused"] + (["policyloss"] if name == "ppo" else [])
+
+
+def entry(med, mem, name):
+    """Times, peaks, ratios to each reference and the targets, for one objective at one size."""
+    e = {"time_ms": {v: round(t * 1e3, 3) for v, t in med.items()},
+         "peak_mib": {v: round(m / 2**20, 2) for v, m in mem.items()}}
+    refs = ["hand"] + (["policyloss"] if name == "ppo" else [])
+    ratio = lambda x, y: round(x / y, 3) if y else None     # noqa: E731  a peak below a page reads 0
+    within = lambda x, bound: x is not None and x <= bound   # noqa: E731  unmeasured: not met
+    e["ratios"] = {f"{v}/{ref}": {"time": ratio(med[v], med[ref]), "peak_mem": ratio(mem[v], mem[ref])}
+                   for ref in refs for v in ("plain", "fused_eager", "fused")}
+    fused = e["ratios"]["fused/hand"]
+    e["meets_targets"] = {
+        "within_1x": all(within(r["time"], 1.0) and within(r["peak_mem"], 1.0) for k, r in e["ratios"].items()
+                         if k.startswith("fused/")),
+        "eager_within_1.1x": within(e["ratios"]["fused_eager/hand"]["time"], 1.1),
+        "fused_1.5x_faster": within(fused["time"], 1 / 1.5),
+        "fused_half_memory": within(fused["peak_mem"], 0.5),
+    }
+    return e
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--repeat", type=int, default=10, help="interleaved blocks of 4 timed calls per variant")
-    ap.add_argument("--B", type=int, default=64)
-    ap.add_argument("--T", type=int, default=4096)
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", default="32k,128k,512k,1M", help="B·T tokens per batch, comma-separated")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="dtype of the log-probs: fp32, bf16")
+    ap.add_argument("--objectives", default="drpo,ppo,spo,dppo_binary_tv")
+    ap.add_argument("--repeat", type=int, default=6,
+                    help="interleaved blocks of 4 timed calls per variant at 256k tokens (scaled by size, >= 2)")
+    ap.add_argument("--T", type=int, default=4096, help="sequence length; B = tokens / T")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        variant, name, B, T, device = args.child
-        print(peak_child(variant, name, int(B), int(T), device))
+        variant, configs, T, device = args.child
+        print(json.dumps(peak_child(variant, json.loads(configs), int(T), device)))
         return
     torch.set_num_threads(torch.get_num_threads())
-    B, T, device = args.B, args.T, args.device
-    new, old, A, mask = inputs(B, T, device)
-    results = {}
-    for name in ("drpo", "ppo", "spo", "dppo_binary_tv"):
-        variants = ["hand", "plain", "fused_eager", "fused"] + (["policyloss"] if name == "ppo" else [])
-        fns = {v: make_fn(v, name) for v in variants}
-        times = {v: [] for v in variants}
-        for v in variants:                      # warm-up
-            step(fns[v], new, old, A, mask)
-        # Interleaved blocks, so machine drift hits every variant alike; within a block the
-        # first call (caches still holding the previous variant's tensors) is not counted.
-        for _ in range(args.repeat):
-            for v in variants:
-                for i in range(BLOCK + 1):
-                    sync(device)
-                    t = time.perf_counter()
-                    step(fns[v], new, old, A, mask)
-                    sync(device)
-                    if i:
-                        times[v].append(time.perf_counter() - t)
-        med = {v: statistics.median(ts) for v, ts in times.items()}
-        mem = {v: peak(v, name, B, T, device) for v in variants}
-        entry = {"time_ms": {v: round(t * 1e3, 3) for v, t in med.items()},
-                 "peak_mib": {v: round(m / 2**20, 2) for v, m in mem.items()}}
-        refs = ["hand"] + (["policyloss"] if name == "ppo" else [])
-        entry["ratios"] = {f"{v}/{ref}": {"time": round(med[v] / med[ref], 3), "peak_mem": round(mem[v] / mem[ref], 3)}
-                           for ref in refs for v in ("plain", "fused_eager", "fused")}
-        fused = entry["ratios"]["fused/hand"]
-        entry["meets_targets"] = {
-            "within_1x": all(r["time"] <= 1.0 and r["peak_mem"] <= 1.0 for k, r in entry["ratios"].items()
-                             if k.startswith("fused/")),
-            "eager_within_1.1x": entry["ratios"]["fused_eager/hand"]["time"] <= 1.1,
-            "fused_1.5x_faster": fused["time"] <= 1 / 1.5,
-            "fused_half_memory": fused["peak_mem"] <= 0.5,
-        }
-        results[name] = entry
-    print(json.dumps({"device": device, "B": B, "T": T, "dtype": "float32", "repeat": args.repeat,
-                      "threads": torch.get_num_threads(), "objectives": results}, indent=2))
+    T, device = args.T, args.device
+    names, dtypes = args.objectives.split(","), args.dtypes.split(",")
+    sizes = {s: parse_tokens(s) for s in args.sizes.split(",")}
+    for d in dtypes:
+        if d not in DTYPES:
+            ap.error(f"--dtypes: unknown dtype {d!r} (choose from {', '.join(DTYPES)})")
+    for s, n in sizes.items():
+        if n < T or n % T:
+            ap.error(f"--sizes: {s} = {n} tokens is not a multiple of T = {T}")
+    fns = {name: {v: make_fn(v, name) for v in variants_of(name)} for name in names}
+    times = {}
+    for dtype in dtypes:
+        for size, tokens in sizes.items():
+            new, old, A, mask = inputs(tokens // T, T, device, DTYPES[dtype])
+            repeat = max(2, round(args.repeat * REFERENCE_TOKENS / tokens))
+            for name in names:
+                ts = times[dtype, size, name] = {v: [] for v in fns[name]}
+                for v, fn in fns[name].items():           # warm-up (and the one compilation)
+                    step(fn, new, old, A, mask)
+                # Interleaved blocks, so machine drift hits every variant alike; within a block the
+                # first call (caches still holding the previous variant's tensors) is not counted.
+                for _ in range(repeat):
+                    for v, fn in fns[name].items():
+                        for i in range(BLOCK + 1):
+                            sync(device)
+                            t = time.perf_counter()
+                            step(fn, new, old, A, mask)
+                            sync(device)
+                            if i:
+                                ts[v].append(time.perf_counter() - t)
+    configs = [[name, dtype, tokens] for dtype in dtypes for tokens in sizes.values() for name in names]
+    mem = {v: peaks(v, [c for c in configs if v in variants_of(c[0])], T, device)
+           for v in ["hand", "plain", "fused_eager", "fused", "policyloss"] if any(v in variants_of(n) for n in names)}
+    runs = {}
+    for dtype in dtypes:
+        for size, tokens in sizes.items():
+            runs.setdefault(dtype, {})[size] = {
+                "tokens": tokens, "B": tokens // T, "repeat": max(2, round(args.repeat * REFERENCE_TOKENS / tokens)),
+                "objectives": {name: entry({v: statistics.median(t) for v, t in times[dtype, size, name].items()},
+                                           {v: mem[v][name, dtype, tokens] for v in fns[name]}, name)
+                               for name in names}}
+    print(json.dumps({"device": device, "T": T, "threads": torch.get_num_threads(), "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -502,19 +502,33 @@ def test_objectives_on_the_smooth_atoms_have_the_analysed_gradient_fused_or_plai
         assert torch.allclose(grad, expected, rtol=1e-7, atol=1e-9 * expected.abs().max().item()), (seed, text)
 
 
-@pytest.mark.parametrize("objective", ["ppo", "smooth_atoms"])
-def test_compiled_fused_kernel_equals_the_plain_path(objective):
-    # the path CUDA training takes by default (compile="auto"); on CPU it is forced here
-    if objective == "smooth_atoms":     # erf, atan and softsign in one objective
-        objective = dsl.parse(ATOM_OBJECTIVES[-1] + "\n")
-    new, old, A, mask = batch(21, B=4, T=9)
-    out = []
-    for kwargs in ({"compile": True}, {"fused": False}):
-        lp = new.clone().requires_grad_()
-        res = ObjectiveLoss(objective, aggregate="seq-mean-token-sum", **kwargs)(lp, old, A, action_mask=mask)
-        out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
-    for a, b in zip(*out):
-        assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
+@pytest.mark.parametrize("name, aggregate", [("ppo", "seq-mean-token-sum"), ("gspo", "seq-mean-token-mean"),
+                                             ("smooth_atoms", "token-mean")],
+                         ids=["ppo-token", "gspo-sequence", "erf-atan-softsign"])
+def test_compiled_fused_kernel_compiles_once_for_every_sequence_length_and_equals_the_plain_path(name, aggregate):
+    # The path CUDA training takes by default (compile="auto"); on CPU it is forced here.
+    # OpenRLHF's micro-batches change their length every step: a compilation per length
+    # (~30 s on CPU, seconds on CUDA) would cost more than the loss. dynamic=True keeps it at
+    # one graph; without it dynamo compiles a static graph, then again for the second length.
+    from torch._dynamo.utils import counters
+    if name == "smooth_atoms":     # erf, atan and softsign in one objective
+        name = dsl.parse(ATOM_OBJECTIVES[-1] + "\n")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = ObjectiveLoss(name, aggregate=aggregate, compile=True)
+    plain = ObjectiveLoss(name, aggregate=aggregate, fused=False)
+    lengths = [9, 5, 16, 23, 40, 64]
+    for T in lengths:
+        new, old, A, mask = batch(21 + T, B=4, T=T)
+        out = []
+        for loss_fn in (compiled, plain):
+            lp = new.clone().requires_grad_()
+            res = loss_fn(lp, old, A, action_mask=mask)
+            out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
+        for a, b in zip(*out):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-14), T
+    assert counters["stats"]["unique_graphs"] == 1, (lengths, dict(counters["stats"]))
+    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
 
 
 @pytest.mark.parametrize("kwargs, message", [
