@@ -26,4 +26,8 @@ else
 fi
 $PIP -c "$pin" deepspeed==0.19.6 transformers ray==2.55.0 \
     peft accelerate einops datasets torchdata pylatexenc aiohttp pillow tensorboard jsonlines optree psutil
+# TRL beside openrlhf: trl 1.16.0 takes openrlhf's transformers (it needs >= 4.56.2)
+$PIP -c "$pin" trl==1.16.0
 $PIP -c "$pin" -e '.[test]'
+# verl cannot share this environment (verl 0.9.1 needs transformers < 5.11): its own venv
+bash scripts/setup_verl.sh
