@@ -69,7 +69,8 @@ def _per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef):
     return value, grad, grad * coef, r, raw, mu, inside
 
 
-def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, dot=_dot):
+def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
+            dot=_dot):
     """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π (scale None: already applied)
     and the metric sums, in one function that torch.compile turns into a couple of fused
     loops. Every per-token quantity is selected by the mask before it is reduced, so masked
@@ -77,6 +78,8 @@ def _kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, 
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
     m = keep.to(logp.dtype)
     coef, count = _aggregation_coef(m, mode)
+    if weights is not None:
+        coef = coef * weights      # a host's per-token weights (verl's rollout IS weights): in the sum, not the count
     value, grad, total, r, raw, mu, inside = _per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef)
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
     nonzero_A = torch.sign(A).abs()
@@ -109,7 +112,7 @@ def _stats(sums):
 
 
 def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None,
-                  rollout=None):
+                  rollout=None, weights=None):
     """_kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
     comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: tensors are
     flat, masked slots are multiplied by 0 rather than selected, each metric is computed in
@@ -118,7 +121,7 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     equals _kernel wherever every per-token value is finite; if any result is not (a masked
     slot held NaN or inf, or the objective is not finite somewhere), _kernel recomputes it.
     test_loss holds the two to each other."""
-    exact = functools.partial(_kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout)
+    exact = functools.partial(_kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights)
     if not logp.numel() or value_and_grad.reduces:      # [B, 0], or reductions over each response
         return exact()
     A = A.reshape(-1)
@@ -127,6 +130,8 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
                                                            flat(rollout))
     m = _float_mask(action_mask, value.dtype)
     coef, count = _aggregation_coef(m, mode)
+    if weights is not None:
+        coef = coef * weights
     m, coef = m.reshape(-1), coef.reshape(-1)
     tokens = count if mode == "token-mean" else m.sum()
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as _kernel, in the same dtype
@@ -167,14 +172,14 @@ def _fused_function(kernel):
         backward is one multiply, and no intermediate of the objective stays alive."""
 
         @staticmethod
-        def forward(ctx, logp, anchor, A, mask, norm, old, rollout):
+        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
             # Every input in the one compute dtype (_compute_dtype): a float64 anchor with
             # float32 log-probs too.
             dtype = _compute_dtype(logp)
             wide = lambda x: x if x is None else x.to(dtype)  # noqa: E731
             loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
-                                              wide(old), wide(rollout))
+                                              wide(old), wide(rollout), wide(weights))
             ctx.save_for_backward(grad)
             ctx.dtype, ctx.scale = logp.dtype, scale
             ctx.mark_non_differentiable(stats)
@@ -185,7 +190,7 @@ def _fused_function(kernel):
             (grad,) = ctx.saved_tensors
             # g·((grad·coef)·scale), the order _kernel's compiled product gives: equal bit for bit
             grad = g * grad if ctx.scale is None else torch.mul(grad, ctx.scale).mul_(g)
-            return grad.to(ctx.dtype), None, None, None, None, None, None
+            return grad.to(ctx.dtype), None, None, None, None, None, None, None
     return Fused
 
 
@@ -232,9 +237,10 @@ class CompiledLoss(nn.Module):
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
 
     def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, aggregate=None,
-                norm=None, aggregate_fn=None):
+                norm=None, weights=None, aggregate_fn=None):
         """(loss, stats): stats are METRIC_KEYS' values, then the masked mean of −log(π/μ) and the
-        token count. aggregate_fn(per_token_loss, mask), where given, aggregates the plain path
+        token count. `weights` (detached, per token) multiply each token's term in the aggregate
+        (not the count). aggregate_fn(per_token_loss, mask), where given, aggregates the plain path
         (a host's own aggregation; the fused kernel scales each token the same way)."""
         if self.uses_rollout and rollout_log_probs is None:
             why = "@anchor = rollout" if self.anchor == "rollout" else "π_rollout"
@@ -254,13 +260,15 @@ class CompiledLoss(nn.Module):
         if norm is not None:
             norm = torch.as_tensor(norm, dtype=log_probs.dtype, device=log_probs.device)
         if self.fused:
-            loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout)
+            loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights)
         else:
             anchor, advantages = anchor.detach(), advantages.detach()
             keep = mask != 0
             clean = lambda x: x if x is None else torch.where(keep, x, 0.0)   # noqa: E731  select, don't multiply
             per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages), clean(old), clean(rollout),
                                      keep)
+            if weights is not None:
+                per_token = per_token * clean(weights.detach())
             if aggregate_fn is not None:
                 loss = aggregate_fn(per_token, mask)
             else:
