@@ -197,6 +197,13 @@ def _function(name, doc, outputs, params) -> str:
 _POLICY = ("r", "pi", "logp", "log_ratio")
 
 
+def _clamp_keep(value: Node) -> str:
+    """The metrics' `keep`: 0 where the ratio clamp stops a token's gradient. An objective that
+    never reads the clamped ratio (GSPO, GMPO: log π − log μ) has no such numerical stop at
+    |log r| = 20, so a zero gradient there is the objective's own (a boundary)."""
+    return "keep" if _used([value]) & {"r", "log_ratio"} else "1.0"
+
+
 def filters(value: Node) -> list[Node]:
     """The objective's filters: [...] factors of the whole objective whose condition does not
     involve the current policy, so they are fixed for the update and drop tokens or responses
@@ -227,7 +234,7 @@ def _fused_functions(value, params, kept) -> str:
     grad = derivative(value, GRAD_SEEDS)
     outputs = [value, grad] + [kept] * (kept is not None)
 
-    def returned(results, keep="keep"):      # keep is 0 where the ratio clamp is active or a filter drops
+    def returned(results, keep=_clamp_keep(value)):      # keep is 0 where the ratio clamp is active or a filter drops
         if kept is None:
             return _tuple(results + [*extra[:-1], keep])
         return _tuple(results[:2] + [*extra[:-1], results[2] if keep == "1.0" else f"{keep} * {results[2]}"])
@@ -310,8 +317,11 @@ def _reverse_functions(value, params, kept) -> str:
     grad = reverse_gradient(value, GRAD_SEEDS)
     lines, results = _emit([value, grad] + [kept] * (kept is not None), params)
     used = _used([value, grad], ("r", "raw", "mu", "keep"))
+    keep = _clamp_keep(value)
     if kept is not None:
-        results, extra = results[:2], (*extra[:-1], f"keep * {results[2]}")
+        results, extra = results[:2], (*extra[:-1], results[2] if keep == "1.0" else f"keep * {results[2]}")
+    else:
+        extra = (*extra[:-1], keep)
     doc = ("ℓ and d(Σ coef·ℓ)/d(log π) (the aggregation weight coef is inside: a reduction\n"
            "    spreads each token's gradient over its response), r, the response's mean log-ratio, μ, keep.")
     return "\n".join([

@@ -1,9 +1,11 @@
 """The library's sequence-level and off-policy objectives, each held to an independent torch
 implementation of its source's formula (written here from the paper or the peer's code, never
 from this project's generated code), on inputs whose masked slots hold NaN and ±inf."""
+import math
+
 import pytest
 import torch
-from test_sequence import dirty
+from test_sequence import dirty, run
 
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
@@ -33,13 +35,19 @@ def ppo_objective(r, A, low=0.2, high=0.2):
     return torch.min(r * A, r.clamp(1 - low, 1 + high) * A)
 
 
+def host_ratio(logp, old):
+    """The ratio as OpenRLHF's and verl's PPO compute it: the log-ratio clamped to ±20 first
+    (no gradient past the clamp). TRL, GSPO's and GMPO's code take the raw exp(logp - old)."""
+    return torch.exp((logp - old).clamp(-20, 20))
+
+
 def gspo(logp, old, roll, A, m, low=3e-4, high=4e-4):
     s = torch.exp(masked_seq_mean(logp - old, m))
     return seq_mean_token_mean(-torch.min(s * A, s.clamp(1 - low, 1 + high) * A), m)
 
 
 def gmpo(logp, old, roll, A, m, eps=0.4):
-    log_ratio = (logp - old).clamp(-20, 20)
+    log_ratio = logp - old          # raw, as verl's geo_mean (its clamp is commented out) and TRL
     sgn = torch.sign(A)
     kept = sgn * torch.min(sgn * log_ratio, sgn * log_ratio.clamp(-eps, eps))
     per_seq = -masked_seq_mean(A, m) * torch.exp(masked_seq_mean(kept, m))     # [B, 1]
@@ -55,11 +63,15 @@ def luspo(logp, old, roll, A, m, low=2e-3, high=2.5e-3):
 
 
 def vespo(logp, old, roll, A, m):
-    log_w = ((logp - old).clamp(-20, 20) * m).sum(-1, keepdim=True) + ((old - roll) * m).sum(-1, keepdim=True)
-    log_w = log_w.clamp(-20, 20)
+    # the authors' compute_policy_loss_vespo: token log-ratios clamped to ±20, the TIS weight
+    # π_old/π_rollout clamped to ≥ 1e-8 and its log to ±20, the sum to ±20, then w clamped to
+    # ≥ 1e-8 inside log(w) alone
+    log_tis = torch.log(torch.exp(old - roll).clamp(min=1e-8)).clamp(-20, 20)
+    log_w = ((logp - old).clamp(-20, 20) * m).sum(-1, keepdim=True) + (log_tis * m).sum(-1, keepdim=True)
+    w = torch.exp(log_w.clamp(-20, 20))
     k = pick(A >= 0, 2.0, 3.0)
     lam = pick(A >= 0, 3.0, 2.0)
-    phi = torch.exp(k * log_w + lam * (1 - torch.exp(log_w))).detach()
+    phi = torch.exp(lam + k * torch.log(w.clamp(min=1e-8)) - lam * w).detach()
     return token_mean(-phi * A * logp, m)
 
 
@@ -80,22 +92,22 @@ def dro(logp, old, roll, A, m, tau=0.05):
 def opsm(logp, old, roll, A, m, delta=0.5):
     drift = masked_seq_mean(roll - logp.detach(), m)
     keep = ~((A < 0) & (drift > delta))
-    return seq_mean_token_mean(-(keep * ppo_objective(torch.exp(logp - old), A)), m)
+    return seq_mean_token_mean(-(keep * ppo_objective(torch.exp(logp - old), A)), m)     # TRL: the raw ratio
 
 
 def tis_ppo(logp, old, roll, A, m, cap=2.0):
-    return token_mean(-torch.exp(old - roll).clamp(max=cap) * ppo_objective(torch.exp(logp - old), A), m)
+    return token_mean(-torch.exp(old - roll).clamp(max=cap) * ppo_objective(host_ratio(logp, old), A), m)
 
 
 def icepop(logp, old, roll, A, m, lo=0.5, hi=5.0):
     k = torch.exp(old - roll)
-    return token_mean(-torch.where((k >= lo) & (k <= hi), k, 0.0) * ppo_objective(torch.exp(logp - old), A), m)
+    return token_mean(-torch.where((k >= lo) & (k <= hi), k, 0.0) * ppo_objective(host_ratio(logp, old), A), m)
 
 
 def seq_mask_tis(logp, old, roll, A, m, lo=0.5, hi=5.0):
     g = torch.exp(masked_seq_mean(old - roll, m))
     k = torch.where((g >= lo) & (g <= hi), torch.exp(old - roll), 0.0)
-    return token_mean(-k * ppo_objective(torch.exp(logp - old), A), m)
+    return token_mean(-k * ppo_objective(host_ratio(logp, old), A), m)
 
 
 def glm5_rollout_is(logp, old, roll, A, m, low=0.2, high=0.2):
@@ -106,15 +118,23 @@ def glm5_rollout_is(logp, old, roll, A, m, low=0.2, high=0.2):
 
 def ipo(logp, old, roll, A, m, delta=0.15):
     pi, mu = torch.exp(logp), torch.exp(old)
-    return token_mean(-(((pi - mu).abs() <= delta) * torch.exp(logp - old) * A), m)
+    # no published code: the ratio is the host's, as DPPO's box in OpenRLHF and verl
+    return token_mean(-(((pi - mu).abs() <= delta) * host_ratio(logp, old) * A), m)
 
 
 REFERENCES = [gspo, gmpo, luspo, vespo, sapo, gpg, dro, opsm, tis_ppo, icepop, seq_mask_tis, glm5_rollout_is, ipo]
 
 
+# (response, token, log π − log μ, log π_old − log π_rollout): log-ratios past OpenRLHF's and
+# verl's ±20 clamp both ways (where a source that clamps and one that does not part), r exactly 1
+EXTREMES = [(2, 4, -25.0, 0.0), (3, 6, 25.0, 0.0), (4, 7, -60.0, 25.0), (5, 8, 60.0, -25.0),
+            (6, 9, 0.0, 60.0), (7, 10, 0.0, -60.0), (8, 11, 0.0, 0.0), (9, 12, 0.0, 0.0)]
+
+
 def library_batch(seed, B=10, T=14):
     """Responses drifted from their rollout by different amounts (OPSM, IcePop and the sequence
-    mask all act on some and not others), with an empty and a one-token response."""
+    mask all act on some and not others), with an empty and a one-token response, and the
+    extreme tokens of EXTREMES, in responses of both signs of A (and r = 1 at both)."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2.5 - 0.05
     new = old + 0.25 * torch.randn(B, T, generator=g, dtype=torch.float64)
@@ -126,6 +146,13 @@ def library_batch(seed, B=10, T=14):
     mask[0] = False
     mask[1] = False
     mask[1, 5] = True
+    for b, t, log_r, log_is in EXTREMES:
+        old[b, t] = -0.5 if log_r < 0 else -0.5 - log_r      # log π stays ≤ 0
+        new[b, t] = old[b, t] + log_r
+        rollout[b, t] = old[b, t] - log_is
+        mask[b, t] = True
+    A[8] = A[8].abs() + 0.1
+    A[9] = -A[9].abs() - 0.1
     return new, old, rollout, A, mask
 
 
@@ -142,7 +169,7 @@ def test_each_library_objective_equals_its_sources_formula(reference, fused):
     grad = torch.autograd.grad(got, lp)[0]
     # the seq-mean modes divide by count + 1e-8, as OpenRLHF: 1e-8 relative to a one-token response
     assert torch.allclose(got, expected, rtol=2e-8, atol=0), (got, expected)
-    assert torch.allclose(grad, expected_grad, rtol=2e-8, atol=1e-15), (grad - expected_grad).abs().max()
+    assert torch.allclose(grad, expected_grad, rtol=2e-8, atol=0), ((grad - expected_grad) / expected_grad).abs().nanmax()
     assert grad.abs().sum() > 0 and torch.all(grad[~mask] == 0)
 
 
@@ -160,7 +187,44 @@ def test_each_filter_and_clip_in_the_library_acts_on_the_test_batch(reference, o
     # the comparison above is not vacuous: with the mechanism switched off, the loss changes
     new, old, rollout, A, mask = library_batch(0)
     m = mask.double()
-    assert not torch.isclose(reference(new, old, rollout, A, m), reference(new, old, rollout, A, m, **override)), effect
+    # exact: the extreme tokens make some losses ~1e9, where a dropped response moves the 10th digit
+    assert reference(new, old, rollout, A, m) != reference(new, old, rollout, A, m, **override), effect
+
+
+def test_gmpo_takes_the_raw_log_ratio_as_verl_and_trl():
+    # the issue's case: old log-probs 0, 0, new -25, 0, A = 1. verl's geo_mean and TRL give
+    # -e^-12.5 and -e^-12.5/2 on each token; a log-ratio clamped to ±20 gave -e^-10 and 0
+    lp = torch.tensor([[-25.0, 0.0]], dtype=torch.float64)
+    old, A, mask = torch.zeros_like(lp), torch.ones_like(lp), torch.ones_like(lp, dtype=torch.bool)
+    for fused in (True, False):
+        loss, grad, _ = run(ObjectiveLoss("gmpo", fused=fused), lp, old, A, mask)
+        assert torch.allclose(loss, torch.tensor(-math.exp(-12.5), dtype=torch.float64), rtol=1e-14)
+        assert torch.allclose(grad, torch.full_like(lp, -math.exp(-12.5) / 2), rtol=1e-14)
+
+
+def vespo_floored_at_minus_20(logp, old, roll, A, m):
+    """VESPO as this library first wrote it: log W clipped to ±20 only, the mismatch unclamped."""
+    log_w = ((logp - old).clamp(-20, 20) * m).sum(-1, keepdim=True) + ((old - roll) * m).sum(-1, keepdim=True)
+    log_w = log_w.clamp(-20, 20)
+    k, lam = pick(A >= 0, 2.0, 3.0), pick(A >= 0, 3.0, 2.0)
+    phi = torch.exp(k * log_w + lam * (1 - torch.exp(log_w))).detach()
+    return token_mean(-phi * A * logp, m)
+
+
+@pytest.mark.parametrize("reference, clamped", [
+    (gmpo, lambda logp, old, *rest: gmpo(old + (logp - old).clamp(-20, 20), old, *rest)),
+    (opsm, lambda logp, old, *rest: opsm(old + (logp - old).clamp(-20, 20), old, *rest)),
+    (vespo, vespo_floored_at_minus_20),
+], ids=["gmpo", "opsm", "vespo"])
+def test_the_library_batch_tells_a_clamp_its_source_does_not_have(reference, clamped):
+    # the batch reaches past ±20 where it matters: a clamp the source lacks changes the gradient
+    # of some token by more than rounding (relative: VESPO's weight there is ~1e-16)
+    new, old, rollout, A, mask = library_batch(0)
+    grads = []
+    for fn in (reference, clamped):
+        lp = new.clone().requires_grad_()
+        grads.append(torch.autograd.grad(fn(lp, old, rollout, A, mask.double()), lp)[0])
+    assert not torch.allclose(grads[0], grads[1], rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("name, peer", [
