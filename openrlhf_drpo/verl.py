@@ -26,30 +26,34 @@ class VerlObjectiveLoss(CompiledLoss):
                     "use an objective on μ with verl's algorithm.rollout_correction instead")
 
 
-def _norm(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
-    """verl's agg_loss as (our mode, normalizer). The token-sum modes are token sums over a
-    sequence count (and a horizon), which is our token-mean over that product exactly (our
-    seq-mean-token-sum divides by count + 1e-8 as OpenRLHF does, verl does not)."""
+def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
+    """verl's agg_loss as (our mode, normalizer, per-response length): a token sum over a global
+    count, exactly. verl's sequence means divide by `mask.sum(-1) + 1e-8` in the dtype torch
+    promotes that to (float32 for verl's bool mask, where the 1e-8 vanishes), ours by count + 1e-8
+    in the loss's dtype; so each token carries verl's own 1/length instead."""
     if mode == "token-mean":
-        return mode, None if batch_num_tokens is None else batch_num_tokens / dp_size
+        return mode, None if batch_num_tokens is None else batch_num_tokens / dp_size, None
     if mode == "token-sum":
-        return "token-mean", 1 / dp_size
+        return "token-mean", 1 / dp_size, None
     if mode not in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         raise ValueError(f"Invalid loss_agg_mode: {mode}")
     sequences = (mask.sum(-1) > 0).sum() if global_batch_size is None else global_batch_size
     if mode == "seq-mean-token-mean":
-        return mode, None if global_batch_size is None else global_batch_size / dp_size
+        return "token-mean", sequences / dp_size, mask.sum(dim=-1, keepdim=True) + 1e-8
     horizon = (loss_scale_factor or mask.shape[-1]) if mode == "seq-mean-token-sum-norm" else 1
-    return "token-mean", sequences * horizon / dp_size
+    return "token-mean", sequences * horizon / dp_size, None
 
 
 def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                 config=None, rollout_is_weights=None):
     """verl's PolicyLossFn: (loss, metrics). μ is verl's old log-probs."""
     info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
-    mode, norm = _norm(loss_agg_mode, response_mask, **info)
-    loss, stats = core(log_prob, old_log_prob, advantages, response_mask, aggregate=mode, norm=norm,
-                       weights=rollout_is_weights)
+    mode, norm, factor = _aggregation(loss_agg_mode, response_mask, **info)
+    weights = rollout_is_weights
+    if factor is not None:       # verl's x / length, in the loss's precision
+        factor = 1 / factor.to(log_prob.dtype)
+        weights = factor.expand_as(log_prob) if weights is None else weights * factor
+    loss, stats = core(log_prob, old_log_prob, advantages, response_mask, aggregate=mode, norm=norm, weights=weights)
     metrics = {f"actor/{k}": v.item() for k, v in core.metrics.items()}
     metrics["actor/ppo_kl"] = stats[-2].item()
     return loss, metrics
