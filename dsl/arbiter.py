@@ -72,6 +72,18 @@ BISECTIONS = 60             # halvings of a bracket: from 1e-3 wide to below a d
 SIDE_SIGNS = (1.0, -1.0)
 
 
+def grid_axes(nodes: int, magnitudes: int):
+    """The grid's μ values and its r values (before π ≤ 1 cuts them per μ): about 30 μ from
+    1e-6 to 1 and 1,200 r from 1e-6 to 1e6, fewer as the expression grows, so that one
+    evaluation costs at most GRID_NODE_POINTS node-points."""
+    import numpy as np
+    scale = min(1.0, math.sqrt(GRID_NODE_POINTS / (nodes * 2 * magnitudes * 30 * 1200)))
+    n_mu, n_lin, n_log = max(6, int(30 * scale)), max(100, int(900 * scale)), max(40, int(300 * scale))
+    mus = np.unique(np.concatenate([np.logspace(-6, 0, n_mu // 2), np.linspace(0.02, 1, n_mu - n_mu // 2)]))
+    base = np.unique(np.concatenate([np.linspace(0, 3, n_lin + 1)[1:], np.logspace(-6, 6, n_log)]))
+    return mus, base
+
+
 class Arbiter:
     """ℓ and w = (∂ℓ/∂r)/A over 0 < μ ≤ 1, 0 < π ≤ 1 (r = π/μ), one row per (sign of A,
     |A|, μ) with r ascending. Every event along a row (a sign change, a jump, a pole, an
@@ -82,11 +94,7 @@ class Arbiter:
         self.np, self.obj = np, obj
         self.dl = derivative(obj.expr)
         self.params = {k: float(v) for k, v in obj.params.items()}
-        nodes = len(set(obj.expr.walk()) | set(self.dl.walk()))
-        scale = min(1.0, math.sqrt(GRID_NODE_POINTS / (nodes * 2 * len(MAGNITUDES) * 30 * 1200)))
-        n_mu, n_lin, n_log = max(6, int(30 * scale)), max(100, int(900 * scale)), max(40, int(300 * scale))
-        mus = np.unique(np.concatenate([np.logspace(-6, 0, n_mu // 2), np.linspace(0.02, 1, n_mu - n_mu // 2)]))
-        base = np.unique(np.concatenate([np.linspace(0, 3, n_lin + 1)[1:], np.logspace(-6, 6, n_log)]))
+        mus, base = grid_axes(len(set(obj.expr.walk()) | set(self.dl.walk())), len(MAGNITUDES))
         base = base[base != 1.0]            # r = 1 itself is the on-policy check's
         # other |A| only where w depends on |A|: probed on every third μ first
         mags = MAGNITUDES if self._depends_on_magnitude(base, mus[::3]) else (1.0,)

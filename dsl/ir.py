@@ -403,6 +403,15 @@ def _sign(x):
     return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
 
 
+def _np_erf(np, a):
+    # numpy has no erf, and the analysis imports neither torch nor scipy: math.erf per element
+    # (correctly rounded to ~1 ulp, erf(±inf) = ±1, erf(nan) = nan, as torch.erf)
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(a), dtype=float)
+
+
+_TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)
+
+
 OPS: dict[str, Op] = {
     "add": _infix("+", 5, lambda sp, a, b: a + b, lambda a, b: a + b,
                   lambda n, d: add(d[0], d[1]), inplace="add_", inplace_second=lambda a, b: f"{b}.add_({a})"),
@@ -420,12 +429,29 @@ OPS: dict[str, Op] = {
     "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs, lambda np, a: np.abs(a),
                lambda n, d: mul(call("sign", n.args[0]), d[0]), inplace="abs_"),
     "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, lambda np, a: np.sign(a), _zero, inplace="sign_"),
-    "log": _fn("log", lambda sp, a: sp.log(a), lambda a: f"torch.log({a})", math.log, lambda np, a: np.log(a),
+    # log(π) = log(μ·r) is split into log(μ) + log(r) (both positive), so log(π) − log(μ) is log(r):
+    # the analysis settles GMPO's conditions on the raw log-ratio as fast as on log(r)
+    "log": _fn("log", lambda sp, a: sp.expand_log(sp.log(a)), lambda a: f"torch.log({a})", math.log, lambda np, a: np.log(a),
                lambda n, d: div(d[0], n.args[0]), inplace="log_"),
     "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp, lambda np, a: np.exp(a),
                lambda n, d: mul(n, d[0]), inplace="exp_"),
     "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt, lambda np, a: np.sqrt(a),
                 lambda n, d: div(d[0], mul(num(2), n)), inplace="sqrt_"),
+    "erf": _fn("erf", lambda sp, a: sp.erf(a), lambda a: f"torch.erf({a})", math.erf, _np_erf,
+               lambda n, d: mul(call("derf", n.args[0]), d[0]), inplace="erf_"),
+    # erf′(x) = 2/√π·e^(−x²), erf's derivative (not in the language: the language's π is a
+    # probability, and IR numbers are exact fractions, so the constant 2/√π lives here, exact in SymPy)
+    "derf": _fn("erf′", lambda sp, a: 2 / sp.sqrt(sp.pi) * sp.exp(-a**2),
+                lambda a: f"({_TWO_OVER_SQRT_PI!r} * torch.exp(-torch.square({a})))",
+                lambda a: _TWO_OVER_SQRT_PI * math.exp(-a * a), lambda np, a: _TWO_OVER_SQRT_PI * np.exp(-np.square(a)),
+                lambda n, d: mul(mul(num(-2), mul(n.args[0], n)), d[0])),
+    "atan": _fn("atan", lambda sp, a: sp.atan(a), lambda a: f"torch.atan({a})", math.atan, lambda np, a: np.arctan(a),
+                lambda n, d: div(d[0], add(ONE, power(n.args[0], num(2)))), inplace="atan_"),
+    # x/(1 + |x|): nan at ±inf in every lowering, as the formula is in IEEE arithmetic
+    "softsign": _fn("softsign", lambda sp, a: a / (1 + sp.Abs(a)), lambda a: f"({a} / (1.0 + torch.abs({a})))",
+                    lambda a: a / (1 + abs(a)),
+                    lambda np, a: a / (1 + np.abs(a)),
+                    lambda n, d: div(d[0], power(add(ONE, call("abs", n.args[0])), num(2))), reuses_args=True),
     # SymPy rows give values only (derivatives come from the IR rules), unevaluated, so that
     # the analysis can settle each case's conditions itself before building any Piecewise.
     "min": _fn("min", lambda sp, *a: sp.Min(*a, evaluate=False),
@@ -464,7 +490,8 @@ OPS: dict[str, Op] = {
 }
 
 # Functions a user may call by name (the rest are operators or brackets).
-FUNCTIONS = {k: OPS[k].arity for k in ("log", "exp", "sqrt", "abs", "sign", "min", "max", "clip", "sg",
+FUNCTIONS = {k: OPS[k].arity for k in ("log", "exp", "sqrt", "abs", "sign", "erf", "atan", "softsign",
+                                       "min", "max", "clip", "sg",
                                        "seq_sum", "seq_mean", "seq_max", "seq_min")}
 # Reductions wider than one response: refused by name, with the reason (an update's tokens are
 # split across micro-batches and ranks, so a batch statistic would silently change with them).

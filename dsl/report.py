@@ -37,19 +37,35 @@ def math_text(e, weight: bool = False) -> str:
         return "; ".join(parts + [f"{inner(e.args[-1][0])} otherwise"])
     if isinstance(e, sp.Eq):
         return f"{math_text(e.lhs)} = {math_text(e.rhs)}"
+    e = _without_pi(sp, e)
     text = sp.sstr(e)
     if weight and isinstance(e, sp.Add):   # the constant first: 1 − 0.08·μ·(r − 1)
         const, rest = e.as_coeff_Add()
         if const != 0 and not rest.is_number:
             tail = sp.sstr(rest)
             text = f"{sp.sstr(const)} - {tail[1:]}" if tail.startswith("-") else f"{sp.sstr(const)} + {tail}"
-    text = re.sub(r"(?<![\w.)])(\d+)/(\d+)(?![\w.(])", _decimal, text)
+    # p/q alone, never an exponent's tail: r**2/400 is r²/400, not r^0.005
+    text = re.sub(r"(?<![\w.)*])(\d+)/(\d+)(?![\w.(])", _decimal, text)
     text = re.sub(r"(?<![\w.])\d{16,}(?![\w.])", lambda m: f"{Decimal(m.group(0)).normalize():.6g}", text)   # 1e+300, not 301 digits
     text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
     text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
     text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",
                   lambda m: m.group(1) if m.group(1) in _FUNCS else display_name(m.group(1)), text)
     return text.replace("Abs", "abs")
+
+
+def _without_pi(sp, e):
+    """SymPy's constant π (erf's derivative is 2/√π·e^(−x²)) as a 6-digit decimal: printed as
+    'pi', it would read as the language's π, the probability."""
+    if not isinstance(e, sp.Basic) or not e.has(sp.pi):
+        return e
+    if e.is_number:
+        v = float(f"{float(e):.6g}")
+        return sp.Integer(int(v)) if v.is_integer() else sp.Float(v, 6)
+    if e.is_Mul:            # the numeric factors as one decimal: 1.12838·exp(−(r − 1)²)
+        coeff, rest = e.as_independent(*e.free_symbols)
+        return _without_pi(sp, coeff) * e.func(*[_without_pi(sp, a) for a in sp.Mul.make_args(rest)])
+    return e.func(*[_without_pi(sp, a) for a in e.args])
 
 
 # what w does at a boundary, as the arbiter saw it
@@ -131,11 +147,72 @@ def report(res: dict) -> str:
         + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else ""),
         f"  arbiter    {_arbiter(res['arbiter'])}",
     ]
+    lines += _admissibility(res["admissibility"])
     if res["warnings"]:
         lines += ["", "  warnings"] + [f"    ! {w}" for w in res["warnings"]]
     if res["notes"]:
         lines += ["", "  notes"] + [f"    - {n}" for n in res["notes"]]
     return "\n".join(lines)
+
+
+def _admissibility(adm) -> list[str]:
+    """The properties gate papers derive by hand (dsl.analysis.admissibility), each with how it is known."""
+    w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
+    how = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
+    lo, hi = adm["bounded"]["range"]
+    bounded = {True: f"yes: w ∈ [{_fmt(lo)}, {_fmt(hi)}]", None: "unknown"}.get(
+        adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else _fmt(lo)}, {'+∞' if hi is None else _fmt(hi)}]")
+    at_one = ("yes, for both signs of A" if w1["value"] else
+              "no: " + ", ".join(f"{_fmt(w[0]) if _fmt(w[0]) == _fmt(w[1]) else f'{_fmt(w[0])} to {_fmt(w[1])}'} for "
+                                 f"{'A > 0' if adv == 'positive' else 'A < 0'}" for adv, w in w1["w"].items()))
+    sides = [(adv, "A > 0" if adv == "positive" else "A < 0") for adv in ("positive", "negative")]
+    if sym["value"]:
+        symmetric = "yes, for both signs of A"
+    else:
+        parts = []
+        for adv, text in sides:
+            x = sym["by_sign"][adv]["example"]
+            parts.append(f"{text} yes" if x is None else
+                         f"{text} no (μ = {x['mu']:g}, |A| = {abs(x['A']):g}: w({x['r']:.4g}) = {_value(x['w'][0])}, "
+                         f"w(1/{x['r']:.4g}) = {_value(x['w'][1])})")
+        symmetric = "; ".join(parts)
+    smp = tails["samples"]
+    return [
+        "", "  admissibility",
+        f"    w(1) = 1            {at_one} ({how[w1['status']]}: r = 1 at μ ∈ [1e-6, 1], |A| ∈ [1e-3, 1e3])",
+        f"    bounded             {bounded}",
+        "    tail r → 0          " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['zero'])}" for a, t in sides),
+        "    tail r → 1/μ        " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['infinity'])}" for a, t in sides)
+        + " (π = 1, μ → 0)",
+        f"    symmetric in log r  {symmetric} ({how[sym['status']]}: w(e^t) against w(e^−t) inside the domain)",
+        f"    (tails numeric: log|w| against log r, r from {smp['r'][0]:g} to 0.1 at μ ∈ "
+        f"{{{', '.join(f'{m:g}' for m in smp['mu'])}}}, and along π = 1 from r = 10 to {smp['r'][1]:g}; "
+        f"|A| ∈ {{{', '.join(f'{m:g}' for m in smp['magnitudes'])}}})",
+    ]
+
+
+def _value(x) -> str:
+    return "undefined" if x is None else _fmt(x)
+
+
+def _tail(t) -> str:
+    kind = t["kind"]
+    if kind == "varies":
+        return "varies with μ or |A| (" + ", ".join(t["kinds"]) + ")"
+    order = ""
+    if t.get("order"):
+        lo, hi = t["order"]
+        order = f" (order {lo:g})" if lo == hi else f" (order {lo:g} to {hi:g})"
+        order = order[:-1] + (", drifting: a logarithmic factor)" if not t.get("steady", True) else ")")
+    note = f", {t['note']}" if t.get("note") else ""
+    if kind == "tends to a constant":
+        lo, hi = t["value"]
+        value = _fmt(lo) if _fmt(lo) == _fmt(hi) else f"from {_fmt(lo)} to {_fmt(hi)} (with μ or |A|)"
+        return f"tends to a constant, {value}{note}"
+    if kind == "grows":
+        to = {1: "+∞", -1: "−∞"}.get(t.get("sign"), "±∞")
+        return f"grows to {to}{order}{note}"
+    return f"{kind}{order}{note}"
 
 
 def _scope(scope) -> list[str]:
@@ -261,3 +338,72 @@ def plot(results: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=PLOT_DPI)
     plt.close(fig)
+
+
+def equivalence_report(res: dict) -> str:
+    """drpo-analyze --equiv: the verdict first, then its evidence (dsl.equiv)."""
+    a, b = res["names"]
+    num, sym = res["numeric"], res["symbolic"]
+    lines = [f"{'equivalent' if res['equivalent'] else 'not equivalent'}: {a} and {b}"]
+    if res["options"]:
+        lines.append("  options    differ: " + "; ".join(f"@{o['option']} = {o['values'][0]} ({a}) vs {o['values'][1]} ({b})"
+                                                      for o in res["options"]))
+    else:
+        lines.append("  options    the same: " + ", ".join(f"@{k} = {v}" for k, v in res["options_shown"].items()))
+    sc = res["scope"]
+    if sc["sequence"] or sc["mismatch"]:
+        held = ([f"a response whose |y| = {sc['seq_len']:g} tokens share r, μ and A (--seq-len)"] if sc["sequence"] else [])
+        held += [f"ρ = π_old/π_rollout held at {sc['rho']:g} (--rho)"] if sc["mismatch"] else []
+        lines.append(f"  scope      compared on {' and '.join(held)}; on other responses a token's gradient also "
+                     "depends on the rest of its response, which this does not compare")
+    where = (f"{num['points']:,} points: the arbiter's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "
+             f"both signs of A, |A| ∈ {{{', '.join(f'{m:g}' for m in num['magnitudes'])}}}, and "
+             f"{num['random_points']:,} seeded random points; relative tolerance {num['rtol']:g}")
+    if not num["differs"]:
+        lines.append("  gradient   ∂ℓ/∂log π is the same (the losses may differ by a term without a gradient)")
+        if sym["status"] == "proven":
+            ties = f", except at the ties r = {', '.join(sym['ties'])} (≤ against <)" if sym["ties"] else ""
+            lines.append("  proof      symbolic: ∂ℓ/∂r of the two differ by 0 in each case (A > 0 and A < 0, r > 1 and "
+                         f"r < 1; SymPy, the IR's derivative rules){ties}; r = 1 itself numerically")
+        else:
+            lines.append(f"  proof      not symbolic ({_symbolic_why(sym)}): the evidence is numeric")
+        lines.append(f"  numeric    the same at all {where}")
+    else:
+        w = num["witness"]
+        g = ["undefined" if x is None else f"{x:.6g}" for x in w["gradients"]]
+        lines.append(f"  gradient   differs at {num['differing_points']:,} of {where}")
+        lines.append(f"  witness    μ = {w['mu']:.6g}, π = {w['pi']:.6g} (r = {w['r']:.6g}), A = {w['A']:g}: "
+                     f"∂ℓ/∂log π = {g[0]} ({a}) vs {g[1]} ({b})")
+        for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
+            lines.append(f"  {'region' if adv == 'positive' else '':<10} {sign}: {_region(res['numeric']['region'][adv], a, b)}")
+        if sym["status"] == "proven":
+            lines.append("  symbolic   ∂ℓ/∂r of the two differ by 0 for r ≠ 1 (SymPy): they differ " +
+                         ("at r = 1 exactly, where every step's first mini-batch sits" if num["only_on_policy"]
+                          else "where one of them is not a finite double"))
+        elif sym.get("difference"):
+            lines.append(f"  symbolic   for {'A > 0' if sym['advantage'] == 'positive' else 'A < 0'}, "
+                         f"{sym['direction']}: ∂ℓ/∂r({a}) − ∂ℓ/∂r({b}) = {_clip_text(sym['difference'])}")
+    if num["ties"]:
+        lines.append(f"  ties       they differ only at isolated points, {num['ties']}: a threshold's tie (≤ against <), "
+                     "not a region")
+    return "\n".join(lines)
+
+
+def _symbolic_why(sym) -> str:
+    if sym.get("difference"):
+        side = "A > 0" if sym["advantage"] == "positive" else "A < 0"
+        return f"for {side}, {sym['direction']}, SymPy leaves the difference {_clip_text(sym['difference'])}"
+    return sym["why"]
+
+
+def _region(reg, a, b) -> str:
+    if reg is None:
+        return "the same everywhere sampled"
+    span = lambda k: f"{reg[k][0]:.6g} to {reg[k][1]:.6g}"    # noqa: E731
+    undefined = [n for n, u in zip((a, b), reg["undefined_in"]) if u]
+    mags = ", ".join(f"{m:g}" for m in reg["magnitudes"]) or "only at random points"
+    rs = " and ".join(f"= {lo:.6g}" if lo == hi else f"from {lo:.6g} to {hi:.6g}" for lo, hi in reg["r"])
+    return (f"r {rs} (π from {span('pi')}), μ from {span('mu')}, |A| ∈ {{{mags}}}: "
+            f"{100 * reg['share']:.3g}% of the points sampled for this sign"
+            + (", r = 1 included" if reg["on_policy"] else "")
+            + (f"; undefined for {' and '.join(undefined)} at some of them" if undefined else ""))

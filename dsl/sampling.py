@@ -12,7 +12,7 @@ def numpy_fn(args, expr):
     lambdify would do, but its first call imports printer modules for ~0.3 s."""
     import numpy as np
     import sympy as sp
-    unary = {sp.log: np.log, sp.exp: np.exp, sp.sign: np.sign, sp.Abs: np.abs}
+    unary = _unary_functions(sp)
     rel = {sp.Lt: np.less, sp.Le: np.less_equal, sp.Gt: np.greater, sp.Ge: np.greater_equal,
            sp.Eq: np.equal, sp.Ne: np.not_equal}
 
@@ -67,6 +67,20 @@ def numpy_fn(args, expr):
 
 
 
+@functools.lru_cache(maxsize=1)
+def _unary_functions(sp):
+    """SymPy function -> numpy lowering, from the OPS rows whose SymPy lowering is one
+    function application (log, exp, Abs, sign, erf, atan, ...): one place per op."""
+    from .ir import OPS
+    x, out = sp.Symbol("x"), {}
+    for op in OPS.values():
+        if op.arity == (1, 1) and op.args_kind == "num" and not op.reduce:
+            e = op.sympy(sp, x)
+            if isinstance(e, sp.Function) and e.args == (x,):
+                out[e.func] = functools.partial(op.np, __import__("numpy"))
+    return out
+
+
 class Numeric:
     """Range and continuity of w over 0 < μ ≤ 1, 0 < π ≤ 1, by dense sampling, with exact
     values snapped from the domain's corners where a piece's formula reaches them."""
@@ -104,7 +118,7 @@ class Numeric:
         # A side that keeps growing as the grid approaches the domain's edge is unbounded.
         lo = None if lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) or abs(lo_f) > 1e8 else lo_f
         hi = None if hi_f > hi_c + 1e-3 * max(1.0, abs(hi_c)) or abs(hi_f) > 1e8 else hi_f
-        candidates = self._corner_values()
+        candidates, tails = self._corner_values(), _Lazy(self._tail_values())
         exact = [True, True]
         out = []
         for k, v in enumerate((lo, hi)):
@@ -112,6 +126,9 @@ class Numeric:
                 out.append(None)
                 continue
             snap = [c for c in candidates if abs(c - v) <= 1e-5 * max(1.0, abs(c))]
+            if not snap:        # limits cost SymPy time: taken only until one explains the extreme
+                hit = next((c for c in tails if abs(c - v) <= 1e-5 * max(1.0, abs(c))), None)
+                snap = [] if hit is None else [hit]
             if snap:
                 out.append(snap[0])
             else:
@@ -121,19 +138,56 @@ class Numeric:
 
     def _corner_values(self):
         """Exact values of every piece's formula at the corners of the closed (μ, π) square."""
+        ctx = self.ctx
+        return [float(v) for e, corner in self._corners()
+                if (v := ctx.limited("evaluating a corner", lambda: e.subs(corner))) is not None
+                and v.is_number and v.is_finite and v.is_real]
+
+    def _tail_values(self):
+        """Limits at the corners r → ∞ (μ → 0) and r → 0 (π → 0) where substituting reads ∞ − ∞
+        or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. The first limit SymPy
+        cannot take in time ends the search: each costs up to a step's time limit."""
+        ctx, sp, done = self.ctx, self.ctx.sp, set()
+        for e, corner in self._corners():
+            if (corner[ctx.pi] == 1 and corner[ctx.mu] == 1) or (e, corner[ctx.mu]) in done:
+                continue
+            done.add((e, corner[ctx.mu]))
+            v = ctx.limited("evaluating a corner", lambda: e.subs(corner))
+            if v is None or not v.is_number or v.is_finite:
+                continue        # a finite value is _corner_values'
+            x = ctx.mu if corner[ctx.mu] == 0 else ctx.pi
+            v = ctx.limited("a limit at a corner", lambda: sp.limit(e.subs({y: c for y, c in corner.items() if y != x}),
+                                                                   x, 0, "+"), False)
+            if v is False:
+                break
+            if v is not None and v.is_number and v.is_finite and v.is_real:
+                yield float(v)
+
+    def _corners(self):
+        """(piece formula over μ and π, corner) for every piece and corner of the closed square."""
         ctx, sp = self.ctx, self.ctx.sp
-        values = []
         if self.entangled:
-            return values
+            return
         for case in self.cases:
             s = case["_s"]
             for expr, _ in case["_pieces"]:
                 e = sp.expand(expr.subs(ctx.t, s * (ctx.pi / ctx.mu - 1)))
                 for m0, p0 in ((0, 1), (1, 0), (1, 1)):
-                    v = ctx.limited("evaluating a corner", lambda: e.subs({ctx.mu: m0, ctx.pi: p0}))
-                    if v is not None and v.is_number and v.is_finite and v.is_real:
-                        values.append(float(v))
-        return values
+                    yield e, {ctx.mu: m0, ctx.pi: p0}
+
+
+class _Lazy:
+    """A generator's values, each computed once, on first demand, then kept: iterating stops
+    wherever the caller stops, and a later iteration replays the kept ones first."""
+
+    def __init__(self, gen):
+        self.gen, self.seen = gen, []
+
+    def __iter__(self):
+        yield from self.seen
+        for x in self.gen:
+            self.seen.append(x)
+            yield x
 
 
 def case_dispatch(ctx, cases):

@@ -18,7 +18,9 @@ if not __import__("torch").cuda.is_available():   # building the model imports D
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # says aloud that it found no CUDA
 from openrlhf_drpo import toytask  # noqa: E402
 
-COLUMNS = [("reward", "reward"), ("vllm_kl", "vllm_kl"), ("drpo_w_mean", "w_mean"),
+# vllm_kl is OpenRLHF's k1 estimate mean(log π_rollout − log π_old) of the engine/trainer
+# mismatch: a KL's sample mean, which can be negative, so the table names the estimator
+COLUMNS = [("reward", "reward"), ("vllm_kl", "vllm_k1"), ("drpo_w_mean", "w_mean"),
            ("drpo_past_boundary_diverging", "past_div"), ("drpo_past_boundary_converging", "past_conv"),
            ("drpo_abs_pi_minus_mu", "|pi-mu|"), ("drpo_ratio_max", "ratio_max"), ("actor_grad_norm", "grad_norm")]
 
@@ -49,6 +51,8 @@ def main(argv=None) -> int:
                 print(line.rstrip(), flush=True)
             for step in toytask.steps_from_log(line):
                 if step["step"] == 1:
+                    print("(vllm_k1: OpenRLHF's vllm_kl, the k1 estimate mean(log π_rollout − log π_old); "
+                          "it can be negative)", flush=True)
                     print("step " + " ".join(f"{name:>10}" for _, name in COLUMNS), flush=True)
                 print(f"{step['step']:>4} " + " ".join(f"{step.get(key, float('nan')):>10.4g}" for key, _ in COLUMNS), flush=True)
         rc = proc.wait()

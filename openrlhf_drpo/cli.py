@@ -83,11 +83,15 @@ def analyze_main(argv: list[str] | None = None) -> int:
                     help="a sequence objective is analysed on a response of N tokens that share r, μ and A (default 1)")
     ap.add_argument("--rho", type=_positive(float), default=1.0, metavar="X",
                     help="the train/rollout ratio π_old/π_rollout the analysis holds (default 1: no mismatch)")
+    ap.add_argument("--equiv", action="store_true",
+                    help="with two objectives: do they train identically? exit 0 equivalent, 1 not, 2 on errors")
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
     ap.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     args = ap.parse_args(argv)
     if args.plot is not None:
         _check_plot_path(ap, args.plot)
+    if args.equiv:
+        return _equiv(ap, args)
     try:
         objs = _load_all(args.objectives, _overrides(args.set))
         if args.emit_torch:
@@ -132,6 +136,34 @@ def analyze_main(argv: list[str] | None = None) -> int:
         print(f"drpo-analyze: self-check FAILED for {', '.join(failed)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _equiv(ap, args) -> int:
+    """exit 0 equivalent, 1 not equivalent (with a witness), 2 on any error in either file."""
+    if len(args.objectives) != 2 or args.plot or args.emit_torch:
+        ap.error("--equiv compares exactly two objectives (FILE_OR_NAME FILE_OR_NAME), without --plot or --emit-torch")
+    try:
+        a, b = _load_all(args.objectives, _overrides(args.set))
+        from dsl.equiv import equivalence
+        res = equivalence(a, b, args.seq_len, args.rho)
+    except DslError as e:
+        if args.traceback:
+            raise
+        print(e.render(), file=sys.stderr)
+        return 2
+    except Exception as e:   # a bug of ours, not bad input: no traceback
+        if args.traceback:
+            raise
+        print(f"drpo-analyze: internal error while comparing {args.objectives[0]} and {args.objectives[1]}: "
+              f"{type(e).__name__}: {e}\nplease report it with the objective files; --traceback shows where",
+              file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(res, indent=2, ensure_ascii=False))
+    else:
+        from dsl.report import equivalence_report
+        print(equivalence_report(res))
+    return 0 if res["equivalent"] else 1
 
 
 def main() -> None:

@@ -94,6 +94,16 @@ def extensions_dir() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "openrlhf-drpo", f"torch_extensions-{tag}")
 
 
+def first_compile_note(directory: str | None = None) -> str | None:
+    """One line for the first run in this environment, whose silence would otherwise last the
+    ~2 minutes DeepSpeed's JIT build of its CPU ops takes (in the workers, before step 1)."""
+    directory = directory or extensions_dir()
+    if any(path.endswith(".so") for _, _, files in os.walk(directory) for path in files):
+        return None
+    return (f"openrlhf-drpo: compiling DeepSpeed's CPU ops into {directory}: about 2 minutes, first run "
+            "in this Python environment only")
+
+
 def driver_environment() -> dict:
     """Set in the driver before DeepSpeed or vLLM is imported, and shipped to every Ray worker.
     Overrides what CPU mode needs, so that a stale value in the shell cannot break a run; the KV

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
 import torch
 
@@ -32,6 +33,8 @@ def openrlhf_loss_module():
                            f"openrlhf=={OPENRLHF_VERSION} (PolicyLoss's call and return arity changed between releases)")
     from openrlhf_drpo.cpu_mode import install_flash_attn_shim
     install_flash_attn_shim()     # openrlhf.models imports flash_attn at module level
+    if not torch.cuda.is_available():   # DeepSpeed, which openrlhf.models imports, else prints on
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")   # stdout that it fell back to the CPU
     from openrlhf.models import loss as L
     params = list(inspect.signature(L.PolicyLoss.forward).parameters)
     if params != _FORWARD_PARAMS:

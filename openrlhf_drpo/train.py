@@ -241,6 +241,8 @@ def _ship_spec(ns, cpu: bool) -> None:
         cpu_mode.check_flags(ns, sys.argv[1:])
     preflight(ns, cpu)
     _report(obj, ns)
+    if cpu and (note := cpu_mode.first_compile_note()):
+        print(note, flush=True)
     if obj.options["anchor"] == "rollout":
         print("openrlhf-drpo: @anchor = rollout: r is π/μ against vLLM's log-probs; ppo_kl is OpenRLHF's drift "
               "from the trainer's log-probs at the start of the step (π_old), within the step; vllm_kl is the "

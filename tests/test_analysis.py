@@ -298,3 +298,58 @@ def test_json_formulas_read_back_with_sympify_for_names_sympy_treats_specially(n
     for side in out["boundary"].values():
         for text in side["r"] + side["pi"]:
             assert sp.sympify(text, locals=names).subs(values).free_symbols <= {names["mu"], names["A"]}
+
+
+# SAPO-like gates built from the smooth atoms, τ = 1 for A > 0 and 1.05 otherwise (as sapo.dsl),
+# each scaled so that w(1) = 1. By hand, with x = τ(r − 1):
+#   erf:      ℓ = (√π/2)/τ·erf(x)·A    w = e^(−x²)            (√π/2 = 0.886226925452758, to 1e-16)
+#   atan:     ℓ = atan(x)/τ·A          w = 1/(1 + x²)
+#   softsign: ℓ = softsign(x)/τ·A      w = 1/(1 + |x|)²
+# Each w is in (0, 1], 1 only at r = 1, never 0 (no boundary), smooth; the range's closure [0, 1]
+# is exact: 0 is the limit r → ∞ (μ → 0), where erf's w decays like e^(−τ²r²) and the others like 1/(τr)².
+GATE = "τ_pos = 1.0\nτ_neg = 1.05\nτ = [A > 0]*τ_pos + [A <= 0]*τ_neg\n"
+GATES = [
+    ("0.886226925452758/τ*erf(τ*(r - 1))*A", lambda t: sp.exp(-(t * (r - 1)) ** 2), None),
+    ("atan(τ*(r - 1))/τ*A", lambda t: 1 / (1 + (t * (r - 1)) ** 2), 2),
+    ("softsign(τ*(r - 1))/τ*A", lambda t: 1 / (1 + t * sp.Abs(r - 1)) ** 2, 2),
+]
+
+
+@pytest.mark.parametrize("text, w_closed, tail_order", GATES, ids=["erf", "atan", "softsign"])
+def test_smooth_atom_gates_have_the_hand_derived_weight_range_and_tails(text, w_closed, tail_order):
+    res = analyze(dsl.parse(GATE + text))
+    out = to_json(res)
+    rr, mm, aa = _random_points()
+    expected = np.where(aa > 0, sp.lambdify(r, w_closed(1))(rr), sp.lambdify(r, w_closed(sp.Rational(21, 20)))(rr))
+    assert np.allclose(res["_w"](rr, mm, aa), expected, rtol=1e-12, atol=0)
+    assert out["on_policy"]["positive"]["w"] == pytest.approx([1, 1]) == out["on_policy"]["negative"]["w"]
+    assert all(not out["boundary"][side]["r"] and not out["boundary"][side]["numeric"] for side in out["boundary"])
+    assert out["weight_range"] == [0, 1] and out["bounded"] and out["smooth"]
+    assert not any("range is numeric" in w for w in out["warnings"])
+    assert out["arbiter"]["weight"]["status"] == "confirmed" and out["self_check"]["passed"]
+    # the tails, on the derived weight of each case far from r = 1: w·r^k → a nonzero constant
+    # at k = the polynomial order, → 0 for every k where w decays exponentially
+    for case in out["cases"]:
+        if (case["direction"] == "diverging") != (case["advantage"] == "positive"):
+            continue        # the case r < 1: bounded away from 0 on (0, 1)
+        w = sym(case["weight"], {})
+        if tail_order is None:
+            assert sp.limit(w * r ** 20, r, sp.oo) == 0
+        else:
+            assert sp.limit(w * r ** tail_order, r, sp.oo).is_positive
+
+
+# The report's formulas, by hand: SymPy's constant π (from erf's derivative 2/√π·e^(−x²)) is a
+# decimal, never the letter the language uses for the probability; r**2/400 is r²/400.
+REPORT_TEXT = [
+    ("erf(r - 1)*A", "1.12838·exp(-r^2 + 2·r − 1)"),                       # 2/√π = 1.1283791...
+    ("0.886226925452758*erf(r - 1)*A", "exp(-r^2 + 2·r − 1)"),             # (√π/2)·(2/√π) = 1 to 1e-16
+    ("erf(1.05*(r - 1))*A", "1.1848·exp(-441·r^2/400 + 441·r/200 − 1.1025)"),   # 1.05·2/√π; 1.05² = 441/400
+    ("atan(2*(r - 1))/2*A", "1/(4·r^2 − 8·r + 5)"),
+]
+
+
+@pytest.mark.parametrize("text, shown", REPORT_TEXT)
+def test_the_report_prints_constants_as_numbers_and_exponents_whole(text, shown):
+    from dsl.report import math_text
+    assert math_text(analyze(dsl.parse(text + "\n"))["weight"], weight=True) == shown

@@ -71,6 +71,12 @@ TABLE = [
     # SAPO's gate written with exp: w = 4σ(1 − σ), σ = 1/(1 + e^(−(r − 1))): 1 at r = 1, → 0 far away
     # (where it underflows a double: not a boundary).
     ("sapo_exp", "τ = 1\n4/τ*A/(1 + exp(-τ*(r - 1)))", [], [], (0, 1), True, ("ok", "ok"), []),
+    # Gates from the smooth atoms, x = r − 1: w = e^(−x²) (erf, scaled by √π/2), 1/(1 + 4x²) (atan(2x)/2),
+    # 1/(1 + |x|)² (softsign): 1 at r = 1 only, never 0 (no boundary); the closure of the range is
+    # [0, 1], 0 being the limit r → ∞ (exponential for erf, ~1/r² for the others).
+    ("erf_gate", "0.886226925452758*erf(r - 1)*A", [], [], (0, 1), True, ("ok", "ok"), []),
+    ("atan_gate", "atan(2*(r - 1))/2*A", [], [], (0, 1), True, ("ok", "ok"), []),
+    ("softsign_gate", "softsign(r - 1)*A", [], [], (0, 1), True, ("ok", "ok"), []),
     # w = 128·r^127; ℓ = A·r^128 overflows past r = (1.797e308/|A|)^(1/128): 256 at |A| = 1, 242.55 at 1000.
     ("power_128", "A*r^128", [], [], (0, None), True, ("ok", "ok"), ["above r from 242.551 to 256"]),
     # SPO with ε = 1/2: w = 1 − 2·sign(A)(r − 1): zero at r = 1.5 (A > 0) and 0.5 (A < 0).

@@ -142,15 +142,21 @@ ERRORS = [
     ('unknown_name_suggests', 'delta = 1\nr*A - delt*(r-1)^2',
      "obj.dsl:2:7: error: unknown name 'delt'\n    r*A - delt*(r-1)^2\n          ^\nhint: declare it as a parameter on its own line, e.g. 'delt = 0.1'; did you mean 'δ'?"),
     ('unknown_function', 'r*A*lg(r)',
-     "obj.dsl:1:5: error: unknown function 'lg'\n    r*A*lg(r)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'log'?"),
+     "obj.dsl:1:5: error: unknown function 'lg'\n    r*A*lg(r)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, erf, atan, softsign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'log'?"),
     ('unknown_function_suggests', 'r*A*clamp(r, 0, 1)',
-     "obj.dsl:1:5: error: unknown function 'clamp'\n    r*A*clamp(r, 0, 1)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'clip'?"),
+     "obj.dsl:1:5: error: unknown function 'clamp'\n    r*A*clamp(r, 0, 1)\n        ^\nhint: functions are: log, exp, sqrt, abs, sign, erf, atan, softsign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'clip'?"),
     ('name_is_not_a_function', 'δ = 1\nr*A*δ(r-1)',
      "obj.dsl:2:5: error: 'δ' is not a function\n    r*A*δ(r-1)\n        ^\nhint: to multiply, write δ*(...)"),
     ('wrong_arity_clip', 'clip(r, 0.8)*A',
      'obj.dsl:1:1: error: clip() takes 3 arguments, got 2\n    clip(r, 0.8)*A\n    ^\nhint: write clip(x, lo, hi)'),
     ('wrong_arity_log', 'log(r, 2)*A',
      'obj.dsl:1:1: error: log() takes 1 argument, got 2\n    log(r, 2)*A\n    ^\nhint: write log(x)'),
+    ('wrong_arity_erf', 'erf(r, 2)*A',
+     'obj.dsl:1:1: error: erf() takes 1 argument, got 2\n    erf(r, 2)*A\n    ^\nhint: write erf(x)'),
+    ('unknown_arctan', 'A*arctan(r)',
+     "obj.dsl:1:3: error: unknown function 'arctan'\n    A*arctan(r)\n      ^\nhint: functions are: log, exp, sqrt, abs, sign, erf, atan, softsign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'atan'?"),
+    ('internal_op_is_not_a_function', 'derf(r)*A',
+     "obj.dsl:1:1: error: unknown function 'derf'\n    derf(r)*A\n    ^\nhint: functions are: log, exp, sqrt, abs, sign, erf, atan, softsign, min, max, clip, sg, seq_sum, seq_mean, seq_max, seq_min; did you mean 'erf'?"),
     ('wrong_arity_min', 'min(r)*A',
      'obj.dsl:1:1: error: min() takes at least 2 arguments, got 1\n    min(r)*A\n    ^\nhint: write min(a, b, ...)'),
     ('function_used_as_name', 'r*A*log',
@@ -444,3 +450,47 @@ def test_a_long_expression_prints_abbreviated_without_a_name_to_refer_to():
     obj = parse(_chain(20, "*"), "chain.dsl")
     assert render(obj.expr) == "(an expression of 4,194,303 operations written out)"
     assert render(obj.bindings["b2"]) == "r * A * (r * A) * (r * A * (r * A))"     # short: written out
+
+
+# The smooth atoms and erf's internal derivative: every lowering gives one value, the extremes
+# included (IEEE, as torch: erf(±inf) = ±1, atan(±inf) = ±π/2, softsign(±inf) = inf/inf = nan).
+ATOMS = ["erf", "derf", "atan", "softsign"]
+ATOM_POINTS = [0.0, -0.0, 1e-300, -1e-300, 1e-8, 0.3, -0.3, 1.0, -1.0, 2.5, -2.5, 6.0, -6.0, 27.0, -27.0, 40.0,
+               1e8, -1e8, 1e300, -1e300, float("inf"), float("-inf"), float("nan")]
+
+
+@pytest.mark.parametrize("name", ATOMS)
+def test_an_atoms_sympy_python_numpy_and_torch_lowerings_agree_everywhere(name):
+    import math
+
+    import numpy as np
+    import sympy as sp
+    import torch
+    from dsl.ir import OPS
+    op, x = OPS[name], sp.Symbol("x", real=True)
+    exact = op.sympy(sp, x)
+    points = np.array(ATOM_POINTS)
+    with np.errstate(all="ignore"):     # inf/inf is nan, as in torch: no warning needed
+        by_numpy = op.np(np, points)
+    by_torch = eval(op.torch("t"), {"torch": torch, "t": torch.tensor(points, dtype=torch.float64)}).numpy()
+    for p, vn, vt in zip(ATOM_POINTS, by_numpy, by_torch):
+        vp = op.py(p)
+        v = exact.subs(x, sp.oo if p == math.inf else -sp.oo if p == -math.inf else sp.nan if p != p else sp.Float(p, 30))
+        vs = float(v) if v.is_extended_real and v.is_finite else math.nan
+        assert np.allclose([vp, vn, vt], vs, rtol=1e-14, atol=1e-300, equal_nan=True), (name, p, vp, vn, vt, vs)
+
+
+@pytest.mark.parametrize("name", ATOMS)
+def test_an_atoms_derivative_rule_equals_sympys_diff_and_autograd(name):
+    import numpy as np
+    import sympy as sp
+    import torch
+    from dsl.ir import OPS, derivative, evaluate, to_sympy
+    r, op = Node("var", value="r"), OPS[name]
+    rule = derivative(Node(name, (r,)))
+    x = sp.Symbol("r", real=True)
+    assert sp.simplify(to_sympy(rule, sp, {"r": x}) - sp.diff(op.sympy(sp, x), x)) == 0
+    points = [p for p in ATOM_POINTS if abs(p) < 1e3 and p == p and p != 0] + [0.0]
+    t = torch.tensor(points, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(eval(op.torch("t"), {"torch": torch, "t": t}).sum(), t)
+    assert np.allclose([evaluate(rule, {"r": p}) for p in points], grad.numpy(), rtol=1e-14, atol=1e-300)

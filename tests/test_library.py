@@ -122,7 +122,89 @@ def ipo(logp, old, roll, A, m, delta=0.15):
     return token_mean(-(((pi - mu).abs() <= delta) * host_ratio(logp, old) * A), m)
 
 
-REFERENCES = [gspo, gmpo, luspo, vespo, sapo, gpg, dro, opsm, tis_ppo, icepop, seq_mask_tis, glm5_rollout_is, ipo]
+# The 2026 objectives. Where a source's code was read, each clamps where that code does; the
+# others follow the issue's formula (see each .dsl file's header for what was chosen and why).
+def bandpo_tv(logp, old, roll, A, m, delta=0.05, clip=True):
+    # OpenMOSS/BandPO band.py, bandtv: r = 1 ± δ/p, the upper clamped to 1/p, the lower to 0
+    mu = torch.exp(old)
+    lo, hi = (1 - delta / mu).clamp(min=0), torch.minimum(1 / mu, 1 + delta / mu)
+    r = host_ratio(logp, old)           # BandPO's core_algos: verl's ±20 clamp
+    clipped = torch.clamp(r, min=lo, max=hi) if clip else r
+    return seq_mean_token_mean(-torch.min(r * A, clipped * A), m)
+
+
+def bandpo_chi2(logp, old, roll, A, m, delta=0.05, clip=True):
+    # bandchi2: r = 1 ± sqrt(δ(1 − p)/p), clamped as bandtv's
+    mu = torch.exp(old)
+    d = torch.sqrt(delta * (1 - mu) / mu)
+    lo, hi = (1 - d).clamp(min=0), torch.minimum(1 / mu, 1 + d)
+    r = host_ratio(logp, old)
+    clipped = torch.clamp(r, min=lo, max=hi) if clip else r
+    return seq_mean_token_mean(-torch.min(r * A, clipped * A), m)
+
+
+def smooth_gate(name, gate, c):
+    """SAPO's objective with its sigmoid swapped for `gate`, scaled by c so that w(1) = 1."""
+    def reference(logp, old, roll, A, m):
+        tau = pick(A > 0, 1.0, 1.05)
+        return seq_mean_token_mean(-c / tau * gate(tau * (host_ratio(logp, old) - 1)) * A, m)
+    reference.__name__ = name
+    return reference
+
+
+sapo_erf = smooth_gate("sapo_erf", torch.erf, math.sqrt(math.pi) / 2)
+sapo_atan = smooth_gate("sapo_atan", torch.atan, 1.0)
+sapo_softsign = smooth_gate("sapo_softsign", lambda x: x / (1 + x.abs()), 1.0)
+
+
+def topr(logp, old, roll, A, m, cap=1.0):
+    # ROLL's _compute_topr_loss: SFT on positives, clamp(ratio, 0, 1).detach() on negatives,
+    # the ratio exp(log_probs - old_log_probs) unclamped
+    taper = torch.exp(logp - old).clamp(0, cap).detach()
+    return seq_mean_token_mean(-torch.where(A >= 0, 1.0, taper) * A * logp, m)
+
+
+def topr_seq(logp, old, roll, A, m, cap=1.0):
+    # verl PR #6986's tests: the response's weight is 1 where its mean advantage is ≥ 0, else
+    # its length-normalised ratio clamped to [0, 1], detached
+    s = torch.exp(masked_seq_mean(logp - old, m))
+    weight = torch.where(masked_seq_mean(A, m) >= 0, 1.0, s.clamp(0, cap)).detach()
+    return seq_mean_token_mean(-weight * A * logp, m)
+
+
+def gipo(logp, old, roll, A, m, sigma=0.2):
+    log_r = (logp - old).clamp(-20, 20)
+    trust = torch.exp(-log_r ** 2 / (2 * sigma ** 2)).detach()
+    return token_mean(-trust * torch.exp(log_r) * A, m)
+
+
+def binary_kl(log_p, log_q, eps=1e-8):
+    """AReaL's compute_binary_kl_divergence: KL between Bernoulli(p) and Bernoulli(q)."""
+    p, q = torch.exp(log_p).clamp(eps, 1 - eps), torch.exp(log_q).clamp(eps, 1 - eps)
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+
+
+def kpop(logp, old, roll, A, m, phi=2.0):
+    # AReaL's apply_rejection_sampling (metric=binary_kl, mask) and ppo_actor_loss_fn: kept while
+    # max(KL(old‖roll), KL(roll‖old)) <= φ; the behaviour weight and PPO's ratio both unclamped
+    keep = torch.maximum(binary_kl(old, roll), binary_kl(roll, old)) <= phi
+    pg = torch.exp(old - roll) * ppo_objective(torch.exp(logp - old), A)
+    return token_mean(-torch.where(keep, pg, 0.0), m)
+
+
+def vaco(logp, old, roll, A, m, delta=0.25):
+    lag = masked_seq_mean((torch.exp(old) - torch.exp(roll)).abs(), m)
+    return token_mean(-torch.where(lag <= delta, ppo_objective(host_ratio(logp, old), A), 0.0), m)
+
+
+def pspo(logp, old, roll, A, m, alpha=0.1):
+    # π smoothed toward the behaviour policy before the ratio: ((1 − α)π + αμ)/μ, no clip
+    smoothed = (1 - alpha) * torch.exp(logp) + alpha * torch.exp(old)
+    return token_mean(-smoothed / torch.exp(old) * A, m)
+
+
+REFERENCES = [gspo, gmpo, luspo, vespo, sapo, gpg, dro, opsm, tis_ppo, icepop, seq_mask_tis, glm5_rollout_is, ipo,
+              bandpo_tv, bandpo_chi2, sapo_erf, sapo_atan, sapo_softsign, topr, topr_seq, gipo, kpop, vaco, pspo]
 
 
 # (response, token, log π − log μ, log π_old − log π_rollout): log-ratios past OpenRLHF's and
@@ -182,6 +264,13 @@ def test_each_library_objective_equals_its_sources_formula(reference, fused):
     (tis_ppo, dict(cap=1e9), "a weight is truncated"),
     (gspo, dict(low=1.0, high=1e9), "a response is clipped"),
     (gmpo, dict(eps=1e9), "a token's log-ratio is clipped"),
+    (bandpo_tv, dict(clip=False), "a token is clipped to its band"),
+    (bandpo_chi2, dict(clip=False), "a token is clipped to its band"),
+    (topr, dict(cap=1e9), "a negative token's ratio is tapered"),
+    (topr_seq, dict(cap=1e9), "a negative response's ratio is tapered"),
+    (gipo, dict(sigma=1e9), "a token's weight is damped"),
+    (kpop, dict(phi=1e9), "a token is dropped"),
+    (vaco, dict(delta=1e9), "a response is dropped"),
 ])
 def test_each_filter_and_clip_in_the_library_acts_on_the_test_batch(reference, override, effect):
     # the comparison above is not vacuous: with the mechanism switched off, the loss changes
@@ -215,7 +304,9 @@ def vespo_floored_at_minus_20(logp, old, roll, A, m):
     (gmpo, lambda logp, old, *rest: gmpo(old + (logp - old).clamp(-20, 20), old, *rest)),
     (opsm, lambda logp, old, *rest: opsm(old + (logp - old).clamp(-20, 20), old, *rest)),
     (vespo, vespo_floored_at_minus_20),
-], ids=["gmpo", "opsm", "vespo"])
+    *[(ref, lambda logp, old, *rest, ref=ref: ref(old + (logp - old).clamp(-20, 20), old, *rest))
+      for ref in (topr, topr_seq, kpop, pspo)],
+], ids=["gmpo", "opsm", "vespo", "topr", "topr_seq", "kpop", "pspo"])
 def test_the_library_batch_tells_a_clamp_its_source_does_not_have(reference, clamped):
     # the batch reaches past ±20 where it matters: a clamp the source lacks changes the gradient
     # of some token by more than rounding (relative: VESPO's weight there is ~1e-16)

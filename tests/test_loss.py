@@ -467,13 +467,51 @@ def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(te
             assert math.isclose(float(values[i, j]), expected, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def test_compiled_fused_kernel_equals_the_plain_path():
+# Objectives on the smooth atoms (SAPO-like gates, τ by the sign of A as sapo.dsl), and one where
+# each atom's argument is a fresh temporary the eager kernel updates in place (erf_, atan_).
+ATOM_OBJECTIVES = [
+    "τ = [A > 0]*1.0 + [A <= 0]*1.05\n0.886226925452758/τ*erf(τ*(r - 1))*A",
+    "τ = [A > 0]*1.0 + [A <= 0]*1.05\natan(τ*(r - 1))/τ*A",
+    "τ = [A > 0]*1.0 + [A <= 0]*1.05\nsoftsign(τ*(r - 1))/τ*A",
+    "erf(2*(r - 1))*atan(log(r))*A + softsign(4*(r - π))*|A| - sg(atan(r))*r*A",
+]
+
+
+@pytest.mark.parametrize("text", ATOM_OBJECTIVES, ids=["erf_gate", "atan_gate", "softsign_gate", "mixed"])
+def test_objectives_on_the_smooth_atoms_have_the_analysed_gradient_fused_or_plain(text):
+    obj = dsl.parse(text + "\n")
+    w = analyze(obj)["_w"]
+    for seed, extreme, clamped in ((0, False, False), (7, True, False), (3, False, True)):
+        new, old, A, mask = batch(seed, B=8, T=16, extreme=extreme)
+        if clamped:     # the ratio clamp is active: no gradient there, so only fused == plain is checked
+            new[2:4] = old[2:4] + torch.where(torch.rand(2, new.shape[1]) > 0.5, 25.0, -25.0).double()
+        out = {}
+        for fused in (True, False):
+            lp = new.clone().requires_grad_()
+            loss_fn = ObjectiveLoss(obj, fused=fused)
+            res = loss_fn(lp, old, A, action_mask=mask)
+            out[fused] = (res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1])
+        for a, b in zip(out[True], out[False]):
+            assert torch.allclose(a, b, rtol=1e-9, atol=1e-15)
+        if clamped:
+            continue
+        r = torch.exp((new - old).clamp(-20, 20)).numpy()
+        expected = torch.from_numpy(-w(r, np.exp(old.numpy()), A.numpy()) * r * A.numpy()) * agg_coef(mask, "token-mean")
+        grad = out[False][1]
+        assert torch.isfinite(grad).all()
+        assert torch.allclose(grad, expected, rtol=1e-7, atol=1e-9 * expected.abs().max().item()), (seed, text)
+
+
+@pytest.mark.parametrize("objective", ["ppo", "smooth_atoms"])
+def test_compiled_fused_kernel_equals_the_plain_path(objective):
     # the path CUDA training takes by default (compile="auto"); on CPU it is forced here
+    if objective == "smooth_atoms":     # erf, atan and softsign in one objective
+        objective = dsl.parse(ATOM_OBJECTIVES[-1] + "\n")
     new, old, A, mask = batch(21, B=4, T=9)
     out = []
     for kwargs in ({"compile": True}, {"fused": False}):
         lp = new.clone().requires_grad_()
-        res = ObjectiveLoss("ppo", aggregate="seq-mean-token-sum", **kwargs)(lp, old, A, action_mask=mask)
+        res = ObjectiveLoss(objective, aggregate="seq-mean-token-sum", **kwargs)(lp, old, A, action_mask=mask)
         out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
     for a, b in zip(*out):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)

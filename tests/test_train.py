@@ -231,3 +231,11 @@ def test_a_recipe_without_its_data_says_how_to_prepare_it(tmp_path):
                           env={**os.environ, "DATA": str(tmp_path / "r1d_sanity.jsonl")})
     assert proc.returncode == 1 and proc.stdout == ""
     assert "no prompt data at" in proc.stderr and "SANITY_SOURCE=" in proc.stderr
+
+
+def test_the_first_run_says_deepspeed_is_compiling_and_later_runs_do_not(tmp_path):
+    from openrlhf_drpo.cpu_mode import first_compile_note
+    assert "compiling DeepSpeed's CPU ops" in first_compile_note(str(tmp_path))
+    (tmp_path / "cpu_adam").mkdir()
+    (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"")
+    assert first_compile_note(str(tmp_path)) is None

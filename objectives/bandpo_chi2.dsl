@@ -1,0 +1,14 @@
+# BandPO with the Pearson χ² ball: the bounds r = 1 ∓ sqrt(δ(1 − μ)/μ), clamped to [0, 1/μ].
+# As bandpo_tv, the band is the ratios whose Bernoulli stays within χ² δ of (μ, 1 − μ), written
+# by the sign of A, and δ(1 − μ)/μ is spelled δ(1/μ − 1) (the same number): the forms whose
+# cases the analysis settles within its time limits.
+# Source: "BandPO", arXiv 2603.04918; OpenMOSS/BandPO RLtraining/verl/verl/bandpo/band/band.py
+# (bandchi2's closed form) and baselinescripts/*/bandpo__grpo_plus_ray_bandchi2005.sh: δ = 0.05,
+# per-sequence aggregation, r with verl's ±20 clamp. As bandpo_tv, the runs' cap of 10 on the
+# upper bound and their dual clip (c = 10) are host options left out.
+@aggregate = seq-mean-token-mean
+δ = 0.05
+d = sqrt(δ*(1/μ - 1))
+lo = max(0, 1 - d)
+hi = min(1/μ, 1 + d)
+[A >= 0]*min(r, hi)*A + [A < 0]*max(r, lo)*A

@@ -1,0 +1,134 @@
+"""The documentation is tested: every command and example in README.md and docs/*.md that a test
+can run is run here, and the output a page shows is the output produced.
+
+A page's fenced blocks, by their info string:
+- `dsl`: an objective, which must load; `dsl NAME.dsl`: a file, written where the page's
+  commands run (it may hold a mistake on purpose);
+- `console`: `$ COMMAND` lines, each followed by its exact output; a line `...` stands for any
+  run of lines. COMMAND is drpo-analyze, drpo-train, drpo-lab or python3;
+- `python`: runs to exit 0; when the next block is `output`, its stdout must equal it;
+- `bash`: its `drpo-analyze` lines run and exit 0. The rest (set-up, training, the lab) is run
+  end to end by tests/test_pipeline.py, tests/test_lab.py and CI itself.
+With UPDATE_DOCS=1, a console or output block that differs is rewritten with what was produced
+(a developer's tool: the suite's tree check then fails the run on purpose)."""
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+import dsl
+import objectives
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MODULES = {"drpo-analyze": "openrlhf_drpo.cli", "drpo-train": "openrlhf_drpo.train", "drpo-lab": "openrlhf_drpo.lab"}
+RUN = ("dsl", "console", "python", "bash")
+
+
+def blocks(page):
+    """(info words, text, line number of the opening fence) of each fenced block, also one
+    indented inside a list item."""
+    out, lines, i = [], page.read_text(encoding="utf-8").split("\n"), 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("```"):
+            indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+            j = lines.index(indent + "```", i + 1)
+            text = "".join(line[len(indent):] + "\n" for line in lines[i + 1:j])
+            out.append((lines[i].lstrip()[3:].split(), text, i + 1))
+            i = j
+        i += 1
+    return out
+
+
+def cases():
+    for page in PAGES:
+        found = blocks(page)
+        for k, (info, text, line) in enumerate(found):
+            if info and info[0] in RUN and not (info[0] == "dsl" and len(info) > 1):
+                following = found[k + 1] if k + 1 < len(found) and found[k + 1][0][:1] == ["output"] else None
+                yield pytest.param(page, info, text, line, following, id=f"{page.relative_to(ROOT)}:{line}")
+
+
+def workdir(page, tmp_path):
+    """Where a page's commands run: a fresh folder holding the page's named files."""
+    for info, text, _ in blocks(page):
+        if info[:1] == ["dsl"] and len(info) > 1:
+            (tmp_path / info[1]).write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def command(line):
+    words = shlex.split(line, comments=True)      # `$ cmd  # a remark` on a page
+    if words[0] in MODULES:
+        return [sys.executable, "-m", MODULES[words[0]], *words[1:]]
+    assert words[0] == "python3", f"a console block runs drpo-analyze, drpo-train, drpo-lab or python3, not {words[0]}"
+    return [sys.executable, *[str(ROOT / w) if w.startswith("benchmarks/") else w for w in words[1:]]]
+
+
+def run(argv, cwd, **kwargs):
+    env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(ROOT)}    # argparse wraps at COLUMNS
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def matches(expected: list[str], got: list[str]) -> bool:
+    """Line by line, where an expected `...` line stands for any run of lines, and a line that
+    ends in ` ...` for any line that begins with the rest."""
+    if not expected:
+        return not got
+    if expected[0].strip() == "...":
+        return any(matches(expected[1:], got[k:]) for k in range(len(got) + 1))
+    head = expected[0][:-4] if expected[0].endswith(" ...") else None
+    same = got and (got[0].startswith(head) if head is not None else expected[0] == got[0])
+    return bool(same) and matches(expected[1:], got[1:])
+
+
+def rewrite(page, old, new):
+    if os.environ.get("UPDATE_DOCS"):
+        page.write_text(page.read_text(encoding="utf-8").replace(old, new, 1), encoding="utf-8")
+
+
+@pytest.mark.parametrize("page, info, text, line, following", list(cases()))
+def test_each_example_in_the_docs_runs_and_shows_its_real_output(page, info, text, line, following, tmp_path):
+    kind, cwd = info[0], workdir(page, tmp_path)
+    if kind == "dsl":
+        dsl.parse(text)         # raises its located error if the example is wrong
+    elif kind == "python":
+        proc = run([sys.executable, "-c", text], cwd)
+        assert proc.returncode == 0, proc.stderr
+        if following is not None:
+            rewrite(page, following[1], proc.stdout)
+            assert proc.stdout == following[1], proc.stdout
+    elif kind == "bash":
+        for cmd in [c.split("#")[0] for c in text.splitlines() if c.startswith("drpo-analyze ")]:
+            proc = run(command(cmd), cwd)
+            assert proc.returncode == 0, (cmd, proc.stderr)
+    else:
+        parts = re.split(r"^\$ (.*)\n", text, flags=re.M)[1:]
+        assert parts, "a console block starts with a `$ COMMAND` line"
+        outputs = [run(command(cmd), cwd, stdin=subprocess.DEVNULL) for cmd in parts[::2]]
+        outputs = [proc.stdout + proc.stderr for proc in outputs]
+        if not any(line.endswith("...") for line in text.splitlines()):
+            rewrite(page, text, "".join(f"$ {cmd}\n{out}" for cmd, out in zip(parts[::2], outputs)))
+        for cmd, shown, out in zip(parts[::2], parts[1::2], outputs):
+            assert "Traceback" not in out, out
+            assert matches(shown.splitlines(), out.splitlines()), f"{cmd}: the page shows\n{shown}\nthe command printed\n{out}"
+
+
+def test_every_page_has_an_example_a_test_runs():
+    for page in PAGES:
+        assert any(info and info[0] in RUN for info, _, _ in blocks(page)), page.name
+
+
+def test_the_library_table_is_the_objective_files_own_headers():
+    page = (ROOT / "docs" / "library.md").read_text(encoding="utf-8")
+    assert objectives.library_table() in page, "docs/library.md: paste objectives.library_table()\n" + objectives.library_table()
+
+
+def test_every_link_between_pages_names_a_page_that_exists():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            assert (page.parent / target).exists(), (page.name, target)
