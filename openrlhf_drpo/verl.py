@@ -1,0 +1,73 @@
+"""The verl adapter: importing this module registers every shipped objective in verl's
+policy-loss registry as `dsl:<name>`, so that
+
+    VERL_USE_EXTERNAL_MODULES=openrlhf_drpo.verl python3 -m verl.trainer.main_ppo \
+        actor_rollout_ref.actor.policy_loss.loss_mode=dsl:drpo ...
+
+trains with objectives/drpo.dsl. A user's own file (or a shipped one at other parameters) is
+registered with `register("my.dsl", name="mine", delta=0.3)` from a module that verl imports the
+same way (VERL_USE_EXTERNAL_MODULES=my_module). Each call follows verl's policy-loss signature:
+verl's loss_agg_mode with its global batch info (config.global_batch_info) and its rollout IS
+weights, and the metrics come back in verl's metrics dict."""
+from __future__ import annotations
+
+import functools
+
+import dsl
+from dsl.parser import Objective
+from openrlhf_drpo.core import METRIC_KEYS, CompiledLoss
+from verl.trainer.ppo.core_algos import register_policy_loss
+
+PREFIX = "dsl:"
+
+
+class VerlObjectiveLoss(CompiledLoss):
+    rollout_hint = (": verl's policy-loss call passes rollout IS weights, not rollout log-probs; "
+                    "use an objective on μ with verl's algorithm.rollout_correction instead")
+
+
+def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
+    """verl's agg_loss as (our mode, normalizer, per-response length): a token sum over a global
+    count, exactly. verl's sequence means divide by `mask.sum(-1) + 1e-8` in the dtype torch
+    promotes that to (float32 for verl's bool mask, where the 1e-8 vanishes), ours by count + 1e-8
+    in the loss's dtype; so each token carries verl's own 1/length instead."""
+    if mode == "token-mean":
+        return mode, None if batch_num_tokens is None else batch_num_tokens / dp_size, None
+    if mode == "token-sum":
+        return "token-mean", 1 / dp_size, None
+    if mode not in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        raise ValueError(f"Invalid loss_agg_mode: {mode}")
+    sequences = (mask.sum(-1) > 0).sum() if global_batch_size is None else global_batch_size
+    if mode == "seq-mean-token-mean":
+        return "token-mean", sequences / dp_size, mask.sum(dim=-1, keepdim=True) + 1e-8
+    horizon = (loss_scale_factor or mask.shape[-1]) if mode == "seq-mean-token-sum-norm" else 1
+    return "token-mean", sequences * horizon / dp_size, None
+
+
+def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                config=None, rollout_is_weights=None):
+    """verl's PolicyLossFn: (loss, metrics). μ is verl's old log-probs."""
+    info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
+    mode, norm, factor = _aggregation(loss_agg_mode, response_mask, **info)
+    weights = rollout_is_weights
+    if factor is not None:       # verl's x / length, in the loss's precision
+        factor = 1 / factor.to(log_prob.dtype)
+        weights = factor.expand_as(log_prob) if weights is None else weights * factor
+    loss, stats = core(log_prob, old_log_prob, advantages, response_mask, aggregate=mode, norm=norm, weights=weights)
+    metrics = {f"actor/{k}": v.item() for k, v in core.metrics.items()}
+    metrics["actor/ppo_kl"] = stats[-2].item()
+    return loss, metrics
+
+
+def register(objective: str | Objective, name: str | None = None, **params) -> str:
+    """Registers `objective` (a shipped name, a path or a dsl.Objective) at `params` in verl's
+    policy-loss registry as dsl:<name> (the objective's own name by default) and returns that
+    loss_mode. The objective is parsed and compiled here: a bad file stops with its located error."""
+    core = VerlObjectiveLoss(objective, **params)
+    mode = PREFIX + (name or core.objective.name)
+    register_policy_loss(mode)(functools.partial(policy_loss, core))
+    return mode
+
+
+SHIPPED = [register(n) for n in dsl.shipped_names()]
+__all__ = ["METRIC_KEYS", "PREFIX", "SHIPPED", "VerlObjectiveLoss", "policy_loss", "register"]
