@@ -201,7 +201,13 @@ def _clamp_keep(value: Node) -> str:
     """The metrics' `keep`: 0 where the ratio clamp stops a token's gradient. An objective that
     never reads the clamped ratio (GSPO, GMPO: log π − log μ) has no such numerical stop at
     |log r| = 20, so a zero gradient there is the objective's own (a boundary)."""
-    return "keep" if _used([value]) & {"r", "log_ratio"} else "1.0"
+    return "keep" if _reads_clamped_ratio(value) else "1.0"
+
+
+def _reads_clamped_ratio(value: Node) -> bool:
+    """Whether the objective reads r or log(r), which are clamped; if not, the metrics' r (the
+    weight w = (∂ℓ/∂log π)/(r·A), the largest ratio, |π − μ|) is the unclamped exp(log π − log μ)."""
+    return bool(_used([value]) & {"r", "log_ratio"})
 
 
 def filters(value: Node) -> list[Node]:
@@ -239,7 +245,8 @@ def _fused_functions(value, params, kept) -> str:
             return _tuple(results + [*extra[:-1], keep])
         return _tuple(results[:2] + [*extra[:-1], results[2] if keep == "1.0" else f"{keep} * {results[2]}"])
     lines, results = _emit(outputs, params, inplace=True)
-    compiled = [*head, *_prelude(_used(outputs, extra)), *lines, f"    return {returned(results)}"]
+    raw_only = not _reads_clamped_ratio(value)
+    compiled = [*head, *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
     fast_grad = derivative(value, UNCLAMPED_SEEDS)
     fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
     fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True)
@@ -250,7 +257,7 @@ def _fused_functions(value, params, kept) -> str:
              "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
              f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
              *("    " + line for line in fast),
-             *_prelude(_used(outputs, extra)), *lines, f"    return {returned(results)}"]
+             *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
     doc = ("ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
            "    unclamped log-ratio, μ and keep (0 where the ratio clamp is active or a filter drops\n"
            "    the token) come back too, for the loss's metrics. Each returned tensor is a buffer of\n"
@@ -326,7 +333,7 @@ def _reverse_functions(value, params, kept) -> str:
            "    spreads each token's gradient over its response), r, the response's mean log-ratio, μ, keep.")
     return "\n".join([
         f"def objective_and_grad({_SIG}):", f'    """{doc}"""', "    dtype = logp.dtype",
-        "    raw = logp - anchor", *_prelude(used), *lines,
+        "    raw = logp - anchor", *_prelude(used, not _reads_clamped_ratio(value)), *lines,
         f"    return {_tuple([f'torch.broadcast_to({c}, logp.shape)' for c in results] + list(extra))}", "",
         "",
         "objective_and_grad.includes_coef = True",

@@ -19,6 +19,9 @@ FLOOR = 1e-12
 TIE = 1e-9           # a difference gone at r·(1 ± TIE) on both sides is a tie at a threshold
 RANDOM_POINTS = 20000
 SIMPLIFY_OPS = 200   # work budget: sp.simplify is tried on a case's difference up to this many operations
+# ρ = π_old/π_rollout is part of a mismatch objective's domain: its gradient is compared at each
+# of these (and at --rho), from a rollout engine far below the trainer to far above it
+RHOS = (1e-2, 0.2, 0.5, 1.0, 2.0, 5.0, 100.0)
 
 
 def _inline(n: Node, params: dict) -> Node:
@@ -41,18 +44,27 @@ def equivalence(a, b, seq_len=1, rho=1) -> dict:
     if names[0] == names[1]:
         names = [f"{names[0]} (first)", f"{names[0]} (second)"]
     options = [{"option": k, "values": [a.options[k], b.options[k]]} for k in a.options if a.options[k] != b.options[k]]
-    exprs = [_inline(v.expr, v.params) for v, _ in views]
-    dls = [_inline(derivative(v.expr), v.params) for v, _ in views]
-    numeric = _numerically(exprs, dls)
-    symbolic = _symbolically(views[0][0], dls)
     scopes = [s for _, s in views]
+    mismatch = any(s["mismatch"] for s in scopes)
+    rhos = sorted({float(rho), *RHOS}) if mismatch else [float(rho)]
+    for x in sorted(rhos, key=lambda x: x != rho):      # --rho first: its symbolic proof is the one shown
+        at = views if x == rho else [analysis_view(o, seq_len, x) for o in (a, b)]
+        exprs = [_inline(v.expr, v.params) for v, _ in at]
+        dls = [_inline(derivative(v.expr), v.params) for v, _ in at]
+        if x == rho:
+            symbolic = _symbolically(views[0][0], dls)
+        numeric = _numerically(exprs, dls)
+        if numeric["differs"]:
+            numeric["witness"]["rho"] = x
+            break
+    numeric["rhos"] = rhos if mismatch else None
     gradient_same = not numeric["differs"]
     return {
         "names": names, "paths": [a.path, b.path], "equivalent": gradient_same and not options,
         "gradient_equivalent": gradient_same, "options": options,
         "options_shown": {k: a.options[k] for k in a.options},
-        "scope": {"sequence": any(s["sequence"] for s in scopes), "seq_len": seq_len,
-                  "mismatch": any(s["mismatch"] for s in scopes), "rho": rho},
+        "scope": {"sequence": any(s["sequence"] for s in scopes), "seq_len": seq_len, "mismatch": mismatch,
+                  "rho": rho},
         "symbolic": symbolic, "numeric": numeric,
     }
 

@@ -351,20 +351,22 @@ def equivalence_report(res: dict) -> str:
     else:
         lines.append("  options    the same: " + ", ".join(f"@{k} = {v}" for k, v in res["options_shown"].items()))
     sc = res["scope"]
-    if sc["sequence"] or sc["mismatch"]:
-        held = ([f"a response whose |y| = {sc['seq_len']:g} tokens share r, μ and A (--seq-len)"] if sc["sequence"] else [])
-        held += [f"ρ = π_old/π_rollout held at {sc['rho']:g} (--rho)"] if sc["mismatch"] else []
-        lines.append(f"  scope      compared on {' and '.join(held)}; on other responses a token's gradient also "
-                     "depends on the rest of its response, which this does not compare")
+    if sc["sequence"]:
+        lines.append(f"  scope      compared on a response whose |y| = {sc['seq_len']:g} tokens share r, μ and A "
+                     "(--seq-len); on other responses a token's gradient also depends on the rest of its response, "
+                     "which this does not compare")
+    rhos = (f" at each ρ = π_old/π_rollout ∈ {{{', '.join(f'{x:g}' for x in num['rhos'])}}} (--rho adds one)"
+            if num.get("rhos") else "")
     where = (f"{num['points']:,} points: the arbiter's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "
              f"both signs of A, |A| ∈ {{{', '.join(f'{m:g}' for m in num['magnitudes'])}}}, and "
-             f"{num['random_points']:,} seeded random points; relative tolerance {num['rtol']:g}")
+             f"{num['random_points']:,} seeded random points{rhos}; relative tolerance {num['rtol']:g}")
     if not num["differs"]:
         lines.append("  gradient   ∂ℓ/∂log π is the same (the losses may differ by a term without a gradient)")
         if sym["status"] == "proven":
             ties = f", except at the ties r = {', '.join(sym['ties'])} (≤ against <)" if sym["ties"] else ""
+            held = f" at ρ = {sc['rho']:g}" if sc["mismatch"] else ""
             lines.append("  proof      symbolic: ∂ℓ/∂r of the two differ by 0 in each case (A > 0 and A < 0, r > 1 and "
-                         f"r < 1; SymPy, the IR's derivative rules){ties}; r = 1 itself numerically")
+                         f"r < 1; SymPy, the IR's derivative rules){held}{ties}; r = 1 itself numerically")
         else:
             lines.append(f"  proof      not symbolic ({_symbolic_why(sym)}): the evidence is numeric")
         lines.append(f"  numeric    the same at all {where}")
@@ -372,15 +374,19 @@ def equivalence_report(res: dict) -> str:
         w = num["witness"]
         g = ["undefined" if x is None else f"{x:.6g}" for x in w["gradients"]]
         lines.append(f"  gradient   differs at {num['differing_points']:,} of {where}")
-        lines.append(f"  witness    μ = {w['mu']:.6g}, π = {w['pi']:.6g} (r = {w['r']:.6g}), A = {w['A']:g}: "
+        rho = f", ρ = {w['rho']:g}" if num.get("rhos") else ""
+        lines.append(f"  witness    μ = {w['mu']:.6g}, π = {w['pi']:.6g} (r = {w['r']:.6g}), A = {w['A']:g}{rho}: "
                      f"∂ℓ/∂log π = {g[0]} ({a}) vs {g[1]} ({b})")
         for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
             lines.append(f"  {'region' if adv == 'positive' else '':<10} {sign}: {_region(res['numeric']['region'][adv], a, b)}")
-        if sym["status"] == "proven":
+        undefined = any(reg and any(reg["undefined_in"]) for reg in num["region"].values())
+        if sym["status"] == "proven" and (num["only_on_policy"] or undefined) and not num.get("rhos"):
             lines.append("  symbolic   ∂ℓ/∂r of the two differ by 0 for r ≠ 1 (SymPy): they differ " +
                          ("at r = 1 exactly, where every step's first mini-batch sits" if num["only_on_policy"]
                           else "where one of them is not a finite double"))
-        elif sym.get("difference"):
+        elif sym.get("difference") and num["region"][sym["advantage"]] is not None and w.get("rho", res["scope"]["rho"]) == res["scope"]["rho"]:
+            # a piece SymPy leaves nonzero is shown only where the numbers differ too (its
+            # condition may be empty in the domain, e.g. at π > 1)
             lines.append(f"  symbolic   for {'A > 0' if sym['advantage'] == 'positive' else 'A < 0'}, "
                          f"{sym['direction']}: ∂ℓ/∂r({a}) − ∂ℓ/∂r({b}) = {_clip_text(sym['difference'])}")
     if num["ties"]:

@@ -118,7 +118,13 @@ class Numeric:
         # A side that keeps growing as the grid approaches the domain's edge is unbounded.
         lo = None if lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) or abs(lo_f) > 1e8 else lo_f
         hi = None if hi_f > hi_c + 1e-3 * max(1.0, abs(hi_c)) or abs(hi_f) > 1e8 else hi_f
-        candidates, tails = self._corner_values(), _Lazy(self._tail_values())
+        candidates, tails, seen = self._corner_values(), self._tail_values(), []
+
+        def limits():       # each limit taken once, on first demand; a later search replays the kept ones
+            yield from seen
+            for c in tails:
+                seen.append(c)
+                yield c
         exact = [True, True]
         out = []
         for k, v in enumerate((lo, hi)):
@@ -127,7 +133,7 @@ class Numeric:
                 continue
             snap = [c for c in candidates if abs(c - v) <= 1e-5 * max(1.0, abs(c))]
             if not snap:        # limits cost SymPy time: taken only until one explains the extreme
-                hit = next((c for c in tails if abs(c - v) <= 1e-5 * max(1.0, abs(c))), None)
+                hit = next((c for c in limits() if abs(c - v) <= 1e-5 * max(1.0, abs(c))), None)
                 snap = [] if hit is None else [hit]
             if snap:
                 out.append(snap[0])
@@ -174,20 +180,6 @@ class Numeric:
                 e = sp.expand(expr.subs(ctx.t, s * (ctx.pi / ctx.mu - 1)))
                 for m0, p0 in ((0, 1), (1, 0), (1, 1)):
                     yield e, {ctx.mu: m0, ctx.pi: p0}
-
-
-class _Lazy:
-    """A generator's values, each computed once, on first demand, then kept: iterating stops
-    wherever the caller stops, and a later iteration replays the kept ones first."""
-
-    def __init__(self, gen):
-        self.gen, self.seen = gen, []
-
-    def __iter__(self):
-        yield from self.seen
-        for x in self.gen:
-            self.seen.append(x)
-            yield x
 
 
 def case_dispatch(ctx, cases):

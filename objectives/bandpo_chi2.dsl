@@ -4,11 +4,12 @@
 # cases the analysis settles within its time limits.
 # Source: "BandPO", arXiv 2603.04918; OpenMOSS/BandPO RLtraining/verl/verl/bandpo/band/band.py
 # (bandchi2's closed form) and baselinescripts/*/bandpo__grpo_plus_ray_bandchi2005.sh: δ = 0.05,
-# per-sequence aggregation, r with verl's ±20 clamp. As bandpo_tv, the runs' cap of 10 on the
-# upper bound and their dual clip (c = 10) are host options left out.
+# per-sequence aggregation, r with verl's ±20 clamp, and as bandpo_tv the upper bound capped at
+# 10 (band()'s upper_bound_max in those runs); the dual clip (c = 10), a host option, left out.
 @aggregate = seq-mean-token-mean
 δ = 0.05
 d = sqrt(δ*(1/μ - 1))
 lo = max(0, 1 - d)
-hi = min(1/μ, 1 + d)
+u_max = 10
+hi = min(1/μ, 1 + d, u_max)
 [A >= 0]*min(r, hi)*A + [A < 0]*max(r, lo)*A

@@ -6,7 +6,8 @@
 # and examples/math/gsm8k_kpop.yaml), probabilities clamped to [1e-8, 1 − 1e-8] before the KL, a
 # token kept when the larger KL is ≤ φ; PPO's ratio and the IS weight from unclamped log-ratios,
 # ε = 0.2 (AReaL's default; that example uses 0.4); token-mean over all valid tokens, the dropped
-# ones included.
+# ones included. As in AReaL, in float32 1 − 1e-8 rounds to 1: a token with π_old and π_rollout both
+# within 1e-7 of 1 gets a NaN KL and is dropped (float64 keeps it; the analysis is float64).
 ε_low = 0.2
 ε_high = 0.2
 φ = 2

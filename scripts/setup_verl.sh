@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 VENV=${VERL_VENV:-.venv-verl}
 ${PYTHON:-python3} -m venv "$VENV"
 PIP="$VENV/bin/python -m pip install -q"
+export PIP_ROOT_USER_ACTION=ignore
 # torch first and pinned (an unpinned torch pulls a multi-GB CUDA build), then held by a constraint
 $PIP torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 pin=$(mktemp); trap 'rm -f "$pin"' EXIT
-printf 'torch==%s\n' "$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')" > "$pin"
+# (the version from the metadata: importing torch before numpy is in would warn)
+printf 'torch==%s\n' "$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("torch"))')" > "$pin"
 $PIP -c "$pin" verl==0.9.1
 # this package without openrlhf: the core needs torch, sympy, lark and numpy only
 $PIP -c "$pin" -e '.[verl]'

@@ -4,8 +4,10 @@ can run is run here, and the output a page shows is the output produced.
 A page's fenced blocks, by their info string:
 - `dsl`: an objective, which must load; `dsl NAME.dsl`: a file, written where the page's
   commands run (it may hold a mistake on purpose);
-- `console`: `$ COMMAND` lines, each followed by its exact output; a line `...` stands for any
-  run of lines. COMMAND is drpo-analyze, drpo-train, drpo-lab or python3;
+- `console`: `$ COMMAND` lines, each followed by its exact output (stdout, then stderr); a line
+  `...` stands for any run of lines, one ending in ` ...` for any line that begins with the rest.
+  COMMAND is drpo-analyze, drpo-train, drpo-lab or python3, and each exits 0, or N where the
+  block says `console exit=N`;
 - `python`: runs to exit 0; when the next block is `output`, its stdout must equal it;
 - `bash`: its `drpo-analyze` lines run and exit 0. The rest (set-up, training, the lab) is run
   end to end by tests/test_pipeline.py, tests/test_lab.py and CI itself.
@@ -107,10 +109,12 @@ def test_each_example_in_the_docs_runs_and_shows_its_real_output(page, info, tex
             proc = run(command(cmd), cwd)
             assert proc.returncode == 0, (cmd, proc.stderr)
     else:
-        parts = re.split(r"^\$ (.*)\n", text, flags=re.M)[1:]
-        assert parts, "a console block starts with a `$ COMMAND` line"
-        outputs = [run(command(cmd), cwd, stdin=subprocess.DEVNULL) for cmd in parts[::2]]
-        outputs = [proc.stdout + proc.stderr for proc in outputs]
+        before, *parts = re.split(r"^\$ (.*)\n", text, flags=re.M)
+        assert parts and not before, "a console block starts with a `$ COMMAND` line"
+        procs = [run(command(cmd), cwd, stdin=subprocess.DEVNULL) for cmd in parts[::2]]
+        expected_exit = int(next((w[5:] for w in info if w.startswith("exit=")), 0))
+        assert [proc.returncode for proc in procs] == [expected_exit] * len(procs), (info, [p.stderr for p in procs])
+        outputs = [proc.stdout + proc.stderr for proc in procs]
         if not any(line.endswith("...") for line in text.splitlines()):
             rewrite(page, text, "".join(f"$ {cmd}\n{out}" for cmd, out in zip(parts[::2], outputs)))
         for cmd, shown, out in zip(parts[::2], parts[1::2], outputs):

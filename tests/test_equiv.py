@@ -304,3 +304,14 @@ def test_sequence_equivalence_holds_on_the_uniform_response_it_states(a, b, ever
         lp = new.clone().requires_grad_()
         grads.append(torch.autograd.grad(ObjectiveLoss(o)(lp, old, A, action_mask=mask)[0], lp)[0])
     assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-12) is everywhere
+
+
+@pytest.mark.parametrize("a, b", [("icepop", "ppo"), ("tis_ppo", "ppo"), ("kpop", "ppo")])
+def test_a_mismatch_factor_is_compared_over_rho_not_only_where_it_is_1(a, b):
+    # at ρ = π_old/π_rollout = 1 (--rho's default) each factor is 1 and the two agree; the
+    # rollout engine's mismatch is part of the domain, so they are not equivalent
+    res = equivalence(dsl.load(a), dsl.load(b))
+    assert not res["equivalent"] and res["numeric"]["witness"]["rho"] != 1.0
+    assert res["numeric"]["rhos"] and 1.0 in res["numeric"]["rhos"]
+    same = equivalence(dsl.load(a), dsl.load(a))
+    assert same["equivalent"] and len(same["numeric"]["rhos"]) >= 7

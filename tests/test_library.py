@@ -124,20 +124,21 @@ def ipo(logp, old, roll, A, m, delta=0.15):
 
 # The 2026 objectives. Where a source's code was read, each clamps where that code does; the
 # others follow the issue's formula (see each .dsl file's header for what was chosen and why).
-def bandpo_tv(logp, old, roll, A, m, delta=0.05, clip=True):
-    # OpenMOSS/BandPO band.py, bandtv: r = 1 ± δ/p, the upper clamped to 1/p, the lower to 0
+def bandpo_tv(logp, old, roll, A, m, delta=0.05, clip=True, cap=10.0):
+    # OpenMOSS/BandPO band.py, bandtv: r = 1 ± δ/p, the upper clamped to 1/p, the lower to 0;
+    # band() then caps the upper at upper_bound_max (10 in the paper's runs)
     mu = torch.exp(old)
-    lo, hi = (1 - delta / mu).clamp(min=0), torch.minimum(1 / mu, 1 + delta / mu)
+    lo, hi = (1 - delta / mu).clamp(min=0), torch.minimum(1 / mu, 1 + delta / mu).clamp(max=cap)
     r = host_ratio(logp, old)           # BandPO's core_algos: verl's ±20 clamp
     clipped = torch.clamp(r, min=lo, max=hi) if clip else r
     return seq_mean_token_mean(-torch.min(r * A, clipped * A), m)
 
 
-def bandpo_chi2(logp, old, roll, A, m, delta=0.05, clip=True):
+def bandpo_chi2(logp, old, roll, A, m, delta=0.05, clip=True, cap=10.0):
     # bandchi2: r = 1 ± sqrt(δ(1 − p)/p), clamped as bandtv's
     mu = torch.exp(old)
     d = torch.sqrt(delta * (1 - mu) / mu)
-    lo, hi = (1 - d).clamp(min=0), torch.minimum(1 / mu, 1 + d)
+    lo, hi = (1 - d).clamp(min=0), torch.minimum(1 / mu, 1 + d).clamp(max=cap)
     r = host_ratio(logp, old)
     clipped = torch.clamp(r, min=lo, max=hi) if clip else r
     return seq_mean_token_mean(-torch.min(r * A, clipped * A), m)
@@ -266,6 +267,8 @@ def test_each_library_objective_equals_its_sources_formula(reference, fused):
     (gmpo, dict(eps=1e9), "a token's log-ratio is clipped"),
     (bandpo_tv, dict(clip=False), "a token is clipped to its band"),
     (bandpo_chi2, dict(clip=False), "a token is clipped to its band"),
+    (bandpo_tv, dict(cap=1e9), "a rare token's upper bound is capped at 10"),
+    (bandpo_chi2, dict(cap=1e9), "a rare token's upper bound is capped at 10"),
     (topr, dict(cap=1e9), "a negative token's ratio is tapered"),
     (topr_seq, dict(cap=1e9), "a negative response's ratio is tapered"),
     (gipo, dict(sigma=1e9), "a token's weight is damped"),
@@ -335,3 +338,14 @@ def test_library_objectives_that_openrlhf_ships_equal_its_policy_loss(name, peer
     assert torch.allclose(out[0][3], out[1][3], rtol=1e-12)          # ppo_kl
     if name == "gspo":      # tokens of responses past GSPO's clip, moving away: PolicyLoss's clip_ratio
         assert 0 < out[0][2] < 1 and torch.allclose(out[0][2], out[1][2].to(out[0][2].dtype), rtol=1e-12)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+def test_metrics_take_the_raw_ratio_where_the_objective_does(fused):
+    # PSPO's weight is 0.9 at every token, past ±20 too (its ratio is the raw exp(log π − log μ)):
+    # the metrics' r must be that ratio, not the clamped one (w read 2e15 with it)
+    new, old, rollout, A, mask = library_batch(0)
+    loss_fn = ObjectiveLoss("pspo", fused=fused)
+    loss_fn(new.clone().requires_grad_(), old, A, action_mask=mask, rollout_log_probs=rollout)
+    assert torch.isclose(loss_fn.metrics["drpo_w_mean"], torch.tensor(0.9, dtype=torch.float64), rtol=1e-12)
+    assert loss_fn.metrics["drpo_ratio_max"] == torch.exp(new - old)[mask].max()
