@@ -4,9 +4,10 @@ policy-loss registry as `dsl:<name>`, so that
     VERL_USE_EXTERNAL_MODULES=openrlhf_drpo.verl python3 -m verl.trainer.main_ppo \
         actor_rollout_ref.actor.policy_loss.loss_mode=dsl:drpo ...
 
-trains with objectives/drpo.dsl. A user's own file (or a shipped one at other parameters) is
-registered with `register("my.dsl", name="mine", delta=0.3)` from a module that verl imports the
-same way (VERL_USE_EXTERNAL_MODULES=my_module). Each call follows verl's policy-loss signature:
+trains with objectives/drpo.dsl. A user's own file, or a shipped one at other parameters, is
+named in verl's config itself, `loss_mode="dsl:my.dsl?delta=0.3"` (registered on first lookup),
+or registered with `register("my.dsl", name="mine", delta=0.3)` from a module that verl imports
+the same way (VERL_USE_EXTERNAL_MODULES=my_module). Each call follows verl's policy-loss signature:
 verl's loss_agg_mode with its global batch info (config.global_batch_info) and its rollout IS
 weights, and the metrics come back in verl's metrics dict."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 import dsl
 from dsl.parser import Objective
 from openrlhf_drpo.core import METRIC_KEYS, CompiledLoss
+from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_loss
 
 PREFIX = "dsl:"
@@ -69,5 +71,31 @@ def register(objective: str | Objective, name: str | None = None, **params) -> s
     return mode
 
 
+class _Registry(dict):
+    """verl's policy-loss registry, which also resolves a loss_mode that carries its objective
+    and parameters, `dsl:<name or path>?delta=0.2&eps_high=0.28`, when verl first looks it up:
+    verl's PolicyLossConfig takes no keys of ours, so its config sets them through loss_mode."""
+
+    def __contains__(self, mode):
+        return super().__contains__(mode) or self._resolve(mode)
+
+    def __missing__(self, mode):
+        if not self._resolve(mode):
+            raise KeyError(mode)
+        return self[mode]
+
+    def _resolve(self, mode) -> bool:
+        if not (isinstance(mode, str) and mode.startswith(PREFIX) and "?" in mode):
+            return False
+        objective, _, query = mode[len(PREFIX):].partition("?")
+        pairs = [kv.partition("=") for kv in query.split("&") if kv]
+        if not objective or any(not k or not sep for k, sep, _ in pairs):
+            raise ValueError(f"loss_mode {mode!r}: write dsl:<name or path>?<param>=<value>&<param>=<value>")
+        register(objective, name=mode[len(PREFIX):], **{k: v for k, _, v in pairs})
+        return True
+
+
+# rebound, not wrapped: verl's get_policy_loss_fn and register_policy_loss read the module global
+core_algos.POLICY_LOSS_REGISTRY = _Registry(core_algos.POLICY_LOSS_REGISTRY)
 SHIPPED = [register(n) for n in dsl.shipped_names()]
 __all__ = ["METRIC_KEYS", "PREFIX", "SHIPPED", "VerlObjectiveLoss", "policy_loss", "register"]

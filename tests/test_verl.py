@@ -28,5 +28,6 @@ def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_
     assert {("sapo", "seq-mean-token-mean", w) for w in (False, True)} <= covered
     assert {("geo_mean", "seq-mean-token-mean", w) for w in (False, True)} <= covered
     assert summary["hooked"] and summary["control_differs"] and summary["located_error"] and summary["no_openrlhf"]
+    assert summary["config_params"] and summary["malformed_refused"]     # loss_mode="dsl:drpo?delta=0.3"
     from dsl import shipped_names
     assert {f"dsl:{n}" for n in shipped_names()} <= set(summary["registered"])

@@ -137,12 +137,27 @@ def main():
         located = None
     except DslError as e:
         located = e.render().splitlines()[0]
+    # an objective and its parameters in verl's config alone: loss_mode carries them (a Hydra
+    # override, quoted), resolved at verl's first lookup, and equal to the same registered by hand
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    override = OverridesParser.create().parse_override('actor_rollout_ref.actor.policy_loss.loss_mode="dsl:drpo?delta=0.3"')
+    by_config, by_hand = override.value(), adapter.register("drpo", name="drpo_by_hand", delta=0.3)
+    cfg = config(by_config, {}, {})
+    via_config = [run(mode, old, logp, A, mask, "token-mean", cfg, None) for mode in (by_config, by_hand)]
+    default = run("dsl:drpo", old, logp, A, mask, "token-mean", cfg, None)
+    config_params = (torch.equal(via_config[0][1], via_config[1][1]) and not torch.equal(via_config[0][1], default[1]))
+    try:
+        get_policy_loss_fn("dsl:drpo?delta")
+        malformed = None
+    except ValueError as e:
+        malformed = str(e)
     import importlib.util
-    checks = dict(hooked=HOOKED, control_differs=control_differs,
+    checks = dict(hooked=HOOKED, control_differs=control_differs, config_params=config_params,
+                  malformed_refused=bool(malformed and "dsl:<name or path>?<param>=<value>" in malformed),
                   located_error=located == "bad.dsl:2:7: error: unknown name 'x'",
                   no_openrlhf=importlib.util.find_spec("openrlhf") is None)
     failures += not all(checks.values())
-    shipped = [n for n in POLICY_LOSS_REGISTRY if n.startswith("dsl:") and "@" not in n and ":" not in n[4:]]
+    shipped = [n for n in POLICY_LOSS_REGISTRY if n.startswith("dsl:") and not any(c in n[4:] for c in "@:?")]
     print(json.dumps(dict(summary=True, rows=rows, failures=failures, located=located, **checks,
                           registered=sorted(shipped))))
     return 1 if failures else 0
