@@ -257,8 +257,9 @@ class CompiledLoss(nn.Module):
             mask = torch.ones_like(log_probs, dtype=torch.bool)
         fused = self._fused(log_probs.is_cuda, mode)
         # the global normalizer, as a tensor so a compiled kernel does not specialize on it
+        # (in the kernel's precision: a bf16 count of 1234 would read 1232)
         if norm is not None:
-            norm = torch.as_tensor(norm, dtype=log_probs.dtype, device=log_probs.device)
+            norm = torch.as_tensor(norm, dtype=_compute_dtype(log_probs), device=log_probs.device)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights)
         else:

@@ -16,7 +16,7 @@ import functools
 
 import dsl
 from dsl.parser import Objective
-from openrlhf_drpo.core import METRIC_KEYS, CompiledLoss
+from openrlhf_drpo.core import METRIC_KEYS, CompiledLoss, _compute_dtype
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_loss
 
@@ -33,6 +33,10 @@ def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size
     count, exactly. verl's sequence means divide by `mask.sum(-1) + 1e-8` in the dtype torch
     promotes that to (float32 for verl's bool mask, where the 1e-8 vanishes), ours by count + 1e-8
     in the loss's dtype; so each token carries verl's own 1/length instead."""
+    # with several data-parallel ranks a local count would be a silent misscale: refused, as agg_loss
+    if dp_size > 1 and mode != "token-sum" and (batch_num_tokens if mode == "token-mean" else global_batch_size) is None:
+        raise ValueError(f"{'(global) batch_num_tokens' if mode == 'token-mean' else 'global_batch_size'} "
+                         "is required when dp_size > 1")
     if mode == "token-mean":
         return mode, None if batch_num_tokens is None else batch_num_tokens / dp_size, None
     if mode == "token-sum":
@@ -53,7 +57,7 @@ def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response
     mode, norm, factor = _aggregation(loss_agg_mode, response_mask, **info)
     weights = rollout_is_weights
     if factor is not None:       # verl's x / length, in the loss's precision
-        factor = 1 / factor.to(log_prob.dtype)
+        factor = 1 / factor.to(_compute_dtype(log_prob))
         weights = factor.expand_as(log_prob) if weights is None else weights * factor
     loss, stats = core(log_prob, old_log_prob, advantages, response_mask, aggregate=mode, norm=norm, weights=weights)
     metrics = {f"actor/{k}": v.item() for k, v in core.metrics.items()}
@@ -64,8 +68,14 @@ def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response
 def register(objective: str | Objective, name: str | None = None, **params) -> str:
     """Registers `objective` (a shipped name, a path or a dsl.Objective) at `params` in verl's
     policy-loss registry as dsl:<name> (the objective's own name by default) and returns that
-    loss_mode. The objective is parsed and compiled here: a bad file stops with its located error."""
+    loss_mode. The objective is parsed and compiled here: a bad file stops with its located error.
+    The aggregation is verl's loss_agg_mode (the objective's @aggregate is not used), and verl
+    hands a policy loss no rollout log-probs: both are refused here, not at the first step."""
+    if "aggregate" in params:
+        raise ValueError("the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter")
     core = VerlObjectiveLoss(objective, **params)
+    if core.uses_rollout:
+        raise ValueError(f"objective '{core.objective.name}' reads the rollout policy{VerlObjectiveLoss.rollout_hint}")
     mode = PREFIX + (name or core.objective.name)
     register_policy_loss(mode)(functools.partial(policy_loss, core))
     return mode
@@ -85,17 +95,20 @@ class _Registry(dict):
         return self[mode]
 
     def _resolve(self, mode) -> bool:
-        if not (isinstance(mode, str) and mode.startswith(PREFIX) and "?" in mode):
+        if not (isinstance(mode, str) and mode.startswith(PREFIX)):
             return False
         objective, _, query = mode[len(PREFIX):].partition("?")
         pairs = [kv.partition("=") for kv in query.split("&") if kv]
         if not objective or any(not k or not sep for k, sep, _ in pairs):
             raise ValueError(f"loss_mode {mode!r}: write dsl:<name or path>?<param>=<value>&<param>=<value>")
-        register(objective, name=mode[len(PREFIX):], **{k: v for k, _, v in pairs})
+        try:
+            register(objective, name=mode[len(PREFIX):], **{k: v for k, _, v in pairs})
+        except dsl.DslError as e:        # say which loss_mode, then the located error
+            raise ValueError(f"loss_mode {mode!r}:\n{e.render()}") from None
         return True
 
 
 # rebound, not wrapped: verl's get_policy_loss_fn and register_policy_loss read the module global
 core_algos.POLICY_LOSS_REGISTRY = _Registry(core_algos.POLICY_LOSS_REGISTRY)
-SHIPPED = [register(n) for n in dsl.shipped_names()]
+SHIPPED = [register(n) for n in dsl.shipped_names() if not dsl.load(n).reads_rollout()]
 __all__ = ["METRIC_KEYS", "PREFIX", "SHIPPED", "VerlObjectiveLoss", "policy_loss", "register"]
