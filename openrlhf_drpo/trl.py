@@ -6,9 +6,11 @@
 The objective replaces TRL's clipped surrogate; everything else in TRL's GRPO loss keeps TRL's
 meaning: the normalization GRPOConfig.loss_type names (grpo, bnpo, dr_grpo, dapo), the KL term
 (beta), the entropy bonus, the entropy and off-policy masks and the vLLM IS correction. μ is
-TRL's old log-probs; π_rollout its sampling log-probs (kept where vLLM generates). The objective is
-parsed and compiled at construction, before any model loads. This follows TRL's documented way to
-change the objective: a subclass overriding the loss computation (GRPOTrainer._compute_loss)."""
+TRL's old log-probs; π_rollout its sampling log-probs (kept where vLLM generates; an objective that
+reads π_rollout writes its own train/rollout correction, so TRL's must be off). The objective is
+parsed, compiled and checked against the config at construction, before any model loads. This
+follows TRL's documented way to change the objective: a subclass overriding the loss computation
+(GRPOTrainer._compute_loss)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -19,10 +21,13 @@ from trl import GRPOTrainer
 from dsl.parser import Objective
 from openrlhf_drpo.core import CompiledLoss
 
-# TRL's loss types that are a normalization (ours then applies), and those that are a formula,
-# with the shipped objective that writes it
+# TRL's loss types that are a normalization (ours then applies), and those that are a formula:
+# (the shipped objective that writes it, the loss_type whose normalization TRL applies to it).
+# luspo: TRL's Σ_t ℓ·mask summed per response, averaged over responses, is grpo's per-response mean
+# of luspo.dsl's seq_len·ℓ (TRL's luspo with importance_sampling_level='sequence'; test_trl checks it)
 NORMALIZATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
-FORMULAS = {"cispo": "cispo", "sapo": "sapo", "luspo": "luspo", "vespo": "vespo"}
+FORMULAS = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "grpo"),
+            "vespo": ("vespo", "dapo")}
 
 
 class TrlObjectiveLoss(CompiledLoss):
@@ -42,9 +47,9 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         self.objective_loss = TrlObjectiveLoss(objective, **dict(objective_params or {}))
         config = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
         if config is not None:
-            _check_config(config, self.objective_loss.objective.name)
+            _check_config(config, self.objective_loss)
         super().__init__(*args, **kwargs)
-        _check_config(self.args, self.objective_loss.objective.name)
+        _check_config(self.args, self.objective_loss)     # the default GRPOConfig, where none was given
 
     def _compute_loss(self, model, inputs):
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
@@ -59,6 +64,9 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         old = per_token_logps.detach() if old is None else old     # num_iterations == 1: μ = π
         sampling = inputs.get("sampling_per_token_logps")
+        # vLLM marks tokens it could not score NaN: ratio 1 there (TRL zeroes their log-difference);
+        # TRL's off-policy mask reads them raw and ignores them itself
+        rollout = None if sampling is None else torch.where(torch.isnan(sampling), old, sampling)
 
         # TRL's per-token factors on the policy term, by TRL's own helpers
         factor = torch.ones_like(per_token_logps)
@@ -70,33 +78,33 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
             factor = factor * self.get_off_policy_mask(advantages, per_token_logps,
                                                        old if sampling is None else sampling, mask,
                                                        self.off_policy_mask_threshold)
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction:     # an objective on π_rollout: refused
             factor = factor * inputs["importance_sampling_ratio"]
 
         mode = "train" if self.model.training else "eval"
         per_response, norm = self._normalization(mask, inputs, mode)
         weights = factor * per_response
         loss, stats = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
-                                          rollout_log_probs=sampling, aggregate="token-mean", norm=norm,
+                                          rollout_log_probs=rollout, aggregate="token-mean", norm=norm,
                                           weights=weights)
-        policy_loss = loss.detach()
         if self.beta != 0.0:
             ref = inputs["ref_per_token_logps"]
             per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
             if self.args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * torch.exp(per_token_logps - old)
             loss = loss + (self.beta * per_token_kl * mask * per_response).sum() / norm
-        if self._entropy_bonus_enabled:
-            if self.use_adaptive_entropy:
-                raise NotImplementedError("ObjectiveGRPOTrainer: the adaptive entropy bonus is not supported; "
-                                          "set a fixed entropy_coef")
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if self._entropy_bonus_enabled:     # adaptive: refused at construction
+            # TRL's policy_loss: the loss with β·KL, before the accumulation scaling for the loss
+            # types that divide by it afterwards (dapo's normalizer already holds it)
+            policy_loss = loss.detach() * (accumulation if self.loss_type != "dapo" else 1.0)
             effective = mask if entropy_mask is None else mask * entropy_mask
-            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             entropy = (entropies * effective).sum() / effective.sum().clamp(min=1.0) / accumulation
             loss = loss - self.entropy_coef * entropy
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+            if mode == "train" and self.accelerator.sync_gradients:
+                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         if self.aux_loss_enabled:
-            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
@@ -131,13 +139,19 @@ _MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_
                "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 
 
-def _check_config(config, name):
-    """TRL settings that are themselves a policy term conflict with the objective's."""
+def _check_config(config, objective_loss):
+    """The config against the objective, before training: TRL settings that are themselves a
+    policy term or a train/rollout correction conflict with the objective's, and what the
+    objective needs must be there."""
+    name = objective_loss.objective.name
     loss_type = getattr(config, "loss_type", "dapo")
     if loss_type in FORMULAS:
+        shipped, normalization = FORMULAS[loss_type]
         raise ValueError(f"ObjectiveGRPOTrainer: loss_type={loss_type!r} is itself a policy objective, which "
-                         f"objective '{name}' replaces; use objective='{FORMULAS[loss_type]}' (objectives/"
-                         f"{FORMULAS[loss_type]}.dsl) with loss_type in {list(NORMALIZATIONS)} for its normalization")
+                         f"objective '{name}' replaces; for TRL's {loss_type} use objective='{shipped}' with "
+                         f"loss_type='{normalization}' (objectives/{shipped}.dsl; TRL normalizes its {loss_type} "
+                         f"as {normalization})" + (", and importance_sampling_level='token' (the objective "
+                                                   "writes the sequence ratio)" if loss_type == "luspo" else ""))
     if loss_type not in NORMALIZATIONS:
         raise ValueError(f"ObjectiveGRPOTrainer: unknown loss_type {loss_type!r}; expected one of {list(NORMALIZATIONS)}")
     if getattr(config, "importance_sampling_level", "token") != "token":
@@ -146,3 +160,15 @@ def _check_config(config, name):
     if getattr(config, "delta", None) is not None:
         raise ValueError("ObjectiveGRPOTrainer: delta (TRL's two-sided clip) is part of TRL's policy term, "
                          "which the objective replaces; write the clip into the objective")
+    if getattr(config, "use_adaptive_entropy", False):
+        raise ValueError("ObjectiveGRPOTrainer: the adaptive entropy bonus (use_adaptive_entropy=True) is not "
+                         "supported; set use_adaptive_entropy=False and a fixed entropy_coef")
+    if objective_loss.uses_rollout:
+        why = "@anchor = rollout" if objective_loss.anchor == "rollout" else "π_rollout"
+        if not getattr(config, "use_vllm", False):
+            raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {why}, but use_vllm=False"
+                             f"{objective_loss.rollout_hint}")
+        if getattr(config, "vllm_importance_sampling_correction", False):
+            raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {why} and writes its own train/rollout "
+                             "correction, which TRL's vLLM importance-sampling correction would apply a second "
+                             "time; set vllm_importance_sampling_correction=False")

@@ -12,7 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from dsl import DslError
 from openrlhf_drpo.toytask import SPECIAL, WORDS, tiny_llama
-from openrlhf_drpo.trl import ObjectiveGRPOTrainer
+from openrlhf_drpo.trl import ObjectiveGRPOTrainer, TrlObjectiveLoss
 
 METRICS = ["drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging", "drpo_abs_pi_minus_mu",
            "drpo_ratio_max"]
@@ -59,6 +59,47 @@ def test_grpo_clip_higher_logs_trls_own_loss_and_reward_step_by_step(tmp_path, l
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (key, a, b)
 
 
+def assert_same_log(ours, theirs):
+    """ours logs what TRL logs, step by step: reward, loss, gradient norm and every metric TRL's
+    loss term logs (policy_loss and entropy_coef with the entropy bonus, kl with beta)."""
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs):
+        assert a.get("reward") == b.get("reward") and a.get("reward_std") == b.get("reward_std"), (a, b)
+        for key in ["loss", "grad_norm", "entropy"] + [k for k in ("policy_loss", "entropy_coef", "kl") if k in b]:
+            assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (key, a, b)
+
+
+# settings the cases above cannot tell apart: accumulation (policy_loss before its scaling, the
+# normalizers' accumulation factor), the entropy bonus on the entropy mask, the off-policy mask
+SETTINGS = [
+    dict(loss_type="grpo", gradient_accumulation_steps=2),
+    dict(loss_type="dapo", gradient_accumulation_steps=2),
+    dict(loss_type="grpo", gradient_accumulation_steps=2, entropy_coef=0.05, beta=0.1),
+    dict(loss_type="dapo", entropy_coef=0.05, top_entropy_quantile=0.5),
+    dict(loss_type="bnpo", off_policy_mask_threshold=0.001),
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+def test_trls_settings_around_the_policy_term_keep_their_meaning(tmp_path, settings):
+    theirs = run(tmp_path / "trl", steps=2, epsilon=0.2, epsilon_high=0.28, **settings)
+    ours = run(tmp_path / "ours", ("grpo_clip_higher", {"ε_low": 0.2, "ε_high": 0.28}), steps=2, **settings)
+    assert_same_log(ours, theirs)
+    if "entropy_coef" in settings:
+        assert all("policy_loss" in h and "entropy_coef" in h for h in ours)
+    if "off_policy_mask_threshold" in settings:     # not vacuous: the mask changes TRL's own loss
+        unmasked = run(tmp_path / "unmasked", steps=2, epsilon=0.2, epsilon_high=0.28, loss_type="bnpo")
+        assert any(not math.isclose(a["loss"], b["loss"], rel_tol=1e-3) for a, b in zip(unmasked, theirs))
+
+
+def test_luspo_with_grpo_normalization_is_trls_luspo(tmp_path):
+    theirs = run(tmp_path / "trl", steps=2, loss_type="luspo", importance_sampling_level="sequence",
+                 epsilon=2e-3, epsilon_high=2.5e-3)
+    ours = run(tmp_path / "ours", ("luspo", {}), steps=2, loss_type="grpo")
+    assert any(h["drpo_past_boundary_diverging"] > 0 for h in ours)
+    assert_same_log(ours, theirs)
+
+
 def test_another_clip_differs_from_trls(tmp_path):
     theirs = run(tmp_path / "trl", loss_type="dapo", epsilon=0.2, epsilon_high=0.28)
     ours = run(tmp_path / "ours", ("grpo_clip_higher", {"ε_low": 0.2, "ε_high": 0.05}), loss_type="dapo")
@@ -80,12 +121,64 @@ def test_training_end_to_end_raises_the_reward_and_logs_our_metrics(tmp_path):
     assert len(rewards) == 8 and sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05, rewards
 
 
-@pytest.mark.parametrize("loss_type, shipped", [("cispo", "cispo"), ("sapo", "sapo"), ("luspo", "luspo"),
-                                                ("vespo", "vespo")])
-def test_a_loss_type_that_is_a_formula_is_refused_naming_ours(tmp_path, loss_type, shipped):
+@pytest.mark.parametrize("loss_type, shipped, normalization", [
+    ("cispo", "cispo", "dapo"), ("sapo", "sapo", "grpo"), ("luspo", "luspo", "grpo"), ("vespo", "vespo", "dapo")])
+def test_a_loss_type_that_is_a_formula_is_refused_naming_ours_and_trls_normalization(tmp_path, loss_type, shipped,
+                                                                                       normalization):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, loss_type=loss_type, report_to="none")
-    with pytest.raises(ValueError, match=f"use objective='{shipped}'"):
+    with pytest.raises(ValueError, match=f"use objective='{shipped}' with loss_type='{normalization}'"):
         ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args, objective="drpo")
+
+
+@pytest.mark.parametrize("objective, config, message", [
+    ("drpo", dict(use_adaptive_entropy=True), "adaptive entropy bonus"),
+    ("tis_ppo", {}, "uses π_rollout, but use_vllm=False: TRL keeps sampling log-probs only where vLLM generates"),
+    ("drpo@rollout", {}, "uses @anchor = rollout, but use_vllm=False"),
+    ("icepop", dict(use_vllm=True), "set vllm_importance_sampling_correction=False"),
+])
+def test_a_setting_training_cannot_run_with_is_refused_before_the_model_loads(tmp_path, objective, config, message):
+    name, _, anchor = objective.partition("@")
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **config)
+    with pytest.raises(ValueError, match=message):     # not the missing model's error
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args, objective=name,
+                             objective_params={"anchor": anchor} if anchor else None)
+
+
+def test_vllm_with_its_correction_off_is_accepted_for_an_objective_on_rollout_log_probs(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", use_vllm=True,
+                      vllm_importance_sampling_correction=False)
+    with pytest.raises(Exception) as e:     # past our checks: the missing model (or vLLM) stops it
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args, objective="icepop")
+    assert "ObjectiveGRPOTrainer" not in str(e.value)
+
+
+def test_tokens_vllm_could_not_score_get_ratio_one_not_a_nan_loss(tmp_path):
+    """vLLM's NaN sampling log-probs, fed to the adapter's loss as TRL's inputs carry them
+    (no vLLM here: a trainer built for an objective on μ is given tis_ppo, which reads π_rollout)."""
+    model, _, model_dir = tiny_llama(str(tmp_path), SPECIAL + WORDS, seed=0, hidden=32)
+    model.save_pretrained(model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", loss_type="bnpo",
+                      per_device_train_batch_size=4, num_generations=4, max_completion_length=5)
+    trainer = ObjectiveGRPOTrainer(model=model_dir, reward_funcs=reward, args=args, objective="grpo_clip_higher",
+                                   train_dataset=Dataset.from_list([{"prompt": "w1 w2"}] * 4),
+                                   processing_class=AutoTokenizer.from_pretrained(model_dir))
+    trainer.objective_loss = TrlObjectiveLoss("tis_ppo")
+    trainer.current_gradient_accumulation_steps = 1
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(len(SPECIAL), len(SPECIAL) + len(WORDS), (4, 8), generator=g)
+    old = -torch.rand(4, 5, generator=g) - 1
+    sampling = old - 0.3 * torch.rand(4, 5, generator=g)
+    inputs = dict(prompt_ids=ids[:, :3], prompt_mask=torch.ones(4, 3, dtype=torch.long), completion_ids=ids[:, 3:],
+                  completion_mask=torch.ones(4, 5, dtype=torch.long), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                  old_per_token_logps=old)
+    unscored = torch.zeros(4, 5, dtype=torch.bool)
+    unscored[0, 2] = unscored[3, 4] = True
+    nan_loss = trainer._compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": sampling.masked_fill(
+        unscored, float("nan"))})
+    one_loss = trainer._compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": torch.where(
+        unscored, old, sampling)})
+    raw_loss = trainer._compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": sampling})
+    assert torch.isfinite(nan_loss) and nan_loss.item() == one_loss.item() != raw_loss.item()
 
 
 def test_a_bad_objective_stops_with_its_located_error_before_the_model_loads(tmp_path):
@@ -94,8 +187,3 @@ def test_a_bad_objective_stops_with_its_located_error_before_the_model_loads(tmp
     with pytest.raises(DslError) as e:     # not the missing model's error: the objective comes first
         ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, objective=str(bad))
     assert e.value.render().startswith(f"{bad}:2:7: error: unknown name 'x'")
-
-
-def test_an_objective_on_rollout_log_probs_says_trl_keeps_none_without_vllm(tmp_path):
-    with pytest.raises(ValueError, match="TRL keeps sampling log-probs only where vLLM generates"):
-        run(tmp_path, ("drpo", {"anchor": "rollout"}), steps=1, loss_type="dapo")
