@@ -44,6 +44,9 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, objective: str | Objective = "drpo", objective_params: Mapping | None = None,
                  **kwargs):
         # first: a bad objective stops with its located error before any model loads
+        if "aggregate" in (objective_params or {}):
+            raise ValueError("ObjectiveGRPOTrainer: the aggregation is GRPOConfig.loss_type's normalization, "
+                             "not an objective parameter")
         self.objective_loss = TrlObjectiveLoss(objective, **dict(objective_params or {}))
         config = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
         if config is not None:

@@ -144,6 +144,13 @@ def test_a_setting_training_cannot_run_with_is_refused_before_the_model_loads(tm
                              objective_params={"anchor": anchor} if anchor else None)
 
 
+def test_an_aggregation_parameter_is_refused_as_loss_type_normalizes(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="the aggregation is GRPOConfig.loss_type's normalization"):
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args, objective="drpo",
+                             objective_params={"aggregate": "seq-mean-token-mean"})
+
+
 def test_vllm_with_its_correction_off_is_accepted_for_an_objective_on_rollout_log_probs(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", use_vllm=True,
                       vllm_importance_sampling_correction=False)
