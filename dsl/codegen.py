@@ -197,16 +197,11 @@ def _function(name, doc, outputs, params) -> str:
 _POLICY = ("r", "pi", "logp", "log_ratio")
 
 
-def _clamp_keep(value: Node) -> str:
-    """The metrics' `keep`: 0 where the ratio clamp stops a token's gradient. An objective that
-    never reads the clamped ratio (GSPO, GMPO: log π − log μ) has no such numerical stop at
-    |log r| = 20, so a zero gradient there is the objective's own (a boundary)."""
-    return "keep" if _reads_clamped_ratio(value) else "1.0"
-
-
 def _reads_clamped_ratio(value: Node) -> bool:
-    """Whether the objective reads r or log(r), which are clamped; if not, the metrics' r (the
-    weight w = (∂ℓ/∂log π)/(r·A), the largest ratio, |π − μ|) is the unclamped exp(log π − log μ)."""
+    """Whether the objective reads r or log(r), which are clamped. One that does not (GSPO,
+    GMPO: log π − log μ) has no numerical stop at |log r| = 20: the metrics' keep is 1 (a zero
+    gradient there is the objective's own, a boundary), and their r (in w = (∂ℓ/∂log π)/(r·A),
+    the largest ratio, |π − μ|) is the unclamped exp(log π − log μ)."""
     return bool(_used([value]) & {"r", "log_ratio"})
 
 
@@ -240,12 +235,13 @@ def _fused_functions(value, params, kept) -> str:
     grad = derivative(value, GRAD_SEEDS)
     outputs = [value, grad] + [kept] * (kept is not None)
 
-    def returned(results, keep=_clamp_keep(value)):      # keep is 0 where the ratio clamp is active or a filter drops
+    raw_only = not _reads_clamped_ratio(value)
+
+    def returned(results, keep="1.0" if raw_only else "keep"):   # 0 where the ratio clamp is active or a filter drops
         if kept is None:
             return _tuple(results + [*extra[:-1], keep])
         return _tuple(results[:2] + [*extra[:-1], results[2] if keep == "1.0" else f"{keep} * {results[2]}"])
     lines, results = _emit(outputs, params, inplace=True)
-    raw_only = not _reads_clamped_ratio(value)
     compiled = [*head, *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
     fast_grad = derivative(value, UNCLAMPED_SEEDS)
     fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
@@ -324,16 +320,16 @@ def _reverse_functions(value, params, kept) -> str:
     grad = reverse_gradient(value, GRAD_SEEDS)
     lines, results = _emit([value, grad] + [kept] * (kept is not None), params)
     used = _used([value, grad], ("r", "raw", "mu", "keep"))
-    keep = _clamp_keep(value)
+    raw_only = not _reads_clamped_ratio(value)
     if kept is not None:
-        results, extra = results[:2], (*extra[:-1], results[2] if keep == "1.0" else f"keep * {results[2]}")
+        results, extra = results[:2], (*extra[:-1], results[2] if raw_only else f"keep * {results[2]}")
     else:
-        extra = (*extra[:-1], keep)
+        extra = (*extra[:-1], "1.0" if raw_only else "keep")
     doc = ("ℓ and d(Σ coef·ℓ)/d(log π) (the aggregation weight coef is inside: a reduction\n"
            "    spreads each token's gradient over its response), r, the response's mean log-ratio, μ, keep.")
     return "\n".join([
         f"def objective_and_grad({_SIG}):", f'    """{doc}"""', "    dtype = logp.dtype",
-        "    raw = logp - anchor", *_prelude(used, not _reads_clamped_ratio(value)), *lines,
+        "    raw = logp - anchor", *_prelude(used, raw_only), *lines,
         f"    return {_tuple([f'torch.broadcast_to({c}, logp.shape)' for c in results] + list(extra))}", "",
         "",
         "objective_and_grad.includes_coef = True",

@@ -118,7 +118,9 @@ class Numeric:
         # A side that keeps growing as the grid approaches the domain's edge is unbounded.
         lo = None if lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) or abs(lo_f) > 1e8 else lo_f
         hi = None if hi_f > hi_c + 1e-3 * max(1.0, abs(hi_c)) or abs(hi_f) > 1e8 else hi_f
-        candidates, tails, seen = self._corner_values(), self._tail_values(), []
+        at_corners = self._at_corners()
+        candidates = [float(v) for _, _, v in at_corners if v is not None and v.is_number and v.is_finite and v.is_real]
+        tails, seen = self._tail_values(at_corners), []
 
         def limits():       # each limit taken once, on first demand; a later search replays the kept ones
             yield from seen
@@ -142,25 +144,24 @@ class Numeric:
                 out.append(float(f"{v:.6g}"))
         return out, exact
 
-    def _corner_values(self):
-        """Exact values of every piece's formula at the corners of the closed (μ, π) square."""
+    def _at_corners(self):
+        """(piece formula over μ and π, corner, its value there or None) for every piece and
+        corner of the closed (μ, π) square: each substitution once, for the exact values and
+        the limits alike."""
         ctx = self.ctx
-        return [float(v) for e, corner in self._corners()
-                if (v := ctx.limited("evaluating a corner", lambda: e.subs(corner))) is not None
-                and v.is_number and v.is_finite and v.is_real]
+        return [(e, corner, ctx.limited("evaluating a corner", lambda: e.subs(corner))) for e, corner in self._corners()]
 
-    def _tail_values(self):
+    def _tail_values(self, at_corners):
         """Limits at the corners r → ∞ (μ → 0) and r → 0 (π → 0) where substituting reads ∞ − ∞
         or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. The first limit SymPy
         cannot take in time ends the search: each costs up to a step's time limit."""
         ctx, sp, done = self.ctx, self.ctx.sp, set()
-        for e, corner in self._corners():
+        for e, corner, v in at_corners:
             if (corner[ctx.pi] == 1 and corner[ctx.mu] == 1) or (e, corner[ctx.mu]) in done:
                 continue
             done.add((e, corner[ctx.mu]))
-            v = ctx.limited("evaluating a corner", lambda: e.subs(corner))
             if v is None or not v.is_number or v.is_finite:
-                continue        # a finite value is _corner_values'
+                continue        # a finite value is an exact candidate already
             x = ctx.mu if corner[ctx.mu] == 0 else ctx.pi
             v = ctx.limited("a limit at a corner", lambda: sp.limit(e.subs({y: c for y, c in corner.items() if y != x}),
                                                                    x, 0, "+"), False)
