@@ -183,6 +183,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
         "smooth": "numeric",        # continuity is the arbiter's alone: jumps judged against w's local scale
         "poles": any(facts[adv]["poles"] for adv, _ in SIGNS),
     }
+    result["claims"] = _claims(ctx, arb, result, facts)
     result["warnings"] = (_warnings(result, claims["exact_range"] if range_held else [False, False])
                           + domain_warnings(facts) + on_policy_warnings(result["on_policy"]))
     result["admissibility"] = admissibility(ctx, arb, result)
@@ -190,6 +191,106 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
     result["_w"] = claims["w"]      # vectorized w(r, μ, A) as derived, for callers' own checks
     result["_w_numeric"] = arb.w    # the same by the IR's float rules (nan where undefined): the plot's
     return result
+
+
+# ------------------------------------------------------------------ what each claim rests on
+# A claim of absence or a global property ("no boundary", "unreachable", "bounded", "smooth")
+# is "proven" only from the derived weight (SymPy, confirmed by the arbiter); the grid alone
+# is evidence, so such a claim is "unconfirmed" and carries where it was looked for. A claim
+# of existence (a boundary met, a jump, a pole) rests on the points found: "found".
+def grid_evidence(arb) -> str:
+    np = arb.np
+    r = arb.R[arb.inside]
+    mags = ", ".join(f"{m:g}" for m in arb.magnitudes)
+    return (f"the arbiter's {int(arb.inside.sum()):,} grid points, μ ∈ [{float(arb.mu.min()):g}, {float(arb.mu.max()):g}], "
+            f"r ∈ [{float(np.min(r)):g}, {float(np.max(r)):g}] with π ≤ 1, |A| ∈ {{{mags}}}")
+
+
+def _side_pieces(ctx, res, adv):
+    """The derived pieces of w for one sign of A (in t > 0, a = |A| > 0, μ > 0), or None where
+    the weight is not derived or the arbiter does not confirm it."""
+    if res["weight"] is None or res["arbiter"]["weight"]["status"] != "confirmed":
+        return None
+    return [e for c in res["cases"] if c["advantage"] == adv for e, _ in c["_pieces"]]
+
+
+def _fixed_sign(ctx, pieces):
+    """+1 or −1 where SymPy shows every piece > 0 (or < 0) for all positive t, a and μ (a
+    sufficient condition: the domain is smaller), 0 where every piece is 0, else None."""
+    if all(e == 0 for e in pieces):
+        return 0
+    def sign():
+        for s, test in ((1, lambda e: e.is_positive), (-1, lambda e: e.is_negative)):
+            if all(test(e) is True for e in pieces):
+                return s
+        return None
+    return ctx.limited("the sign of w", sign, None)
+
+
+def _claims(ctx, arb, res, facts) -> dict:
+    grid = grid_evidence(arb)
+    out = {"boundary": {}, "reachable": {}}
+    for adv, _ in SIGNS:
+        b, f = res["boundary"][adv], facts[adv]
+        valid = arb.valid & ((arb.sign > 0) == (adv == "positive"))
+        zero_everywhere = bool(valid.any()) and not arb.np.any(arb.W[valid] != 0)
+        # w = 0 on a region: zeros with a zero neighbour along the row (an isolated 0 is a touch)
+        z = valid & (arb.W == 0)
+        zeros = int((z & (arb.np.pad(z[:, 1:], ((0, 0), (0, 1))) | arb.np.pad(z[:, :-1], ((0, 0), (1, 0))))).sum())
+        pieces = _side_pieces(ctx, res, adv)
+        sign = _fixed_sign(ctx, pieces) if pieces else None
+        at_one = res["on_policy"][adv]
+        one_ok = at_one["status"] != "undefined" and None not in at_one["w"] and (
+            at_one["w"][0] > 0 if sign == 1 else at_one["w"][1] < 0 if sign == -1 else at_one["w"] == [0, 0])
+        if b["pi"] or b["numeric"]:
+            claim = {"claim": "boundary", "status": "found" if any(b["reachable"]) or b["numeric"] else "unconfirmed",
+                     "evidence": "w changes sign at the grid points located" if any(b["reachable"]) or b["numeric"]
+                     else "w changes sign only on the symbolic zero's curve outside the domain (probed)"}
+        elif sign == 0 and one_ok:
+            claim = {"claim": "w ≡ 0", "status": "proven", "evidence": "every derived piece of w is 0"}
+        elif zero_everywhere:
+            claim = {"claim": "w ≡ 0", "status": "unconfirmed", "evidence": f"w = 0 at all of {grid}"}
+        elif sign in (1, -1) and one_ok:
+            claim = {"claim": "none", "status": "proven",
+                     "evidence": f"every derived piece of w is {'> 0' if sign > 0 else '< 0'} (SymPy), and so is w(1)"}
+        else:
+            claim = {"claim": "none", "status": "unconfirmed", "evidence": f"none found at {grid}"
+                     + (" nor on the symbolic zeros probed outside the domain" if res["weight"] is not None else "")}
+        claim["touches"] = bool(f["touches"])
+        claim["zero_share"] = zeros / max(1, int(valid.sum()))
+        out["boundary"][adv] = claim
+        reach = []
+        for p, ok in zip(b["pi"], b["reachable"]):
+            if ok:
+                reach.append({"status": "found", "evidence": "met by w's sign changes on the grid"})
+                continue
+            proof = ctx.limited("the boundary lies outside the domain",
+                                lambda: (p - 1).is_positive is True, False)
+            reach.append({"status": "proven", "evidence": "π > 1 for every μ > 0 (SymPy)"} if proof else
+                         {"status": "unconfirmed", "evidence": f"not met at {grid}; found only outside the domain"})
+        out["reachable"][adv] = reach
+    smooth_ops = {"add", "sub", "mul", "neg", "num", "var", "param", "log", "exp", "sqrt", "erf", "derf",
+                  "atan", "softsign", "sg"}
+    continuous_ir = all(n.op in smooth_ops or (n.op == "pow" and n.args[1].op == "num" and n.args[1].value >= 0)
+                        for n in ctx.dl.walk())
+    if not res["smooth"]:
+        out["smooth"] = {"status": "found", "evidence": "a jump or pole located by bisection on the grid"}
+    elif continuous_ir:
+        out["smooth"] = {"status": "proven", "evidence": "∂ℓ/∂r is built from continuous operations only "
+                         "(no mask, clip, min, max, sign or division)"}
+    else:
+        out["smooth"] = {"status": "unconfirmed", "evidence": f"no jump or pole found at {grid}"}
+    if res["bounded"] is None:
+        out["bounded"] = {"status": "unconfirmed", "evidence": "w is not a finite double at any sampled point"}
+    elif not res["bounded"]:
+        out["bounded"] = {"status": "found", "evidence": "w grows toward a pole, an undefined edge or the domain's corners"}
+    elif res["cases"] and res["arbiter"]["weight"]["status"] == "confirmed" and \
+            all(e.is_number for c in res["cases"] for e, _ in c["_pieces"]):
+        out["bounded"] = {"status": "proven", "evidence": "every derived piece of w is a constant"}
+    else:
+        out["bounded"] = {"status": "unconfirmed", "evidence": f"the extremes of {grid}, refined between them, "
+                          "and the corners μ, r → 0, π → 1"}
+    return out
 
 
 # ------------------------------------------------------------------ admissibility
@@ -419,8 +520,18 @@ def _warnings(res, exact_range):
     for adv, sign_text in (("positive", "A > 0"), ("negative", "A < 0")):
         b = res["boundary"][adv]
         if not b["pi"] and not b["numeric"]:
-            if res["geometry"] != "none":
-                out.append(f"no trust-region boundary for {sign_text}: w never reaches 0, so nothing stops the update")
+            c = res["claims"]["boundary"][adv]
+            how = f" ({c['status']}{'' if c['status'] == 'proven' else ': evidence under the boundary above'})"
+            if c["claim"] == "w ≡ 0":
+                out.append(f"for {sign_text}, w = 0 everywhere: these tokens get no gradient at all{how}")
+            elif c["zero_share"] > 0:
+                out.append(f"no trust-region boundary for {sign_text}, but w = 0 on part of the domain "
+                           f"({100 * c['zero_share']:.3g}% of the grid points): those tokens get no gradient{how}")
+            elif c["touches"]:
+                out.append(f"no trust-region boundary for {sign_text}: w reaches 0 only where it touches 0, "
+                           f"so nothing stops the update{how}")
+            elif res["geometry"] != "none":
+                out.append(f"no trust-region boundary for {sign_text}: w never reaches 0, so nothing stops the update{how}")
         elif not res["reachable"][adv]:
             shown = ", ".join(f"π = {math_text(p)}" for p in b["pi"])
             out.append(f"the boundary for {sign_text} ({shown}) is unreachable: 0 < π, μ ≤ 1, "
@@ -472,9 +583,11 @@ def to_json(res: dict) -> dict:
         "cases": [{"advantage": c["advantage"], "direction": c["direction"], "weight": s(c["weight"])}
                   for c in res["cases"]],
         "boundary": {adv: {"r": [s(e) for e in b["r"]], "pi": [s(e) for e in b["pi"]], "kind": b["kind"],
-                           "reachable": b["reachable"], "numeric": b["numeric"]}
+                           "reachable": b["reachable"], "numeric": b["numeric"], "where": b["where"]}
                      for adv, b in res["boundary"].items()},
         "reachable": res["reachable"],
+        # per claim: "proven" (symbolic), "found" (located points), "unconfirmed" (the evidence given)
+        "claims": res["claims"],
         "weight_range": [None if v is None else float(v) for v in res["weight_range"]],
         "bounded": res["bounded"], "smooth": res["smooth"], "geometry": res["geometry"],
         "on_policy": res["on_policy"], "arbiter": res["arbiter"],

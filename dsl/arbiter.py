@@ -70,6 +70,7 @@ UNDERFLOW = 1e-200          # |w| this small beside an exact 0: a double's under
 HUGE = 1e100                # |w| this large before ℓ overflows is reported as unbounded
 BISECTIONS = 60             # halvings of a bracket: from 1e-3 wide to below a double's resolution
 SIDE_SIGNS = (1.0, -1.0)
+CLUSTER = 1e-4              # relative: changes of state this close may be rounding around one zero
 
 
 def grid_axes(nodes: int, magnitudes: int):
@@ -124,10 +125,12 @@ class Arbiter:
                     return True
         return False
 
-    def w(self, r, mu, A):
-        """w where ℓ and ∂ℓ/∂r are both finite doubles; nan elsewhere (undefined)."""
+    def w(self, r, mu, A, dtype=float):
+        """w where ℓ and ∂ℓ/∂r are both finite doubles; nan elsewhere (undefined). With
+        dtype=np.longdouble, the same rules in extended precision (where the platform has it):
+        only to tell a rounding artefact near a zero of w from a zero of w itself."""
         np = self.np
-        r, mu, A = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (r, mu, A)))
+        r, mu, A = np.broadcast_arrays(*(np.asarray(x, dtype=dtype) for x in (r, mu, A)))
         env = {"r": r, "mu": mu, "pi": mu * r, "A": A, **self.params}
         ell, dl = numpy_plan(self.obj.expr, self.dl)(env)
         with np.errstate(all="ignore"):
@@ -185,7 +188,7 @@ class Arbiter:
             mu, A = self.mu[rows, 0], (self.sign * self.mag)[rows, 0]
             lo, hi, wl, wh, early = self._bisect(R[rows, j], R[rows, j + 1], mu, A, split)
             out[name] = {"row": rows, "lo": lo, "hi": hi, "wl": wl, "wh": wh, "early": early,
-                         "mu": mu, "A": A, "gl": S[rows, j], "gh": S[rows, j + 1]}
+                         "mu": mu, "A": A, "gl": S[rows, j], "gh": S[rows, j + 1], "j": j}
         out["peak"] = self._peaks()
         return out
 
@@ -270,10 +273,14 @@ class Arbiter:
             with np.errstate(all="ignore"):
                 size = np.abs(e["wh"] - e["wl"])
                 top = np.fmax(np.abs(e["wl"]), np.abs(e["wh"]))
+            edge = self._edge_growth(e)
             for i in np.nonzero(size > 1e-6 * top)[0]:
                 adv = "positive" if e["A"][i] > 0 else "negative"
                 where = {"mu": float(e["mu"][i]), "A": float(e["A"][i]), "r": float((e["lo"][i] + e["hi"][i]) / 2)}
-                out[adv]["poles" if top[i] > 100 * e["early"][i] else "jumps"].append(where)
+                if edge[i]:     # steep, continuous growth up to where w ends: not a jump
+                    out[adv]["undefined"].append({**where, "below": bool(edge[i] < 0), "w_grows": True})
+                else:
+                    out[adv]["poles" if top[i] > 100 * e["early"][i] else "jumps"].append(where)
         out["range"] = self._range(out)
         out["continuous"] = not any(out[a][k] for a in ("positive", "negative")
                                     for k in ("jumps", "poles")) and not any(
@@ -283,19 +290,60 @@ class Arbiter:
         out["undefined_fraction"] = float(1 - self.valid.sum() / max(1, self.inside.sum()))
         return out
 
+    def _edge_growth(self, e):
+        """Per jump: +1 (or −1) where the bisection closed on its bracket's upper (lower) grid
+        point and w ends just past it (the next grid point is undefined or the row ends) with |w|
+        there over 100 times its value at the other grid point and the row's scale: growth
+        toward an undefined edge (log(1 − π) as π → 1), which a grid cannot tell from a jump."""
+        np = self.np
+        rows, j = e["row"], e["j"]
+        out = np.zeros(rows.size, dtype=int)
+        n = self.R.shape[1]
+        for side, at, other, past in ((1, j + 1, j, j + 2), (-1, j, j + 1, j - 1)):
+            closed = (e["hi"] if side > 0 else e["lo"]) == self.R[rows, at]
+            past_ok = (past >= 0) & (past < n)
+            ends = ~past_ok | ~self.valid[rows, np.clip(past, 0, n - 1)]
+            big = np.abs(self.W[rows, at]) > 100 * np.fmax(np.abs(self.W[rows, other]), self.row_scale[rows, 0])
+            out = np.where((out == 0) & closed & ends & big, side, out)
+        return out
+
     def _merge(self, found):
-        """Two state changes at one r (w exactly 0 at a grid point between them) are one
-        event: a crossing through an exact 0, or a touch."""
+        """Changes of state along a row that are one zero of w: two at one r (w exactly 0 at a
+        grid point between them), or a cluster of continuous ones within CLUSTER of each other
+        that extended precision shows to be rounding (cancellation makes w 0 or of either sign
+        on a small interval around a touch or a crossing). Merged, a touch has the same sign
+        on both sides and a crossing opposite ones."""
         found = sorted(found)
         out = []
         for ev in found:
-            if out and out[-1][0] == ev[0] and abs(ev[1] - out[-1][2]) <= 1e-9 * max(1.0, ev[1]) \
-                    and out[-1][4] == 0.0 and ev[3] == 0.0:
+            if out and out[-1][0] == ev[0] and (
+                    (abs(ev[1] - out[-1][2]) <= 1e-9 * max(1.0, ev[1]) and out[-1][4] == 0.0 and ev[3] == 0.0)
+                    or self._one_zero(out[-1], ev)):
                 row, lo, _, wl, _, early, gl, _ = out.pop()
                 out.append((row, lo, ev[2], wl, ev[4], max(early, ev[5]), gl, ev[7]))
             else:
                 out.append(ev)
         return out
+
+    def _continuous(self, ev) -> bool:
+        row, _, _, wl, wh, _, gl, gh = ev
+        return 2 not in (gl, gh) and math.isfinite(wl) and math.isfinite(wh) and \
+            max(abs(wl), abs(wh)) <= 1e-6 * float(self.row_scale[row, 0])
+
+    def _one_zero(self, a, b) -> bool:
+        """a and b (consecutive on a row) are rounding around one zero: both continuous, close,
+        and w in extended precision differs in state from w in doubles somewhere between them
+        while it is nowhere 0 on two neighbouring samples (that would be a real interval of 0)."""
+        np = self.np
+        if not (self._continuous(a) and self._continuous(b)) or b[1] - a[2] > CLUSTER * max(1.0, b[1]):
+            return False
+        lo, hi = a[1], b[2]
+        pad = max(hi - lo, 1e-12 * hi)
+        r = np.linspace(max(lo - pad, lo / 2), hi + pad, 65)
+        mu, A = self.mu[a[0], 0], (self.sign * self.mag)[a[0], 0]
+        s64, sx = self._state(self.w(r, mu, A)), self._state(self.w(r, mu, A, dtype=np.longdouble))
+        zero_run = np.any((sx[1:] == 0) & (sx[:-1] == 0))
+        return bool(np.any(s64 != sx)) and 2 not in sx and not zero_run
 
     def _range(self, facts):
         """[lo, hi] of w over the grid; None for a side that is unbounded: w grows toward a
@@ -329,6 +377,10 @@ class Arbiter:
                     unbounded_lo |= math.isfinite(v) and v < 0
         if any(facts[adv]["touches"] for adv in ("positive", "negative")):
             lo, hi = min(lo, 0.0), max(hi, 0.0)     # w = 0 exactly there, between grid points
+            # an extreme within rounding of 0 beside a touch is the touch's 0 (cancellation
+            # leaves −4e-16 where (1.5 − r)² is expanded), not a sign change
+            tiny = 1e-12 * float(np.median(self.row_scale))
+            lo, hi = (0.0 if abs(x) <= tiny else x for x in (lo, hi))
         unbounded_lo |= lo < -HUGE
         unbounded_hi |= hi > HUGE
         return [None if unbounded_lo else lo, None if unbounded_hi else hi]
@@ -378,13 +430,28 @@ class Arbiter:
 
     def changes_sign_at(self, r, mu, A):
         """Outside the domain too: does w change state across r (relative 1e-7)? Returns that,
-        and where w is defined on both sides at all (ℓ may overflow a double out there)."""
+        where w is defined on both sides at all (ℓ may overflow a double out there), and each
+        point's kind, from probing it: w = 0 on the side away from r = 1 ("w = 0 beyond") or
+        toward it ("w = 0 before"), else a sign change, continuous or not."""
         np = self.np
         h = 1e-7 * np.maximum(r, 1.0)
         s = self._state(self.w(r - h, mu, A)), self._state(self.w(r + h, mu, A))
         defined = (s[0] != 2) & (s[1] != 2) & np.isfinite(r) & (r - h > 0)
-        return (s[0] != s[1]) & defined, defined
+        changed = (s[0] != s[1]) & defined
+        return changed, defined, self.kind_at(r, mu, A, s)
 
+    def kind_at(self, r, mu, A, states):
+        """The label of a sign change at r from w on both sides: |w| 1e-9 away against |w| 1e-3
+        away tells a continuous crossing (w → 0 at r) from a jump across 0."""
+        np = self.np
+        sl, sh = states
+        inner, outer = np.where(r > 1, sl, sh), np.where(r > 1, sh, sl)
+        with np.errstate(all="ignore"):
+            near = np.fmax(*(np.abs(self.w(r * (1 + d), mu, A)) for d in (-1e-9, 1e-9)))
+            far = np.fmax(*(np.abs(self.w(r * (1 + d), mu, A)) for d in (-1e-3, 1e-3)))
+        crosses = np.nan_to_num(near, nan=np.inf) <= 1e-3 * np.nan_to_num(far, nan=0.0)
+        return np.where(outer == 0, "w = 0 beyond", np.where(inner == 0, "w = 0 before",
+                                                              np.where(crosses, "crosses 0", "jumps across 0")))
 
 def describe(points) -> str:
     """Where a set of located events lies, in the simplest coordinate that is constant over

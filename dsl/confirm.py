@@ -50,13 +50,15 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     for adv, sign in ADVANTAGES:
         events = facts[adv]["events"]
         used = np.zeros(len(events), dtype=bool)
-        out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": []}
+        out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
         for r_expr, pi_expr, g, explicit in candidates[adv]:
-            if any(r_expr == x for x in out["r"]):
+            if any(_same_place(r_expr, x) for x in out["r"]):
                 continue
             hit = arb.boundary_at(g, events)
+            where = ""
             if hit.any():
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
+                where = describe([events[i] for i in np.nonzero(hit)[0]])   # the located points, for the geometry
                 used |= hit
                 reachable = True
             elif explicit is not None:
@@ -66,9 +68,9 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 mu = np.tile(PROBE_MUS, len(MAGNITUDES))
                 with np.errstate(all="ignore"):
                     r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
-                changed, defined = arb.changes_sign_at(r_star, mu, A)
+                changed, defined, kind = arb.changes_sign_at(r_star, mu, A)
                 if changed.any():
-                    kinds = ["crosses 0"]
+                    kinds = sorted(set(kind[changed]))     # each label from probing the boundary itself
                     reachable = bool((changed & (mu * r_star <= 1)).any())
                 elif (r_star > 0).any() and not defined[r_star > 0].any():
                     kinds, reachable = ["unconfirmed"], False    # ℓ is not a finite double there: kept, flagged
@@ -84,7 +86,8 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     continue
             else:
                 continue        # an edge where w might have jumped, and does not
-            for key, v in (("r", r_expr), ("pi", pi_expr()), ("kind", ", ".join(kinds)), ("reachable", reachable)):
+            for key, v in (("r", r_expr), ("pi", pi_expr()), ("kind", ", ".join(kinds)), ("reachable", reachable),
+                           ("where", where)):
                 out[key].append(v)
         rest = [e for e, u in zip(events, used) if not u]
         for kind in sorted({e["kind"] for e in rest}):
@@ -94,6 +97,14 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     out["numeric"].append({"where": describe(group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _same_place(a, b) -> bool:
+    """One candidate twice: the same r*, or implicit equations h = 0 and −h = 0."""
+    if a == b:
+        return True
+    import sympy as sp
+    return isinstance(a, sp.Eq) and isinstance(b, sp.Eq) and sp.expand(a.lhs - a.rhs + b.lhs - b.rhs) == 0
 
 
 def compare_range(claim, numeric) -> tuple[list, bool]:

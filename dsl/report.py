@@ -78,6 +78,12 @@ def _kinds(kind: str) -> str:
     return " or ".join(_KIND[k] for k in kind.split(", "))
 
 
+def _status(claim) -> str:
+    """How a claim is known (dsl.analysis._claims): proven, found at located points, or
+    unconfirmed, with the evidence it rests on."""
+    return f"{claim['status']}: {claim['evidence']}"
+
+
 def _fmt(x) -> str:
     return "unbounded" if x is None else f"{float(x):.6g}"
 
@@ -128,18 +134,21 @@ def report(res: dict) -> str:
     for adv in ("positive", "negative"):
         b = res["boundary"][adv]
         sign = "A > 0" if adv == "positive" else "A < 0"
+        claims = res["claims"]
         if not b["r"] and not b["numeric"]:
-            lines.append(f"    {sign}   none")
-        for r_, pi_, kind, ok in zip(b["r"], b["pi"], b["kind"], b["reachable"]):
-            reach = "reachable" if ok else "unreachable in 0 < μ, π ≤ 1"
+            c = claims["boundary"][adv]
+            what = "none: w = 0 everywhere" if c["claim"] == "w ≡ 0" else "none"
+            lines.append(f"    {sign}   {what} ({_status(c)})")
+        for r_, pi_, kind, ok, how in zip(b["r"], b["pi"], b["kind"], b["reachable"], claims["reachable"][adv]):
+            reach = "reachable" if ok else f"unreachable in 0 < μ, π ≤ 1, {_status(how)}"
             lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach}; w {_kinds(kind)})")
         for x in b["numeric"]:
             lines.append(f"    {sign}   {x['where']}    (found numerically, not derived; w {_kinds(x['kind'])})")
     sc = res["self_check"]
     lines += [
         "",
-        f"  range      w ∈ {_range(res)}  ({_BOUNDED[res['bounded']]})",
-        f"  smooth     {_smooth(res)}",
+        f"  range      w ∈ {_range(res)}  ({_BOUNDED[res['bounded']]}; {_status(res['claims']['bounded'])})",
+        f"  smooth     {_smooth(res)} ({_status(res['claims']['smooth'])})",
         f"  geometry   {res['geometry']}: {_GEOMETRY[res['geometry']]}",
         f"  on policy  w(r = 1) {_on_policy(res['on_policy'])}",
         f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "

@@ -386,6 +386,12 @@ def geometry(ctx, cases, boundary, entangled):
     if all(ctx.mu not in e.free_symbols for e in rs) and all(w.startswith("r ≈") for w in numeric):
         return "ratio"
     if any(isinstance(e, sp.Eq) for e in rs):
+        # an implicit boundary: its geometry is where the arbiter located it
+        where = [w for side in boundary.values() for w in side["where"]] + numeric
+        if where and all(w.startswith("r ≈") for w in where):
+            return "ratio"
+        if where and all(w.startswith("π ≈ μ") for w in where):
+            return "binary-tv"
         return "other"
     if all(ctx.mu not in sp.expand(p - ctx.mu).free_symbols for p in pis) and \
             all(w.startswith("π ≈ μ") for w in numeric):
