@@ -168,6 +168,8 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
     result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
     result["on_policy"] = on_policy(obj)
+    if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):
+        result["geometry"] = "other"    # w ≡ 1 off policy only (a mask at r = 1): not the plain surrogate
     _widen(facts, result["on_policy"])
     weight_range, range_held = compare_range(claims["range"], facts["range"])
     result["weight_range"] = weight_range or [None, None]
@@ -211,12 +213,16 @@ def _side_pieces(ctx, res, adv):
     the weight is not derived or the arbiter does not confirm it."""
     if res["weight"] is None or res["arbiter"]["weight"]["status"] != "confirmed":
         return None
-    return [e for c in res["cases"] if c["advantage"] == adv for e, _ in c["_pieces"]]
+    # r < 1 is t < 1: t = 1/(1 + u) with u > 0 keeps that in SymPy's assumptions
+    u = ctx.sp.Symbol("u", positive=True)
+    return [e if c["_tmax"] is None else e.subs(ctx.t, 1 / (1 + u))
+            for c in res["cases"] if c["advantage"] == adv for e, _ in c["_pieces"]]
 
 
 def _fixed_sign(ctx, pieces):
-    """+1 or −1 where SymPy shows every piece > 0 (or < 0) for all positive t, a and μ (a
-    sufficient condition: the domain is smaller), 0 where every piece is 0, else None."""
+    """+1 or −1 where SymPy shows every piece > 0 (or < 0) for all positive t (t < 1 where
+    r < 1), a and μ, whatever its condition (a sufficient condition: the domain is smaller),
+    0 where every piece is 0, else None."""
     if all(e == 0 for e in pieces):
         return 0
     def sign():
@@ -270,9 +276,10 @@ def _claims(ctx, arb, res, facts) -> dict:
                          {"status": "unconfirmed", "evidence": f"not met at {grid}; found only outside the domain"})
         out["reachable"][adv] = reach
     smooth_ops = {"add", "sub", "mul", "neg", "num", "var", "param", "log", "exp", "sqrt", "erf", "derf",
-                  "atan", "softsign", "sg"}
+                  "atan", "softsign", "sg", "abs"}
+    constant = lambda n: not any(m.op == "var" for m in n.walk())     # noqa: E731
     continuous_ir = all(n.op in smooth_ops or (n.op == "pow" and n.args[1].op == "num" and n.args[1].value >= 0)
-                        for n in ctx.dl.walk())
+                        or (n.op == "div" and constant(n.args[1])) for n in ctx.dl.walk())
     if not res["smooth"]:
         out["smooth"] = {"status": "found", "evidence": "a jump or pole located by bisection on the grid"}
     elif continuous_ir:
@@ -527,6 +534,9 @@ def _warnings(res, exact_range):
             elif c["zero_share"] > 0:
                 out.append(f"no trust-region boundary for {sign_text}, but w = 0 on part of the domain "
                            f"({100 * c['zero_share']:.3g}% of the grid points): those tokens get no gradient{how}")
+            elif res["on_policy"][adv]["status"] == "zero":
+                out.append(f"no trust-region boundary for {sign_text}: w = 0 at r = 1 (see on policy) but does not "
+                           f"change sign, so nothing stops the update{how}")
             elif c["touches"]:
                 out.append(f"no trust-region boundary for {sign_text}: w reaches 0 only where it touches 0, "
                            f"so nothing stops the update{how}")
