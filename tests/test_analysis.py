@@ -141,12 +141,15 @@ def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(na
     sym(out["weight"], params)
     assert set(out["boundary"]) == {"positive", "negative"}
     for side in out["boundary"].values():
-        assert set(side) == {"r", "pi", "kind", "reachable", "numeric"}
-        assert len(side["r"]) == len(side["pi"]) == len(side["kind"]) == len(side["reachable"])
+        assert set(side) == {"r", "pi", "kind", "reachable", "numeric", "where"}
+        assert len(side["r"]) == len(side["pi"]) == len(side["kind"]) == len(side["reachable"]) == len(side["where"])
         assert side["numeric"] == []        # every boundary of the library is derived, not only found
         for e in side["r"] + side["pi"]:
             sym(e, params)
     assert set(out["reachable"]) == {"positive", "negative"}
+    claims = out["claims"]      # every claim says how it is known, and on what
+    for c in [*claims["boundary"].values(), *sum(claims["reachable"].values(), []), claims["smooth"], claims["bounded"]]:
+        assert c["status"] in ("proven", "found", "unconfirmed") and c["evidence"], c
     assert len(out["weight_range"]) == 2
     assert out["geometry"] in ("none", "ratio", "binary-tv", "two-level", "advantage-entangled", "other")
     assert out["self_check"]["passed"] and out["self_check"]["points"] >= 32
