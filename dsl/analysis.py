@@ -520,6 +520,13 @@ def _symbolic_claims(ctx, arb, facts) -> dict:
             "weight_check": worst}
 
 
+def _how(claims) -> str:
+    """A warning's claim of absence says whether it is proven; the evidence is printed once, under
+    the boundary it concerns."""
+    proven = all(c["status"] == "proven" for c in claims)
+    return " (proven)" if proven else " (unconfirmed: evidence under the boundary above)"
+
+
 def _warnings(res, exact_range):
     from .report import _fmt, math_text
     out = []
@@ -528,7 +535,7 @@ def _warnings(res, exact_range):
         b = res["boundary"][adv]
         if not b["pi"] and not b["numeric"]:
             c = res["claims"]["boundary"][adv]
-            how = f" ({c['status']}{'' if c['status'] == 'proven' else ': evidence under the boundary above'})"
+            how = _how([c])
             if c["claim"] == "w ≡ 0":
                 out.append(f"for {sign_text}, w = 0 everywhere: these tokens get no gradient at all{how}")
             elif c["zero_share"] > 0:
@@ -545,10 +552,12 @@ def _warnings(res, exact_range):
         elif not res["reachable"][adv]:
             shown = ", ".join(f"π = {math_text(p)}" for p in b["pi"])
             out.append(f"the boundary for {sign_text} ({shown}) is unreachable: 0 < π, μ ≤ 1, "
-                       f"so w stays within [{_fmt(lo)}, {_fmt(hi)}] and never cancels the gradient")
+                       f"so w stays within [{_fmt(lo)}, {_fmt(hi)}] and never cancels the gradient"
+                       + _how(res["claims"]["reachable"][adv]))
         elif not all(b["reachable"]):
             shown = ", ".join(f"π = {math_text(p)}" for p, ok in zip(b["pi"], b["reachable"]) if not ok)
-            out.append(f"for {sign_text}, the boundary {shown} is unreachable in 0 < π, μ ≤ 1")
+            how = [c for c, ok in zip(res["claims"]["reachable"][adv], b["reachable"]) if not ok]
+            out.append(f"for {sign_text}, the boundary {shown} is unreachable in 0 < π, μ ≤ 1" + _how(how))
         if b["numeric"]:
             found = "; ".join(f"{x['where']} ({x['kind']})" for x in b["numeric"])
             out.append(f"for {sign_text}, the numeric arbiter finds w changing sign at {found}" +
