@@ -19,7 +19,7 @@ MAGNITUDES = (1e-3, 1.0, 1e3)
 SIGNS = (("positive", 1.0), ("negative", -1.0))
 # the domain's corners beyond the regular grid: μ → 0 with r up to 1/μ (a clamp at |log r| = 12
 # is met only there), and r → 0
-CORNER_MUS = (1e-9, 1e-12)
+CORNER_MUS = (2.7e-10, 1.3e-12)     # not round: a threshold on π at a round value stays off r = 1
 CORNER_RS = (1e-15, 1e-12, 1e-9, 1e4, 1e5, 3e5, 1e6, 1e7, 3e7, 1e8, 1e9, 1e10, 1e11, 1e12)
 ON_POLICY_MAGNITUDES = 61   # |A| log-spaced over MAGNITUDES' span for the on-policy interval
 
@@ -33,7 +33,9 @@ def on_policy(obj, dl) -> dict:
     run = numpy_plan(obj.expr, dl)       # ∂ℓ/∂r at fixed μ and A, by the IR's rules
     params = {k: float(v) for k, v in obj.params.items()}
     found = thresholds(obj.expr, dl, _key(params))
-    mus = np.unique(np.concatenate([MUS, np.logspace(-6, 0, 25), found["mu"]]))
+    # on policy π = μ: a threshold on π is one on μ there
+    mus = np.unique(np.concatenate([MUS, np.logspace(-6, 0, 25), found["mu"], found["pi"]]))
+    mus = mus[(mus > 0) & (mus <= 1)]
     mags = np.unique(np.concatenate([np.logspace(-3, 3, ON_POLICY_MAGNITUDES), found["A"]]))
     mu, mag = (x.ravel() for x in np.meshgrid(mus, mags))
     out = {}
@@ -148,7 +150,17 @@ def _crossings(run, k, xs, env):
     return i, row, (lo + hi) / 2
 
 
-SIDE = 1e-9     # a threshold's two sides: relative offsets from it (clear of rounding at r = 1)
+SIDE = 1e-6     # a threshold's two sides, relative to it: clear of a derived formula's rounding
+
+
+def _sides(x, ratio=False):
+    """The points either side of thresholds x; for a ratio, never across r = 1 (r = 1 ± μ at μ = 1e-12)."""
+    import numpy as np
+    x = np.asarray(x, dtype=float)
+    d = SIDE * np.abs(x)
+    if ratio:
+        d = np.where(x != 1, np.minimum(d, np.abs(x - 1) / 2), d)
+    return x - d, x + d
 
 
 @functools.lru_cache(maxsize=64)
@@ -176,7 +188,7 @@ def thresholds(expr, dl, params) -> dict:
                 e = {"r": 1.0, "mu": 1.0, "pi": 1.0, "A": 1.0, **params, **(fixed or {})}
                 e[var] = sg * x
                 return e
-            out += [x * f for x in _crossings(run, len(qs), axes[var], env)[2].tolist() for f in (1 - SIDE, 1 + SIDE)]
+            out += np.concatenate(_sides(_crossings(run, len(qs), axes[var], env)[2], var == "r")).tolist()
         return out
 
     found = {v: search(groups[v], v) if v in groups else [] for v in ("A", "mu", "r", "pi")}
@@ -289,8 +301,8 @@ class Arbiter:
         row, x = row[order], x[order]
         rank = np.arange(row.size) - np.searchsorted(row, row)     # index within its row
         keep = rank < ROW_THRESHOLDS
-        for k, f in enumerate((1 - SIDE, 1 + SIDE)):
-            out[row[keep], 2 * rank[keep] + k] = x[keep] * f
+        for k, side in enumerate(_sides(x[keep], ratio=True)):
+            out[row[keep], 2 * rank[keep] + k] = side
         return out
 
     def _depends_on_magnitude(self, base, mus, mags) -> bool:
