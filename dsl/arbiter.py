@@ -38,44 +38,50 @@ def on_policy(obj, dl) -> dict:
     mus = mus[(mus > 0) & (mus <= 1)]
     mags = np.unique(np.concatenate([np.logspace(-3, 3, ON_POLICY_MAGNITUDES), found["A"]]))
     mu, mag = (x.ravel() for x in np.meshgrid(mus, mags))
-    out = {}
+
+    def at(r, mu, A):
+        ell, dl_ = (np.broadcast_to(v, np.shape(mu)) for v in run({"r": r, "mu": mu, "pi": mu * r, "A": A, **params}))
+        with np.errstate(all="ignore"):
+            return ell, dl_ / A
+    out, starts = {}, []
     for adv, sign in SIGNS:
-        def at(r, mu, A):
-            ell, dl_ = (np.broadcast_to(v, mu.shape) for v in run({"r": r, "mu": mu, "pi": mu * r, "A": A, **params}))
-            with np.errstate(all="ignore"):
-                return ell, dl_ / A
         ell, w = at(np.ones_like(mu), mu, sign * mag)
         undefined = ("ℓ is not finite" if not np.isfinite(ell).all() else
                      "w is 0/0, a pole or not finite" if not np.isfinite(w).all() else None)
         ok = np.isfinite(w) & np.isfinite(ell)
         ws = w[ok]
         lo, hi = (float(ws.min()), float(ws.max())) if ws.size else (None, None)
-        if ws.size:     # an extreme between sampled μ and |A| (a peak at an intermediate |A|)
-            def f(y, s):
-                e, v = at(np.ones(y.shape[1:]), np.exp(y[0]), sign * np.exp(y[1]))
-                return np.where(np.isfinite(e) & np.isfinite(v), s * v, -np.inf)
-            bounds = ([math.log(mus[0]), math.log(mags[0])], [0.0, math.log(mags[-1])])
-            for s in (1.0, -1.0):
-                top = np.argsort(np.where(ok, s * w, -np.inf))[-2:]
-                x = np.stack([np.log(mu[top]), np.log(mag[top])])
-                best = _climb(lambda y, s=s: f(y, s), x, lambda y: np.clip(y, *(np.array(b)[:, None, None]
-                                                                               for b in bounds)), steps=40)
-                lo, hi = (lo, max(hi, best)) if s > 0 else (min(lo, -best), hi)
-        status = ("undefined" if undefined else "zero" if hi == lo == 0 else
-                  "negative" if lo < 0 else "zero" if lo == 0 else "ok")
+        if ws.size and lo < hi:     # an extreme between sampled μ and |A| (a peak at an intermediate |A|)
+            starts += [(adv, sign, s, k) for s in (1.0, -1.0) for k in np.argsort(np.where(ok, s * w, -np.inf))[-2:]]
         # continuous at r = 1 where defined: w there is the limit from both sides
         with np.errstate(all="ignore"):
             jumps = [np.abs(at(r, mu, sign * mag)[1] - w) > 1e-6 * np.maximum(1.0, np.abs(w))
                      for r in (1 - 1e-12, 1 + 1e-12)]
-        out[adv] = {"w": [lo, hi], "status": status, "why": undefined,
-                    "jumps": bool(np.any(np.isfinite(w) & (jumps[0] | jumps[1])))}
-    return out
+        out[adv] = {"w": [lo, hi], "why": undefined, "jumps": bool(np.any(np.isfinite(w) & (jumps[0] | jumps[1])))}
+    if starts:      # every search at once: one evaluation per step for all of them
+        sign, s = (np.array([x[i] for x in starts])[:, None] for i in (1, 2))
+        k = np.array([x[3] for x in starts])
+        lo_b, hi_b = (np.array(b)[:, None, None] for b in ([math.log(mus[0]), math.log(mags[0])],
+                                                             [0.0, math.log(mags[-1])]))
+
+        def f(y):
+            e, v = at(np.ones(y.shape[1:]), np.exp(y[0]), sign * np.exp(y[1]))
+            return np.where(np.isfinite(e) & np.isfinite(v), s * v, -np.inf)
+        best = _climb(f, np.stack([np.log(mu[k]), np.log(mag[k])]), lambda y: np.clip(y, lo_b, hi_b), steps=40)
+        for (adv, _, sg, _), b in zip(starts, best):
+            lo, hi = out[adv]["w"]
+            out[adv]["w"] = [lo, max(hi, b)] if sg > 0 else [min(lo, -b), hi]
+    for f_ in out.values():
+        lo, hi = f_["w"]
+        f_["status"] = ("undefined" if f_["why"] else "zero" if hi == lo == 0 else
+                        "negative" if lo < 0 else "zero" if lo == 0 else "ok")
+    return {adv: {k: f_[k] for k in ("w", "status", "why", "jumps")} for adv, f_ in out.items()}
 
 
 def _climb(f, x, project, steps=60):
     """max of f by a pattern search from each column of x (all directions, diagonals too: an
     extreme can sit on a ridge such as r = |A|), each point kept inside the domain by project.
-    Returns the best value found."""
+    Returns the best value found from each."""
     import numpy as np
     dims, n = x.shape
     dirs = np.array(np.meshgrid(*[[-1.0, 0.0, 1.0]] * dims)).reshape(dims, -1)
@@ -92,7 +98,9 @@ def _climb(f, x, project, steps=60):
             x[:, better] = y[:, better, k[better]]
             best = np.where(better, gain, best)
             step = np.where(better, step, step / 2)
-    return float(np.max(best))
+            if step.max() < 1e-12:      # converged everywhere: the rest would change nothing
+                break
+    return best
 
 
 # ------------------------------------------------------------------ structure
@@ -100,8 +108,8 @@ def _climb(f, x, project, steps=60):
 # clip, a min or max). One that reads only |A|, only μ, only r or only π has thresholds found
 # once along that variable; one that reads r or π with μ or A (π − μ ≤ 0.1) has them per row.
 THRESHOLD_SAMPLES = 2001    # points of each one-variable search for a threshold
-ROW_QUANTITIES = 16         # compared quantities in r searched per row; past it, the grid alone
-ROW_THRESHOLDS = 8          # thresholds in r added per row (a point either side of each)
+ROW_QUANTITIES = 8          # compared quantities in r searched per row; past it, the grid alone
+ROW_THRESHOLDS = 4          # thresholds in r added per row (a point either side of each)
 BAND_THRESHOLDS = 6         # thresholds on |A| or μ given rows of their own (either side, and inside)
 _COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 
@@ -194,6 +202,8 @@ def thresholds(expr, dl, params) -> dict:
     found = {v: search(groups[v], v) if v in groups else [] for v in ("A", "mu", "r", "pi")}
     for v in ("A", "mu"):
         found[v] = _bands(found[v])
+    for v in ("r", "pi"):       # the ROW_THRESHOLDS nearest r = 1 (π = 1): each adds a column to every row
+        found[v] = sorted(sorted(set(found[v]), key=lambda x: abs(math.log(x)) if x > 0 else math.inf)[:2 * ROW_THRESHOLDS])
     if "muA" in groups:     # |A| ≤ 1/μ: thresholds in μ at each |A| sampled
         for mag in sorted(set(MAGNITUDES) | set(found["A"])):
             found["mu"] += [x for s in (1.0, -1.0) for x in search(groups["muA"], "mu", {"A": s * mag})]
@@ -550,7 +560,7 @@ class Arbiter:
             if free:
                 y[2] = np.clip(y[2], *span)
             return y
-        return max(_climb(f, x, project), float(np.max(vals[rows, cols])))
+        return max(float(np.max(_climb(f, x, project))), float(np.max(vals[rows, cols])))
 
     def boundary_at(self, g, events):
         """The events that a candidate boundary g(r, μ, A) = 0 accounts for: g changes sign
