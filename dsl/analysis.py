@@ -133,7 +133,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
     original = obj
     obj, scope = analysis_view(obj, seq_len, rho)
     ctx = _Ctx(obj)
-    arb = Arbiter(obj)
+    arb = Arbiter(obj, ctx.dl)        # ∂ℓ/∂r derived once, for every numeric check
     facts = arb.facts()
     result = {
         "name": obj.name, "path": obj.path, "description": obj.description,
@@ -143,7 +143,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
         "scope": scope,
     }
     if scope["rho_name"]:
-        scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"])
+        scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"], ctx.dl)
     claims, why = None, None
     if (size := tree_size(ctx.dl)) > SYMBOLIC_SIZE:
         why = f"∂ℓ/∂r has {size:,} operations written out; SymPy is tried up to {SYMBOLIC_SIZE:,}"
@@ -167,7 +167,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
         ctx.notes += notes
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
     result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
-    result["on_policy"] = on_policy(obj)
+    result["on_policy"] = on_policy(obj, ctx.dl)
     if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):
         result["geometry"] = "other"    # w ≡ 1 off policy only (a mask at r = 1): not the plain surrogate
     _widen(facts, result["on_policy"])
@@ -463,13 +463,13 @@ def _symmetric(ctx, arb, res) -> dict:
 MISMATCH_GRID = (1e-4, 1e4, 801)      # ρ = π_old/π_rollout, log-spaced
 
 
-def mismatch_range(view: Objective, rho_name: str) -> dict:
+def mismatch_range(view: Objective, rho_name: str, dl) -> dict:
     """On policy (r = 1), over μ in [1e-6, 1], A = ±1 and ρ on MISMATCH_GRID: the range of w
     and the ρ where some token keeps a nonzero weight (outside it the objective filters it)."""
     import numpy as np
     rho = np.geomspace(*MISMATCH_GRID)
     mu = np.geomspace(1e-6, 1, 31)[:, None]
-    run = numpy_plan(derivative(view.expr))
+    run = numpy_plan(dl)
     params = {k: float(v) for k, v in view.params.items()}
     ws = [run({**params, "r": np.ones_like(mu), "mu": mu, "pi": mu, "A": a, rho_name: rho[None, :]})[0] / a
           for a in (1.0, -1.0)]

@@ -5,47 +5,218 @@ of A and several |A|, the weight itself, where it changes sign, jumps or has a p
 ℓ or w is undefined, and its range."""
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import warnings
 
-from .ir import derivative, numpy_plan
+from .ir import Node, numpy_plan, postorder
 
 # μ across six decades and |A| across six: a value that holds on all of them is reported as a
 # number, one that does not as the interval it spans
 MUS = (1e-6, 1e-3, 0.1, 0.5, 1.0)
 MAGNITUDES = (1e-3, 1.0, 1e3)
 SIGNS = (("positive", 1.0), ("negative", -1.0))
+# the domain's corners beyond the regular grid: μ → 0 with r up to 1/μ (a clamp at |log r| = 12
+# is met only there), and r → 0
+CORNER_MUS = (2.7e-10, 1.3e-12)     # not round: a threshold on π at a round value stays off r = 1
+CORNER_RS = (1e-15, 1e-12, 1e-9, 1e4, 1e5, 3e5, 1e6, 1e7, 3e7, 1e8, 1e9, 1e10, 1e11, 1e12)
+ON_POLICY_MAGNITUDES = 61   # |A| log-spaced over MAGNITUDES' span for the on-policy interval
 
 
-def on_policy(obj) -> dict:
+def on_policy(obj, dl) -> dict:
     """w and ℓ at r = 1 (π = μ), per sign of A: what the first mini-batch of every PPO-style
-    step sees. status: "ok" (w > 0), "zero" (no on-policy gradient), "negative" (the gradient
-    opposes A), "undefined" (ℓ or w is 0/0, a pole, or not a finite double there)."""
+    step sees, over μ and a dense |A| grid with the objective's own thresholds, its extremes
+    refined in between. status: "ok" (w > 0), "zero" (no on-policy gradient), "negative" (the
+    gradient opposes A), "undefined" (ℓ or w is 0/0, a pole, or not a finite double there)."""
     import numpy as np
-    run = numpy_plan(obj.expr, derivative(obj.expr))     # ∂ℓ/∂r at fixed μ and A, by the IR's rules
+    run = numpy_plan(obj.expr, dl)       # ∂ℓ/∂r at fixed μ and A, by the IR's rules
     params = {k: float(v) for k, v in obj.params.items()}
-    mu, mag = (x.ravel() for x in np.meshgrid(MUS, MAGNITUDES))
-    out = {}
-    for adv, sign in SIGNS:
-        A = sign * mag
-        ell, dl = (np.broadcast_to(v, mu.shape) for v in run({"r": np.ones_like(mu), "mu": mu, "pi": mu, "A": A,
-                                                                **params}))
+    found = thresholds(obj.expr, dl, _key(params))
+    # on policy π = μ: a threshold on π is one on μ there
+    mus = np.unique(np.concatenate([MUS, np.logspace(-6, 0, 25), found["mu"], found["pi"]]))
+    mus = mus[(mus > 0) & (mus <= 1)]
+    mags = np.unique(np.concatenate([np.logspace(-3, 3, ON_POLICY_MAGNITUDES), found["A"]]))
+    mu, mag = (x.ravel() for x in np.meshgrid(mus, mags))
+
+    def at(r, mu, A):
+        ell, dl_ = (np.broadcast_to(v, np.shape(mu)) for v in run({"r": r, "mu": mu, "pi": mu * r, "A": A, **params}))
         with np.errstate(all="ignore"):
-            w = dl / A
+            return ell, dl_ / A
+    out, starts = {}, []
+    for adv, sign in SIGNS:
+        ell, w = at(np.ones_like(mu), mu, sign * mag)
         undefined = ("ℓ is not finite" if not np.isfinite(ell).all() else
                      "w is 0/0, a pole or not finite" if not np.isfinite(w).all() else None)
-        ws = w[np.isfinite(w) & np.isfinite(ell)]
+        ok = np.isfinite(w) & np.isfinite(ell)
+        ws = w[ok]
         lo, hi = (float(ws.min()), float(ws.max())) if ws.size else (None, None)
-        status = ("undefined" if undefined else "zero" if hi == lo == 0 else
-                  "negative" if lo < 0 else "zero" if lo == 0 else "ok")
+        if ws.size and lo < hi:     # an extreme between sampled μ and |A| (a peak at an intermediate |A|)
+            starts += [(adv, sign, s, k) for s in (1.0, -1.0) for k in np.argsort(np.where(ok, s * w, -np.inf))[-2:]]
         # continuous at r = 1 where defined: w there is the limit from both sides
-        near = [np.broadcast_to(run({"r": r, "mu": mu, "pi": mu * r, "A": A, **params})[1], mu.shape) / A
-                for r in (1 - 1e-12, 1 + 1e-12)]
         with np.errstate(all="ignore"):
-            jumps = [np.abs(x - w) > 1e-6 * np.maximum(1.0, np.abs(w)) for x in near]
-        out[adv] = {"w": [lo, hi], "status": status, "why": undefined,
-                    "jumps": bool(np.any(np.isfinite(w) & (jumps[0] | jumps[1])))}
+            jumps = [np.abs(at(r, mu, sign * mag)[1] - w) > 1e-6 * np.maximum(1.0, np.abs(w))
+                     for r in (1 - 1e-12, 1 + 1e-12)]
+        out[adv] = {"w": [lo, hi], "why": undefined, "jumps": bool(np.any(np.isfinite(w) & (jumps[0] | jumps[1])))}
+    if starts:      # every search at once: one evaluation per step for all of them
+        sign, s = (np.array([x[i] for x in starts])[:, None] for i in (1, 2))
+        k = np.array([x[3] for x in starts])
+        lo_b, hi_b = (np.array(b)[:, None, None] for b in ([math.log(mus[0]), math.log(mags[0])],
+                                                             [0.0, math.log(mags[-1])]))
+
+        def f(y):
+            e, v = at(np.ones(y.shape[1:]), np.exp(y[0]), sign * np.exp(y[1]))
+            return np.where(np.isfinite(e) & np.isfinite(v), s * v, -np.inf)
+        best = _climb(f, np.stack([np.log(mu[k]), np.log(mag[k])]), lambda y: np.clip(y, lo_b, hi_b), steps=40)
+        for (adv, _, sg, _), b in zip(starts, best):
+            lo, hi = out[adv]["w"]
+            out[adv]["w"] = [lo, max(hi, b)] if sg > 0 else [min(lo, -b), hi]
+    for f_ in out.values():
+        lo, hi = f_["w"]
+        f_["status"] = ("undefined" if f_["why"] else "zero" if hi == lo == 0 else
+                        "negative" if lo < 0 else "zero" if lo == 0 else "ok")
+    return {adv: {k: f_[k] for k in ("w", "status", "why", "jumps")} for adv, f_ in out.items()}
+
+
+def _climb(f, x, project, steps=60):
+    """max of f by a pattern search from each column of x (all directions, diagonals too: an
+    extreme can sit on a ridge such as r = |A|), each point kept inside the domain by project.
+    Returns the best value found from each."""
+    import numpy as np
+    dims, n = x.shape
+    dirs = np.array(np.meshgrid(*[[-1.0, 0.0, 1.0]] * dims)).reshape(dims, -1)
+    dirs = dirs[:, np.any(dirs != 0, axis=0)]
+    best = f(x[:, :, None])[:, 0]
+    step = np.full(n, 0.05)
+    with np.errstate(all="ignore"):
+        for _ in range(steps):
+            y = project(x[:, :, None] + step[None, :, None] * dirs[:, None, :])      # (dims, points, directions)
+            v = f(y)
+            k = np.argmax(v, axis=1)
+            gain = v[np.arange(n), k]
+            better = gain > best
+            x[:, better] = y[:, better, k[better]]
+            best = np.where(better, gain, best)
+            step = np.where(better, step, step / 2)
+            if step.max() < 1e-12:      # converged everywhere: the rest would change nothing
+                break
+    return best
+
+
+# ------------------------------------------------------------------ structure
+# Where the objective itself says things change: every quantity it compares (a condition, a
+# clip, a min or max). One that reads only |A|, only μ, only r or only π has thresholds found
+# once along that variable; one that reads r or π with μ or A (π − μ ≤ 0.1) has them per row.
+THRESHOLD_SAMPLES = 2001    # points of each one-variable search for a threshold
+ROW_QUANTITIES = 8          # compared quantities in r searched per row; past it, the grid alone
+ROW_THRESHOLDS = 4          # thresholds in r added per row (a point either side of each)
+BAND_THRESHOLDS = 6         # thresholds on |A| or μ given rows of their own (either side, and inside)
+_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def _key(params):
+    return tuple(sorted(params.items()))
+
+
+def _compared(*roots):
+    """(a − b, the variables it reads) for every pair the objective compares: each comparison,
+    each pair of a min or max, a clip's argument against either bound."""
+    reads, out, seen = {}, [], set()
+    for m in postorder(Node("tuple", roots)):
+        reads[m] = frozenset([m.value]) if m.op == "var" else frozenset().union(*(reads[a] for a in m.args))
+        pairs = ([m.args] if m.op in _COMPARE else itertools.combinations(m.args, 2) if m.op in ("min", "max")
+                 else [m.args[:2], m.args[::2]] if m.op == "clip" else [])
+        for a, b in pairs:
+            if reads[a] | reads[b] and (a, b) not in seen:
+                seen.add((a, b))
+                out.append((Node("sub", (a, b)), reads[a] | reads[b]))
     return out
+
+
+def _state(v):
+    import numpy as np
+    return np.where(np.isfinite(v), np.sign(v), 2.0)
+
+
+def _crossings(run, k, xs, env):
+    """(quantity, row, x) arrays: where each of run's k quantities changes sign (or
+    definedness) along each row of xs (ascending, nan past the row's end), each bracket halved
+    BISECTIONS times; env(x, row) is the environment at x on that row."""
+    import numpy as np
+    xs = np.atleast_2d(xs)
+
+    def states(x, row):
+        return _state(np.stack([np.broadcast_to(q, x.shape) for q in run(env(x, row))]))
+    s = states(xs, np.arange(xs.shape[0])[:, None])
+    both = ~np.isnan(xs[:, 1:]) & ~np.isnan(xs[:, :-1])
+    i, row, j = np.nonzero((s[:, :, 1:] != s[:, :, :-1]) & both)
+    lo, hi, sl = xs[row, j], xs[row, j + 1], s[i, row, j]
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        low = states(mid, row)[i, np.arange(i.size)] != sl
+        lo, hi = np.where(low, lo, mid), np.where(low, mid, hi)
+    return i, row, (lo + hi) / 2
+
+
+SIDE = 1e-6     # a threshold's two sides, relative to it: clear of a derived formula's rounding
+
+
+def _sides(x, ratio=False):
+    """The points either side of thresholds x; for a ratio, never across r = 1 (r = 1 ± μ at μ = 1e-12)."""
+    import numpy as np
+    x = np.asarray(x, dtype=float)
+    d = SIDE * np.abs(x)
+    if ratio:
+        d = np.where(x != 1, np.minimum(d, np.abs(x - 1) / 2), d)
+    return x - d, x + d
+
+
+@functools.lru_cache(maxsize=64)
+def thresholds(expr, dl, params) -> dict:
+    """The objective's thresholds, each as the two doubles either side of it: "A" (|A|), "mu",
+    "r", "pi" found once along that variable, with a point inside each band of |A| and μ; and
+    "rows", the quantities that read r or π with μ or A (searched per row by the Arbiter)."""
+    import numpy as np
+    params = dict(params)
+    groups = {}
+    for q, reads in _compared(expr, dl):
+        name = (next(iter(reads)) if len(reads) == 1 else "muA" if reads == {"mu", "A"} else "rows")
+        groups.setdefault(name, []).append(q)
+    n = THRESHOLD_SAMPLES
+    unit = np.unique(np.concatenate([np.logspace(-15, 0, n), np.linspace(0, 1, n)[1:]]))
+    axes = {"A": np.logspace(-6, 6, n), "mu": unit, "pi": unit,
+            "r": np.unique(np.concatenate([np.logspace(-15, 15, n), np.linspace(0, 3, n)[1:]]))}
+
+    def search(qs, var, fixed=None):
+        run = numpy_plan(*qs)
+        signs = (1.0, -1.0) if var == "A" else (1.0,)
+        out = []
+        for sg in signs:
+            def env(x, row):
+                e = {"r": 1.0, "mu": 1.0, "pi": 1.0, "A": 1.0, **params, **(fixed or {})}
+                e[var] = sg * x
+                return e
+            out += np.concatenate(_sides(_crossings(run, len(qs), axes[var], env)[2], var == "r")).tolist()
+        return out
+
+    found = {v: search(groups[v], v) if v in groups else [] for v in ("A", "mu", "r", "pi")}
+    for v in ("A", "mu"):
+        found[v] = _bands(found[v])
+    for v in ("r", "pi"):       # the ROW_THRESHOLDS nearest r = 1 (π = 1): each adds a column to every row
+        found[v] = sorted(sorted(set(found[v]), key=lambda x: abs(math.log(x)) if x > 0 else math.inf)[:2 * ROW_THRESHOLDS])
+    if "muA" in groups:     # |A| ≤ 1/μ: thresholds in μ at each |A| sampled
+        for mag in sorted(set(MAGNITUDES) | set(found["A"])):
+            found["mu"] += [x for s in (1.0, -1.0) for x in search(groups["muA"], "mu", {"A": s * mag})]
+        found["mu"] = _bands(found["mu"])
+    return {**{v: np.array(sorted(set(x)), dtype=float) for v, x in found.items()},
+            "rows": tuple(groups.get("rows", ())[:ROW_QUANTITIES])}
+
+
+def _bands(xs):
+    """The first BAND_THRESHOLDS thresholds' sides (xs holds them in pairs), with the geometric
+    middle of each band between two of them."""
+    xs = sorted(set(xs))[:2 * BAND_THRESHOLDS]
+    return xs + [math.sqrt(a * b) for a, b in zip(xs[1:-1:2], xs[2::2])]
 
 
 def on_policy_warnings(facts: dict) -> list[str]:
@@ -90,22 +261,32 @@ class Arbiter:
     |A|, μ) with r ascending. Every event along a row (a sign change, a jump, a pole, an
     edge of the undefined region) is located by bisection on the IR's own rules."""
 
-    def __init__(self, obj):
+    def __init__(self, obj, dl):
         import numpy as np
-        self.np, self.obj = np, obj
-        self.dl = derivative(obj.expr)
+        self.np, self.obj, self.dl = np, obj, dl
         self.params = {k: float(v) for k, v in obj.params.items()}
-        mus, base = grid_axes(len(set(obj.expr.walk()) | set(self.dl.walk())), len(MAGNITUDES))
+        found = thresholds(obj.expr, dl, _key(self.params))
+        # beside the regular grid: both sides of every threshold the objective compares |A|, μ,
+        # r or π with (and the inside of each band of |A| and μ), and the domain's corners
+        candidates = tuple(np.unique(np.concatenate([MAGNITUDES, found["A"]])))
+        mus, base = grid_axes(len(set(obj.expr.walk()) | set(dl.walk())), len(candidates))
+        band_mus = found["mu"][(found["mu"] > 0) & (found["mu"] <= 1)]
+        mus = np.unique(np.concatenate([mus, band_mus, CORNER_MUS]))
+        base = np.unique(np.concatenate([base, CORNER_RS, found["r"][found["r"] > 0]]))
         base = base[base != 1.0]            # r = 1 itself is the on-policy check's
-        # other |A| only where w depends on |A|: probed on every third μ first
-        mags = MAGNITUDES if self._depends_on_magnitude(base, mus[::3]) else (1.0,)
+        # other |A| only where w depends on |A|: probed on every third μ (and each band's) first
+        probe = np.unique(np.concatenate([mus[::3], band_mus]))
+        mags = candidates if self._depends_on_magnitude(base[::2], probe, candidates) else (1.0,)
         rows = [(sg, mag, mu) for sg in SIDE_SIGNS for mag in mags for mu in mus]
         self.sign, self.mag, self.mu = (np.array(c)[:, None] for c in zip(*rows))
         self.magnitudes = mags
-        R = np.tile(np.append(base, np.nan), (len(rows), 1))
         cap = 1 / self.mu
+        R = np.tile(base, (len(rows), 1))
         R[R > cap * (1 + 1e-12)] = np.nan                        # π > 1 is outside the domain
-        R[:, -1] = np.where(cap[:, 0] > 1, cap[:, 0], np.nan)    # π = 1 exactly (r = 1 is not sampled)
+        # per row: thresholds on π (r = c/μ), and on quantities that read r with μ or A (π − μ)
+        R = np.concatenate([R, found["pi"][None, :] / self.mu, self._row_thresholds(R, found["rows"]),
+                            np.where(cap > 1, cap, np.nan)], axis=1)    # π = 1 exactly (r = 1 is not sampled)
+        R[(R > cap * (1 + 1e-12)) | (R == 1.0)] = np.nan
         self.R = np.sort(R, axis=1)                              # nan last
         self.W = self.w(self.R, self.mu, self.sign * self.mag)
         self.valid = np.isfinite(self.W)
@@ -115,12 +296,32 @@ class Arbiter:
             a = np.where(self.valid, np.abs(self.W), np.nan)
             self.row_scale = np.nan_to_num(np.nanmedian(np.where(a > 0, a, np.nan), axis=1), nan=1.0)[:, None]
 
-    def _depends_on_magnitude(self, base, mus) -> bool:
+    def _row_thresholds(self, R, quantities):
+        """Both sides of each place along a row where a compared quantity that reads r with μ
+        or A (|π − μ| ≤ 0.1, A·(r − 1) ≤ 0) changes sign: the first ROW_THRESHOLDS per row."""
+        np = self.np
+        out = np.full((R.shape[0], 2 * ROW_THRESHOLDS), np.nan)
+        if not quantities:
+            return out
+        mu, A = self.mu[:, 0], (self.sign * self.mag)[:, 0]
+
+        def env(x, row):
+            return {"r": x, "mu": mu[row], "pi": mu[row] * x, "A": A[row], **self.params}
+        _, row, x = _crossings(numpy_plan(*quantities), len(quantities), R, env)
+        order = np.lexsort((x, row))
+        row, x = row[order], x[order]
+        rank = np.arange(row.size) - np.searchsorted(row, row)     # index within its row
+        keep = rank < ROW_THRESHOLDS
+        for k, side in enumerate(_sides(x[keep], ratio=True)):
+            out[row[keep], 2 * rank[keep] + k] = side
+        return out
+
+    def _depends_on_magnitude(self, base, mus, mags) -> bool:
         np = self.np
         r, mu = base[None, :], mus[:, None]
         for sign in SIDE_SIGNS:
             ref = self.w(r, mu, sign)
-            for mag in MAGNITUDES:
+            for mag in np.unique(np.concatenate([mags, np.logspace(-3, 3, 7)])):
                 if not np.allclose(self.w(r, mu, sign * mag), ref, rtol=1e-12, atol=0, equal_nan=True):
                     return True
         return False
@@ -352,17 +553,19 @@ class Arbiter:
         if not self.valid.any():
             return None
         lo, hi = -self._refined_extreme(-1.0), self._refined_extreme(1.0)
-        mus = np.logspace(-12, -7, 6)[:, None]
-        pis = np.logspace(-12, 0, 240)[None, :]
-        small_r = np.logspace(-12, -7, 6)[None, :]
+        # beyond the grid's corners (μ down to 1e-12, r down to 1e-15): does w keep growing?
+        mus = np.logspace(-16, -13, 4)[:, None]
+        pis = np.logspace(-16, 0, 240)[None, :]
+        small_r = np.logspace(-20, -16, 5)[None, :]
         ext = []
         for sign in SIDE_SIGNS:
-            for mag in MAGNITUDES:
+            for mag in sorted(set(MAGNITUDES) | set(self.magnitudes)):
                 r = pis / mus
                 ext.append(self.w(np.where(r == 1, np.nan, r), mus, sign * mag).ravel())
                 ext.append(self.w(small_r, np.unique(self.mu)[:, None], sign * mag).ravel())
         for A in (1e-9, -1e-9, 1e9, -1e9):     # |A| → 0 or ∞, for weights that depend on it
-            ext.append(self.w(self.R[::len(MAGNITUDES)], self.mu[::len(MAGNITUDES)], A).ravel())
+            first = self.mag[:, 0] == self.magnitudes[0]
+            ext.append(self.w(self.R[first], self.mu[first], A).ravel())
         ext = np.concatenate(ext)
         ext = ext[np.isfinite(ext)]
         unbounded_lo = ext.size and ext.min() < lo - 1e-3 * max(1.0, abs(lo))
@@ -385,35 +588,31 @@ class Arbiter:
         unbounded_hi |= hi > HUGE
         return [None if unbounded_lo else lo, None if unbounded_hi else hi]
 
-    def _refined_extreme(self, s, keep=8, steps=60):
+    def _refined_extreme(self, s, keep=8):
         """max of s·w: the grid's best points, each improved by a pattern search over log μ,
-        log r and log |A| inside the domain (all directions, diagonals too: an extreme can sit
-        on a ridge such as r = |A|), since it can lie between grid points and sampled |A|."""
+        log r and log |A| inside the domain, since it can lie between grid points and sampled |A|."""
         np = self.np
         vals = np.where(self.valid, s * self.W, -np.inf)
         top = np.argsort(vals, axis=None)[-keep:]
         rows, cols = np.unravel_index(top, vals.shape)
-        x = np.stack([np.log(self.mu[rows, 0]), np.log(self.R[rows, cols]), np.log(self.mag[rows, 0])])
-        sign, best = self.sign[rows, 0], vals[rows, cols]
-        free = 3 if len(self.magnitudes) > 1 else 2         # |A| only where w depends on it
-        dirs = np.array(np.meshgrid(*[[-1.0, 0.0, 1.0]] * free)).reshape(free, -1)
-        dirs = np.vstack([dirs[:, np.any(dirs != 0, axis=0)], np.zeros((3 - free, 3 ** free - 1))])
-        step = np.full(rows.size, 0.05)
-        with np.errstate(all="ignore"):
-            for _ in range(steps):
-                y = x[:, :, None] + step[None, :, None] * dirs[:, None, :]      # (3, points, directions)
-                y[0] = np.minimum(y[0], 0.0)                                   # μ ≤ 1
-                y[1] = np.minimum(y[1], -y[0])                                 # π = μ·r ≤ 1
-                y[2] = np.clip(y[2], math.log(MAGNITUDES[0]), math.log(MAGNITUDES[-1]))
-                v = s * self.w(np.exp(y[1]), np.exp(y[0]), sign[:, None] * np.exp(y[2]))
-                v = np.where(np.isfinite(v), v, -np.inf)
-                k = np.argmax(v, axis=1)
-                gain = v[np.arange(rows.size), k]
-                better = gain > best
-                x[:, better] = y[:, better, k[better]]
-                best = np.where(better, gain, best)
-                step = np.where(better, step, step / 2)
-        return float(np.max(best))
+        free = len(self.magnitudes) > 1          # |A| only where w depends on it
+        x = np.stack([np.log(self.mu[rows, 0]), np.log(self.R[rows, cols])] + [np.log(self.mag[rows, 0])] * free)
+        sign, mag = self.sign[rows, 0][:, None], self.mag[rows, 0][:, None]
+        span = [math.log(min(MAGNITUDES[0], self.magnitudes[0])), math.log(max(MAGNITUDES[-1], self.magnitudes[-1]))]
+
+        def f(y):
+            v = s * self.w(np.exp(y[1]), np.exp(y[0]), sign * (np.exp(y[2]) if free else mag))
+            return np.where(np.isfinite(v), v, -np.inf)
+
+        def project(y):
+            # inside the grid's domain (μ ≤ 1, π = μ·r ≤ 1, and its corners): what lies beyond
+            # is _range's test of whether w keeps growing there
+            y[0] = np.clip(y[0], math.log(CORNER_MUS[-1]), 0.0)
+            y[1] = np.clip(y[1], math.log(CORNER_RS[0]), -y[0])
+            if free:
+                y[2] = np.clip(y[2], *span)
+            return y
+        return max(float(np.max(_climb(f, x, project))), float(np.max(vals[rows, cols])))
 
     def boundary_at(self, g, events):
         """The events that a candidate boundary g(r, μ, A) = 0 accounts for: g changes sign
@@ -421,8 +620,11 @@ class Arbiter:
         np = self.np
         if not events:
             return np.zeros(0, dtype=bool)
-        lo = np.array([e["lo"] for e in events]) * (1 - 1e-7)
-        hi = np.array([e["hi"] for e in events]) * (1 + 1e-7)
+        lo, hi = (np.array([e[k] for e in events]) for k in ("lo", "hi"))
+        # widened by 1e-7 relative, but never past r = 1: at μ = 1e-12 the boundary r = 1 + μ
+        # lies 1e-12 from the seam r = 1, which must not account for it
+        h = np.maximum(1e-7 * np.minimum(hi, np.abs((lo + hi) / 2 - 1)), 4 * np.spacing(hi))
+        lo, hi = lo - h, hi + h
         mu, A = np.array([e["mu"] for e in events]), np.array([e["A"] for e in events])
         with np.errstate(all="ignore"):
             gl, gh = np.broadcast_to(g(lo, mu, A), lo.shape), np.broadcast_to(g(hi, mu, A), lo.shape)

@@ -63,9 +63,13 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 reachable = True
             elif explicit is not None:
                 # a zero the grid's rows did not meet: probed on its own curve r*(μ) at many μ,
-                # since it may be a boundary only in a narrow band of μ, or only outside the domain
-                A = np.repeat([sign * m for m in MAGNITUDES], PROBE_MUS.size)
-                mu = np.tile(PROBE_MUS, len(MAGNITUDES))
+                # since it may be a boundary only in a narrow band of μ, or only outside the domain,
+                # and at every |A| and μ the arbiter sampled (either side of the objective's own
+                # thresholds on them: the region a candidate's conditions allow)
+                mags = np.unique(np.concatenate([MAGNITUDES, arb.magnitudes]))
+                mus = np.unique(np.concatenate([PROBE_MUS, arb.mu[:, 0]]))
+                A = np.repeat(sign * mags, mus.size)
+                mu = np.tile(mus, mags.size)
                 with np.errstate(all="ignore"):
                     r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
                 changed, defined, kind = arb.changes_sign_at(r_star, mu, A)

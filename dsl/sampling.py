@@ -111,7 +111,7 @@ class Numeric:
         return np.concatenate(vals)
 
     def weight_range(self):
-        coarse, fine = self._values(1e-6), self._values(1e-12)
+        coarse, fine = self._values(1e-6), self._values(1e-16)     # as far as the arbiter looks (r to 1e-16)
         if not coarse.size or not fine.size:    # w is nowhere a finite double (e.g. 1e400·r·A)
             return None, [False, False]
         lo_c, hi_c, lo_f, hi_f = coarse.min(), coarse.max(), fine.min(), fine.max()

@@ -41,7 +41,23 @@ _TERMS = st.one_of(
     _SIZES.map(lambda c: f"-|A|*|π - μ|/{c}"),
     _SIZES.map(lambda c: f"-|A|*{c}*log(r)^2"),
 )
-RESEARCH_OBJECTIVES = st.lists(_TERMS, min_size=1, max_size=3).map(
+# Terms that act only on part of the domain (issue 19): a band of |A|, μ near 0 or 1 or in a narrow
+# band, π below a floor or in a narrow band of π − μ, log r clamped where only tiny μ reaches it.
+_LEVELS = st.sampled_from(["1.5", "3", "7", "30", "60"])
+GATES = st.one_of(
+    st.tuples(_LEVELS, _LEVELS).map(lambda t: f"{min(t, key=float)} <= |A| and |A| <= {max(t, key=float)}"),
+    _LEVELS.map(lambda c: f"|A| >= {c}"),
+    st.sampled_from(["μ > 0.99", "μ > 0.95", "μ < 1e-4", "μ < 1e-7", "0.3 < μ and μ < 0.31"]),
+    st.sampled_from(["π >= 1e-9", "π <= 0.5", "π - μ <= 0.2999 or π - μ >= 0.3001", "|log(r)| <= 12"]),
+)
+_CLAMPS = st.tuples(st.sampled_from(["12", "15"]), st.sampled_from(["", "|A|*"])).map(
+    lambda t: f"{t[1]}clip(log(r), -{t[0]}, {t[0]})*A")
+_GATED = st.one_of(
+    st.tuples(GATES, _TERMS).map(lambda t: f"[{t[0]}]*({t[1]})"),
+    st.tuples(GATES, _TERMS, _TERMS).map(lambda t: f"[{t[0]}]*({t[1]}) + [not ({t[0]})]*({t[2]})"),
+    _CLAMPS,
+)
+RESEARCH_OBJECTIVES = st.lists(st.one_of(_TERMS, _GATED), min_size=1, max_size=3).map(
     lambda terms: " + ".join(f"({t})" for t in terms))
 
 
@@ -51,6 +67,9 @@ _REDUCTIONS = st.sampled_from(["seq_mean", "seq_sum", "seq_max", "seq_min"])
 _SEQ_LEAVES = st.one_of(OBJECTIVES, st.sampled_from(["seq_len", "π_old", "pi_rollout", "log(π_old) - log(μ)"]))
 _REDUCED = st.tuples(_REDUCTIONS, _SEQ_LEAVES).map(lambda t: f"{t[0]}({t[1]})")
 SEQUENCE_OBJECTIVES = st.one_of(
+    # a length filter: the response's tokens kept only for some lengths (|y| = 1 where analysed)
+    st.tuples(st.sampled_from(["<=", ">="]), st.sampled_from(["1", "2", "100"]), OBJECTIVES).map(
+        lambda t: f"[seq_len {t[0]} {t[1]}]*({t[2]})"),
     st.tuples(_SEQ_LEAVES, st.sampled_from(["+", "-", "*"]), _REDUCED).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
     st.tuples(_REDUCTIONS, _SEQ_LEAVES, _REDUCED).map(lambda t: f"{t[0]}(({t[1]})*({t[2]}))*A"),
     st.tuples(_REDUCED, _REDUCED).map(lambda t: f"exp(({t[0]})/8)*({t[1]})"),

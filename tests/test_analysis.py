@@ -277,7 +277,9 @@ ON_POLICY = [
 @pytest.mark.parametrize("text, status, w", ON_POLICY)
 def test_the_on_policy_weight_is_reported_for_each_sign_of_a(text, status, w):
     from dsl.arbiter import on_policy
-    facts = on_policy(dsl.parse(text + "\n"))
+    from dsl.ir import derivative
+    obj = dsl.parse(text + "\n")
+    facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):
         assert facts[adv]["status"] == status
         assert facts[adv]["w"] == pytest.approx(list(w)) if w[0] is not None else facts[adv]["w"] == [None, None]

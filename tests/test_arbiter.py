@@ -159,6 +159,41 @@ TABLE = [
     # none. Range: A > 0 from 1 − μ(1 − μ)/5 ≥ 0.95 to 1 + μ²/5 ≤ 1.2; A < 0 from 0.8 to 1.05.
     ("far_quadratic_penalty", "r*A - |A|*(π - μ)^2/10", [(81, CROSS, False)], [], (0.8, 1.2), True,
      ("ok", "ok"), ["is unreachable"]),
+    # Issue 19: places a fixed grid of |A| ∈ {0.001, 1, 1000}, μ ≥ 1e-6 and 1e-6 ≤ r ≤ 1e6 misses.
+    # SPO's penalty only for 3 ≤ |A| ≤ 30: w = 1 outside the band; inside, w = 1 − 2·sign(A)(r − 1):
+    # 3 − 2r (zero at 1.5) for A > 0, 2r − 1 (zero at 0.5) for A < 0, unbounded both ways as r → 1/μ.
+    ("abs_band_penalty", "r*A - [3 <= |A| and |A| <= 30]*|A|*(r - 1)^2", [(1.5, CROSS)], [(0.5, CROSS)],
+     (None, None), True, ("ok", "ok"), ["depends on |A|"]),
+    # PPO's clip only for 2 ≤ |A| ≤ 20, the surrogate elsewhere: w = 1, or 0 beyond 1.2 (A > 0), 0.8 (A < 0).
+    ("abs_band_clip", "min(r*A, clip(r, 0.8, 1.2)*A)*[2 <= |A| and |A| <= 20] + r*A*[|A| < 2 or |A| > 20]",
+     [(1.2, BEYOND)], [(0.8, BEYOND)], (0, 1), False, ("ok", "ok"), ["depends on |A|"]),
+    # w = e^(−(log|A| − 1.5)²) for any r: 1 at |A| = e^1.5 ≈ 4.48 (on policy too), ≈ 1.9e-31 at |A| = 1e-3.
+    ("abs_peak_smooth", "r*A*exp(-(log(|A|) - 1.5)^2)", [], [], (0, 1), True, ("ok", "ok"), ["depends on |A|"]),
+    # w = 2 for 2 ≤ |A| ≤ 8, else 1, whatever r: on policy [1, 2].
+    ("abs_peak_step", "r*A*(1 + [2 <= |A| and |A| <= 8])", [], [], (1, 2), True, ("ok", "ok"), ["depends on |A|"]),
+    # A tight clip only where μ > 0.99: w = 1 up to r = 1.005 (A > 0; reachable for μ ≤ 1/1.005) or down
+    # to 0.995 (A < 0), then 0; w = 1 for μ ≤ 0.99.
+    ("mu_band_near_one", "min(r*A, clip(r, 0.995, 1.005)*A)*[μ > 0.99] + r*A*[μ <= 0.99]",
+     [(1.005, BEYOND)], [(0.995, BEYOND)], (0, 1), False, ("ok", "ok"), []),
+    # PPO's clip only for μ < 1e-7 (below every μ of the regular grid): w = 0 beyond 1.2 or 0.8 there.
+    ("mu_band_near_zero", "min(r*A, clip(r, 0.8, 1.2)*A)*[μ < 1e-7] + r*A*[μ >= 1e-7]",
+     [(1.2, BEYOND)], [(0.8, BEYOND)], (0, 1), False, ("ok", "ok"), []),
+    # A mask at |log r| = 12: w = 1 for e^−12 ≤ r ≤ e^12, 0 outside, either sign of A. r = e^12 ≈ 162755
+    # is reachable only for μ ≤ e^−12 ≈ 6.1e-6.
+    ("log_mask_12", "[exp(-12) <= r and r <= exp(12)]*r*A", [(round(math.exp(12), 9), BEYOND), (round(math.exp(-12), 9), BEYOND)],
+     [(round(math.exp(12), 9), BEYOND), (round(math.exp(-12), 9), BEYOND)], (0, 1), False, ("ok", "ok"), []),
+    # log r clamped at ±15: ℓ = A·clip(log r, −15, 15), w = 1/r inside (from e^−15 to e^15 ≈ 3.269e6), 0
+    # outside: e^15 needs μ ≤ 3.1e-7, e^−15 ≈ 3.06e-7 lies below the regular grid's r.
+    ("log_clamp_15", "clip(log(r), -15, 15)*A", [(round(math.exp(15), 9), BEYOND), (round(math.exp(-15), 9), BEYOND)],
+     [(round(math.exp(15), 9), BEYOND), (round(math.exp(-15), 9), BEYOND)], (0, math.exp(15)), False,
+     ("ok", "ok"), []),
+    # A notch 2e-4 wide in π − μ: w = 0 for 0.2999 < π − μ < 0.3001, else 1, either sign of A: at μ = 1/4
+    # from r = 1 + 4·0.2999 = 2.1996 to 1 + 4·0.3001 = 2.2004, narrower than the grid's r spacing.
+    ("narrow_tv_notch", "[π - μ <= 0.2999 or π - μ >= 0.3001]*r*A", [(2.1996, BEYOND), (2.2004, BEFORE)],
+     [(2.1996, BEYOND), (2.2004, BEFORE)], (0, 1), False, ("ok", "ok"), []),
+    # PPO's clip only in a band 0.3 < μ < 0.31, between the regular grid's rows (0.02 + k·0.07).
+    ("mu_band_mid", "min(r*A, clip(r, 0.8, 1.2)*A)*[0.3 < μ and μ < 0.31] + r*A*[μ <= 0.3 or μ >= 0.31]",
+     [(1.2, BEYOND)], [(0.8, BEYOND)], (0, 1), False, ("ok", "ok"), []),
 ]
 
 # What each claim rests on (to_json's "claims"), where the issue asks for it: "proven" from the
@@ -249,6 +284,26 @@ def test_report_matches_its_golden(name, text):
     assert got == path.read_text()
 
 
+ON_POLICY_PEAKS = [
+    # w = e^(−(log|A| − 1.5)²) at r = 1: 1 at |A| = e^1.5, between the sampled 1 and 1000; ≈ 1.9e-31 at 1e-3
+    ("r*A*exp(-(log(|A|) - 1.5)^2)", (1.9e-31, 1.0)),
+    # w = 2 only for 2 ≤ |A| ≤ 8
+    ("r*A*(1 + [2 <= |A| and |A| <= 8])", (1.0, 2.0)),
+    # w = 1 − 10·[0.3 < μ < 0.31]: −9 only in a narrow band of μ
+    ("r*A - 10*[0.3 < μ and μ < 0.31]*r*A", (-9.0, 1.0)),
+]
+
+
+@pytest.mark.parametrize("text, w", ON_POLICY_PEAKS)
+def test_the_on_policy_interval_reaches_extremes_between_sampled_magnitudes_and_mus(text, w):
+    from dsl.arbiter import on_policy
+    obj = dsl.parse(text + "\n")
+    facts = on_policy(obj, derivative(obj.expr))
+    for adv in ("positive", "negative"):
+        lo, hi = facts[adv]["w"]
+        assert lo == pytest.approx(w[0], rel=1e-3, abs=1e-12) and hi == pytest.approx(w[1], rel=1e-6), (adv, lo, hi)
+
+
 def test_the_table_has_at_least_25_objectives_beyond_the_library():
     assert len(TABLE) >= 25 and not {t[0] for t in TABLE} & set(dsl.shipped_names())
 
@@ -283,10 +338,16 @@ def _claims_hold_on_fresh_points(text):
     rng = np.random.default_rng(1)
     lo, hi = res["weight_range"]
     names = {n: sp.Symbol(n) for n in out["symbols"]}
+    # fresh rows off the arbiter's grid: μ in the bulk, below 0.02 (down to 1e-12) and above 0.95; |A|
+    # small and moderate (1.5 to 60); r uniform up to 1/μ and log-uniform from 1e-15
+    rows = [(rng.uniform(0.05, 1.0), rng.uniform(0.2, 2.0)), (10 ** rng.uniform(-12, math.log10(0.02)),
+            rng.uniform(1.5, 60)), (rng.uniform(0.95, 1.0), rng.uniform(1.5, 60)), (rng.uniform(0.05, 1.0),
+                                                                                   rng.uniform(1.5, 60))]
     for sign, side in ((1.0, "positive"), (-1.0, "negative")):
-        for mu in rng.uniform(0.05, 1.0, 2):
-            A = sign * rng.uniform(0.2, 2.0)
-            rs = np.sort(rng.uniform(0.01, 1 / mu, 300))
+        for mu, mag in rows:
+            A = sign * mag
+            rs = np.sort(np.concatenate([rng.uniform(0.01, 1 / mu, 100), np.exp(rng.uniform(math.log(1e-15),
+                                                                                            -math.log(mu), 100))]))
             ws = np.array([_scalar_w(obj.expr, dl, {"r": r, "mu": mu, "pi": mu * r, "A": A, **params})
                            for r in rs])
             ok = np.isfinite(ws)
