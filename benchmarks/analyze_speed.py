@@ -37,6 +37,20 @@ PATHOLOGICAL = {
     "chained_bindings_40": "\n".join(["b0 = r"] + [f"b{i} = b{i - 1}*b{i - 1}" for i in range(1, 40)] + ["b39*A"]),
     "sum_of_89_clips_4kb": " + ".join(f"min(r*A, clip(r, {1 - i / 1000:.3f}, {1 + i / 1000:.3f})*A)"
                                       for i in range(1, 90)),
+    # issue 19: what the work budgets (dsl.analysis.BUDGET) must cut early, not a clock
+    "mu_clips_12": " + ".join(f"min(r*A, clip(r, 1 - {i / 100:g}*μ, 1 + {i / 50:g}*μ)*A)" for i in range(1, 13)),
+    "mu_clips_nested_8": "min(" * 8 + "r*A" + "".join(f", clip(r, 1 - {i / 20:g}*μ, 1 + {i / 10:g})*A)"
+                                                      for i in range(1, 9)),
+    "minmax_nested_40": "".join("min(" if i % 2 else "max(" for i in range(40)) + "r*A"
+                        + "".join(f", {1 + i / 100:g}*μ*A)" for i in range(40)),
+    "exp_log_sum_60": " + ".join(f"exp({i / 50:g}*(r - 1))*A/{i} + log(r + {i})*A" for i in range(1, 61)),
+    "power_127": "A*r^127",
+    "poly_degree_9": "A*(r - 1.1)*(r - 1.2)*(r - 1.3)*(r - 0.5)*(r - 0.6)*(r - 0.7)*(r - 0.8)*(r - 0.9)*(r - 2)*(r - 3)",
+    "bindings_chain_150": "\n".join(["b0 = r"] + [f"b{i} = b{i - 1} + r/{i}" for i in range(1, 150)] + ["b149*A"]),
+    "thresholds_40": "[" + " or ".join(f"(r > {1 + i / 50:g} and r < {1 + i / 50 + 0.01:g})" for i in range(40))
+                     + "]*r*A",
+    "mu_thresholds_30": "[" + " or ".join(f"(π - μ > {i / 100:g}*μ and r < {1 + i / 40:g})" for i in range(30))
+                        + "]*r*A",
 }
 
 

@@ -20,6 +20,18 @@ DIRECTIONS = ("diverging", "converging")
 
 
 # ------------------------------------------------------------------ the weight
+def degree(sp, e) -> int:
+    """An upper bound on e's degree as a polynomial in its symbols, from its tree alone
+    (cancel and factor_terms cost grows with it: degree 9 takes SymPy seconds)."""
+    if e.is_Symbol:
+        return 1
+    if e.is_Pow and e.exp.is_Integer:
+        return abs(int(e.exp)) * degree(sp, e.base)
+    if e.is_Mul:
+        return sum(degree(sp, a) for a in e.args)
+    return max((degree(sp, a) for a in e.args), default=0)
+
+
 def tidy(sp, e):
     """Cheap canonical form: 1 - 2·μ·(r - 1)/25 rather than an expanded sum."""
     if isinstance(e, sp.Piecewise):
@@ -40,7 +52,7 @@ def full_weight(ctx, cases):
     if not any(n.op in ("min", "max", "clip", "ind") for n in ctx.dl.walk()):
         dl = to_sympy(ctx.dl, sp, ctx.env(True))
         w = dl.subs(sp.Abs(ctx.A), ctx.A * sp.sign(ctx.A)) / ctx.A
-        return ctx.limited("simplifying w", lambda: tidy(sp, w), w)
+        return ctx.tidy(w)
     by = {(c["advantage"], c["direction"]): c["weight"] for c in cases}
     A, r = ctx.A, ctx.r
     return sp.Piecewise((by["positive", "diverging"], (A > 0) & (r > 1)), (by["positive", "converging"], A > 0),
@@ -66,7 +78,9 @@ def derive(ctx):
             a_back = {ctx.a: sign * ctx.A}
             for zero in _zeros(ctx, pieces, tmax):
                 if zero[0] == "implicit":
-                    found.append(_candidate(ctx, sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)).subs(a_back), 0)))
+                    # unevaluated: SymPy's Eq would ask its assumptions whether h is 0 (seconds at degree 9)
+                    found.append(_candidate(ctx, sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)).subs(a_back), 0,
+                                                       evaluate=False)))
                 elif isinstance(zero[0], sp.Expr) and zero[0].is_real is not False and zero[0] != 0:
                     # (a Symbol is a Boolean to SymPy too; r = 1 itself is the seam's candidate)
                     found.append(_candidate(ctx, ctx.tidy(1 + s * zero[0]).subs(a_back)))
@@ -109,6 +123,12 @@ class _Settle:
 
     def __init__(self, ctx, tmax):
         self.ctx, self.tmax = ctx, tmax
+        self.steps = 0      # conditions and relations settled: the work counted against BUDGET["settle"]
+
+    def _count(self):
+        from .analysis import check_budget
+        self.steps += 1
+        check_budget("settle", self.steps)
 
     def __call__(self, e):
         sp = self.ctx.sp
@@ -138,6 +158,7 @@ class _Settle:
 
     def cond(self, c):
         sp = self.ctx.sp
+        self._count()
         if c in (True, False, sp.true, sp.false):
             return sp.true if c in (True, sp.true) else sp.false
         if isinstance(c, sp.ITE):   # SymPy writes a Piecewise inside a condition as ITE
@@ -194,7 +215,7 @@ class _Settle:
             return sp.true
         if not any(truth):
             return sp.false
-        exact = {float(rel.rhs): rel.rhs for rel in cond.atoms(sp.core.relational.Relational)}
+        exact = {float(rel.rhs): rel.rhs for rel in _relations(sp, cond)}
         if len(cuts) >= 1:
             k = truth.index(not truth[0])      # first change
             if all(v == truth[0] for v in truth[:k]) and all(v != truth[0] for v in truth[k:]):
@@ -228,6 +249,7 @@ class _Settle:
         sp, t = self.ctx.sp, self.ctx.t
         if not isinstance(e, sp.core.relational.Relational):
             return e
+        self._count()
         h = e.lhs - e.rhs
         if h.has(sp.Piecewise):   # distribute: h_i ⋚ 0 where piece i holds
             return self.cond(sp.Or(*[sp.And(c, self.relation(e.func(x, 0))) for x, c in self.fold(h)]))
@@ -298,7 +320,7 @@ def _zeros(ctx, pieces, tmax):
                 out.append((sp.Integer(0), sp.true))
             eff = _effective(ctx, pieces, i)
             out += [(c, sp.true) for c in _thresholds(ctx, eff)]
-            out += [("implicit", rel.lhs - rel.rhs, sp.true) for rel in eff.atoms(sp.core.relational.Relational)
+            out += [("implicit", rel.lhs - rel.rhs, sp.true) for rel in _relations(sp, eff)
                     if t in rel.free_symbols and not _is_threshold(ctx, rel)]
             continue
         if t not in expr.free_symbols:
@@ -309,7 +331,7 @@ def _zeros(ctx, pieces, tmax):
         if not expr.is_rational_function(t):   # transcendental: an implicit boundary, found numerically
             out.append(("implicit", expr, cond))
             continue
-        sols = ctx.limited("solving w = 0", lambda: _solve_rational(sp, expr, t), None)
+        sols = ctx.limited("solving w = 0", lambda: _solve_rational(ctx, expr, t), None)
         if sols is None:
             out.append(("implicit", expr, cond))
             continue
@@ -320,11 +342,16 @@ def _zeros(ctx, pieces, tmax):
     return out
 
 
-def _solve_rational(sp, expr, t):
+def _solve_rational(ctx, expr, t):
     """Zeros in t of a rational function: the numerator's roots, in closed form. (sp.solve
-    gives the same, but its first call imports the solvers package, ~0.9 s.)"""
+    gives the same, but its first call imports the solvers package, ~0.9 s.) Within budgets:
+    the expression's size, then the numerator's degree."""
+    from .analysis import check_budget, size
+    sp = ctx.sp
+    check_budget("solve", size(expr))
     num, den = sp.fraction(sp.together(expr))
     poly = sp.Poly(num, t)
+    check_budget("roots", poly.degree())
     coeffs = poly.all_coeffs()
     if poly.degree() == 1:
         roots = [-coeffs[1] / coeffs[0]]
@@ -354,7 +381,13 @@ def _is_threshold(ctx, rel) -> bool:
 
 def _thresholds(ctx, cond) -> list:
     """Every c of a settled relation t ⋚ c inside a condition."""
-    return [rel.rhs for rel in cond.atoms(ctx.sp.core.relational.Relational) if _is_threshold(ctx, rel)]
+    return [rel.rhs for rel in _relations(ctx.sp, cond) if _is_threshold(ctx, rel)]
+
+
+def _relations(sp, cond) -> list:
+    """The relations inside a condition in SymPy's canonical order: a set's order follows the
+    symbols' string hashes, which differ from process to process (PYTHONHASHSEED)."""
+    return sorted(cond.atoms(sp.core.relational.Relational), key=sp.default_sort_key)
 
 
 def _edges(ctx, pieces):
