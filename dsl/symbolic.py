@@ -55,8 +55,13 @@ def full_weight(ctx, cases):
         return ctx.tidy(w)
     by = {(c["advantage"], c["direction"]): c["weight"] for c in cases}
     A, r = ctx.A, ctx.r
-    return sp.Piecewise((by["positive", "diverging"], (A > 0) & (r > 1)), (by["positive", "converging"], A > 0),
-                        (by["negative", "diverging"], r < 1), (by["negative", "converging"], True))
+    # equal neighbours merged here: SymPy would write (A > 0) and ((A > 0) or (r > 1))
+    pos = [(by["positive", "diverging"], (A > 0) & (r > 1)), (by["positive", "converging"], A > 0)]
+    neg = [(by["negative", "diverging"], r < 1), (by["negative", "converging"], True)]
+    pos, neg = ([side[1]] if side[0][0] == side[1][0] else side for side in (pos, neg))
+    if len(pos) == len(neg) == 1 and pos[0][0] == neg[0][0]:
+        return pos[0][0]
+    return sp.Piecewise(*pos, *neg)
 
 
 # ------------------------------------------------------------------ the derivation
@@ -72,7 +77,7 @@ def derive(ctx):
             s, tmax, pieces = _case_weight(ctx, sign, direction)
             entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
             back = {ctx.t: s * (ctx.r - 1), ctx.a: sign * ctx.A}
-            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), c.subs(back)) for e, c in pieces])
+            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), _in_r(ctx, c, s).subs(back)) for e, c in pieces])
             cases.append({"advantage": adv, "direction": direction, "weight": shown,
                           "_pieces": pieces, "_s": s, "_tmax": tmax})
             a_back = {ctx.a: sign * ctx.A}
@@ -170,9 +175,16 @@ class _Settle:
             out = self.relation(c)
         else:
             return c
-        if out in (sp.true, sp.false) or self.ctx.t not in out.free_symbols:
+        if out in (sp.true, sp.false):
             return out
-        return self.settle(out) if out.free_symbols == {self.ctx.t} else self.settle_one(out)
+        if out.free_symbols == {self.ctx.mu}:
+            return self.settle(out, self.ctx.mu)
+        if self.ctx.t not in out.free_symbols:
+            return out
+        if out.free_symbols == {self.ctx.t}:
+            return self.settle(out)
+        settled = self.settle_mu(out)
+        return self.settle_one(out) if settled is None else settled
 
     def settle_one(self, cond):
         """A condition whose relations all compare t with one expression c(μ): its truth
@@ -192,41 +204,79 @@ class _Settle:
                  (0, 1, 1): sp.Ge(t, c), (0, 0, 1): sp.Gt(t, c), (0, 1, 0): sp.Eq(t, c), (1, 0, 1): sp.Ne(t, c)}
         return forms[tuple(int(v == sp.true) for v in truth)]
 
-    def settle(self, cond):
-        """A condition in t alone is constant between its thresholds: evaluate it at each
-        threshold and between them, then rebuild the shortest equivalent (t ≤ c, t > c, ...).
-        (SymPy's as_set does the same job about a hundred times slower.)"""
-        sp, t = self.ctx.sp, self.ctx.t
-        cuts = sorted({float(rel.rhs) for rel in cond.atoms(sp.core.relational.Relational)
-                       if rel.lhs == t and rel.rhs.is_number})
-        lo, hi = 0.0, float(self.tmax) if self.tmax is not None else math.inf
-        cuts = [c for c in cuts if lo < c < hi]
-        if any(rel.lhs != t or not rel.rhs.is_number for rel in cond.atoms(sp.core.relational.Relational)):
+    def settle(self, cond, x=None, hi=None, exact=None):
+        """A condition in one variable x (t, or μ) is constant between its thresholds:
+        evaluate it at each threshold and between them, then rebuild the shortest equivalent,
+        a union of intervals (t ≤ c, c < t ≤ d, ...). x ranges over (0, hi), or (0, 1] for μ.
+        exact maps a threshold's float to the expression printed for it. (SymPy's as_set
+        does the same job about a hundred times slower.)"""
+        sp = self.ctx.sp
+        x = self.ctx.t if x is None else x
+        rels = _relations(sp, cond)
+        if any(rel.lhs != x or not rel.rhs.is_number for rel in rels):
             return cond
-        edges = [lo] + cuts + [hi]
-        probes = []
+        closed = x == self.ctx.mu        # μ = 1 is in the domain; t = tmax (π = 0) is not
+        lo, hi = 0.0, (1.0 if closed else float(self.tmax) if self.tmax is not None else math.inf)
+        cuts = sorted({float(rel.rhs) for rel in rels})
+        cuts = [c for c in cuts if lo < c < hi or (closed and c == hi)]
+        exact = exact or {}
+        exact = {**{float(rel.rhs): rel.rhs for rel in rels if float(rel.rhs) not in exact}, **exact}
+        edges = [lo] + cuts + ([hi] if not (closed and cuts and cuts[-1] == hi) else [])
+        probes = []     # even index: inside an interval; odd: a threshold itself
         for i in range(len(edges) - 1):
             a, b = edges[i], edges[i + 1]
             probes.append((a + b) / 2 if math.isfinite(b) else a + 1.0)
             if i < len(cuts):
                 probes.append(cuts[i])
-        truth = [bool(cond.xreplace({t: sp.Float(x)})) for x in probes]
+        truth = [bool(cond.xreplace({x: sp.Float(v)})) for v in probes]
         if all(truth):
             return sp.true
         if not any(truth):
             return sp.false
-        exact = {float(rel.rhs): rel.rhs for rel in _relations(sp, cond)}
-        if len(cuts) >= 1:
-            k = truth.index(not truth[0])      # first change
-            if all(v == truth[0] for v in truth[:k]) and all(v != truth[0] for v in truth[k:]):
-                if k % 2 == 1:                 # the change happens at a threshold itself
-                    c, at_cut_matches_start = exact[cuts[k // 2]], False
-                else:
-                    c, at_cut_matches_start = exact[cuts[k // 2 - 1]], True
-                if truth[0]:
-                    return sp.Le(t, c) if at_cut_matches_start else sp.Lt(t, c)
-                return sp.Gt(t, c) if at_cut_matches_start else sp.Ge(t, c)
-        return cond
+        runs, k = [], 0
+        while k < len(truth):
+            if not truth[k]:
+                k += 1
+                continue
+            j = k
+            while j + 1 < len(truth) and truth[j + 1]:
+                j += 1
+            runs.append((k, j))
+            k = j + 1
+        out = []
+        for k, j in runs:
+            parts = []
+            if k > 0:       # the run's lower end: a threshold, itself in the run when k is odd
+                c = exact[cuts[(k - 1) // 2]] if k % 2 else exact[cuts[k // 2 - 1]]
+                parts.append(sp.Ge(x, c) if k % 2 else sp.Gt(x, c))
+            if j < len(truth) - 1:
+                c = exact[cuts[j // 2]]
+                parts.append(sp.Le(x, c) if j % 2 else sp.Lt(x, c))
+            if k == j and k % 2:
+                parts = [sp.Eq(x, exact[cuts[k // 2]])]
+            out.append(sp.And(*parts))
+        return sp.Or(*out)
+
+    def settle_mu(self, cond):
+        """A condition whose relations compare t with thresholds c(μ) that keep one order
+        over 0 < μ ≤ 1 (and against t's own range): its truth pattern along t is the same at
+        every μ, so it is settled at μ = 1/2 and the thresholds written back. Empty regions
+        (t ≥ 2 and t ≤ μ) become false. The order is decided exactly (see _fixed_sign)."""
+        sp, t, mu = self.ctx.sp, self.ctx.t, self.ctx.mu
+        rels = _relations(sp, cond)
+        if any(rel.lhs != t or not rel.rhs.free_symbols <= {mu} for rel in rels):
+            return None
+        cs = sorted({rel.rhs for rel in rels}, key=sp.default_sort_key)
+        ends = [sp.Integer(0)] + ([self.tmax] if self.tmax is not None else [])
+        for i, c in enumerate(cs):
+            for d in cs[i + 1:] + [e for e in ends if c.free_symbols]:
+                if _fixed_sign(sp, mu, c - d) is None:
+                    return None
+        half = sp.Rational(1, 2)
+        at = {float(c.xreplace({mu: half})): c for c in cs}
+        if len(at) != len(cs):
+            return None
+        return self.settle(cond.xreplace({mu: half}), exact=at).xreplace({}) if at else None
 
     def fold(self, e, cond=None):
         """[(expr, condition)] without Piecewise, conditions settled and mutually exclusive.
@@ -255,7 +305,7 @@ class _Settle:
             return self.cond(sp.Or(*[sp.And(c, self.relation(e.func(x, 0))) for x, c in self.fold(h)]))
         h = sp.expand(h)
         if t not in h.free_symbols:
-            return e.func(h, 0)
+            return self.in_mu(e.func, h)
         # log(x) ⋚ c ⟺ x ⋚ e^c: log is increasing, and where x ≤ 0 the objective is undefined
         # anyway (GMPO's clip in log space, OPSM's mean log-ratio)
         logs = [a for a in sp.Add.make_args(h) if isinstance(a, sp.log) and t in a.free_symbols]
@@ -271,6 +321,43 @@ class _Settle:
             return e.func(h, 0)
         c = sp.cancel(-c0 / c1)
         return func(t, sp.expand(c) if c.has(sp.exp) else c)      # (e^0.4 − 1)·e^-0.4 is 1 − e^-0.4
+
+
+    def in_mu(self, func, h):
+        """h ⋚ 0 without t, as μ ⋚ m where it is linear in μ or 1/μ (a = |A| > 0 and μ > 0
+        divided out): 1/μ ≥ 10 reads μ ≤ 0.1, a·μ − 2a ≥ 0 reads μ ≥ 2 (false in the domain)."""
+        sp, mu, a = self.ctx.sp, self.ctx.mu, self.ctx.a
+        if a in h.free_symbols:
+            q = sp.cancel(h / a)
+            h = q if a not in q.free_symbols else h
+        if h.free_symbols == {mu}:
+            for g in (h, sp.expand(h * mu)):
+                poly = g.as_poly(mu)
+                if poly is not None and poly.degree() == 1 and all(x.is_number for x in poly.all_coeffs()):
+                    c1, c0 = poly.all_coeffs()
+                    flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
+                    return (func if c1.is_positive else flip[func])(mu, -c0 / c1)
+        return func(h, 0)
+
+
+def _fixed_sign(sp, mu, d):
+    """+1 or −1 when d(μ) keeps that sign over 0 < μ ≤ 1, decided exactly for d linear in μ
+    or in 1/μ (monotone, so its two ends decide), else None."""
+    d = sp.expand(d)
+    if d.is_number:
+        return None if d == 0 else (1 if d > 0 else -1)
+    nu = sp.Dummy("nu", positive=True)
+    for g, var, ends in ((d, mu, (0, 1)), (sp.expand(d.xreplace({mu: 1 / nu})), nu, (1, None))):
+        poly = g.as_poly(var)
+        if poly is None or poly.degree() != 1 or not all(x.is_number for x in poly.all_coeffs()):
+            continue
+        c1, c0 = poly.all_coeffs()
+        near = [c1 * e + c0 if e is not None else c1 for e in ends]     # at the ends (∞: the slope's sign)
+        if ends[0] == 0 and c0 == 0:
+            near[0] = c1        # d → 0 as μ → 0: its sign there is the slope's
+        signs = {1 if v > 0 else -1 if v < 0 else 0 for v in near}
+        return signs.pop() if len(signs) == 1 and 0 not in signs else None
+    return None
 
 
 def _case_weight(ctx, sign, direction):
@@ -300,6 +387,16 @@ def _case_weight(ctx, sign, direction):
     if len(pieces) == 1:
         pieces = [(pieces[0][0], sp.true)]
     return s, tmax, pieces
+
+
+def _in_r(ctx, cond, s):
+    """A settled condition in t as a person writes it, in r: t ≤ c(μ) with r = 1 + s·t reads
+    r ≤ 1 + c(μ) (r ≥ 1 − c(μ) when s = −1), never SymPy's μ ≥ 10·r − 10."""
+    sp, t = ctx.sp, ctx.t
+    flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
+    swap = {rel: (rel.func if s > 0 else flip[rel.func])(ctx.r, ctx.tidy(1 + s * rel.rhs), evaluate=False)
+            for rel in _relations(sp, cond) if rel.lhs == t and t not in rel.rhs.free_symbols}
+    return cond.xreplace(swap)
 
 
 def _as_piecewise(sp, pieces):
