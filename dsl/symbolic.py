@@ -440,30 +440,37 @@ def _zeros(ctx, pieces, tmax):
 
 
 def _solve_rational(ctx, expr, t):
-    """Zeros in t of a rational function: the numerator's roots, in closed form. (sp.solve
-    gives the same, but its first call imports the solvers package, ~0.9 s.) Within budgets:
-    the expression's size, then the numerator's degree."""
+    """Zeros in t of a rational function: its numerator's factors' roots, in closed form.
+    (sp.solve gives the same, but its first call imports the solvers package, ~0.9 s.) Within
+    budgets: the expression's size, then each factor's degree ((1 + t)^127 is degree 1)."""
     from .analysis import check_budget, size
     sp = ctx.sp
     check_budget("solve", size(expr))
     num, den = sp.fraction(sp.together(expr))
-    poly = sp.Poly(num, t)
-    check_budget("roots", poly.degree())
+    roots = []
+    for factor in sp.Mul.make_args(num):
+        base = factor.base if factor.is_Pow and factor.exp.is_Integer and factor.exp > 0 else factor
+        if t not in base.free_symbols:
+            continue
+        check_budget("roots", degree(sp, base))
+        roots += [x for x in _roots(sp, sp.Poly(base, t)) if x not in roots]
+    return [x for x in roots if den.subs(t, x) != 0]
+
+
+def _roots(sp, poly) -> list:
     coeffs = poly.all_coeffs()
     if poly.degree() == 1:
-        roots = [-coeffs[1] / coeffs[0]]
-    elif poly.degree() == 2:
+        return [-coeffs[1] / coeffs[0]]
+    if poly.degree() == 2:
         a2, b, c = coeffs
         disc = sp.sqrt(b * b - 4 * a2 * c)
-        roots = [(-b + disc) / (2 * a2), (-b - disc) / (2 * a2)]
-    elif poly.degree() <= 0:
+        return [(-b + disc) / (2 * a2), (-b - disc) / (2 * a2)]
+    if poly.degree() <= 0:
         return []
-    else:
-        found = sp.roots(poly)
-        if sum(found.values()) != poly.degree():
-            raise NotImplementedError("roots not in closed form")
-        roots = list(found)
-    return [x for x in roots if den.subs(t, x) != 0]
+    found = sp.roots(poly)
+    if sum(found.values()) != poly.degree():
+        raise NotImplementedError("roots not in closed form")
+    return list(found)
 
 
 def _effective(ctx, pieces, i):
