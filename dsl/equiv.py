@@ -210,7 +210,7 @@ def _symbolically(view, dls) -> dict:
                                 "difference": math_text(ctx.sp.sympify(expr * sign * ctx.a).subs(back)),
                                 "why": "the difference of ∂ℓ/∂r does not simplify to 0 there"}
     except (_Timeout, RecursionError):
-        return {"status": "not proven", "why": f"the hang guard fired: SymPy ran past {HANG_SECONDS:g} s"}
+        return {"status": "not proven", "why": f"the hang guard fired: SymPy ran past {HANG_SECONDS:g} s of CPU time"}
     except Exception as e:      # noqa: BLE001 - SymPy raises many types; the numeric comparison stands
         return {"status": "not proven", "why": f"SymPy failed ({type(e).__name__})"}
     if any(n.startswith("settling") for n in ctx.notes):

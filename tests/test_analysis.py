@@ -429,3 +429,35 @@ REPORT_TEXT = [
 def test_the_report_prints_constants_as_numbers_and_exponents_whole(text, shown):
     from dsl.report import math_text
     assert math_text(analyze(dsl.parse(text + "\n"))["weight"], weight=True) == shown
+
+
+# Conditions as a person writes them (issue 19): in r, thresholds in μ settled over 0 < μ ≤ 1,
+# regions that are empty there dropped (exactly: thresholds linear in μ or 1/μ keep one order),
+# and the one-line w without (A > 0) and ((A > 0) or (r > 1)).
+READABLE = [
+    # value 2 needs r ≤ 1 + μ/10 and r ≤ 1.3: the first implies the second
+    ("min(r*A, clip(r, 1 - 0.2*μ, 1.3)*A) + min(r*A, clip(r, 0.7, 1 + 0.1*μ)*A)", 0,
+     "2 if r ≤ μ/10 + 1; 1 if r ≤ 1.3; 0 otherwise"),
+    ("min(r*A, clip(r, 1 - 0.2*μ, 1 + 0.3)*A)", 2, "1 if r ≥ 1 − μ/5; 0 otherwise"),
+    ("min(r*A, clip(r, 1 - 0.2, 1 + 0.2*μ)*A)", 0, "1 if r ≤ μ/5 + 1; 0 otherwise"),
+    # A > 0, r > 1: min(r, 1 + μ) ≤ 2 < 3, so max(…, 3)·A has w = 0 (r ≥ 3 with r ≤ 1 + μ is empty)
+    ("max(min(r*A, clip(r, 0.8, 1 + μ)*A), 3*A)", 0, "0"),
+    ("[1/μ >= 10 and r < 1.5]*r*A", 0, "1 if (μ ≤ 0.1) and (r < 1.5); 0 otherwise"),
+]
+
+
+@pytest.mark.parametrize("text, case, shown", READABLE)
+def test_conditions_read_as_a_person_writes_them(text, case, shown):
+    from dsl.report import math_text
+    res = analyze(dsl.parse(text + "\n"))
+    assert math_text(res["cases"][case]["weight"], weight=True) == shown
+    assert res["arbiter"]["weight"]["status"] == "confirmed" and res["self_check"]["passed"]
+
+
+@pytest.mark.parametrize("name, shown", [("sapo_atan", "1/(r^2 − 2·r + 2) if A > 0; "),
+                                         ("topr", "1/r if A > 0; 1 if r < 1; 1/r otherwise"),
+                                         ("kpop", "(1 if r ≤ 1.2; 0 otherwise) if (A > 0) and (r > 1); ")])
+def test_the_one_line_weight_has_no_redundant_conditions(name, shown):
+    from dsl.report import math_text
+    text = math_text(analyze(dsl.load(name))["weight"], weight=True)
+    assert text.startswith(shown) and "(A > 0) or (r > 1)" not in text, text
