@@ -174,8 +174,7 @@ def _symbolically(view, dls) -> dict:
     """∂ℓ_a/∂r − ∂ℓ_b/∂r in each case (A ≷ 0 × r ≷ 1), settled as dsl.symbolic settles a
     weight: 'proven' when every piece is 0 (or nonzero only on a tie t = c), else the first
     case where it is not, with the difference as SymPy left it."""
-    from .analysis import (SYMBOLIC_POWER, SYMBOLIC_SECONDS, SYMBOLIC_SIZE, SYMPY_SECONDS, _Ctx, _highest_power,
-                           _time_limit, _Timeout)
+    from .analysis import HANG_SECONDS, SYMBOLIC_POWER, SYMBOLIC_SIZE, _Ctx, _highest_power, _time_limit, _Timeout
     from .ir import sub
     from .report import math_text
     from .symbolic import DIRECTIONS, SIGNS, _case_weight
@@ -190,7 +189,7 @@ def _symbolically(view, dls) -> dict:
     sp = ctx.sp
     ties = []
     try:
-        with _time_limit(SYMBOLIC_SECONDS):      # a hang guard: the numeric comparison runs regardless
+        with _time_limit(HANG_SECONDS):      # a hang guard only: the numeric comparison runs regardless
             for adv, sign in SIGNS:
                 for direction in DIRECTIONS:
                     s, _, pieces = _case_weight(ctx, sign, direction)
@@ -211,12 +210,11 @@ def _symbolically(view, dls) -> dict:
                                 "difference": math_text(ctx.sp.sympify(expr * sign * ctx.a).subs(back)),
                                 "why": "the difference of ∂ℓ/∂r does not simplify to 0 there"}
     except (_Timeout, RecursionError):
-        return {"status": "not proven", "why": f"SymPy took over {SYMBOLIC_SECONDS:g} s (hang guard)"}
+        return {"status": "not proven", "why": f"the hang guard fired: SymPy ran past {HANG_SECONDS:g} s of CPU time"}
     except Exception as e:      # noqa: BLE001 - SymPy raises many types; the numeric comparison stands
         return {"status": "not proven", "why": f"SymPy failed ({type(e).__name__})"}
-    notes = [n for n in ctx.notes if "SymPy" in n]
-    if any(n.startswith("settling") for n in notes):
-        return {"status": "not proven", "why": f"SymPy could not settle a case's conditions within {SYMPY_SECONDS:g} s"}
+    if any(n.startswith("settling") for n in ctx.notes):
+        return {"status": "not proven", "why": "SymPy could not settle a case's conditions within its work budget"}
     return {"status": "proven", "ties": ties}
 
 

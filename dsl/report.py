@@ -32,12 +32,25 @@ def math_text(e, weight: bool = False) -> str:
     import sympy as sp
     if isinstance(e, sp.Piecewise):
         # a nested Piecewise keeps its own brackets: (0 if r > 1.2; 1 otherwise) if A > 0 and r > 1
-        inner = lambda x: f"({math_text(x, weight)})" if isinstance(x, sp.Piecewise) else math_text(x, weight)  # noqa: E731
+        inner = lambda x: f"({math_text(x, weight)})" if x.has(sp.Piecewise) else math_text(x, weight)  # noqa: E731
         parts = [f"{inner(x)} if {math_text(c)}" for x, c in e.args[:-1]]
         return "; ".join(parts + [f"{inner(e.args[-1][0])} otherwise"])
-    if isinstance(e, sp.Eq):
-        return f"{math_text(e.lhs)} = {math_text(e.rhs)}"
+    if isinstance(e, (sp.Eq, sp.Ne)):
+        return f"{math_text(e.lhs)} {'=' if isinstance(e, sp.Eq) else '≠'} {math_text(e.rhs)}"
+    if isinstance(e, sp.Basic) and not isinstance(e, sp.logic.boolalg.Boolean) and e.has(sp.Piecewise):
+        lifted = _lift(sp, e)      # 2·Piecewise(...) or exp(Piecewise(...)) printed as cases
+        if lifted is not None:
+            return math_text(lifted, weight)
     e = _without_pi(sp, e)
+    # whatever SymPy prints as a call (Piecewise deep inside, Eq and Ne inside a condition)
+    # is printed as math in its place: a placeholder symbol stands for it in sstr's text
+    spots = {}
+    if isinstance(e, sp.Basic):
+        for k, x in enumerate(sorted(e.atoms(sp.Piecewise, sp.Eq, sp.Ne), key=sp.default_sort_key)):
+            spots[f"Spot{k}x"] = f"({math_text(x)})"
+        if spots:
+            e = e.xreplace({x: sp.Symbol(name) for x, name in zip(
+                sorted(e.atoms(sp.Piecewise, sp.Eq, sp.Ne), key=sp.default_sort_key), spots)})
     text = sp.sstr(e)
     if weight and isinstance(e, sp.Add):   # the constant first: 1 − 0.08·μ·(r − 1)
         const, rest = e.as_coeff_Add()
@@ -51,7 +64,25 @@ def math_text(e, weight: bool = False) -> str:
     text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
     text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",
                   lambda m: m.group(1) if m.group(1) in _FUNCS else display_name(m.group(1)), text)
-    return text.replace("Abs", "abs")
+    for name, shown in spots.items():
+        text = text.replace(name, shown)
+    return text.replace("Abs", "abs").replace("Min(", "min(").replace("Max(", "max(")
+
+
+LIFT_PIECES = 32    # cases a lifted formula may have; past it, each Piecewise is printed in brackets in place
+
+
+def _lift(sp, e):
+    """e with its Piecewise lifted to the top, first match winning as in a Piecewise:
+    2·(1 if c; 0 otherwise) is (2 if c; 0 otherwise). None past LIFT_PIECES cases."""
+    found = [x for x in e.atoms(sp.Piecewise) if not any(x != y and y.has(x) for y in e.atoms(sp.Piecewise))]
+    count = 1
+    for x in found:
+        count *= len(x.args)
+    if count > LIFT_PIECES or isinstance(e, sp.Piecewise):
+        return None
+    P = min(found, key=sp.default_sort_key)
+    return sp.Piecewise(*[(e.xreplace({P: x}), c) for x, c in P.args])
 
 
 def _without_pi(sp, e):

@@ -153,9 +153,10 @@ class Numeric:
 
     def _tail_values(self, at_corners):
         """Limits at the corners r → ∞ (μ → 0) and r → 0 (π → 0) where substituting reads ∞ − ∞
-        or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. The first limit SymPy
-        cannot take in time ends the search: each costs up to a step's time limit."""
-        ctx, sp, done = self.ctx, self.ctx.sp, set()
+        or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. Within budgets: a limit
+        is taken of a formula up to BUDGET["limit"] nodes, and at most BUDGET["limits"] of them."""
+        from .analysis import BUDGET, size
+        ctx, sp, done, taken = self.ctx, self.ctx.sp, set(), 0
         for e, corner, v in at_corners:
             if (corner[ctx.pi] == 1 and corner[ctx.mu] == 1) or (e, corner[ctx.mu]) in done:
                 continue
@@ -163,10 +164,11 @@ class Numeric:
             if v is None or not v.is_number or v.is_finite:
                 continue        # a finite value is an exact candidate already
             x = ctx.mu if corner[ctx.mu] == 0 else ctx.pi
-            v = ctx.limited("a limit at a corner", lambda: sp.limit(e.subs({y: c for y, c in corner.items() if y != x}),
-                                                                   x, 0, "+"), False)
-            if v is False:
-                break
+            f = e.subs({y: c for y, c in corner.items() if y != x})
+            if size(f) > BUDGET["limit"] or taken >= BUDGET["limits"]:
+                continue        # left to the sampled range
+            taken += 1
+            v = ctx.limited("a limit at a corner", lambda: sp.limit(f, x, 0, "+"), None)
             if v is not None and v.is_number and v.is_finite and v.is_real:
                 yield float(v)
 

@@ -20,6 +20,18 @@ DIRECTIONS = ("diverging", "converging")
 
 
 # ------------------------------------------------------------------ the weight
+def degree(sp, e) -> int:
+    """An upper bound on e's degree as a polynomial in its symbols, from its tree alone
+    (cancel and factor_terms cost grows with it: degree 9 takes SymPy seconds)."""
+    if e.is_Symbol:
+        return 1
+    if e.is_Pow and e.exp.is_Integer:
+        return abs(int(e.exp)) * degree(sp, e.base)
+    if e.is_Mul:
+        return sum(degree(sp, a) for a in e.args)
+    return max((degree(sp, a) for a in e.args), default=0)
+
+
 def tidy(sp, e):
     """Cheap canonical form: 1 - 2·μ·(r - 1)/25 rather than an expanded sum."""
     if isinstance(e, sp.Piecewise):
@@ -40,11 +52,16 @@ def full_weight(ctx, cases):
     if not any(n.op in ("min", "max", "clip", "ind") for n in ctx.dl.walk()):
         dl = to_sympy(ctx.dl, sp, ctx.env(True))
         w = dl.subs(sp.Abs(ctx.A), ctx.A * sp.sign(ctx.A)) / ctx.A
-        return ctx.limited("simplifying w", lambda: tidy(sp, w), w)
+        return ctx.tidy(w)
     by = {(c["advantage"], c["direction"]): c["weight"] for c in cases}
     A, r = ctx.A, ctx.r
-    return sp.Piecewise((by["positive", "diverging"], (A > 0) & (r > 1)), (by["positive", "converging"], A > 0),
-                        (by["negative", "diverging"], r < 1), (by["negative", "converging"], True))
+    # equal neighbours merged here: SymPy would write (A > 0) and ((A > 0) or (r > 1))
+    pos = [(by["positive", "diverging"], (A > 0) & (r > 1)), (by["positive", "converging"], A > 0)]
+    neg = [(by["negative", "diverging"], r < 1), (by["negative", "converging"], True)]
+    pos, neg = ([side[1]] if side[0][0] == side[1][0] else side for side in (pos, neg))
+    if len(pos) == len(neg) == 1 and pos[0][0] == neg[0][0]:
+        return pos[0][0]
+    return sp.Piecewise(*pos, *neg)
 
 
 # ------------------------------------------------------------------ the derivation
@@ -60,13 +77,15 @@ def derive(ctx):
             s, tmax, pieces = _case_weight(ctx, sign, direction)
             entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
             back = {ctx.t: s * (ctx.r - 1), ctx.a: sign * ctx.A}
-            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), c.subs(back)) for e, c in pieces])
+            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), _in_r(ctx, c, s).subs(back)) for e, c in pieces])
             cases.append({"advantage": adv, "direction": direction, "weight": shown,
                           "_pieces": pieces, "_s": s, "_tmax": tmax})
             a_back = {ctx.a: sign * ctx.A}
             for zero in _zeros(ctx, pieces, tmax):
                 if zero[0] == "implicit":
-                    found.append(_candidate(ctx, sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)).subs(a_back), 0)))
+                    # unevaluated: SymPy's Eq would ask its assumptions whether h is 0 (seconds at degree 9)
+                    found.append(_candidate(ctx, sp.Eq(zero[1].subs(ctx.t, s * (ctx.r - 1)).subs(a_back), 0,
+                                                       evaluate=False)))
                 elif isinstance(zero[0], sp.Expr) and zero[0].is_real is not False and zero[0] != 0:
                     # (a Symbol is a Boolean to SymPy too; r = 1 itself is the seam's candidate)
                     found.append(_candidate(ctx, ctx.tidy(1 + s * zero[0]).subs(a_back)))
@@ -109,6 +128,12 @@ class _Settle:
 
     def __init__(self, ctx, tmax):
         self.ctx, self.tmax = ctx, tmax
+        self.steps = 0      # conditions and relations settled: the work counted against BUDGET["settle"]
+
+    def _count(self):
+        from .analysis import check_budget
+        self.steps += 1
+        check_budget("settle", self.steps)
 
     def __call__(self, e):
         sp = self.ctx.sp
@@ -138,6 +163,7 @@ class _Settle:
 
     def cond(self, c):
         sp = self.ctx.sp
+        self._count()
         if c in (True, False, sp.true, sp.false):
             return sp.true if c in (True, sp.true) else sp.false
         if isinstance(c, sp.ITE):   # SymPy writes a Piecewise inside a condition as ITE
@@ -149,9 +175,16 @@ class _Settle:
             out = self.relation(c)
         else:
             return c
-        if out in (sp.true, sp.false) or self.ctx.t not in out.free_symbols:
+        if out in (sp.true, sp.false):
             return out
-        return self.settle(out) if out.free_symbols == {self.ctx.t} else self.settle_one(out)
+        if out.free_symbols == {self.ctx.mu}:
+            return self.settle(out, self.ctx.mu)
+        if self.ctx.t not in out.free_symbols:
+            return out
+        if out.free_symbols == {self.ctx.t}:
+            return self.settle(out)
+        settled = self.settle_mu(out)
+        return self.settle_one(out) if settled is None else settled
 
     def settle_one(self, cond):
         """A condition whose relations all compare t with one expression c(μ): its truth
@@ -171,41 +204,79 @@ class _Settle:
                  (0, 1, 1): sp.Ge(t, c), (0, 0, 1): sp.Gt(t, c), (0, 1, 0): sp.Eq(t, c), (1, 0, 1): sp.Ne(t, c)}
         return forms[tuple(int(v == sp.true) for v in truth)]
 
-    def settle(self, cond):
-        """A condition in t alone is constant between its thresholds: evaluate it at each
-        threshold and between them, then rebuild the shortest equivalent (t ≤ c, t > c, ...).
-        (SymPy's as_set does the same job about a hundred times slower.)"""
-        sp, t = self.ctx.sp, self.ctx.t
-        cuts = sorted({float(rel.rhs) for rel in cond.atoms(sp.core.relational.Relational)
-                       if rel.lhs == t and rel.rhs.is_number})
-        lo, hi = 0.0, float(self.tmax) if self.tmax is not None else math.inf
-        cuts = [c for c in cuts if lo < c < hi]
-        if any(rel.lhs != t or not rel.rhs.is_number for rel in cond.atoms(sp.core.relational.Relational)):
+    def settle(self, cond, x=None, hi=None, exact=None):
+        """A condition in one variable x (t, or μ) is constant between its thresholds:
+        evaluate it at each threshold and between them, then rebuild the shortest equivalent,
+        a union of intervals (t ≤ c, c < t ≤ d, ...). x ranges over (0, hi), or (0, 1] for μ.
+        exact maps a threshold's float to the expression printed for it. (SymPy's as_set
+        does the same job about a hundred times slower.)"""
+        sp = self.ctx.sp
+        x = self.ctx.t if x is None else x
+        rels = _relations(sp, cond)
+        if any(rel.lhs != x or not rel.rhs.is_number for rel in rels):
             return cond
-        edges = [lo] + cuts + [hi]
-        probes = []
+        closed = x == self.ctx.mu        # μ = 1 is in the domain; t = tmax (π = 0) is not
+        lo, hi = 0.0, (1.0 if closed else float(self.tmax) if self.tmax is not None else math.inf)
+        cuts = sorted({float(rel.rhs) for rel in rels})
+        cuts = [c for c in cuts if lo < c < hi or (closed and c == hi)]
+        exact = exact or {}
+        exact = {**{float(rel.rhs): rel.rhs for rel in rels if float(rel.rhs) not in exact}, **exact}
+        edges = [lo] + cuts + ([hi] if not (closed and cuts and cuts[-1] == hi) else [])
+        probes = []     # even index: inside an interval; odd: a threshold itself
         for i in range(len(edges) - 1):
             a, b = edges[i], edges[i + 1]
             probes.append((a + b) / 2 if math.isfinite(b) else a + 1.0)
             if i < len(cuts):
                 probes.append(cuts[i])
-        truth = [bool(cond.xreplace({t: sp.Float(x)})) for x in probes]
+        truth = [bool(cond.xreplace({x: sp.Float(v)})) for v in probes]
         if all(truth):
             return sp.true
         if not any(truth):
             return sp.false
-        exact = {float(rel.rhs): rel.rhs for rel in cond.atoms(sp.core.relational.Relational)}
-        if len(cuts) >= 1:
-            k = truth.index(not truth[0])      # first change
-            if all(v == truth[0] for v in truth[:k]) and all(v != truth[0] for v in truth[k:]):
-                if k % 2 == 1:                 # the change happens at a threshold itself
-                    c, at_cut_matches_start = exact[cuts[k // 2]], False
-                else:
-                    c, at_cut_matches_start = exact[cuts[k // 2 - 1]], True
-                if truth[0]:
-                    return sp.Le(t, c) if at_cut_matches_start else sp.Lt(t, c)
-                return sp.Gt(t, c) if at_cut_matches_start else sp.Ge(t, c)
-        return cond
+        runs, k = [], 0
+        while k < len(truth):
+            if not truth[k]:
+                k += 1
+                continue
+            j = k
+            while j + 1 < len(truth) and truth[j + 1]:
+                j += 1
+            runs.append((k, j))
+            k = j + 1
+        out = []
+        for k, j in runs:
+            parts = []
+            if k > 0:       # the run's lower end: a threshold, itself in the run when k is odd
+                c = exact[cuts[(k - 1) // 2]] if k % 2 else exact[cuts[k // 2 - 1]]
+                parts.append(sp.Ge(x, c) if k % 2 else sp.Gt(x, c))
+            if j < len(truth) - 1:
+                c = exact[cuts[j // 2]]
+                parts.append(sp.Le(x, c) if j % 2 else sp.Lt(x, c))
+            if k == j and k % 2:
+                parts = [sp.Eq(x, exact[cuts[k // 2]])]
+            out.append(sp.And(*parts))
+        return sp.Or(*out)
+
+    def settle_mu(self, cond):
+        """A condition whose relations compare t with thresholds c(μ) that keep one order
+        over 0 < μ ≤ 1 (and against t's own range): its truth pattern along t is the same at
+        every μ, so it is settled at μ = 1/2 and the thresholds written back. Empty regions
+        (t ≥ 2 and t ≤ μ) become false. The order is decided exactly (see _fixed_sign)."""
+        sp, t, mu = self.ctx.sp, self.ctx.t, self.ctx.mu
+        rels = _relations(sp, cond)
+        if any(rel.lhs != t or not rel.rhs.free_symbols <= {mu} for rel in rels):
+            return None
+        cs = sorted({rel.rhs for rel in rels}, key=sp.default_sort_key)
+        ends = [sp.Integer(0)] + ([self.tmax] if self.tmax is not None else [])
+        for i, c in enumerate(cs):
+            for d in cs[i + 1:] + [e for e in ends if c.free_symbols]:
+                if _fixed_sign(sp, mu, c - d) is None:
+                    return None
+        half = sp.Rational(1, 2)
+        at = {float(c.xreplace({mu: half})): c for c in cs}
+        if len(at) != len(cs):
+            return None
+        return self.settle(cond.xreplace({mu: half}), exact=at).xreplace({}) if at else None
 
     def fold(self, e, cond=None):
         """[(expr, condition)] without Piecewise, conditions settled and mutually exclusive.
@@ -228,12 +299,13 @@ class _Settle:
         sp, t = self.ctx.sp, self.ctx.t
         if not isinstance(e, sp.core.relational.Relational):
             return e
+        self._count()
         h = e.lhs - e.rhs
         if h.has(sp.Piecewise):   # distribute: h_i ⋚ 0 where piece i holds
             return self.cond(sp.Or(*[sp.And(c, self.relation(e.func(x, 0))) for x, c in self.fold(h)]))
         h = sp.expand(h)
         if t not in h.free_symbols:
-            return e.func(h, 0)
+            return self.in_mu(e.func, h)
         # log(x) ⋚ c ⟺ x ⋚ e^c: log is increasing, and where x ≤ 0 the objective is undefined
         # anyway (GMPO's clip in log space, OPSM's mean log-ratio)
         logs = [a for a in sp.Add.make_args(h) if isinstance(a, sp.log) and t in a.free_symbols]
@@ -249,6 +321,43 @@ class _Settle:
             return e.func(h, 0)
         c = sp.cancel(-c0 / c1)
         return func(t, sp.expand(c) if c.has(sp.exp) else c)      # (e^0.4 − 1)·e^-0.4 is 1 − e^-0.4
+
+
+    def in_mu(self, func, h):
+        """h ⋚ 0 without t, as μ ⋚ m where it is linear in μ or 1/μ (a = |A| > 0 and μ > 0
+        divided out): 1/μ ≥ 10 reads μ ≤ 0.1, a·μ − 2a ≥ 0 reads μ ≥ 2 (false in the domain)."""
+        sp, mu, a = self.ctx.sp, self.ctx.mu, self.ctx.a
+        if a in h.free_symbols:
+            q = sp.cancel(h / a)
+            h = q if a not in q.free_symbols else h
+        if h.free_symbols == {mu}:
+            for g in (h, sp.expand(h * mu)):
+                poly = g.as_poly(mu)
+                if poly is not None and poly.degree() == 1 and all(x.is_number for x in poly.all_coeffs()):
+                    c1, c0 = poly.all_coeffs()
+                    flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
+                    return (func if c1.is_positive else flip[func])(mu, -c0 / c1)
+        return func(h, 0)
+
+
+def _fixed_sign(sp, mu, d):
+    """+1 or −1 when d(μ) keeps that sign over 0 < μ ≤ 1, decided exactly for d linear in μ
+    or in 1/μ (monotone, so its two ends decide), else None."""
+    d = sp.expand(d)
+    if d.is_number:
+        return None if d == 0 else (1 if d > 0 else -1)
+    nu = sp.Dummy("nu", positive=True)
+    for g, var, ends in ((d, mu, (0, 1)), (sp.expand(d.xreplace({mu: 1 / nu})), nu, (1, None))):
+        poly = g.as_poly(var)
+        if poly is None or poly.degree() != 1 or not all(x.is_number for x in poly.all_coeffs()):
+            continue
+        c1, c0 = poly.all_coeffs()
+        near = [c1 * e + c0 if e is not None else c1 for e in ends]     # at the ends (∞: the slope's sign)
+        if ends[0] == 0 and c0 == 0:
+            near[0] = c1        # d → 0 as μ → 0: its sign there is the slope's
+        signs = {1 if v > 0 else -1 if v < 0 else 0 for v in near}
+        return signs.pop() if len(signs) == 1 and 0 not in signs else None
+    return None
 
 
 def _case_weight(ctx, sign, direction):
@@ -280,6 +389,16 @@ def _case_weight(ctx, sign, direction):
     return s, tmax, pieces
 
 
+def _in_r(ctx, cond, s):
+    """A settled condition in t as a person writes it, in r: t ≤ c(μ) with r = 1 + s·t reads
+    r ≤ 1 + c(μ) (r ≥ 1 − c(μ) when s = −1), never SymPy's μ ≥ 10·r − 10."""
+    sp, t = ctx.sp, ctx.t
+    flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
+    swap = {rel: (rel.func if s > 0 else flip[rel.func])(ctx.r, ctx.tidy(1 + s * rel.rhs), evaluate=False)
+            for rel in _relations(sp, cond) if rel.lhs == t and t not in rel.rhs.free_symbols}
+    return cond.xreplace(swap)
+
+
 def _as_piecewise(sp, pieces):
     if len(pieces) == 1:
         return pieces[0][0]
@@ -298,7 +417,7 @@ def _zeros(ctx, pieces, tmax):
                 out.append((sp.Integer(0), sp.true))
             eff = _effective(ctx, pieces, i)
             out += [(c, sp.true) for c in _thresholds(ctx, eff)]
-            out += [("implicit", rel.lhs - rel.rhs, sp.true) for rel in eff.atoms(sp.core.relational.Relational)
+            out += [("implicit", rel.lhs - rel.rhs, sp.true) for rel in _relations(sp, eff)
                     if t in rel.free_symbols and not _is_threshold(ctx, rel)]
             continue
         if t not in expr.free_symbols:
@@ -309,7 +428,7 @@ def _zeros(ctx, pieces, tmax):
         if not expr.is_rational_function(t):   # transcendental: an implicit boundary, found numerically
             out.append(("implicit", expr, cond))
             continue
-        sols = ctx.limited("solving w = 0", lambda: _solve_rational(sp, expr, t), None)
+        sols = ctx.limited("solving w = 0", lambda: _solve_rational(ctx, expr, t), None)
         if sols is None:
             out.append(("implicit", expr, cond))
             continue
@@ -320,26 +439,38 @@ def _zeros(ctx, pieces, tmax):
     return out
 
 
-def _solve_rational(sp, expr, t):
-    """Zeros in t of a rational function: the numerator's roots, in closed form. (sp.solve
-    gives the same, but its first call imports the solvers package, ~0.9 s.)"""
+def _solve_rational(ctx, expr, t):
+    """Zeros in t of a rational function: its numerator's factors' roots, in closed form.
+    (sp.solve gives the same, but its first call imports the solvers package, ~0.9 s.) Within
+    budgets: the expression's size, then each factor's degree ((1 + t)^127 is degree 1)."""
+    from .analysis import check_budget, size
+    sp = ctx.sp
+    check_budget("solve", size(expr))
     num, den = sp.fraction(sp.together(expr))
-    poly = sp.Poly(num, t)
+    roots = []
+    for factor in sp.Mul.make_args(num):
+        base = factor.base if factor.is_Pow and factor.exp.is_Integer and factor.exp > 0 else factor
+        if t not in base.free_symbols:
+            continue
+        check_budget("roots", degree(sp, base))
+        roots += [x for x in _roots(sp, sp.Poly(base, t)) if x not in roots]
+    return [x for x in roots if den.subs(t, x) != 0]
+
+
+def _roots(sp, poly) -> list:
     coeffs = poly.all_coeffs()
     if poly.degree() == 1:
-        roots = [-coeffs[1] / coeffs[0]]
-    elif poly.degree() == 2:
+        return [-coeffs[1] / coeffs[0]]
+    if poly.degree() == 2:
         a2, b, c = coeffs
         disc = sp.sqrt(b * b - 4 * a2 * c)
-        roots = [(-b + disc) / (2 * a2), (-b - disc) / (2 * a2)]
-    elif poly.degree() <= 0:
+        return [(-b + disc) / (2 * a2), (-b - disc) / (2 * a2)]
+    if poly.degree() <= 0:
         return []
-    else:
-        found = sp.roots(poly)
-        if sum(found.values()) != poly.degree():
-            raise NotImplementedError("roots not in closed form")
-        roots = list(found)
-    return [x for x in roots if den.subs(t, x) != 0]
+    found = sp.roots(poly)
+    if sum(found.values()) != poly.degree():
+        raise NotImplementedError("roots not in closed form")
+    return list(found)
 
 
 def _effective(ctx, pieces, i):
@@ -354,7 +485,13 @@ def _is_threshold(ctx, rel) -> bool:
 
 def _thresholds(ctx, cond) -> list:
     """Every c of a settled relation t ⋚ c inside a condition."""
-    return [rel.rhs for rel in cond.atoms(ctx.sp.core.relational.Relational) if _is_threshold(ctx, rel)]
+    return [rel.rhs for rel in _relations(ctx.sp, cond) if _is_threshold(ctx, rel)]
+
+
+def _relations(sp, cond) -> list:
+    """The relations inside a condition in SymPy's canonical order: a set's order follows the
+    symbols' string hashes, which differ from process to process (PYTHONHASHSEED)."""
+    return sorted(cond.atoms(sp.core.relational.Relational), key=sp.default_sort_key)
 
 
 def _edges(ctx, pieces):
