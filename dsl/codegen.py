@@ -129,18 +129,25 @@ class _Emitter:
         return code, fresh
 
 
-def _emit(outputs, params, inplace=False, floats=False):
-    """(statements, one expression per output) computing `outputs`."""
+_INPUTS = {"logp", "anchor", "A", "old", "rollout"}
+
+
+def _emit(outputs, params, inplace=False, floats=False, borrow=()):
+    """(statements, one expression per output) computing `outputs`. With `inplace`, each
+    returned tensor is a buffer of its own, except that the outputs numbered in `borrow` may be
+    an input itself (the caller only reads those: no copy)."""
     em = _Emitter({k: float(v) for k, v in params.items()}, outputs, inplace, floats)
     for n in outputs:
         em.count(n)
     results = []
-    for n in outputs:
+    for i, n in enumerate(outputs):
         code, fresh = em.expr(n)
         if n in em.constant:      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
             code = f"torch.full_like(logp, {code})"
         elif inplace and code in em.owned:      # returned once as it is, then copied
             em.owned.discard(code)
+        elif inplace and i in borrow and code in _INPUTS:
+            pass
         elif inplace and not fresh:   # the caller may overwrite every returned tensor
             code = f"{code}.clone()"
         results.append(code)
@@ -245,10 +252,11 @@ def _fused_functions(value, params, kept) -> str:
     compiled = [*head, *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
     fast_grad = derivative(value, UNCLAMPED_SEEDS)
     fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
-    fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True)
+    # the eager kernel only reads ∂ℓ/∂log π (GPG's is A itself: a copy would cost more than its loss)
+    fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True, borrow=(1,))
     fast = [*_prelude(_used(fast_outputs, extra[:-1]), unclamped=True), *fast_lines,
             f"    return {returned(fast_results, '1.0')}"]
-    lines, results = _emit(outputs, params, inplace=True, floats=True)
+    lines, results = _emit(outputs, params, inplace=True, floats=True, borrow=(1,))
     eager = [*head,
              "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
              f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
@@ -260,7 +268,8 @@ def _fused_functions(value, params, kept) -> str:
            "    its own that the caller may overwrite, except keep.")
     eager_doc = ("objective_and_grad, run eagerly (CPU): booleans are 0/1 floats (a comparison into\n"
                  "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
-                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.")
+                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.\n"
+                 "    ∂ℓ/∂log π may be an input itself (the caller only reads it).")
     return "\n".join([
         f"def objective_and_grad({_SIG}):", f'    """{doc}"""', *compiled, "", "",
         f"def objective_and_grad_eager({_SIG}):", f'    """{eager_doc}"""', *eager])
