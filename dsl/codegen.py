@@ -257,18 +257,22 @@ def _fused_functions(value, params, kept) -> str:
     fast = [*_prelude(_used(fast_outputs, extra[:-1]), unclamped=True), *fast_lines,
             f"    return {returned(fast_results, '1.0')}"]
     lines, results = _emit(outputs, params, inplace=True, floats=True, borrow=(1,))
-    eager = [*head,
-             "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
-             f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
-             *("    " + line for line in fast),
-             *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
+    clamped = [*_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
+    # the branch only where the two differ (an objective that never reads the clamped ratio,
+    # as GPG, takes the same code either way: no pass over raw, no host sync)
+    eager = [*head, *clamped] if clamped == fast else [
+        *head,
+        "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
+        f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
+        *("    " + line for line in fast), *clamped]
     doc = ("ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
            "    unclamped log-ratio, μ and keep (0 where the ratio clamp is active or a filter drops\n"
            "    the token) come back too, for the loss's metrics. Each returned tensor is a buffer of\n"
            "    its own that the caller may overwrite, except keep.")
     eager_doc = ("objective_and_grad, run eagerly (CPU): booleans are 0/1 floats (a comparison into\n"
                  "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
-                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.\n"
+                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products (where\n"
+                 "    that code differs).\n"
                  "    ∂ℓ/∂log π may be an input itself (the caller only reads it).")
     return "\n".join([
         f"def objective_and_grad({_SIG}):", f'    """{doc}"""', *compiled, "", "",
