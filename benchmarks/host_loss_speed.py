@@ -5,17 +5,20 @@
 TRL: GRPOTrainer._compute_loss (TRL's own loss code: loss_type dapo, ε 0.2/0.28) against
 ObjectiveGRPOTrainer._compute_loss with grpo_clip_higher, both on the same precomputed log-probs
 (the model's forward is left out: a harness object hands both the same tensor). verl (in
-.venv-verl, which this script runs itself in): verl's get_policy_loss_fn("vanilla") against
-dsl:ppo_dual_clip at verl's clips, and a few more modes against their mirrors. Target: each
-adapter within 1.1x of its host's loss. Ratios are taken side by side in one run."""
+.venv-verl or $VERL_VENV, which this script runs itself in; skipped, saying so, without it): verl's
+get_policy_loss_fn("vanilla") against dsl:ppo_dual_clip at verl's clips, and a few more modes
+against their mirrors. Target: each adapter within 1.1x of its host's loss. Ratios are taken side
+by side in one run, on one thread, in that thread's CPU time (on a shared machine wall time also
+counts other jobs' time slices); the wall-time ratio is given beside it.
+benchmarks/loss_speed.py includes this script's result (its --hosts)."""
 from __future__ import annotations
 
 import argparse
 import collections
 import json
 import statistics
+import os
 import subprocess
-import sys
 import time
 import types
 from pathlib import Path
@@ -26,24 +29,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(fn, reps):
+    """Median seconds of one call: (this thread's CPU time, wall time)."""
     fn()
-    times = []
+    cpu, wall = [], []
     for _ in range(reps):
-        t = time.perf_counter()
+        c, w = time.thread_time(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        cpu.append(time.thread_time() - c)
+        wall.append(time.perf_counter() - w)
+    return statistics.median(cpu), statistics.median(wall)
 
 
 def side_by_side(pairs, reps):
-    """{name: {host_s, ours_s, ratio}}, the two timed alternately so load drifts hit both."""
+    """{name: {host_s, ours_s, ratio, wall_ratio}} (CPU seconds; the best of three medians), the
+    two timed alternately so load drifts hit both."""
     out = {}
     for name, (host, ours) in pairs.items():
         h, o = [], []
         for _ in range(3):
             h.append(timed(host, reps))
             o.append(timed(ours, reps))
-        out[name] = {"host_s": min(h), "ours_s": min(o), "ratio": min(o) / min(h), "within_1.1x": min(o) / min(h) <= 1.1}
+        (host_s, host_wall), (ours_s, ours_wall) = (tuple(map(min, zip(*x))) for x in (h, o))
+        out[name] = {"host_s": host_s, "ours_s": ours_s, "ratio": round(ours_s / host_s, 3),
+                     "wall_ratio": round(ours_wall / host_wall, 3), "within_1.1x": ours_s / host_s <= 1.1}
     return out
 
 
@@ -120,23 +128,38 @@ def verl_pairs(B, T):
     return pairs
 
 
+def measure(B, T, reps):
+    """{tokens, threads, trl, verl}: the TRL pairs here, the verl ones in .venv-verl."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = {"tokens": [B, T], "threads": 1, "clock": "thread CPU time",
+                  "trl": side_by_side(trl_pairs(B, T), reps)}
+    finally:
+        torch.set_num_threads(threads)
+    venv = Path(os.environ.get("VERL_VENV", ROOT / ".venv-verl")) / "bin" / "python"     # as tests/test_verl.py
+    if not venv.exists():
+        result["verl"] = {"skipped": f"{venv} is missing (verl cannot share this environment; "
+                                     "bash scripts/setup_verl.sh makes its own)"}
+        return result
+    proc = subprocess.run([str(venv), __file__, "--verl", "--tokens", f"{B},{T}", "--reps", str(reps)],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    result["verl"] = json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0 else {"error": proc.stderr[-2000:]}
+    return result
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--tokens", default="64,1024")
+    p.add_argument("--tokens", default="128,4096")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--verl", action="store_true", help="(run in .venv-verl by this script) the verl part only")
     a = p.parse_args()
     B, T = map(int, a.tokens.split(","))
-    torch.set_num_threads(1)
     if a.verl:
+        torch.set_num_threads(1)
         print(json.dumps(side_by_side(verl_pairs(B, T), a.reps)))
         return
-    result = {"tokens": [B, T], "threads": 1, "trl": side_by_side(trl_pairs(B, T), a.reps)}
-    venv = ROOT / ".venv-verl" / "bin" / "python"
-    proc = subprocess.run([str(venv), __file__, "--verl", "--tokens", a.tokens, "--reps", str(a.reps)],
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    result["verl"] = json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0 else {"error": proc.stderr[-2000:]}
-    print(json.dumps(result, indent=1))
+    print(json.dumps(measure(B, T, a.reps), indent=1))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,13 @@ size, resets the kernel's RSS high-water mark and reports its growth over one fo
 backward (large CPU tensors are mmap'd and returned to the OS when freed, so RSS follows
 live tensors); on CUDA, torch.cuda.max_memory_allocated.
 
+Hosts (issue 18): TRL's and verl's built-in losses against the adapters on the same tensors, by
+benchmarks/host_loss_speed.py (verl's in .venv-verl, skipped with the reason without it), at
+--hosts B,T ("none": not run), under "hosts" in the same JSON.
+
     python3 benchmarks/loss_speed.py [--device cpu|cuda] [--sizes 32k,128k,512k,1M]
         [--dtypes fp32,bf16] [--objectives drpo,ppo,spo,dppo_binary_tv] [--repeat 6] [--T 4096]
+        [--hosts 128,4096]
 """
 import argparse
 import json
@@ -186,6 +191,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=6,
                     help="interleaved blocks of 4 timed calls per variant at 256k tokens (scaled by size, >= 2)")
     ap.add_argument("--T", type=int, default=4096, help="sequence length; B = tokens / T")
+    ap.add_argument("--hosts", default="128,4096",
+                    help="B,T for TRL's and verl's built-in losses against the adapters (host_loss_speed.py), or none")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -202,6 +209,9 @@ def main():
     for s, n in sizes.items():
         if n < T or n % T:
             ap.error(f"--sizes: {s} = {n} tokens is not a multiple of T = {T}")
+    hosts = None if args.hosts == "none" else args.hosts.split(",")
+    if hosts is not None and (len(hosts) != 2 or not all(x.isdigit() and int(x) > 0 for x in hosts)):
+        ap.error(f"--hosts: write B,T (for example 128,4096) or none, not {args.hosts!r}")
     fns = {name: {v: make_fn(v, name) for v in variants_of(name)} for name in names}
     times = {}
     for dtype in dtypes:
@@ -234,7 +244,11 @@ def main():
                 "objectives": {name: entry({v: statistics.median(t) for v, t in times[dtype, size, name].items()},
                                            {v: mem[v][name, dtype, tokens] for v in fns[name]}, name)
                                for name in names}}
-    print(json.dumps({"device": device, "T": T, "threads": torch.get_num_threads(), "runs": runs}, indent=2))
+    result = {"device": device, "T": T, "threads": torch.get_num_threads(), "runs": runs}
+    if hosts is not None:       # last: it times on one thread (and restores the count)
+        import host_loss_speed     # this script's folder is on sys.path
+        result["hosts"] = host_loss_speed.measure(*map(int, hosts), reps=20)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -129,18 +129,25 @@ class _Emitter:
         return code, fresh
 
 
-def _emit(outputs, params, inplace=False, floats=False):
-    """(statements, one expression per output) computing `outputs`."""
+_INPUTS = {"logp", "anchor", "A", "old", "rollout"}
+
+
+def _emit(outputs, params, inplace=False, floats=False, borrow=()):
+    """(statements, one expression per output) computing `outputs`. With `inplace`, each
+    returned tensor is a buffer of its own, except that the outputs numbered in `borrow` may be
+    an input itself (the caller only reads those: no copy)."""
     em = _Emitter({k: float(v) for k, v in params.items()}, outputs, inplace, floats)
     for n in outputs:
         em.count(n)
     results = []
-    for n in outputs:
+    for i, n in enumerate(outputs):
         code, fresh = em.expr(n)
         if n in em.constant:      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
             code = f"torch.full_like(logp, {code})"
         elif inplace and code in em.owned:      # returned once as it is, then copied
             em.owned.discard(code)
+        elif inplace and i in borrow and code in _INPUTS:
+            pass
         elif inplace and not fresh:   # the caller may overwrite every returned tensor
             code = f"{code}.clone()"
         results.append(code)
@@ -245,22 +252,28 @@ def _fused_functions(value, params, kept) -> str:
     compiled = [*head, *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
     fast_grad = derivative(value, UNCLAMPED_SEEDS)
     fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
-    fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True)
+    # the eager kernel only reads ∂ℓ/∂log π (GPG's is A itself: a copy would cost more than its loss)
+    fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True, borrow=(1,))
     fast = [*_prelude(_used(fast_outputs, extra[:-1]), unclamped=True), *fast_lines,
             f"    return {returned(fast_results, '1.0')}"]
-    lines, results = _emit(outputs, params, inplace=True, floats=True)
-    eager = [*head,
-             "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
-             f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
-             *("    " + line for line in fast),
-             *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
+    lines, results = _emit(outputs, params, inplace=True, floats=True, borrow=(1,))
+    clamped = [*_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
+    # the branch only where the two differ (an objective that never reads the clamped ratio,
+    # as GPG, takes the same code either way: no pass over raw, no host sync)
+    eager = [*head, *clamped] if clamped == fast else [
+        *head,
+        "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
+        f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
+        *("    " + line for line in fast), *clamped]
     doc = ("ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
            "    unclamped log-ratio, μ and keep (0 where the ratio clamp is active or a filter drops\n"
            "    the token) come back too, for the loss's metrics. Each returned tensor is a buffer of\n"
            "    its own that the caller may overwrite, except keep.")
     eager_doc = ("objective_and_grad, run eagerly (CPU): booleans are 0/1 floats (a comparison into\n"
                  "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
-                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products.")
+                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products (where\n"
+                 "    that code differs).\n"
+                 "    ∂ℓ/∂log π may be an input itself (the caller only reads it).")
     return "\n".join([
         f"def objective_and_grad({_SIG}):", f'    """{doc}"""', *compiled, "", "",
         f"def objective_and_grad_eager({_SIG}):", f'    """{eager_doc}"""', *eager])

@@ -114,51 +114,62 @@ def _stats(sums):
 def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None,
                   rollout=None, weights=None):
     """_kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
-    comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: tensors are
-    flat, masked slots are multiplied by 0 rather than selected, each metric is computed in
-    place in a buffer the generated function returned and no longer needs, the metrics are
-    finished in Python (one host sync), and the gradient's scale is left to backward. That
-    equals _kernel wherever every per-token value is finite; if any result is not (a masked
-    slot held NaN or inf, or the objective is not finite somewhere), _kernel recomputes it.
-    test_loss holds the two to each other."""
+    comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: masked slots
+    are multiplied by 0 rather than selected, each metric is computed in place in a buffer the
+    generated function returned and no longer needs, the metrics are finished in Python (one
+    host sync), and the gradient's scale is left to backward. That equals _kernel wherever
+    every per-token value is finite; if any result is not (a masked slot held NaN or inf, or
+    the objective is not finite somewhere), _kernel recomputes it. test_loss holds the two to
+    each other. Tokens are flat, except for an objective with a reduction over each response."""
     exact = functools.partial(_kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights)
-    if not logp.numel() or value_and_grad.reduces:      # [B, 0], or reductions over each response
+    if not logp.numel():      # [B, 0]
         return exact()
-    A = A.reshape(-1)
-    flat = lambda x: None if x is None else x.reshape(-1)   # noqa: E731
-    value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A, flat(old),
-                                                           flat(rollout))
-    m = _float_mask(action_mask, value.dtype)
+    m = _float_mask(action_mask, logp.dtype)
     coef, count = _aggregation_coef(m, mode)
     if weights is not None:
         coef = coef * weights
-    m, coef = m.reshape(-1), coef.reshape(-1)
     tokens = count if mode == "token-mean" else m.sum()
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as _kernel, in the same dtype
-    loss, log_ratio = torch.dot(value, coef) * scale, torch.dot(raw, m)
-    a = torch.mul(A, m, out=value)     # masked advantages: the metrics below need no other mask
-    direction = raw.mul_(a).sign_()
-    w = torch.eq(a, 0, out=torch.empty_like(a)).addcmul_(r, a)    # r·A, or 1 where A = 0 (or masked)
-    w = torch.div(grad, w, out=w)                                  # w = (∂ℓ/∂log π)/(r·A)
+    if value_and_grad.reduces:       # [B, T]: a reduction reads whole responses
+        value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A, old, rollout, action_mask != 0, coef)
+    else:
+        flat = lambda x: None if x is None else x.reshape(-1)   # noqa: E731
+        A, m, coef = A.reshape(-1), m.reshape(-1), coef.reshape(-1)
+        # grad may be an input (GPG's is A): only read
+        value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A, flat(old),
+                                                               flat(rollout))
+    total, spare, scratch = None, value, raw        # value and raw: buffers of their own, free once read
+    if getattr(value_and_grad, "includes_coef", False):    # the gradient of Σ coef·ℓ; value and raw may be views
+        total, grad = grad, torch.eq(coef, 0, out=torch.empty_like(coef)).add_(coef)   # coef, or 1 where it is 0
+        grad = scratch = torch.div(total, grad, out=grad)     # as _per_token; free once w is computed
+        spare = torch.empty_like(m)
+    loss, log_ratio = _dot(value, coef) * scale, _dot(raw, m)
+    masked_r = r.mul_(m)
+    ratio_max = masked_r.amax()
+    abs_pi_mu = _dot(torch.sub(masked_r, m, out=spare).abs_(), mu)   # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
+    a = torch.mul(A, m, out=mu)       # masked advantages: the metrics below need no other mask
+    w = torch.eq(a, 0, out=spare).addcmul_(masked_r, a)      # r·A, or 1 where A = 0 (or masked)
+    w = torch.div(grad, w, out=w)                             # w = (∂ℓ/∂log π)/(r·A)
+    direction = torch.mul(raw, a, out=scratch).sign_()
     has_w = a.ne_(0)
-    w_sum, w_count = torch.dot(w, has_w), has_w.sum()
+    w_sum, w_count = _dot(w, has_w), has_w.sum()
     stopped = w.le_(0)              # see _kernel: Σ stopped·direction, Σ stopped·|direction|
     if not isinstance(inside, float):        # some ratio is clamped
         stopped.mul_(inside)
-    toward, total = torch.dot(stopped, direction), torch.dot(stopped, direction.abs_())
-    masked_r = r.mul_(m)
-    ratio_max = masked_r.amax()
-    abs_pi_mu = torch.dot(masked_r.sub_(m).abs_(), mu)            # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
+    toward, total_stopped = _dot(stopped, direction), _dot(stopped, direction.abs_())
     # a non-finite ∂ℓ/∂log π anywhere (masked or not) makes w_sum non-finite: w = grad/den
     # and the dot multiplies it by 0 or 1
-    values = torch.stack([loss, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens]).tolist()
+    values = torch.stack([loss, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio,
+                          tokens]).tolist()
     if not all(map(math.isfinite, values)):
         return exact()
-    _, w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens = values
+    _, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio, tokens = values
     n = max(tokens, 1)
-    stats = torch.tensor([w_sum / max(w_count, 1), (total + toward) / 2 / n, (total - toward) / 2 / n,
-                          abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=value.dtype, device=value.device)
-    return loss, grad.mul_(coef).view_as(logp), scale, stats
+    stats = torch.tensor([w_sum / max(w_count, 1), (total_stopped + toward) / 2 / n, (total_stopped - toward) / 2 / n,
+                          abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=logp.dtype, device=logp.device)
+    if total is None:
+        total = torch.mul(grad, coef, out=stopped).view_as(logp)
+    return loss, total, scale, stats
 
 
 def _compute_dtype(logp):

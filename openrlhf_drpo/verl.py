@@ -60,8 +60,10 @@ def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response
         factor = 1 / factor.to(_compute_dtype(log_prob))
         weights = factor.expand_as(log_prob) if weights is None else weights * factor
     loss, stats = core(log_prob, old_log_prob, advantages, response_mask, aggregate=mode, norm=norm, weights=weights)
-    metrics = {f"actor/{k}": v.item() for k, v in core.metrics.items()}
-    metrics["actor/ppo_kl"] = stats[-2].item()
+    values = stats.tolist()      # one host sync for all of them (drpo_filtered, where there, is another)
+    metrics = {f"actor/{k}": x for k, x in zip(METRIC_KEYS, values)}
+    metrics.update({f"actor/{k}": v.item() for k, v in core.metrics.items() if k not in METRIC_KEYS})
+    metrics["actor/ppo_kl"] = values[-2]
     return loss, metrics
 
 
