@@ -16,6 +16,9 @@ from .ir import Node, numpy_plan, postorder
 # number, one that does not as the interval it spans
 MUS = (1e-6, 1e-3, 0.1, 0.5, 1.0)
 MAGNITUDES = (1e-3, 1.0, 1e3)
+# where w depends on |A| smoothly (no threshold says where it changes): quarter decades over MAGNITUDES'
+# span, for the candidates' probes and the range's search
+DENSE_MAGNITUDES = tuple(10 ** (k / 4) for k in range(-12, 13))
 SIGNS = (("positive", 1.0), ("negative", -1.0))
 # the domain's corners beyond the regular grid: μ → 0 with r up to 1/μ (a clamp at |log r| = 12
 # is met only there), and r → 0
@@ -559,7 +562,7 @@ class Arbiter:
         small_r = np.logspace(-20, -16, 5)[None, :]
         ext = []
         for sign in SIDE_SIGNS:
-            for mag in sorted(set(MAGNITUDES) | set(self.magnitudes)):
+            for mag in sorted(set(MAGNITUDES) | set(self.magnitudes) | set(DENSE_MAGNITUDES * (len(self.magnitudes) > 1))):
                 r = pis / mus
                 ext.append(self.w(np.where(r == 1, np.nan, r), mus, sign * mag).ravel())
                 ext.append(self.w(small_r, np.unique(self.mu)[:, None], sign * mag).ravel())
@@ -596,8 +599,17 @@ class Arbiter:
         top = np.argsort(vals, axis=None)[-keep:]
         rows, cols = np.unravel_index(top, vals.shape)
         free = len(self.magnitudes) > 1          # |A| only where w depends on it
-        x = np.stack([np.log(self.mu[rows, 0]), np.log(self.R[rows, cols])] + [np.log(self.mag[rows, 0])] * free)
-        sign, mag = self.sign[rows, 0][:, None], self.mag[rows, 0][:, None]
+        mus, rs, signs, mags = self.mu[rows, 0], self.R[rows, cols], self.sign[rows, 0], self.mag[rows, 0]
+        if free:
+            # w may peak or dip between the rows' |A| with no threshold to say where (e^(−(|A| − 10)²)):
+            # the best points of a coarse scan over DENSE_MAGNITUDES seed the search too
+            m, r, a, g = (c.ravel() for c in np.meshgrid(np.unique(self.mu[:, 0])[::4], np.geomspace(1e-15, 1e12, 55),
+                                                          DENSE_MAGNITUDES, SIDE_SIGNS, indexing="ij"))
+            v = np.where(m * r <= 1, s * self.w(r, m, g * a), np.nan)
+            best = np.argsort(np.where(np.isfinite(v), v, -np.inf))[-keep:]
+            mus, rs, signs, mags = (np.concatenate([x, y[best]]) for x, y in ((mus, m), (rs, r), (signs, g), (mags, a)))
+        x = np.stack([np.log(mus), np.log(rs)] + [np.log(mags)] * free)
+        sign, mag = signs[:, None], mags[:, None]
         span = [math.log(min(MAGNITUDES[0], self.magnitudes[0])), math.log(max(MAGNITUDES[-1], self.magnitudes[-1]))]
 
         def f(y):
@@ -637,8 +649,9 @@ class Arbiter:
         toward it ("w = 0 before"), else a sign change, continuous or not."""
         np = self.np
         h = 1e-7 * np.maximum(r, 1.0)
-        s = self._state(self.w(r - h, mu, A)), self._state(self.w(r + h, mu, A))
-        defined = (s[0] != 2) & (s[1] != 2) & np.isfinite(r) & (r - h > 0)
+        with np.errstate(invalid="ignore"):         # a candidate's r*(μ, A) may be inf or nan there
+            s = self._state(self.w(r - h, mu, A)), self._state(self.w(r + h, mu, A))
+            defined = (s[0] != 2) & (s[1] != 2) & np.isfinite(r) & (r - h > 0)
         changed = (s[0] != s[1]) & defined
         return changed, defined, self.kind_at(r, mu, A, s)
 

@@ -4,7 +4,7 @@ what the arbiter found with the IR's float rules. A confirmed claim is printed a
 one the arbiter contradicts is replaced by the numeric finding and flagged."""
 from __future__ import annotations
 
-from .arbiter import MAGNITUDES, describe
+from .arbiter import DENSE_MAGNITUDES, MAGNITUDES, describe
 
 ADVANTAGES = (("positive", 1.0), ("negative", -1.0))
 
@@ -66,7 +66,8 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 # since it may be a boundary only in a narrow band of μ, or only outside the domain,
                 # and at every |A| and μ the arbiter sampled (either side of the objective's own
                 # thresholds on them: the region a candidate's conditions allow)
-                mags = np.unique(np.concatenate([MAGNITUDES, arb.magnitudes]))
+                mags = np.unique(np.concatenate([MAGNITUDES, arb.magnitudes] +
+                                                [DENSE_MAGNITUDES] * (len(arb.magnitudes) > 1)))
                 mus = np.unique(np.concatenate([PROBE_MUS, arb.mu[:, 0]]))
                 A = np.repeat(sign * mags, mus.size)
                 mu = np.tile(mus, mags.size)

@@ -26,16 +26,16 @@ def numpy_fn(args, expr):
         if e.is_Number or e.is_NumberSymbol:      # 2/5, 1e200, E, pi, oo
             return float(e)
         if e.is_Add:
-            return sum(ev(a, env) for a in e.args)
+            return mark(sum(ev(a, env) for a in e.args))
         if e.is_Mul:
             out = 1.0
             for a in e.args:
-                out = out * ev(a, env)
+                out = mark(out * ev(a, env))
             return out
         if e.is_Pow:
-            return np.power(ev(e.base, env), ev(e.exp, env))
+            return mark(np.power(ev(e.base, env), ev(e.exp, env)))
         if e.func in unary:
-            return unary[e.func](ev(e.args[0], env))
+            return mark(unary[e.func](ev(e.args[0], env)))
         if isinstance(e, (sp.Min, sp.Max)):
             return functools.reduce(np.minimum if isinstance(e, sp.Min) else np.maximum, [ev(a, env) for a in e.args])
         if e.func in rel:
@@ -57,12 +57,31 @@ def numpy_fn(args, expr):
             return np.select(conds, vals, default=np.nan)
         raise NotImplementedError(e.func)   # e.g. LambertW: callers fall back to SymPy
 
+    marks = []
+
+    def mark(x):
+        marks.append(~np.isfinite(x))
+        return x
+
+    def run(values):
+        marks.clear()
+        # a bare Symbol is a Boolean to SymPy too: w = r is a number
+        boolean = isinstance(expr, sp.logic.boolalg.Boolean) and not isinstance(expr, sp.Symbol)
+        out = np.asarray(ev(expr, dict(zip(args, values))), dtype=bool if boolean else float)
+        return out, functools.reduce(np.logical_or, marks, False)
+
     def f(*values):
         with np.errstate(all="ignore"):
-            env = dict(zip(args, (np.asarray(v, dtype=float) for v in values)))
-            # a bare Symbol is a Boolean to SymPy too: w = r is a number
-            boolean = isinstance(expr, sp.logic.boolalg.Boolean) and not isinstance(expr, sp.Symbol)
-            return np.asarray(ev(expr, env), dtype=bool if boolean else float)
+            values = [np.asarray(v, dtype=float) for v in values]
+            out, left = run(values)
+            # Where an intermediate left the doubles (e^(r/2) past r ≈ 1419 over a product that
+            # has not), evaluate again in extended precision: a right formula must not read 0
+            # or nan where the objective's own float rules give a finite w.
+            if out.dtype == float and np.any(left):
+                shape = np.broadcast_shapes(out.shape, np.shape(left), *(v.shape for v in values))
+                out, left = np.array(np.broadcast_to(out, shape)), np.broadcast_to(left, shape)
+                out[left] = run([np.broadcast_to(v, shape)[left].astype(np.longdouble) for v in values])[0]
+            return out
     return f
 
 

@@ -17,6 +17,7 @@ from .sampling import numpy_fn
 
 SIGNS = (("positive", 1), ("negative", -1))
 DIRECTIONS = ("diverging", "converging")
+BUDGET_CELLS = 400     # cells a condition is tabulated on (settle_cells); past it, kept as built
 
 
 # ------------------------------------------------------------------ the weight
@@ -177,6 +178,10 @@ class _Settle:
             return c
         if out in (sp.true, sp.false):
             return out
+        if self.ctx.a in out.free_symbols or len(out.free_symbols & {self.ctx.t, self.ctx.mu}) > 1:
+            settled = self.settle_cells(out)
+            if settled is not None:
+                return settled
         if out.free_symbols == {self.ctx.mu}:
             return self.settle(out, self.ctx.mu)
         if self.ctx.t not in out.free_symbols:
@@ -205,30 +210,38 @@ class _Settle:
         return forms[tuple(int(v == sp.true) for v in truth)]
 
     def settle(self, cond, x=None, hi=None, exact=None):
-        """A condition in one variable x (t, or μ) is constant between its thresholds:
+        """A condition in one variable x (t, |A| = a or μ) is constant between its thresholds:
         evaluate it at each threshold and between them, then rebuild the shortest equivalent,
-        a union of intervals (t ≤ c, c < t ≤ d, ...). x ranges over (0, hi), or (0, 1] for μ.
-        exact maps a threshold's float to the expression printed for it. (SymPy's as_set
-        does the same job about a hundred times slower.)"""
+        a union of intervals (t ≤ c, c < t ≤ d, ...). exact maps a threshold's float to the
+        expression printed for it. (SymPy's as_set does the same job about a hundred times slower.)"""
         sp = self.ctx.sp
         x = self.ctx.t if x is None else x
         rels = _relations(sp, cond)
         if any(rel.lhs != x or not rel.rhs.is_number for rel in rels):
             return cond
-        closed = x == self.ctx.mu        # μ = 1 is in the domain; t = tmax (π = 0) is not
-        lo, hi = 0.0, (1.0 if closed else float(self.tmax) if self.tmax is not None else math.inf)
-        cuts = sorted({float(rel.rhs) for rel in rels})
-        cuts = [c for c in cuts if lo < c < hi or (closed and c == hi)]
-        exact = exact or {}
-        exact = {**{float(rel.rhs): rel.rhs for rel in rels if float(rel.rhs) not in exact}, **exact}
-        edges = [lo] + cuts + ([hi] if not (closed and cuts and cuts[-1] == hi) else [])
-        probes = []     # even index: inside an interval; odd: a threshold itself
+        exact = {**{float(rel.rhs): rel.rhs for rel in rels}, **(exact or {})}
+        cuts, probes = self._probes(x, {float(rel.rhs) for rel in rels})
+        return self._intervals(x, cuts, exact, [bool(cond.xreplace({x: sp.Float(v)})) for v in probes])
+
+    def _probes(self, x, cuts):
+        """The thresholds inside x's range, ascending, and the points that tell every cell
+        apart: even index inside an interval, odd index a threshold itself. t ranges over
+        (0, tmax), a over (0, ∞), μ over (0, 1] (μ = 1 is in the domain; t = tmax, π = 0, is not)."""
+        closed = x == self.ctx.mu
+        hi = 1.0 if closed else float(self.tmax) if x == self.ctx.t and self.tmax is not None else math.inf
+        cuts = sorted(c for c in cuts if 0 < c < hi or (closed and c == hi))
+        edges = [0.0] + cuts + ([] if closed and cuts and cuts[-1] == hi else [hi])
+        probes = []
         for i in range(len(edges) - 1):
             a, b = edges[i], edges[i + 1]
             probes.append((a + b) / 2 if math.isfinite(b) else a + 1.0)
             if i < len(cuts):
                 probes.append(cuts[i])
-        truth = [bool(cond.xreplace({x: sp.Float(v)})) for v in probes]
+        return cuts, probes
+
+    def _intervals(self, x, cuts, exact, truth):
+        """The union of intervals of x where truth (over _probes' points) holds."""
+        sp = self.ctx.sp
         if all(truth):
             return sp.true
         if not any(truth):
@@ -255,6 +268,55 @@ class _Settle:
             if k == j and k % 2:
                 parts = [sp.Eq(x, exact[cuts[k // 2]])]
             out.append(sp.And(*parts))
+        return sp.Or(*out)
+
+    def settle_cells(self, cond):
+        """A condition whose relations each compare one of t, |A| = a or μ with a number is
+        constant on the cells between those numbers, so it is tabulated there and rebuilt:
+        an empty region becomes false; in two variables it reads as intervals of the outer
+        one (|A| or μ), each with its condition in r: (2 ≤ |A| ≤ 20 and r ≤ 1.2) or |A| > 20
+        or |A| < 2. Else None (kept as built)."""
+        import itertools
+        import numpy as np
+        sp, ctx = self.ctx.sp, self.ctx
+        flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
+        swap, exact = {}, {}
+        for rel in _relations(sp, cond):
+            h = sp.expand(rel.lhs - rel.rhs)
+            if len(h.free_symbols) != 1 or not h.free_symbols <= {ctx.t, ctx.a, ctx.mu}:
+                return None
+            (x,) = h.free_symbols
+            poly = h.as_poly(x)
+            if poly is None or poly.degree() != 1 or not all(c.is_number for c in poly.all_coeffs()):
+                return None
+            c1, c0 = poly.all_coeffs()
+            swap[rel] = (rel.func if c1 > 0 else flip[rel.func])(x, -c0 / c1)
+            exact.setdefault(x, {})[float(-c0 / c1)] = -c0 / c1
+        cond = cond.xreplace(swap)
+        xs = sorted(exact, key=lambda x: x != ctx.t)      # t first: the inner variable
+        axes = [self._probes(x, set(exact[x])) for x in xs]
+        if math.prod(len(p) for _, p in axes) > BUDGET_CELLS:
+            return None
+        truth = np.array([bool(cond.xreplace({x: sp.Float(v) for x, v in zip(xs, pt)}))
+                          for pt in itertools.product(*(p for _, p in axes))]).reshape([len(p) for _, p in axes])
+        matters = [k for k in range(len(xs)) if (truth != truth.take([0], axis=k)).any()]
+        if len(matters) > 2:
+            return None
+        # the variables that matter first (inner, then outer), the others at any value
+        table = truth.transpose(matters + [k for k in range(len(xs)) if k not in matters])
+        table = table.reshape([truth.shape[k] for k in matters] + [-1])[..., 0]
+        if len(matters) < 2:
+            return sp.false if not truth.any() else sp.true if truth.all() else \
+                self._intervals(xs[matters[0]], axes[matters[0]][0], exact[xs[matters[0]]], list(table))
+        inner, outer = matters
+        out, seen = [], []
+        for row in table.T:        # one pattern in the inner variable per cell of the outer one
+            if any((row == s).all() for s in seen):
+                continue
+            seen.append(row)
+            where = [bool((other == row).all()) for other in table.T]
+            out.append(sp.And(self._intervals(xs[outer], axes[outer][0], exact[xs[outer]], where),
+                              self._intervals(xs[inner], axes[inner][0], exact[xs[inner]], list(row))))
         return sp.Or(*out)
 
     def settle_mu(self, cond):
