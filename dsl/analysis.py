@@ -271,7 +271,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
 def grid_evidence(arb) -> str:
     np = arb.np
     r = arb.R[arb.inside]
-    mags = ", ".join(f"{m:g}" for m in arb.magnitudes)
+    mags = ", ".join(dict.fromkeys(f"{m:g}" for m in arb.magnitudes))     # 2 ± 2e-6 read 2, once
     return (f"the arbiter's {int(arb.inside.sum()):,} grid points, μ ∈ [{float(arb.mu.min()):g}, {float(arb.mu.max()):g}], "
             f"r ∈ [{float(np.min(r)):g}, {float(np.max(r)):g}] with π ≤ 1, |A| ∈ {{{mags}}}")
 

@@ -227,7 +227,7 @@ def _admissibility(adm) -> list[str]:
         f"    symmetric in log r  {symmetric} ({how[sym['status']]}: w(e^t) against w(e^−t) inside the domain)",
         f"    (tails numeric: log|w| against log r, r from {smp['r'][0]:g} to 0.1 at μ ∈ "
         f"{{{', '.join(f'{m:g}' for m in smp['mu'])}}}, and along π = 1 from r = 10 to {smp['r'][1]:g}; "
-        f"|A| ∈ {{{', '.join(f'{m:g}' for m in smp['magnitudes'])}}})",
+        f"|A| ∈ {{{_mags(smp['magnitudes'])}}})",
     ]
 
 
@@ -310,7 +310,7 @@ def _arbiter(a) -> str:
               "continuity": a["smooth"]}
     said = {"confirmed": "confirmed", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
             "unconfirmed": "unconfirmed", "not derived": "not derived"}
-    mags = (f"|A| ∈ {{{', '.join(f'{m:g}' for m in a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
+    mags = (f"|A| ∈ {{{_mags(a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
             else "|A| = 1 (w is the same at |A| = 0.001 and 1000)")
     return (", ".join(f"{k} {said[v]}" for k, v in status.items())
             + f", by the IR's float rules on {a['points']:,} grid points over (μ, π), both signs of A, {mags}")
@@ -398,7 +398,7 @@ def equivalence_report(res: dict) -> str:
     rhos = (f" at each ρ = π_old/π_rollout ∈ {{{', '.join(f'{x:g}' for x in num['rhos'])}}} (--rho adds one)"
             if num.get("rhos") else "")
     where = (f"{num['points']:,} points: the arbiter's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "
-             f"both signs of A, |A| ∈ {{{', '.join(f'{m:g}' for m in num['magnitudes'])}}}, and "
+             f"both signs of A, |A| ∈ {{{_mags(num['magnitudes'])}}}, and "
              f"{num['random_points']:,} seeded random points{rhos}; relative tolerance {num['rtol']:g}")
     if not num["differs"]:
         lines.append("  gradient   ∂ℓ/∂log π is the same (the losses may differ by a term without a gradient)")
@@ -447,9 +447,14 @@ def _region(reg, a, b) -> str:
         return "the same everywhere sampled"
     span = lambda k: f"{reg[k][0]:.6g} to {reg[k][1]:.6g}"    # noqa: E731
     undefined = [n for n, u in zip((a, b), reg["undefined_in"]) if u]
-    mags = ", ".join(f"{m:g}" for m in reg["magnitudes"]) or "only at random points"
+    mags = _mags(reg["magnitudes"]) or "only at random points"
     rs = " and ".join(f"= {lo:.6g}" if lo == hi else f"from {lo:.6g} to {hi:.6g}" for lo, hi in reg["r"])
     return (f"r {rs} (π from {span('pi')}), μ from {span('mu')}, |A| ∈ {{{mags}}}: "
             f"{100 * reg['share']:.3g}% of the points sampled for this sign"
             + (", r = 1 included" if reg["on_policy"] else "")
             + (f"; undefined for {' and '.join(undefined)} at some of them" if undefined else ""))
+
+
+def _mags(values) -> str:
+    """|A| values as printed, each once: both sides of a threshold (2 ± 2e-6) read 2."""
+    return ", ".join(dict.fromkeys(f"{m:g}" for m in values))

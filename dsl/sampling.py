@@ -120,7 +120,10 @@ class Numeric:
         mu, pi = self._grid(smallest)
         # |A| is sampled too when w depends on it, and refined along with μ
         k = -np.log10(smallest) / 2
-        mags = np.logspace(-k, k, 13) if self.entangled else np.array([1.0])
+        # (with the arbiter's quarter decades, every other one: a band such as 2 ≤ |A| ≤ 20 lies between
+        # the wide grid's own 13 values)
+        from .arbiter import DENSE_MAGNITUDES
+        mags = np.union1d(np.logspace(-k, k, 13), DENSE_MAGNITUDES[::2]) if self.entangled else np.array([1.0])
         vals = []
         with np.errstate(all="ignore"):
             for sign in (1.0, -1.0):

@@ -194,6 +194,13 @@ TABLE = [
     # PPO's clip only in a band 0.3 < μ < 0.31, between the regular grid's rows (0.02 + k·0.07).
     ("mu_band_mid", "min(r*A, clip(r, 0.8, 1.2)*A)*[0.3 < μ and μ < 0.31] + r*A*[μ <= 0.3 or μ >= 0.31]",
      [(1.2, BEYOND)], [(0.8, BEYOND)], (0, 1), False, ("ok", "ok"), []),
+    # A penalty that acts only near |A| = 10, with no threshold to find it by: w = 1 − 10·sign(A)·e^(−(|A| − 10)²)(r − 1).
+    # Zero at r = 1 ± e^((|A| − 10)²)/10: 1.1 / 0.9 at |A| = 10 (reachable), e^90.25/10 away at the table's
+    # |A| = 1/2. At |A| = 10, w = 1 − 10(r − 1) → −∞ as r → 1/μ → ∞ (A > 0), +∞ for A < 0: unbounded.
+    ("abs_gauss_penalty", "r*A - 5*|A|*exp(-(|A| - 10)^2)*(r - 1)^2",
+     [(round(float(1 + sp.exp(sp.Rational(361, 4)) / 10), 9), CROSS)],
+     [(round(float(1 - sp.exp(sp.Rational(361, 4)) / 10), 9), CROSS)], (None, None), True, ("ok", "ok"),
+     ["depends on |A|"]),
 ]
 
 # What each claim rests on (to_json's "claims"), where the issue asks for it: "proven" from the
