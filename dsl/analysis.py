@@ -293,11 +293,24 @@ def _fixed_sign(ctx, pieces):
     0 where every piece is 0, else None."""
     if all(e == 0 for e in pieces):
         return 0
-    def sign():
-        for s, test in ((1, lambda e: e.is_positive), (-1, lambda e: e.is_negative)):
-            if all(test(e) is True for e in pieces):
+    sp = ctx.sp
+    v = sp.Symbol("v", nonnegative=True)
+
+    def one(e):
+        """e's sign, or None: as it stands, else as one fraction with μ = 1/(1 + v) (μ ≤ 1,
+        which SymPy's assumptions cannot hold) whose expanded numerator and denominator
+        each have a sign (DRPO's 1 − 2μt/25 with t < 1 is (25uv + 25u + 25v + 23)/…)."""
+        for s, test in ((1, lambda x: x.is_positive), (-1, lambda x: x.is_negative)):
+            if test(e) is True:
                 return s
-        return None
+        check_budget("tidy", size(e))
+        num, den = (sp.expand(x) for x in sp.fraction(sp.together(e.subs(ctx.mu, 1 / (1 + v)))))
+        signs = [1 if x.is_positive else -1 if x.is_negative else None for x in (num, den)]
+        return None if None in signs else signs[0] * signs[1]
+
+    def sign():
+        found = {one(e) for e in pieces}
+        return found.pop() if len(found) == 1 and None not in found else None
     return ctx.limited("the sign of w", sign, None)
 
 
