@@ -1,5 +1,6 @@
 """What an objective does to each token's gradient: the symbolic derivation (dsl.symbolic)
-and the numeric arbiter (dsl.arbiter), joined where each claim is confirmed (dsl.confirm).
+and the numeric arbiter (dsl.arbiter, dsl.events, dsl.extremes), joined where each claim
+is confirmed (dsl.confirm).
 
 Work is bounded by budgets counted in work, never in seconds, so that the same objective
 gives the same report on any machine under any load: before each risky SymPy step (tidying,
@@ -18,8 +19,10 @@ import threading
 import time
 from contextlib import contextmanager
 
-from .arbiter import Arbiter, on_policy, on_policy_warnings
+from .arbiter import Arbiter
 from .confirm import check_weight, compare_range, confirm_boundaries, domain_warnings
+from .events import facts as grid_facts
+from .extremes import on_policy, on_policy_warnings
 from fractions import Fraction
 
 from .ir import derivative, numpy_plan, reads_whole_response, tree_size, uniform_view
@@ -197,7 +200,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
     obj, scope = analysis_view(obj, seq_len, rho)
     ctx = _Ctx(obj)
     arb = Arbiter(obj, ctx.dl)        # ∂ℓ/∂r derived once, for every numeric check
-    facts = arb.facts()
+    facts = grid_facts(arb)
     result = {
         "name": obj.name, "path": obj.path, "description": obj.description,
         "params": {k: float(v) for k, v in obj.params.items()},
@@ -450,7 +453,7 @@ def _classify(x, w) -> dict:
     steeper (exponential); exact zeros after values near a double's underflow are a decay,
     after ordinary values a cut."""
     import numpy as np
-    from .arbiter import UNDERFLOW
+    from .events import UNDERFLOW
     finite = np.isfinite(w)
     u = np.abs(np.log(x))       # grows toward the limit
     if not finite[-5:].all():

@@ -4,7 +4,8 @@ what the arbiter found with the IR's float rules. A confirmed claim is printed a
 one the arbiter contradicts is replaced by the numeric finding and flagged."""
 from __future__ import annotations
 
-from .arbiter import DENSE_MAGNITUDES, MAGNITUDES, describe
+from .arbiter import DENSE_MAGNITUDES, MAGNITUDES
+from .events import boundary_at, changes_sign_at, describe
 
 ADVANTAGES = (("positive", 1.0), ("negative", -1.0))
 
@@ -54,7 +55,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
         for r_expr, pi_expr, g, explicit in candidates[adv]:
             if any(_same_place(r_expr, x) for x in out["r"]):
                 continue
-            hit = arb.boundary_at(g, events)
+            hit = boundary_at(arb, g, events)
             where = ""
             if hit.any():
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
@@ -73,14 +74,14 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 mu = np.tile(mus, mags.size)
                 with np.errstate(all="ignore"):
                     r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
-                changed, defined, kind = arb.changes_sign_at(r_star, mu, A)
+                changed, defined, kind = changes_sign_at(arb, r_star, mu, A)
                 if changed.any():
                     kinds = sorted(set(kind[changed]))     # each label from probing the boundary itself
                     reachable = bool((changed & (mu * r_star <= 1)).any())
                 elif (r_star > 0).any() and not defined[r_star > 0].any():
                     kinds, reachable = ["unconfirmed"], False    # ℓ is not a finite double there: kept, flagged
                 else:
-                    touches = arb.boundary_at(g, [{**t, "lo": t["r"], "hi": t["r"]} for t in facts[adv]["touches"]])
+                    touches = boundary_at(arb, g, [{**t, "lo": t["r"], "hi": t["r"]} for t in facts[adv]["touches"]])
                     why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
                            "is where w touches 0 without changing sign" if touches.any() else
                            "is not a sign change of w (checked numerically)")

@@ -165,7 +165,7 @@ def _numerically(exprs, dls) -> dict:
 
 
 def _where_ties(r, mu) -> str:
-    from .arbiter import describe
+    from .events import describe
     return describe([{"r": float(x), "mu": float(m)} for x, m in zip(r, mu)])
 
 

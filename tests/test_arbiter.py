@@ -303,7 +303,7 @@ ON_POLICY_PEAKS = [
 
 @pytest.mark.parametrize("text, w", ON_POLICY_PEAKS)
 def test_the_on_policy_interval_reaches_extremes_between_sampled_magnitudes_and_mus(text, w):
-    from dsl.arbiter import on_policy
+    from dsl.extremes import on_policy
     obj = dsl.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):
