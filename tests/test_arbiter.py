@@ -211,7 +211,7 @@ CLAIMS = {
     "negative_only": {"boundary": ("w ≡ 0", "proven"), "boundary_negative": ("none", "proven")},
     "mask_beyond_domain": {"reachable": "proven", "bounded": "proven"},
     "sign_beyond_domain": {"reachable": "proven"},
-    "far_quadratic_penalty": {"reachable": "unconfirmed", "boundary_negative": ("none", "unconfirmed"),
+    "far_quadratic_penalty": {"reachable": "unconfirmed", "boundary_negative": ("none", "proven"),
                               "smooth": "proven", "bounded": "unconfirmed"},
     "steep_log_edge": {"smooth": "unconfirmed", "bounded": "found"},
     "implicit_fixed_ratio": {"geometry": "ratio"},
