@@ -308,7 +308,7 @@ def markdown(rows: list[dict], summary: list[dict]) -> str:
     """The summary (mean [95% t interval] over seeds, ranked) above the per-run table."""
     head = ["rank", "objective", "seeds", *SUMMARY_KEYS, "collapsed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(summary, key=lambda r: (r["rank"] is None, r["rank"] or 0)):
+    for r in sorted(summary, key=lambda r: (r["rank"] is None, r["rank"] or 0, -(r["final_reward"]["mean"] or 0))):
         lines.append("| " + " | ".join([str(r["rank"]), r["objective"], str(r["seeds"]),
                                          *[_cell(r[k]) for k in SUMMARY_KEYS], r["collapsed"]]) + " |")
     cols = [k for k in RESULT_KEYS if k != "params"]
