@@ -27,7 +27,7 @@ import time
 # Off-policyness. updates: each rollout (8 prompts x 4 samples) is cut into that many
 # mini-batches, one optimizer step each, all measured against the same rollout policy.
 # stale_k: the engine receives the trainer's weights only after every k-th step.
-# engine_fp8: the engine computes with fp8-rounded weights while the trainer keeps bf16.
+# engine_int4: the engine computes with 4-bit-rounded weights while the trainer keeps bf16.
 PRESETS = {
     "on-policy": {"updates": 1, "lr": 2e-3,
                   "stresses": "nothing: one update per rollout, every update starts on-policy (the control)"},
@@ -40,10 +40,10 @@ PRESETS = {
               "stresses": "stale rollouts: the engine's weights are refreshed only every k steps (--stale-k, "
                           "default 4), so a rollout comes from a policy up to k-1 steps old, as in asynchronous "
                           "RL (AReaL, slime); one update per rollout at 5x the learning rate"},
-    "mismatch": {"updates": 1, "lr": 2e-3, "engine_fp8": True,
-                 "stresses": "engine/trainer mismatch: the engine samples with fp8 weights (per-tensor e4m3, as "
-                             "FP8 rollout engines) while the trainer computes in bf16, so each step's first update "
-                             "already sees r != 1; one update per rollout"},
+    "mismatch": {"updates": 1, "lr": 2e-3, "engine_int4": True,
+                 "stresses": "engine/trainer mismatch: the engine samples with 4-bit weights (int4, one scale per 32, "
+                             "as quantized rollout engines) while the trainer computes in bf16, so each step's first "
+                             "update already sees r != 1; one update per rollout"},
 }
 ROLLOUT_PROMPTS, SAMPLES = 8, 4
 FINAL_STEPS = 5
@@ -163,7 +163,7 @@ def run_pipeline(task, runs: list[dict], args, folder: str, progress) -> None:
     preset = PRESETS[args.preset]
     lab_file = os.path.join(folder, "lab.json")
     with open(lab_file, "w") as f:
-        json.dump({"stale_k": args.stale_k, "engine_fp8": bool(preset.get("engine_fp8")),
+        json.dump({"stale_k": args.stale_k, "engine_int4": bool(preset.get("engine_int4")),
                    "runs": [{k: r[k] for k in ("seed", "spec", "metrics", "step_log")} for r in runs]}, f, indent=1)
     first = runs[0]
     flags = toytask.flags(task, folder, steps=args.steps, rollout_prompts=ROLLOUT_PROMPTS, samples=SAMPLES,

@@ -12,8 +12,8 @@ Reproducibility: a run gives the same per-step record inside a lab as alone (in 
 - a rollout's samples are put in one order (by prompt and tokens) before training: OpenRLHF
   collects them in the order the engine finishes them, which varies from call to call.
 
-Lab settings (FILE's "stale_k", "engine_fp8") model the other sources of off-policyness:
-stale engine weights (synced every k steps) and an engine in another precision (fp8 weights).
+Lab settings (FILE's "stale_k", "engine_int4") model the other sources of off-policyness:
+stale engine weights (synced every k steps) and an engine in another precision (4-bit weights).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import json
 import os
 import time
 
-ENGINE_FP8 = "OPENRLHF_DRPO_ENGINE_FP8"     # "1" in a vLLM engine whose weights are rounded to fp8
+ENGINE_INT4 = "OPENRLHF_DRPO_ENGINE_INT4"     # "1" in a vLLM engine whose weights are rounded to 4 bits
 
 
 def sample_seed(base: int, prompt: str, occurrence: int, index: int) -> int:
@@ -31,30 +31,32 @@ def sample_seed(base: int, prompt: str, occurrence: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(text).digest()[:4], "little")
 
 
-def fp8_weights(weights: dict) -> dict:
-    """The weights an fp8 engine computes with: each linear layer's matrix rounded to
-    float8_e4m3 with one scale per tensor (amax -> 448, as vLLM's per-tensor fp8); the
-    embeddings, the output head, norms and biases stay as they are, as there."""
-    import torch
+def int4_weights(weights: dict, group: int = 32) -> dict:
+    """The weights a 4-bit engine computes with: every matrix (embeddings and output head too)
+    rounded to the nearest of 16 levels, int4 with one scale per `group` weights of a row
+    (amax -> 7), as round-to-nearest W4 quantization; vectors (norms) stay as they are.
+    (fp8 per tensor on the linear layers alone barely moves this tiny model: its next-word
+    distribution lives mostly in the embeddings and the head.)"""
     out = {}
     for name, w in weights.items():
-        if w.dim() == 2 and not any(k in name for k in ("embed", "lm_head")):
-            scale = w.float().abs().max().clamp(min=1e-12) / 448.0
-            w = ((w.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(w.dtype)
+        if w.dim() == 2 and w.shape[1] % group == 0:
+            f = w.float().reshape(w.shape[0], -1, group)
+            scale = f.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 7
+            w = ((f / scale).round().clamp(-8, 7) * scale).reshape(w.shape).to(w.dtype)
         out[name] = w
     return out
 
 
-def rollout_actor(base, engine_fp8: bool):
-    """The lab's vLLM actor: OpenRLHF's (or CPU mode's) with seeded samples, and optionally fp8 weights."""
+def rollout_actor(base, engine_int4: bool):
+    """The lab's vLLM actor: OpenRLHF's (or CPU mode's) with seeded samples, and optionally 4-bit weights."""
     import copy
 
     import ray
 
     class LabRolloutRayActor(base.__ray_actor_class__):
         async def __init__(self, *args, **kwargs):
-            if engine_fp8:          # read by the worker extension, in the engine's own process
-                os.environ[ENGINE_FP8] = "1"
+            if engine_int4:          # read by the worker extension, in the engine's own process
+                os.environ[ENGINE_INT4] = "1"
             self._drpo_seed, self._drpo_seen = 0, {}
             await super().__init__(*args, **kwargs)
 

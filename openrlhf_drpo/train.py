@@ -224,7 +224,7 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, lab: dict | None = None):
             from openrlhf_drpo import labpipe
             stack.enter_context(mock.patch.object(ppo_trainer, "PPOTrainer", labpipe.lab_trainer(ppo_trainer.PPOTrainer)))
             stack.enter_context(mock.patch.object(vllm_engine, "RolloutRayActor", labpipe.rollout_actor(
-                vllm_engine.RolloutRayActor, bool(lab.get("engine_fp8")))))
+                vllm_engine.RolloutRayActor, bool(lab.get("engine_int4")))))
         yield
 
 

@@ -206,7 +206,7 @@ def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone)
 
 
 def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone, tmp_path):
-    # the mismatch preset (fp8 engine) with the engine synced every 2 steps
+    # the mismatch preset (4-bit engine) with the engine synced every 2 steps
     out = tmp_path / "lab"
     stdout, results = _lab(out, "drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
                            "--stale-k", "2")
@@ -219,4 +219,4 @@ def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone, tmp_path):
     stale = [m for m, s in zip(c["mismatch"], c["step"]) if s in (2, 4)]
     mild = alone[2]["runs"][0]["mismatch"]
     assert min(fresh) >= 3 * mild, (fresh, stale, mild)
-    assert results["runs"][0]["preset"] == "mismatch" and "fp8" in stdout
+    assert results["runs"][0]["preset"] == "mismatch" and "4-bit weights" in stdout
