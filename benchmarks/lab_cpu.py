@@ -1,14 +1,15 @@
 """drpo-lab's wall time on this machine, measured: prints JSON.
 
     python benchmarks/lab_cpu.py [--objectives 6] [--seeds 3] [--steps 40] [--preset mild]
-                                 [--parallel 1] [--standalone]
+                                 [--parallel 1] [--standalone] [--keep DIR]
 
 Runs `drpo-lab` on the first N of the paper's objectives (plus DRPO at other deltas) in a
 temporary folder. lab_s: the lab's own time for its runs (launch of the pipelines to their exit;
 the task build before it is reported apart, build_s); wall_s: launch to exit. With
 --standalone, the same time for one run launched alone through drpo-train, as the lab did each
 run before it shared one pipeline (its own Ray, vLLM engine and DeepSpeed), and that time
-times the number of runs: the old lab's cost, side by side.
+times the number of runs: the old lab's cost, side by side. --keep DIR keeps the lab's
+output (results, curves, logs) in DIR.
 """
 import argparse
 import json
@@ -21,7 +22,7 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-OBJECTIVES = ["surrogate", "grpo_clip_higher", "spo:eps=0.2", "drpo:delta=0.2", "drpo", "drpo:delta=0.5"]
+OBJECTIVES = ["surrogate", "ppo", "grpo_clip_higher", "spo:eps=0.2", "drpo", "drpo:delta=0.2"]   # drpo: δ = 12.5
 
 
 def main() -> None:
@@ -32,6 +33,7 @@ def main() -> None:
     p.add_argument("--preset", default="mild")
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("--standalone", action="store_true")
+    p.add_argument("--keep", default=None, help="keep the lab's output in this folder")
     args = p.parse_args()
     objectives = OBJECTIVES[:args.objectives]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
@@ -39,10 +41,11 @@ def main() -> None:
               "parallel": args.parallel, "runs": len(objectives) * args.seeds, "cpus": os.cpu_count(),
               "load_avg_1min_at_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory() as out:
+        lab_out = os.path.abspath(args.keep) if args.keep else os.path.join(out, "lab")
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", *objectives, "--seeds", str(args.seeds),
                                "--steps", str(args.steps), "--preset", args.preset, "--parallel", str(args.parallel),
-                               "--out", os.path.join(out, "lab")], capture_output=True, text=True, env=env)
+                               "--out", lab_out], capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             sys.exit(proc.stdout[-3000:] + proc.stderr[-3000:] + "\nlab_cpu: drpo-lab failed")
@@ -51,8 +54,8 @@ def main() -> None:
                       lab_s_per_run=round(lab_s / result["runs"], 1))
         if args.standalone:
             from openrlhf_drpo import lab, toytask
-            task = {"model": os.path.join(out, "lab", "task", "model"),
-                    "prompts": os.path.join(out, "lab", "task", "prompts.jsonl"),
+            task = {"model": os.path.join(lab_out, "task", "model"),
+                    "prompts": os.path.join(lab_out, "task", "prompts.jsonl"),
                     "reward": os.path.join(ROOT, "openrlhf_drpo", "labtask.py")}
             preset = lab.PRESETS[args.preset]
             flags = toytask.flags(task, os.path.join(out, "alone"), steps=args.steps, rollout_prompts=lab.ROLLOUT_PROMPTS,

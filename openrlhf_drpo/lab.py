@@ -381,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
             or (ROLLOUT_PROMPTS * SAMPLES) % args.updates or not args.lr > 0:
         p.error(f"--seeds, --steps, --stale-k and --parallel must be at least 1, --updates must divide "
                 f"{ROLLOUT_PROMPTS * SAMPLES} and --lr be positive")
+    if preset.get("engine_int4") and __import__("torch").cuda.is_available():
+        p.error("--preset mismatch rounds the engine's weights in CPU mode's vLLM worker; on GPUs, run it with "
+                "CUDA_VISIBLE_DEVICES= (CPU mode)")
     specs = [parse_spec(t) for t in args.objectives]
     from dsl import DslError
     try:
@@ -396,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     custom = args.updates != preset["updates"] or args.stale_k != preset.get("stale_k", 1)
     print(f"drpo-lab: preset {args.preset} ({args.updates} updates per rollout, lr {args.lr:g}"
           f"{f', engine synced every {args.stale_k} steps' if args.stale_k > 1 else ''}): "
-          f"{'custom depth' if custom else preset['stresses']}", flush=True)
+          f"{preset['stresses']}{' (overridden by the flags given)' if custom else ''}", flush=True)
     print(f"drpo-lab: {len(runs)} runs ({len(specs)} objectives x {args.seeds} seeds) on {args.parallel} "
           f"pipeline{'s' if args.parallel > 1 else ''}", flush=True)
     print("building the task (tiny Llama pre-trained towards a Zipf distribution) ...", flush=True)

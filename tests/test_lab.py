@@ -131,9 +131,9 @@ def test_bad_input_stops_the_lab_before_anything_runs(argv, message, tmp_path):
 
 def _lab(out, *argv):
     """One drpo-lab (a small task, 3-4 steps); its results.json."""
-    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", *argv[:argv.index("--")] if "--" in argv else argv,
-                           "--pretrain-steps", "20", "--out", str(out), *argv[argv.index("--"):] if "--" in argv else []],
-                          capture_output=True, text=True, timeout=900)
+    cut = argv.index("--") if "--" in argv else len(argv)      # drpo-train's flags go last
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", *argv[:cut], "--pretrain-steps", "20",
+                           "--out", str(out), *argv[cut:]], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads((out / "results.json").read_text())
 
