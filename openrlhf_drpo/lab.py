@@ -228,11 +228,7 @@ def collect(run, args) -> dict:
     wall = sum(x["wall_s"] for x in lines if "wall_s" in x)
     row = {"objective": _label(run["name"], run["params"]), "params": run["params"], "seed": run["seed"],
            "preset": args.preset, **summarize(steps, updates), "wall_s": round(wall, 1)}
-    c = curves(steps, updates)
-    # the rollout of step s came from the engine's weights after step s-1: how many steps behind
-    synced = {x["step"]: x.get("engine_weights", x["step"]) for x in steps}
-    c["rollout_age"] = [s - 1 - synced.get(s - 1, 0) for s in c["step"]]
-    return {"row": row, "curves": c}
+    return {"row": row, "curves": curves(steps, updates)}
 
 
 # ---------------------------------------------------------------- seeds aggregated

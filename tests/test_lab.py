@@ -71,6 +71,28 @@ def test_the_interval_is_students_t_over_the_seeds():
     assert lab.interval([1.0, None, 3.0])["mean"] == 2.0                      # what was not measured is left out
 
 
+def test_the_4_bit_engine_rounds_each_group_of_32_weights_to_16_levels():
+    import torch
+    from openrlhf_drpo.labpipe import int4_weights
+    g = torch.Generator().manual_seed(0)
+    weights = {"m.weight": (torch.randn(4, 64, generator=g) * 0.02).to(torch.bfloat16),
+               "norm.weight": torch.randn(64, generator=g).to(torch.bfloat16)}
+    out = int4_weights(weights)
+    assert out["m.weight"].dtype == torch.bfloat16 and torch.equal(out["norm.weight"], weights["norm.weight"])
+    for row, q in zip(weights["m.weight"].float().view(-1, 32), out["m.weight"].float().view(-1, 32)):
+        scale = row.abs().max() / 7
+        levels = q / scale       # k * scale for k in -8..7, up to bf16's rounding of the result
+        assert torch.allclose(levels, levels.round(), atol=0.05) and levels.round().abs().max() <= 8
+        assert (q - row).abs().max() <= scale / 2 + 0.01 * row.abs().max()
+    assert not torch.equal(out["m.weight"], weights["m.weight"])
+
+
+def test_a_samples_seed_is_fixed_by_what_is_sampled():
+    from openrlhf_drpo.labpipe import sample_seed
+    seeds = {sample_seed(b, p, o, i) for b in (0, 1) for p in ("w1 w2", "w2 w1") for o in (0, 1) for i in range(4)}
+    assert len(seeds) == 32 and sample_seed(3, "w1", 0, 2) == sample_seed(3, "w1", 0, 2)
+
+
 def _row(objective, seed, final, collapsed=False):
     return {"objective": objective, "params": {}, "seed": seed, "preset": "mild", "final_reward": final,
             "reward_auc": final / 2, "max_grad_norm": 1.0 + seed, "max_token_weight": 2.0, "mismatch": 0.01,
