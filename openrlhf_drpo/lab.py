@@ -315,7 +315,8 @@ def markdown(rows: list[dict], summary: list[dict]) -> str:
 
 
 def plot(runs: list[dict], path: str) -> None:
-    """Per objective, the mean over seeds at each step and its 95% t band."""
+    """Per objective, the mean over seeds at each step and its 95% t band (on log axes, of the
+    log values)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -329,17 +330,23 @@ def plot(runs: list[dict], path: str) -> None:
     for ax, (key, title, log) in zip(axes.flat, panels):
         for i, (name, cs) in enumerate(by_objective.items()):       # one colour per objective in every panel
             steps = sorted({s for c in cs for s in c["step"]})
-            cells = [interval([dict(zip(c["step"], c[key])).get(s) for c in cs]) for s in steps]
-            points = [(s, c) for s, c in zip(steps, cells) if c["mean"] is not None and (c["mean"] > 0 or not log)]
+            values = [[dict(zip(c["step"], c[key])).get(s) for c in cs] for s in steps]
+            if log:     # a log axis: the interval of log10 values, so the mean is a geometric mean
+                values = [[math.log10(v) if v is not None and v > 0 else None for v in vs] for vs in values]
+            cells = [interval(vs) for vs in values]
+            if log:
+                cells = [{"mean": None if c["mean"] is None else 10 ** c["mean"],
+                          "ci95": c["ci95"] and [10 ** c["ci95"][0], 10 ** c["ci95"][1]]} for c in cells]
+            points = [(s, c) for s, c in zip(steps, cells) if c["mean"] is not None]
             if not points:
                 continue
             xs = [s for s, _ in points]
             ax.plot(xs, [c["mean"] for _, c in points], color=f"C{i % 10}", label=f"{name} ({len(cs)} seeds)")
             band = [(s, c["ci95"]) for s, c in points if c["ci95"]]
             if band:
-                lo = [max(b[0], 1e-12) if log else b[0] for _, b in band]
-                ax.fill_between([s for s, _ in band], lo, [b[1] for _, b in band], color=f"C{i % 10}", alpha=0.2)
-        ax.set_title(title, fontsize=10)
+                ax.fill_between([s for s, _ in band], [b[0] for _, b in band], [b[1] for _, b in band],
+                                color=f"C{i % 10}", alpha=0.2)
+        ax.set_title(title + (" (geometric mean)" if log else " (mean)"), fontsize=10)
         ax.set_xlabel("step")
         if log and ax.has_data():
             ax.set_yscale("log")
