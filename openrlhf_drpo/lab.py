@@ -154,7 +154,7 @@ def plan(specs, args) -> list[dict]:
 _PROGRESS = re.compile(r"drpo-lab: run (?:(\d+) (started)|step (\d+) reward (\S+))")
 
 
-def run_pipeline(task, runs: list[dict], args, folder: str, progress) -> None:
+def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) -> None:
     """One drpo-train process (one Ray, vLLM engine and trainer) that trains `runs` in turn."""
     from openrlhf_drpo import toytask
     os.makedirs(folder, exist_ok=True)
@@ -174,7 +174,7 @@ def run_pipeline(task, runs: list[dict], args, folder: str, progress) -> None:
     log_path = os.path.join(folder, "pipeline.log")
     current = 0
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for line in proc.stdout:
             log.write(line)
             m = _PROGRESS.search(line)
@@ -204,9 +204,15 @@ def run_all(task, runs: list[dict], args) -> None:
     groups = [runs[i::args.parallel] for i in range(args.parallel) if runs[i::args.parallel]]
     errors = []
 
+    gpus = __import__("torch").cuda.device_count()
+
     def pipeline(i, group):
+        env = None
+        if gpus >= len(groups) > 1:     # each pipeline its own share of the GPUs (not yet run on GPUs)
+            share = gpus // len(groups)
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(i * share, (i + 1) * share)))}
         try:
-            run_pipeline(task, group, args, os.path.join(args.out, "pipelines", f"p{i}"), progress)
+            run_pipeline(task, group, args, os.path.join(args.out, "pipelines", f"p{i}"), progress, env)
         except SystemExit as e:
             errors.append(e)
     threads = [threading.Thread(target=pipeline, args=(i, g)) for i, g in enumerate(groups)]
