@@ -151,16 +151,25 @@ def test_bad_input_stops_the_lab_before_anything_runs(argv, message, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
 
 
+def _labs(*labs):
+    """drpo-labs run side by side (a small task, 3-4 steps), each (out, argv); their stdouts and results.json."""
+    procs = []
+    for out, argv in labs:
+        cut = argv.index("--") if "--" in argv else len(argv)      # drpo-train's flags go last
+        procs.append(subprocess.Popen([sys.executable, "-m", "openrlhf_drpo.lab", *argv[:cut], "--pretrain-steps",
+                                       "20", "--out", str(out), *argv[cut:]],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = [p.communicate(timeout=900) for p in procs]
+    for p, (stdout, stderr) in zip(procs, done):
+        assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return [(stdout, json.loads((out / "results.json").read_text())) for (out, _), (stdout, _) in zip(labs, done)]
+
+
 def _lab(out, *argv):
-    """One drpo-lab (a small task, 3-4 steps); its results.json."""
-    cut = argv.index("--") if "--" in argv else len(argv)      # drpo-train's flags go last
-    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", *argv[:cut], "--pretrain-steps", "20",
-                           "--out", str(out), *argv[cut:]], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout, json.loads((out / "results.json").read_text())
+    return _labs((out, list(argv)))[0]
 
 
-# Three labs serve the pipeline tests: each launch costs a start-up (Ray, vLLM, DeepSpeed).
+# Three labs serve the pipeline tests, two launches at a time: each costs a start-up (Ray, vLLM, DeepSpeed).
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """2 objectives x 2 seeds on 2 pipelines side by side, micro-batches of 2 (a drpo-train flag after --)."""
@@ -170,10 +179,20 @@ def shared(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def alone(tmp_path_factory):
-    """drpo delta=0.2 seed 0, the only run of its pipeline (in `shared` it is the second of its pipeline's two)."""
-    out = tmp_path_factory.mktemp("alone") / "lab"
-    return out, *_lab(out, "drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2")
+def alone_and_mismatch(tmp_path_factory):
+    """Two labs side by side (one pipeline each): drpo delta=0.2 seed 0 alone in its pipeline (in `shared`
+    it is the second of its pipeline's two); and the mismatch preset (4-bit engine) with the engine
+    synced every 2 steps."""
+    alone, mismatch = tmp_path_factory.mktemp("alone") / "lab", tmp_path_factory.mktemp("mismatch") / "lab"
+    a, m = _labs((alone, ["drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2"]),
+                 (mismatch, ["drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
+                             "--stale-k", "2"]))
+    return (alone, *a), (mismatch, *m)
+
+
+@pytest.fixture(scope="module")
+def alone(alone_and_mismatch):
+    return alone_and_mismatch[0]
 
 
 def _metrics(out, run):
@@ -227,11 +246,8 @@ def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone)
     assert [s["reward"] for s in _metrics(shared[0], "drpo-delta0.2-s1")] != [s["reward"] for s in inside]
 
 
-def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone, tmp_path):
-    # the mismatch preset (4-bit engine) with the engine synced every 2 steps
-    out = tmp_path / "lab"
-    stdout, results = _lab(out, "drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
-                           "--stale-k", "2")
+def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch):
+    alone, (out, stdout, results) = alone_and_mismatch
     log = _metrics(out, "drpo-delta0.2-s0")
     assert [s["engine_weights"] for s in log] == [0, 2, 2, 4]     # weights reach the engine after steps 2 and 4
     updates = [json.loads(x) for x in (out / "runs" / "drpo-delta0.2-s0" / "steps.jsonl").read_text().splitlines()]
