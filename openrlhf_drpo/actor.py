@@ -46,7 +46,10 @@ def install_objective(trainer, spec, step_log=None):
     loss_fn = build_loss(spec)
     loss_fn.track_extremes = bool(step_log)
     trainer.actor_loss_fn = loss_fn
-    original_step, original_train = trainer.training_step, trainer.ppo_train
+    # a lab installs one objective per run on the same trainer: wrap OpenRLHF's methods, never our wrappers
+    if not hasattr(trainer, "_drpo_originals"):
+        trainer._drpo_originals = trainer.training_step, trainer.ppo_train
+    original_step, original_train = trainer._drpo_originals
     state = {"step": 0, "micro": 0, "update": 0, "ratio_max": [], "row": {}}
 
     def optimizer_stepped(micro_index) -> bool:       # as ActorPPOTrainer.training_step decides it
@@ -100,6 +103,30 @@ class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
                                            getattr(strategy.args.drpo, "step_log", None))
         strategy.print(f"openrlhf-drpo: policy loss is {self.drpo_loss!r}")
         return out
+
+    def drpo_begin_run(self, spec, step_log, seed) -> None:
+        """drpo-lab: start a run on this trainer as if it were new: the initial weights (the
+        fp32 master copy rebuilt from them), an empty optimizer state, the scheduler's first
+        state, an empty replay buffer, the run's seed and objective."""
+        import copy
+        import transformers
+        engine, zero = self.actor.model, self.actor_optim
+        inner = getattr(zero, "optimizer", zero)      # under ZeRO, the torch optimizer itself
+        if not hasattr(self, "_drpo_initial"):      # the first run: nothing has trained yet
+            # (ZeRO already stepped the optimizer once at construction to create its state:
+            # that state, not an empty one, is what a new run starts from)
+            self._drpo_initial = copy.deepcopy((engine.module.state_dict(), inner.state_dict(),
+                                                self.actor_scheduler.state_dict()))
+        weights, optim, scheduler = copy.deepcopy(self._drpo_initial)
+        engine.module.load_state_dict(weights)
+        if hasattr(zero, "refresh_fp32_params"):      # ZeRO keeps fp32 masters that overwrite the weights
+            zero.refresh_fp32_params()
+        inner.load_state_dict(optim)
+        self.actor_scheduler.load_state_dict(scheduler)
+        engine.global_steps = engine.global_samples = engine.micro_steps = 0
+        self.trainer.replay_buffer.clear()
+        transformers.set_seed(seed)
+        self.drpo_loss = install_objective(self.trainer, spec, step_log)
 
     def drpo_objective(self, spec=None) -> dict:
         """What this actor trains with (building it from `spec` if it has no model yet)."""

@@ -293,6 +293,9 @@ class CpuWorkerExtension:
         self._received[name] = weight     # by name: a sync broken off midway leaves nothing stale behind
         if empty_cache:
             received, self._received = self._received, {}
+            from openrlhf_drpo import labpipe
+            if os.environ.get(labpipe.ENGINE_INT4) == "1":     # drpo-lab's mismatch preset
+                received = labpipe.int4_weights(received)
             if os.environ.get(SKIP_RELOAD) != "1":
                 self.reload_weights(weights_iterator=list(received.items()), is_checkpoint_format=True)
 

@@ -1,12 +1,15 @@
 """drpo-lab: run several objectives through the real drpo-train pipeline on a synthetic task
 built to stress trust regions, and compare their training stability, on a laptop.
 
-    drpo-lab OBJECTIVE[:NAME=VALUE,...]... [--preset on-policy|mild|stress] [--seeds N]
-             [--steps N] [--updates N] [--lr LR] [--out DIR] [-- DRPO_TRAIN_FLAGS...]
+    drpo-lab OBJECTIVE[:NAME=VALUE,...]... [--preset on-policy|mild|stress|stale|mismatch]
+             [--seeds N] [--steps N] [--updates N] [--lr LR] [--stale-k K] [--parallel N]
+             [--out DIR] [-- DRPO_TRAIN_FLAGS...]
 
 Each objective (a shipped name or a .dsl file, with optional overrides: `drpo:delta=0.2`)
-runs once per seed, in CPU mode on CPU or on GPUs when present. The task (labtask.py) is
-built once in DIR/task. Writes DIR/results.json, DIR/results.md and DIR/curves.png.
+runs once per seed, in CPU mode on CPU or on GPUs when present. All runs share one pipeline
+(one Ray, one vLLM engine, one trainer: labpipe.py), or N side by side with --parallel N.
+The task (labtask.py) is built once in DIR/task. Writes DIR/results.json, DIR/results.md and
+DIR/curves.png.
 """
 from __future__ import annotations
 
@@ -14,13 +17,17 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
-# Off-policy depth: each rollout (8 prompts x 4 samples) is cut into `updates` mini-batches,
-# one optimizer step each, all measured against the same rollout policy.
+# Off-policyness. updates: each rollout (8 prompts x 4 samples) is cut into that many
+# mini-batches, one optimizer step each, all measured against the same rollout policy.
+# stale_k: the engine receives the trainer's weights only after every k-th step.
+# engine_int4: the engine computes with 4-bit-rounded weights while the trainer keeps bf16.
 PRESETS = {
     "on-policy": {"updates": 1, "lr": 2e-3,
                   "stresses": "nothing: one update per rollout, every update starts on-policy (the control)"},
@@ -29,6 +36,14 @@ PRESETS = {
     "stress": {"updates": 16, "lr": 1e-2,
                "stresses": "16 updates per rollout at 5x the learning rate: far off-policy, where unprotected "
                            "objectives collapse"},
+    "stale": {"updates": 1, "lr": 1e-2, "stale_k": 4,
+              "stresses": "stale rollouts: the engine's weights are refreshed only every k steps (--stale-k, "
+                          "default 4), so a rollout comes from a policy up to k-1 steps old, as in asynchronous "
+                          "RL (AReaL, slime); one update per rollout at 5x the learning rate"},
+    "mismatch": {"updates": 1, "lr": 2e-3, "engine_int4": True,
+                 "stresses": "engine/trainer mismatch: the engine samples with 4-bit weights (int4, one scale per 32, "
+                             "as quantized rollout engines) while the trainer computes in bf16, so each step's first "
+                             "update already sees r != 1; one update per rollout"},
 }
 ROLLOUT_PROMPTS, SAMPLES = 8, 4
 FINAL_STEPS = 5
@@ -37,7 +52,8 @@ FINAL_STEPS = 5
 # policy found the targets and then narrowed onto one or two of them.
 COLLAPSE_FRACTION, COLLAPSE_REWARD = 0.5, 2 / 8
 RESULT_KEYS = ("objective", "params", "seed", "preset", "final_reward", "reward_auc", "max_grad_norm",
-               "max_token_weight", "collapsed", "dead_steps", "wall_s")
+               "max_token_weight", "mismatch", "collapsed", "dead_steps", "wall_s")
+SUMMARY_KEYS = ("final_reward", "reward_auc", "max_grad_norm", "max_token_weight", "mismatch")
 
 
 def parse_spec(text: str):
@@ -65,6 +81,10 @@ def _finite(xs) -> list[float]:
     return [x for x in xs if x is not None and math.isfinite(x)]
 
 
+def _mean_or_none(xs):
+    return statistics.mean(xs) if xs else None
+
+
 def summarize(steps: list[dict], updates: list[dict]) -> dict:
     """A run's row from its per-step log (OpenRLHF's) and per-update log (the step log)."""
     rewards = [s["reward"] for s in steps]
@@ -76,6 +96,7 @@ def summarize(steps: list[dict], updates: list[dict]) -> dict:
         "reward_auc": statistics.mean(rewards) if rewards else None,
         "max_grad_norm": max(_finite(u.get("grad_norm") for u in updates), default=None),
         "max_token_weight": max(_finite(u.get("max_token_weight") for u in updates), default=None),
+        "mismatch": _mean_or_none(_finite(curves(steps, updates)["mismatch"])),
         "collapsed": collapsed(steps),
         "dead_steps": sum(all(u["dead"] for u in us) for us in per_step.values()),
     }
@@ -115,42 +136,160 @@ def _show(text: str, step: int, last: bool = False) -> None:
     sys.stdout.flush()
 
 
-def run_one(task, name, params, seed, args, label) -> dict:
-    """One drpo-train run; returns its result row and curves."""
+def plan(specs, args) -> list[dict]:
+    """Every objective x seed, each with its folder, compiled-objective spec and log paths."""
+    import dsl
+    from openrlhf_drpo.train import objective_spec
+    runs = []
+    for name, params in specs:
+        spec = objective_spec(dsl.load(name).with_overrides(params, {"anchor": "rollout"}, where="drpo-lab"))
+        for seed in range(args.seeds):
+            folder = os.path.abspath(os.path.join(args.out, "runs", _slug(name, params, seed)))
+            runs.append({"name": name, "params": params, "seed": seed, "label": f"{_label(name, params)} seed {seed}",
+                         "folder": folder, "spec": spec, "metrics": os.path.join(folder, "metrics.jsonl"),
+                         "step_log": os.path.join(folder, "steps.jsonl")})
+    return runs
+
+
+_PROGRESS = re.compile(r"drpo-lab: run (?:(\d+) (started)|step (\d+) reward (\S+))")
+
+
+def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) -> None:
+    """One drpo-train process (one Ray, vLLM engine and trainer) that trains `runs` in turn."""
     from openrlhf_drpo import toytask
-    folder = os.path.join(args.out, "runs", _slug(name, params, seed))
     os.makedirs(folder, exist_ok=True)
-    step_log = os.path.join(folder, "steps.jsonl")
-    if os.path.exists(step_log):
-        os.remove(step_log)
+    for run in runs:
+        os.makedirs(run["folder"], exist_ok=True)
+    preset = PRESETS[args.preset]
+    lab_file = os.path.join(folder, "lab.json")
+    with open(lab_file, "w") as f:
+        json.dump({"stale_k": args.stale_k, "engine_int4": bool(preset.get("engine_int4")),
+                   "runs": [{k: r[k] for k in ("seed", "spec", "metrics", "step_log")} for r in runs]}, f, indent=1)
+    first = runs[0]
     flags = toytask.flags(task, folder, steps=args.steps, rollout_prompts=ROLLOUT_PROMPTS, samples=SAMPLES,
-                          seed=seed, lr=args.lr, updates=args.updates)
-    cmd = [sys.executable, "-m", "openrlhf_drpo.train", "--drpo.objective", name, "--drpo.anchor", "rollout",
-           *[a for k, v in params.items() for a in ("--drpo.set", f"{k}={v}")], *flags,
-           "--actor.lr_scheduler", "constant", "--drpo.step_log", step_log, *args.extra]
-    log_path = os.path.join(folder, "train.log")
-    start, steps = time.time(), []
-    _show(f"{label}: starting (Ray, vLLM, DeepSpeed)", 0)
+                          seed=first["seed"], lr=args.lr, updates=args.updates)
+    cmd = [sys.executable, "-m", "openrlhf_drpo.train", "--drpo.objective", first["name"], "--drpo.anchor", "rollout",
+           *[a for k, v in first["params"].items() for a in ("--drpo.set", f"{k}={v}")], *flags,
+           "--actor.lr_scheduler", "constant", "--drpo.lab_runs", lab_file, *args.extra]
+    log_path = os.path.join(folder, "pipeline.log")
+    current = 0
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for line in proc.stdout:
             log.write(line)
-            for s in toytask.steps_from_log(line):
-                steps.append(s)
-                _show(f"{label}: step {s['step']}/{args.steps}  reward {s.get('reward', float('nan')):.3f}",
-                              s["step"])
+            m = _PROGRESS.search(line)
+            if m and m.group(2):
+                current = int(m.group(1))
+                progress(runs[current], 0, None)
+            elif m:
+                progress(runs[current], int(m.group(3)), float(m.group(4)))
         rc = proc.wait()
-    wall = time.time() - start
     if rc != 0:
         tail = "".join(open(log_path).readlines()[-30:])
-        raise SystemExit(f"{tail}\ndrpo-lab: error: {label}: drpo-train exited with {rc}; log: {log_path}")
-    updates = [json.loads(x) for x in open(step_log)] if os.path.exists(step_log) else []
-    row = {"objective": _label(name, params), "params": params, "seed": seed, "preset": args.preset,
-           **summarize(steps, updates), "wall_s": round(wall, 1)}
+        raise SystemExit(f"{tail}\ndrpo-lab: error: drpo-train exited with {rc}; log: {log_path}")
+
+
+def run_all(task, runs: list[dict], args) -> None:
+    """The runs dealt round-robin to --parallel pipelines, side by side."""
+    total, lock = len(runs), threading.Lock()
+
+    def progress(run, step, reward):
+        with lock:
+            index = runs.index(run) + 1
+            if step == 0:
+                _show(f"[{index}/{total}] {run['label']}: starting", 1)
+            else:
+                _show(f"[{index}/{total}] {run['label']}: step {step}/{args.steps}  reward {reward:.3f}", step,
+                      last=step == args.steps and sys.stdout.isatty())
+    groups = [runs[i::args.parallel] for i in range(args.parallel) if runs[i::args.parallel]]
+    errors = []
+
+    gpus = __import__("torch").cuda.device_count()
+
+    def pipeline(i, group):
+        env = None
+        if gpus >= len(groups) > 1:     # each pipeline its own share of the GPUs (not yet run on GPUs)
+            share = gpus // len(groups)
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(i * share, (i + 1) * share)))}
+        try:
+            run_pipeline(task, group, args, os.path.join(args.out, "pipelines", f"p{i}"), progress, env)
+        except SystemExit as e:
+            errors.append(e)
+    threads = [threading.Thread(target=pipeline, args=(i, g)) for i, g in enumerate(groups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def collect(run, args) -> dict:
+    """A finished run's result row and curves, from the lab's per-step and per-update logs."""
+    lines = [json.loads(x) for x in open(run["metrics"])] if os.path.exists(run["metrics"]) else []
+    steps = [x for x in lines if "step" in x]
     if not steps:
-        raise SystemExit(f"drpo-lab: error: {label}: drpo-train logged no step; log: {log_path}")
-    _show(f"{label}: done in {wall:.0f} s, final reward {row['final_reward']:.3f}", args.steps, last=True)
-    return {"row": row, "curves": curves(steps, updates), "log": log_path}
+        raise SystemExit(f"drpo-lab: error: {run['label']}: no step recorded in {run['metrics']}")
+    updates = [json.loads(x) for x in open(run["step_log"])] if os.path.exists(run["step_log"]) else []
+    wall = sum(x["wall_s"] for x in lines if "wall_s" in x)
+    row = {"objective": _label(run["name"], run["params"]), "params": run["params"], "seed": run["seed"],
+           "preset": args.preset, **summarize(steps, updates), "wall_s": round(wall, 1)}
+    return {"row": row, "curves": curves(steps, updates)}
+
+
+# ---------------------------------------------------------------- seeds aggregated
+
+def interval(xs: list[float]) -> dict:
+    """Mean and its two-sided 95% Student-t interval, mean +- t(0.975, n-1) s / sqrt(n), over the
+    finite values; with one value, no interval (None)."""
+    xs = _finite(xs)
+    if not xs:
+        return {"mean": None, "ci95": None}
+    mean = statistics.mean(xs)
+    if len(xs) < 2:
+        return {"mean": mean, "ci95": None}
+    from scipy.stats import t
+    half = float(t.ppf(0.975, len(xs) - 1)) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return {"mean": mean, "ci95": [mean - half, mean + half]}
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """One summary row per objective (in the order first seen): each measure's mean and 95% t
+    interval over the seeds, and how many seeds collapsed; then `rank` by final reward."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["objective"], []).append(r)
+    out = [{"objective": name, "params": rs[0]["params"], "preset": rs[0]["preset"], "seeds": len(rs),
+            **{k: interval([r[k] for r in rs]) for k in SUMMARY_KEYS},
+            "collapsed": f"{sum(bool(r['collapsed']) for r in rs)} of {len(rs)}"} for name, rs in groups.items()]
+    for row, rank in zip(out, ranks([r["final_reward"] for r in out])):
+        row["rank"] = rank
+    return out
+
+
+def ranks(cells: list[dict]) -> list[int]:
+    """Ranks by mean, highest first, that separate only what the intervals separate: walking
+    down the means, an objective whose interval overlaps any interval of the current group
+    joins it (same rank); the next rank starts only past a gap. No interval: its mean alone."""
+    order = sorted(range(len(cells)), key=lambda i: -(cells[i]["mean"] if cells[i]["mean"] is not None else -math.inf))
+    span = lambda c: c["ci95"] or [c["mean"], c["mean"]]  # noqa: E731
+    out, group, rank = [0] * len(cells), [], 0
+    for i in order:
+        if cells[i]["mean"] is None:
+            out[i] = None
+            continue
+        lo_hi = span(cells[i])
+        if not group or not any(lo_hi[1] >= span(cells[j])[0] and span(cells[j])[1] >= lo_hi[0] for j in group):
+            rank, group = rank + 1, []
+        group.append(i)
+        out[i] = rank
+    return out
+
+
+def _cell(c: dict) -> str:
+    if c["mean"] is None:
+        return "-"
+    return f"{c['mean']:.3g}" + (f" [{c['ci95'][0]:.3g}, {c['ci95'][1]:.3g}]" if c["ci95"] else "")
 
 
 def analysis_lines(specs) -> str:
@@ -167,29 +306,53 @@ def analysis_lines(specs) -> str:
     return comparison(results) + ("\nwarnings\n" + "\n".join(warnings) if warnings else "")
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], summary: list[dict]) -> str:
+    """The summary (mean [95% t interval] over seeds, ranked) above the per-run table."""
+    head = ["rank", "objective", "seeds", *SUMMARY_KEYS, "collapsed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(summary, key=lambda r: (r["rank"] is None, r["rank"] or 0, -(r["final_reward"]["mean"] or 0))):
+        lines.append("| " + " | ".join([str(r["rank"]), r["objective"], str(r["seeds"]),
+                                         *[_cell(r[k]) for k in SUMMARY_KEYS], r["collapsed"]]) + " |")
     cols = [k for k in RESULT_KEYS if k != "params"]
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[dict], path: str) -> None:
+    """Per objective, the mean over seeds at each step and its 95% t band (on log axes, of the
+    log values)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     panels = [("reward", "reward (distinct targets / 8)", False), ("grad_norm", "grad norm before clipping (max)", True),
               ("max_token_weight", "max |∂ℓ/∂log π| / |A| (per step)", True),
               ("mismatch", "engine/trainer mismatch: max |log r|, first update", False)]
+    by_objective = {}
+    for run in runs:
+        by_objective.setdefault(run["row"]["objective"], []).append(run["curves"])
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for ax, (key, title, log) in zip(axes.flat, panels):
-        for i, run in enumerate(runs):       # one colour per run in every panel
-            c = run["curves"]
-            points = [(s, v) for s, v in zip(c["step"], c[key]) if v is not None and (v > 0 or not log)]
-            if points:
-                ax.plot(*zip(*points), color=f"C{i % 10}", label=f"{run['row']['objective']} (seed {run['row']['seed']})")
-        ax.set_title(title, fontsize=10)
+        for i, (name, cs) in enumerate(by_objective.items()):       # one colour per objective in every panel
+            steps = sorted({s for c in cs for s in c["step"]})
+            values = [[dict(zip(c["step"], c[key])).get(s) for c in cs] for s in steps]
+            if log:     # a log axis: the interval of log10 values, so the mean is a geometric mean
+                values = [[math.log10(v) if v is not None and v > 0 else None for v in vs] for vs in values]
+            cells = [interval(vs) for vs in values]
+            if log:
+                cells = [{"mean": None if c["mean"] is None else 10 ** c["mean"],
+                          "ci95": c["ci95"] and [10 ** c["ci95"][0], 10 ** c["ci95"][1]]} for c in cells]
+            points = [(s, c) for s, c in zip(steps, cells) if c["mean"] is not None]
+            if not points:
+                continue
+            xs = [s for s, _ in points]
+            ax.plot(xs, [c["mean"] for _, c in points], color=f"C{i % 10}", label=f"{name} ({len(cs)} seeds)")
+            band = [(s, c["ci95"]) for s, c in points if c["ci95"]]
+            if band:
+                ax.fill_between([s for s, _ in band], [b[0] for _, b in band], [b[1] for _, b in band],
+                                color=f"C{i % 10}", alpha=0.2)
+        ax.set_title(title + (" (geometric mean)" if log else " (mean)"), fontsize=10)
         ax.set_xlabel("step")
         if log and ax.has_data():
             ax.set_yscale("log")
@@ -208,10 +371,13 @@ def main(argv: list[str] | None = None) -> int:
                                                               f"stresses {v['stresses']}" for k, v in PRESETS.items()))
     p.add_argument("objectives", nargs="+", metavar="OBJECTIVE[:NAME=VALUE,...]")
     p.add_argument("--preset", choices=list(PRESETS), default="mild")
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--updates", type=int, default=None, help="optimizer steps per rollout (default: the preset's)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the preset's)")
+    p.add_argument("--stale-k", type=int, default=None,
+                   help="sync the engine's weights every K steps (default: the stale preset's 4, else 1)")
+    p.add_argument("--parallel", type=int, default=1, help="pipelines side by side, each taking its share of the runs")
     p.add_argument("--pretrain-steps", type=int, default=150, help=argparse.SUPPRESS)
     p.add_argument("--out", default=os.path.join("runs", "lab"))
     args = p.parse_args(argv)
@@ -219,13 +385,19 @@ def main(argv: list[str] | None = None) -> int:
     preset = PRESETS[args.preset]
     args.updates = preset["updates"] if args.updates is None else args.updates
     args.lr = preset["lr"] if args.lr is None else args.lr
-    if min(args.seeds, args.steps, args.updates) < 1 or (ROLLOUT_PROMPTS * SAMPLES) % args.updates or not args.lr > 0:
-        p.error(f"--seeds and --steps must be at least 1, --updates must divide {ROLLOUT_PROMPTS * SAMPLES} "
-                "and --lr be positive")
+    args.stale_k = preset.get("stale_k", 1) if args.stale_k is None else args.stale_k
+    if min(args.seeds, args.steps, args.updates, args.stale_k, args.parallel) < 1 \
+            or (ROLLOUT_PROMPTS * SAMPLES) % args.updates or not args.lr > 0:
+        p.error(f"--seeds, --steps, --stale-k and --parallel must be at least 1, --updates must divide "
+                f"{ROLLOUT_PROMPTS * SAMPLES} and --lr be positive")
+    if preset.get("engine_int4") and __import__("torch").cuda.is_available():
+        p.error("--preset mismatch rounds the engine's weights in CPU mode's vLLM worker; on GPUs, run it with "
+                "CUDA_VISIBLE_DEVICES= (CPU mode)")
     specs = [parse_spec(t) for t in args.objectives]
     from dsl import DslError
     try:
         predicted = analysis_lines(specs)      # checks every objective before anything runs
+        runs = plan(specs, args)
     except DslError as e:
         print(e.render(), file=sys.stderr)
         return 1
@@ -233,25 +405,30 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from openrlhf_drpo import labtask
     os.makedirs(args.out, exist_ok=True)
-    print(f"drpo-lab: preset {args.preset} ({args.updates} updates per rollout, lr {args.lr:g}): "
-          f"{PRESETS[args.preset]['stresses'] if args.updates == preset['updates'] else 'custom depth'}", flush=True)
+    custom = args.updates != preset["updates"] or args.stale_k != preset.get("stale_k", 1)
+    print(f"drpo-lab: preset {args.preset} ({args.updates} updates per rollout, lr {args.lr:g}"
+          f"{f', engine synced every {args.stale_k} steps' if args.stale_k > 1 else ''}): "
+          f"{preset['stresses']}{' (overridden by the flags given)' if custom else ''}", flush=True)
+    print(f"drpo-lab: {len(runs)} runs ({len(specs)} objectives x {args.seeds} seeds) on {args.parallel} "
+          f"pipeline{'s' if args.parallel > 1 else ''}", flush=True)
     print("building the task (tiny Llama pre-trained towards a Zipf distribution) ...", flush=True)
     task = labtask.build(os.path.join(args.out, "task"), pretrain_steps=args.pretrain_steps)
-    runs = []
-    total = len(specs) * args.seeds
-    for i, (name, params) in enumerate(specs):
-        for seed in range(args.seeds):
-            label = f"[{len(runs) + 1}/{total}] {_label(name, params)} seed {seed}"
-            runs.append(run_one(task, name, params, seed, args, label))
-    rows = [r["row"] for r in runs]
+    start = time.time()
+    run_all(task, runs, args)
+    wall = time.time() - start
+    results = [collect(run, args) for run in runs]
+    rows = [r["row"] for r in results]
+    summary = aggregate(rows)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(rows, f, indent=2)
-    table = markdown(rows)
+        json.dump({"runs": rows, "summary": summary}, f, indent=2)
+    table = markdown(rows, summary)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table)
-    plot(runs, os.path.join(args.out, "curves.png"))
-    print("\npredicted (drpo-analyze)\n" + predicted + "\n\nmeasured\n" + table)
-    print(f"wrote {args.out}/results.json, results.md, curves.png; logs under {args.out}/runs")
+    plot(results, os.path.join(args.out, "curves.png"))
+    print("\npredicted (drpo-analyze)\n" + predicted + "\n\nmeasured (mean [95% t interval] over seeds; one rank "
+          "for objectives the intervals of final_reward do not separate)\n" + table)
+    print(f"trained {len(runs)} runs in {wall:.0f} s; wrote {args.out}/results.json, results.md, curves.png; "
+          f"logs under {args.out}/pipelines and {args.out}/runs")
     return 0
 
 

@@ -40,17 +40,34 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drpo.step_log", metavar="FILE", default=None,
                        help="append one JSON line per optimizer step (gradient norm before clipping, the range "
                             "of r, the largest per-token |dl/dlog pi|/|A| and mu there, dead steps): drpo-lab's record")
+    group.add_argument("--drpo.lab_runs", metavar="FILE", default=None,
+                       help="drpo-lab's shared pipeline: train every run listed in FILE (JSON) in turn on this "
+                            "one pipeline (labpipe.py)")
     group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
                             "weight sync); auto: on exactly when no CUDA device is visible")
 
 
+def _pre_parse(argv: list[str]):
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto")
+    pre.add_argument("--drpo.lab_runs", default=None)
+    return pre.parse_known_args(argv)[0]
+
+
 def _cpu_mode(argv: list[str]) -> bool:
     # decided before OpenRLHF's modules are imported: DeepSpeed picks its accelerator at import
     from openrlhf_drpo.cpu_mode import wanted
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto")
-    return wanted(getattr(pre.parse_known_args(argv)[0], "drpo.cpu_mode"))
+    return wanted(getattr(_pre_parse(argv), "drpo.cpu_mode"))
+
+
+def _lab(argv: list[str]) -> dict | None:
+    """The lab file's settings (drpo-lab's shared pipeline), or None for one run."""
+    path = getattr(_pre_parse(argv), "drpo.lab_runs")
+    if path is None:
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def _looks_local(path: str) -> bool:
@@ -138,9 +155,13 @@ def prepare_objective(args: argparse.Namespace):
                 setattr(args, f"algo.advantage.is_correction_{key}", value)
     from openrlhf_drpo.loss import ObjectiveLoss
     ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
-    spec = {"source": obj.source, "path": obj.path, "params": {k: str(v) for k, v in obj.params.items()},
+    return objective_spec(obj), obj
+
+
+def objective_spec(obj) -> dict:
+    """What every actor rebuilds the objective from: its text and parameters, not a path."""
+    return {"source": obj.source, "path": obj.path, "params": {k: str(v) for k, v in obj.params.items()},
             "options": obj.options}
-    return spec, obj
 
 
 def _report(obj, args) -> None:
@@ -159,7 +180,7 @@ def _report(obj, args) -> None:
 
 
 @contextlib.contextmanager
-def _patched_openrlhf(on_parsed, cpu: bool = False):
+def _patched_openrlhf(on_parsed, cpu: bool = False, lab: dict | None = None):
     """Scoped patches: OpenRLHF's parser gains the --drpo.* flags and `on_parsed(args, cpu)`
     runs on the parsed namespace; its launcher uses the objective-installing actor class. In CPU
     mode its ray.init starts a local Ray with logical GPUs, and its vLLM, reference, critic and
@@ -197,6 +218,13 @@ def _patched_openrlhf(on_parsed, cpu: bool = False):
         stack.enter_context(mock.patch.object(ray, "init", ray_init))
         for module, name, value in (cpu_mode.actor_patches() if cpu else []):
             stack.enter_context(mock.patch.object(module, name, value))
+        if lab is not None:     # after CPU mode's: the lab's vLLM actor extends CPU mode's
+            from openrlhf.trainer import ppo_trainer
+            from openrlhf.trainer.ray import vllm_engine
+            from openrlhf_drpo import labpipe
+            stack.enter_context(mock.patch.object(ppo_trainer, "PPOTrainer", labpipe.lab_trainer(ppo_trainer.PPOTrainer)))
+            stack.enter_context(mock.patch.object(vllm_engine, "RolloutRayActor", labpipe.rollout_actor(
+                vllm_engine.RolloutRayActor, bool(lab.get("engine_int4")))))
         yield
 
 
@@ -263,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(cpu_mode.driver_environment())
         cpu_mode.check_versions()
     try:
-        with _patched_openrlhf(_ship_spec, cpu):
+        with _patched_openrlhf(_ship_spec, cpu, _lab(argv)):
             _run_openrlhf(argv)
     except DslError as e:
         if traceback:

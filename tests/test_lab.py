@@ -59,6 +59,73 @@ def test_a_run_is_summarized_from_its_step_and_update_logs():
     assert c["mismatch"] == [pytest.approx(math.log(2))] * 7
 
 
+def test_the_interval_is_students_t_over_the_seeds():
+    # [1, 2, 3]: mean 2, s = 1, t(0.975, 2) = 4.302653: 2 +- 4.302653 / sqrt(3)
+    cell = lab.interval([1.0, 2.0, 3.0])
+    assert cell["mean"] == 2.0 and cell["ci95"] == pytest.approx([2 - 2.484138, 2 + 2.484138], abs=1e-6)
+    # [0.5, 0.7]: mean 0.6, s = 0.141421, t(0.975, 1) = 12.706205: 0.6 +- 1.270620
+    assert lab.interval([0.5, 0.7])["ci95"] == pytest.approx([0.6 - 1.270620, 0.6 + 1.270620], abs=1e-6)
+    assert lab.interval([4.0, 4.0, 4.0]) == {"mean": 4.0, "ci95": [4.0, 4.0]}
+    assert lab.interval([0.3]) == {"mean": 0.3, "ci95": None}                # one seed: no interval
+    assert lab.interval([None, float("nan")]) == {"mean": None, "ci95": None}
+    assert lab.interval([1.0, None, 3.0])["mean"] == 2.0                      # what was not measured is left out
+
+
+def test_the_4_bit_engine_rounds_each_group_of_32_weights_to_16_levels():
+    import torch
+    from openrlhf_drpo.labpipe import int4_weights
+    g = torch.Generator().manual_seed(0)
+    weights = {"m.weight": (torch.randn(4, 64, generator=g) * 0.02).to(torch.bfloat16),
+               "norm.weight": torch.randn(64, generator=g).to(torch.bfloat16)}
+    out = int4_weights(weights)
+    assert out["m.weight"].dtype == torch.bfloat16 and torch.equal(out["norm.weight"], weights["norm.weight"])
+    for row, q in zip(weights["m.weight"].float().view(-1, 32), out["m.weight"].float().view(-1, 32)):
+        scale = row.abs().max() / 7
+        levels = q / scale       # k * scale for k in -8..7, up to bf16's rounding of the result
+        assert torch.allclose(levels, levels.round(), atol=0.05) and levels.round().abs().max() <= 8
+        assert (q - row).abs().max() <= scale / 2 + 0.01 * row.abs().max()
+    assert not torch.equal(out["m.weight"], weights["m.weight"])
+
+
+def test_a_samples_seed_is_fixed_by_what_is_sampled():
+    from openrlhf_drpo.labpipe import sample_seed
+    seeds = {sample_seed(b, p, o, i) for b in (0, 1) for p in ("w1 w2", "w2 w1") for o in (0, 1) for i in range(4)}
+    assert len(seeds) == 32 and sample_seed(3, "w1", 0, 2) == sample_seed(3, "w1", 0, 2)
+
+
+def _row(objective, seed, final, collapsed=False):
+    return {"objective": objective, "params": {}, "seed": seed, "preset": "mild", "final_reward": final,
+            "reward_auc": final / 2, "max_grad_norm": 1.0 + seed, "max_token_weight": 2.0, "mismatch": 0.01,
+            "collapsed": collapsed, "dead_steps": 0, "wall_s": 1.0}
+
+
+def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_separate():
+    rows = [_row("a", 0, 0.70), _row("a", 1, 0.72), _row("a", 2, 0.74),        # a: 0.72 [0.670, 0.770]
+            _row("b", 0, 0.60), _row("b", 1, 0.70), _row("b", 2, 0.80),        # b: 0.70, overlaps a
+            _row("c", 0, 0.10, True), _row("c", 1, 0.12, True), _row("c", 2, 0.14)]   # c: 0.12, below both
+    summary = lab.aggregate(rows)
+    assert [s["objective"] for s in summary] == ["a", "b", "c"] and [s["seeds"] for s in summary] == [3, 3, 3]
+    a = summary[0]
+    assert a["final_reward"]["mean"] == pytest.approx(0.72)
+    assert a["final_reward"]["ci95"] == pytest.approx([0.72 - 4.302653 * 0.02 / 3 ** 0.5,
+                                                       0.72 + 4.302653 * 0.02 / 3 ** 0.5], abs=1e-6)
+    assert a["max_grad_norm"]["mean"] == 2.0 and summary[2]["collapsed"] == "2 of 3"
+    assert [s["rank"] for s in summary] == [1, 1, 2]
+    table = lab.markdown(rows, summary)
+    assert "| 1 | a | 3 | 0.72 [0.67, 0.77]" in table and "| 2 | c | 3 |" in table and "2 of 3" in table
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ([(0.9, 0.8, 1.0), (0.5, 0.4, 0.6), (0.1, 0.0, 0.2)], [1, 2, 3]),       # all separated
+    ([(0.9, 0.5, 1.3), (0.5, 0.4, 0.6), (0.1, 0.0, 0.45)], [1, 1, 1]),      # a chain of overlaps: one group
+    ([(0.1, 0.0, 0.2), (0.9, 0.8, 1.0)], [2, 1]),                           # ranked by mean, not by order
+    ([(0.5, None, None), (0.5, None, None)], [1, 1]),                        # one seed each: equal means tie
+])
+def test_ranks_separate_only_non_overlapping_intervals(cells, expected):
+    cells = [{"mean": m, "ci95": None if lo is None else [lo, hi]} for m, lo, hi in cells]
+    assert lab.ranks(cells) == expected
+
+
 @pytest.mark.parametrize("text, expected", [("drpo", ("drpo", {})), ("drpo:delta=0.2", ("drpo", {"delta": "0.2"})),
                                             ("spo:ε=0.2,", ("spo", {"ε": "0.2"})),
                                             ("x.dsl:a=1,b=2", ("x.dsl", {"a": "1", "b": "2"}))])
@@ -72,6 +139,8 @@ def test_objective_specs_parse(text, expected):
     (["drpo", "--updates", "-4"], "--updates must divide 32"),
     (["drpo", "--updates", "0"], "--updates must divide 32"),
     (["drpo", "--lr", "0"], "--lr be positive"),
+    (["drpo", "--parallel", "0"], "--stale-k and --parallel must be at least 1"),
+    (["drpo", "--stale-k", "0"], "--stale-k and --parallel must be at least 1"),
     (["drpo:foo=1"], "unknown parameter 'foo' for objective 'drpo'"),
     (["nonexistent"], "no objective file or shipped objective named 'nonexistent'"),
 ])
@@ -82,29 +151,110 @@ def test_bad_input_stops_the_lab_before_anything_runs(argv, message, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
 
 
-def test_the_lab_runs_an_objective_through_drpo_train_and_reports_what_it_measured(tmp_path):
-    out, steps, updates = tmp_path / "lab", 3, 8
-    # micro-batches of 2 (a drpo-train flag after --): 2 per optimizer step, still one row per step
-    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", "drpo:delta=0.2", "--preset", "mild",
-                           "--steps", str(steps), "--pretrain-steps", "20", "--out", str(out),
-                           "--", "--train.micro_batch_size", "2"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "predicted (drpo-analyze)" in proc.stdout and "binary-tv" in proc.stdout and "measured" in proc.stdout
-    rows = json.loads((out / "results.json").read_text())
-    assert len(rows) == 1 and tuple(rows[0]) == lab.RESULT_KEYS
-    row = rows[0]
-    assert row["objective"] == "drpo delta=0.2" and row["params"] == {"delta": "0.2"} and row["preset"] == "mild"
-    assert 0 <= row["final_reward"] <= 1 and row["max_grad_norm"] > 0 and row["max_token_weight"] > 0
-    assert isinstance(row["collapsed"], bool) and row["dead_steps"] in range(steps + 1) and row["wall_s"] > 0
-    assert (out / "results.md").read_text().startswith("| objective |")
+def _labs(*labs):
+    """drpo-labs run side by side (a small task, 3-4 steps), each (out, argv); their stdouts and results.json."""
+    procs = []
+    for out, argv in labs:
+        cut = argv.index("--") if "--" in argv else len(argv)      # drpo-train's flags go last
+        procs.append(subprocess.Popen([sys.executable, "-m", "openrlhf_drpo.lab", *argv[:cut], "--pretrain-steps",
+                                       "20", "--out", str(out), *argv[cut:]],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = [p.communicate(timeout=900) for p in procs]
+    for p, (stdout, stderr) in zip(procs, done):
+        assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return [(stdout, json.loads((out / "results.json").read_text())) for (out, _), (stdout, _) in zip(labs, done)]
+
+
+def _lab(out, *argv):
+    return _labs((out, list(argv)))[0]
+
+
+# Three labs serve the pipeline tests, two launches at a time: each costs a start-up (Ray, vLLM, DeepSpeed).
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """2 objectives x 2 seeds on 2 pipelines side by side, micro-batches of 2 (a drpo-train flag after --)."""
+    out = tmp_path_factory.mktemp("shared") / "lab"
+    return out, *_lab(out, "ppo", "drpo:delta=0.2", "--seeds", "2", "--steps", "3", "--parallel", "2",
+                      "--", "--train.micro_batch_size", "2")
+
+
+@pytest.fixture(scope="module")
+def alone_and_mismatch(tmp_path_factory):
+    """Two labs side by side (one pipeline each): drpo delta=0.2 seed 0 alone in its pipeline (in `shared`
+    it is the second of its pipeline's two); and the mismatch preset (4-bit engine) with the engine
+    synced every 2 steps."""
+    alone, mismatch = tmp_path_factory.mktemp("alone") / "lab", tmp_path_factory.mktemp("mismatch") / "lab"
+    a, m = _labs((alone, ["drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2"]),
+                 (mismatch, ["drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
+                             "--stale-k", "2"]))
+    return (alone, *a), (mismatch, *m)
+
+
+@pytest.fixture(scope="module")
+def alone(alone_and_mismatch):
+    return alone_and_mismatch[0]
+
+
+def _metrics(out, run):
+    return [json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()
+            if "step" in json.loads(x)]
+
+
+def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measured(shared):
+    out, stdout, results = shared
+    steps, updates = 3, 8
+    assert "predicted (drpo-analyze)" in stdout and "binary-tv" in stdout and "measured" in stdout
+    rows, summary = results["runs"], results["summary"]
+    assert [(r["objective"], r["seed"]) for r in rows] == [("ppo", 0), ("ppo", 1), ("drpo delta=0.2", 0),
+                                                           ("drpo delta=0.2", 1)]
+    assert all(tuple(r) == lab.RESULT_KEYS and r["preset"] == "mild" for r in rows)
+    for r in rows:
+        assert 0 <= r["final_reward"] <= 1 and r["max_grad_norm"] > 0 and r["max_token_weight"] > 0
+        assert r["mismatch"] > 0 and isinstance(r["collapsed"], bool) and r["dead_steps"] in range(steps + 1)
+        assert r["wall_s"] > 0
+    assert [s["objective"] for s in summary] == ["ppo", "drpo delta=0.2"] and all(s["seeds"] == 2 for s in summary)
+    for s in summary:
+        mine = [r["final_reward"] for r in rows if r["objective"] == s["objective"]]
+        assert s["final_reward"] == lab.interval(mine) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
+    assert (out / "results.md").read_text().startswith("| rank | objective | seeds |")
     assert (out / "curves.png").stat().st_size > 10_000
-    run = out / "runs" / "drpo-delta0.2-s0"
-    log = toytask.steps_from_log((run / "train.log").read_text())
-    per_update = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    # runs dealt round-robin: each pipeline trained its two runs one after the other
+    for p, runs in (("p0", ["ppo-s0", "drpo-delta0.2-s0"]), ("p1", ["ppo-s1", "drpo-delta0.2-s1"])):
+        log = (out / "pipelines" / p / "pipeline.log").read_text()
+        assert log.count("drpo-lab: run 0 started") == 1 and log.count("drpo-lab: run 1 started") == 1
+        assert [r["metrics"] for r in json.loads((out / "pipelines" / p / "lab.json").read_text())["runs"]] == \
+            [str(out / "runs" / run / "metrics.jsonl") for run in runs]
+    run = "drpo-delta0.2-s1"
+    log = _metrics(out, run)
+    per_update = [json.loads(line) for line in (out / "runs" / run / "steps.jsonl").read_text().splitlines()]
     assert [(u["step"], u["update"]) for u in per_update] == [(s, u) for s in range(1, steps + 1) for u in range(updates)]
     assert all(u["ratio_min"] <= u["ratio_max"] and u["grad_norm"] > 0 for u in per_update)
     for s in log:       # the logged ratio max is the step's true maximum, not a mean over updates
         assert s["drpo_ratio_max"] == pytest.approx(max(u["ratio_max"] for u in per_update if u["step"] == s["step"]))
         assert s["actor_grad_norm"] == pytest.approx([u["grad_norm"] for u in per_update if u["step"] == s["step"]][-1])
-    assert "ppo_kl is OpenRLHF's drift" in (run / "train.log").read_text()
+        assert s["engine_weights"] == s["step"]       # mild: the engine gets the weights after every step
+
+
+def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone):
+    # the second run of its pipeline (after ppo seed 0 trained there) against a pipeline of its own
+    inside, by_itself = _metrics(shared[0], "drpo-delta0.2-s0"), _metrics(alone[0], "drpo-delta0.2-s0")
+    assert [s["step"] for s in inside] == [s["step"] for s in by_itself] == [1, 2, 3]
+    assert [s["reward"] for s in inside] == [s["reward"] for s in by_itself]
+    for key in ("actor_grad_norm", "drpo_ratio_max", "policy_loss"):
+        assert [s[key] for s in inside] == pytest.approx([s[key] for s in by_itself], rel=1e-5), key
+    # and the other seed, in the same pipeline, is another run
+    assert [s["reward"] for s in _metrics(shared[0], "drpo-delta0.2-s1")] != [s["reward"] for s in inside]
+
+
+def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch):
+    alone, (out, stdout, results) = alone_and_mismatch
+    log = _metrics(out, "drpo-delta0.2-s0")
+    assert [s["engine_weights"] for s in log] == [0, 2, 2, 4]     # weights reach the engine after steps 2 and 4
+    updates = [json.loads(x) for x in (out / "runs" / "drpo-delta0.2-s0" / "steps.jsonl").read_text().splitlines()]
+    c = lab.curves(log, updates)
+    # rollouts of steps 1 and 3 come from the trainer's current weights, those of 2 and 4 from one step before
+    fresh = [m for m, s in zip(c["mismatch"], c["step"]) if s in (1, 3)]
+    stale = [m for m, s in zip(c["mismatch"], c["step"]) if s in (2, 4)]
+    mild = alone[2]["runs"][0]["mismatch"]
+    assert min(fresh) >= 3 * mild, (fresh, stale, mild)
+    assert results["runs"][0]["preset"] == "mismatch" and "4-bit weights" in stdout
