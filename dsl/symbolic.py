@@ -221,7 +221,7 @@ class _Settle:
             return cond
         exact = {**{float(rel.rhs): rel.rhs for rel in rels}, **(exact or {})}
         cuts, probes = self._probes(x, {float(rel.rhs) for rel in rels})
-        return self._intervals(x, cuts, exact, [bool(cond.xreplace({x: sp.Float(v)})) for v in probes])
+        return self._intervals(x, cuts, exact, list(_truth(sp, [x], cond, [probes])))
 
     def _probes(self, x, cuts):
         """The thresholds inside x's range, ascending, and the points that tell every cell
@@ -297,8 +297,8 @@ class _Settle:
         axes = [self._probes(x, set(exact[x])) for x in xs]
         if math.prod(len(p) for _, p in axes) > BUDGET_CELLS:
             return None
-        truth = np.array([bool(cond.xreplace({x: sp.Float(v) for x, v in zip(xs, pt)}))
-                          for pt in itertools.product(*(p for _, p in axes))]).reshape([len(p) for _, p in axes])
+        points = list(zip(*itertools.product(*(p for _, p in axes))))
+        truth = _truth(sp, xs, cond, points).reshape([len(p) for _, p in axes])
         matters = [k for k in range(len(xs)) if (truth != truth.take([0], axis=k)).any()]
         if len(matters) > 2:
             return None
@@ -442,9 +442,16 @@ def _case_weight(ctx, sign, direction):
             w = sp.nan
         return s, tmax, [(w, sp.true)]
     merged: dict = {}
+    over = False
     for expr, cond in folded:
         expr = ctx.tidy(expr)
-        merged[expr] = settle.cond(sp.Or(merged[expr], cond)) if expr in merged else cond
+        if expr in merged:      # past the settling budget the union stays as built: exact, only longer
+            both = sp.Or(merged[expr], cond)
+            merged[expr] = both if over else ctx.limited("merging equal pieces", lambda: settle.cond(both))
+            over |= merged[expr] is None
+            merged[expr] = both if merged[expr] is None else merged[expr]
+        else:
+            merged[expr] = cond
     pieces = list(merged.items())
     if len(pieces) == 1:
         pieces = [(pieces[0][0], sp.true)]
@@ -548,6 +555,22 @@ def _is_threshold(ctx, rel) -> bool:
 def _thresholds(ctx, cond) -> list:
     """Every c of a settled relation t ⋚ c inside a condition."""
     return [rel.rhs for rel in _relations(ctx.sp, cond) if _is_threshold(ctx, rel)]
+
+
+def _truth(sp, xs, cond, points):
+    """cond at the points (one sequence of values per variable in xs), as booleans: in floats,
+    thresholds included, so a probe placed at a threshold's float is exactly on it (SymPy
+    would compare float(e^0.4) with e^0.4 itself, and evaluating each point costs ~1 ms)."""
+    import numpy as np
+    # every threshold as the float a probe at it was placed on, so that a tie is a tie (numpy's
+    # e^0.4 − 1 may round to another double than SymPy's); relations are x ⋚ number here
+    cond = cond.xreplace({rel: rel.func(rel.lhs, sp.Float(float(rel.rhs)), evaluate=False)
+                          for rel in _relations(sp, cond)})
+    try:
+        out = numpy_fn(list(xs), cond)(*[np.asarray(p, dtype=float) for p in points])
+    except NotImplementedError:      # a function numpy_fn lacks: SymPy, point by point
+        out = [bool(cond.xreplace({x: sp.Float(v) for x, v in zip(xs, pt)})) for pt in zip(*points)]
+    return np.broadcast_to(np.asarray(out, dtype=bool), (len(points[0]),))
 
 
 def _relations(sp, cond) -> list:

@@ -329,6 +329,8 @@ NO_INTERNAL_ERROR = [
     ("exp(r)*A", "self-check passed"),                              # E has a numeric value
     ("δ = 0.2\n(log(1 + (clip([0.5 >= δ]*A, max(A, π), r - π))^2))^2", "self-check"),   # Min over zoo
     ("(log(1 + (clip(r/(1 + r^2), [μ >= A]*A, r/(1 + A^2)))^2))^2", "self-check"),       # ITE in w
+    # merging equal pieces ran past the settling budget outside its fallback (found by Hypothesis)
+    ("|clip((2)/(1 + (r)^2), max(2, A), [not (not (π != π * μ))]*(π))|", "merging equal pieces"),
 ]
 
 
