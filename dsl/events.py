@@ -132,7 +132,10 @@ def facts(arb) -> dict:
         if grid_valid and (grows or 2 in (sl, sh)):
             out[adv]["poles"].append(where)     # through infinity (overflowing near it)
         elif 2 in (sl, sh) or 2 in (gl, gh):    # (the bracket may have closed on another change)
-            out[adv]["undefined"].append({**where, "below": 2 in (sl, gl), "w_grows": grows})
+            below = 2 in (sl, gl)
+            towards = 0 if grows else _grows_toward(arb, row, hi if below else lo, 1 if below else -1)
+            out[adv]["undefined"].append({**where, "below": below, "w_grows": grows or bool(towards),
+                                          **({"towards": towards} if towards else {})})
         elif grows:
             out[adv]["poles"].append(where)
         elif 0 in (sl, sh) and 0 < max(abs(wl), abs(wh)) < UNDERFLOW:
@@ -166,6 +169,22 @@ def facts(arb) -> dict:
     out["points"] = int(arb.inside.sum())
     out["undefined_fraction"] = float(1 - arb.valid.sum() / max(1, arb.inside.sum()))
     return out
+
+
+def _grows_toward(arb, row, edge, side) -> int:
+    """+1 or −1 where w diverges upward or downward as r approaches an edge of the undefined
+    region from its defined side (side +1: from above), else 0. log|r − 1.3| grows too slowly
+    for the bracket's 100× test: w is monotone over 1e-2 … 1e-11 (relative) from the edge,
+    and its steps there do not shrink."""
+    np = arb.np
+    r = edge + side * np.array([1e-2, 1e-5, 1e-8, 1e-11]) * max(1.0, abs(edge))
+    with np.errstate(all="ignore"):
+        w = arb.w(r, arb.mu[row, 0], (arb.sign * arb.mag)[row, 0])
+        step = np.diff(w)
+    if np.isfinite(w).all() and (np.all(step > 0) or np.all(step < 0)) \
+            and np.all(np.abs(step[1:]) >= 0.5 * np.abs(step[:-1])):
+        return int(np.sign(step[0]))
+    return 0
 
 
 def _edge_growth(arb, e):

@@ -137,6 +137,10 @@ def w_range(arb, facts):
     for adv in ("positive", "negative"):
         near = facts[adv]["poles"] + [u for u in facts[adv]["undefined"] if u["w_grows"]]
         for p in near:
+            if p.get("towards"):        # slow divergence (log): the side it diverges to, measured
+                unbounded_hi |= p["towards"] > 0
+                unbounded_lo |= p["towards"] < 0
+                continue
             h = 1e-9 * max(1.0, p["r"])
             for r in (p["r"] - h, p["r"] + h):
                 v = float(arb.w(r, p["mu"], p["A"]))

@@ -442,16 +442,9 @@ def _case_weight(ctx, sign, direction):
             w = sp.nan
         return s, tmax, [(w, sp.true)]
     merged: dict = {}
-    over = False
     for expr, cond in folded:
         expr = ctx.tidy(expr)
-        if expr in merged:      # past the settling budget the union stays as built: exact, only longer
-            both = sp.Or(merged[expr], cond)
-            merged[expr] = both if over else ctx.limited("merging equal pieces", lambda: settle.cond(both))
-            over |= merged[expr] is None
-            merged[expr] = both if merged[expr] is None else merged[expr]
-        else:
-            merged[expr] = cond
+        merged[expr] = settle.cond(sp.Or(merged[expr], cond)) if expr in merged else cond
     pieces = list(merged.items())
     if len(pieces) == 1:
         pieces = [(pieces[0][0], sp.true)]

@@ -105,6 +105,11 @@ def lab_trainer(base):
             for i, run in enumerate(lab["runs"]):
                 start = time.time()
                 self._run, self._step, self._synced = run, 0, 0
+                # what OpenRLHF's trainer keeps across fit() calls starts again: the adaptive KL
+                # coefficient (in place: the experience maker holds the same controller) and the
+                # best-checkpoint metric
+                self.kl_ctl.value = self.args.algo.kl.init_coef
+                self.best_eval_metric_value, self._latest_eval_metric_value = float("-inf"), None
                 for path in (run["metrics"], run["step_log"]):
                     if os.path.exists(path):
                         os.remove(path)
