@@ -300,7 +300,7 @@ def _side_pieces(ctx, res, adv):
             for c in res["cases"] if c["advantage"] == adv for e, _ in c["_pieces"]]
 
 
-def _fixed_sign(ctx, pieces):
+def _pieces_sign(ctx, pieces):
     """+1 or −1 where SymPy shows every piece > 0 (or < 0) for all positive t (t < 1 where
     r < 1), a and μ, whatever its condition (a sufficient condition: the domain is smaller),
     0 where every piece is 0, else None."""
@@ -338,7 +338,7 @@ def _claims(ctx, arb, res, facts) -> dict:
         z = valid & (arb.W == 0)
         zeros = int((z & (arb.np.pad(z[:, 1:], ((0, 0), (0, 1))) | arb.np.pad(z[:, :-1], ((0, 0), (1, 0))))).sum())
         pieces = _side_pieces(ctx, res, adv)
-        sign = _fixed_sign(ctx, pieces) if pieces else None
+        sign = _pieces_sign(ctx, pieces) if pieces else None
         at_one = res["on_policy"][adv]
         one_ok = at_one["status"] != "undefined" and None not in at_one["w"] and (
             at_one["w"][0] > 0 if sign == 1 else at_one["w"][1] < 0 if sign == -1 else at_one["w"] == [0, 0])

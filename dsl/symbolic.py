@@ -279,18 +279,16 @@ class _Settle:
         import itertools
         import numpy as np
         sp, ctx = self.ctx.sp, self.ctx
-        flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
         swap, exact = {}, {}
         for rel in _relations(sp, cond):
             h = sp.expand(rel.lhs - rel.rhs)
             if len(h.free_symbols) != 1 or not h.free_symbols <= {ctx.t, ctx.a, ctx.mu}:
                 return None
             (x,) = h.free_symbols
-            poly = h.as_poly(x)
-            if poly is None or poly.degree() != 1 or not all(c.is_number for c in poly.all_coeffs()):
+            if (line := _linear(h, x)) is None:
                 return None
-            c1, c0 = poly.all_coeffs()
-            swap[rel] = (rel.func if c1 > 0 else flip[rel.func])(x, -c0 / c1)
+            c1, c0 = line
+            swap[rel] = (rel.func if c1 > 0 else _flipped(sp, rel.func))(x, -c0 / c1)
             exact.setdefault(x, {})[float(-c0 / c1)] = -c0 / c1
         cond = cond.xreplace(swap)
         xs = sorted(exact, key=lambda x: x != ctx.t)      # t first: the inner variable
@@ -338,7 +336,7 @@ class _Settle:
         at = {float(c.xreplace({mu: half})): c for c in cs}
         if len(at) != len(cs):
             return None
-        return self.settle(cond.xreplace({mu: half}), exact=at).xreplace({}) if at else None
+        return self.settle(cond.xreplace({mu: half}), exact=at) if at else None
 
     def fold(self, e, cond=None):
         """[(expr, condition)] without Piecewise, conditions settled and mutually exclusive.
@@ -377,8 +375,7 @@ class _Settle:
         if poly is None or poly.degree() != 1:
             return e.func(h, 0)
         c1, c0 = poly.all_coeffs()
-        flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
-        func = e.func if c1.is_positive else flip[e.func] if c1.is_negative else None
+        func = e.func if c1.is_positive else _flipped(sp, e.func) if c1.is_negative else None
         if func is None:
             return e.func(h, 0)
         c = sp.cancel(-c0 / c1)
@@ -394,12 +391,23 @@ class _Settle:
             h = q if a not in q.free_symbols else h
         if h.free_symbols == {mu}:
             for g in (h, sp.expand(h * mu)):
-                poly = g.as_poly(mu)
-                if poly is not None and poly.degree() == 1 and all(x.is_number for x in poly.all_coeffs()):
-                    c1, c0 = poly.all_coeffs()
-                    flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
-                    return (func if c1.is_positive else flip[func])(mu, -c0 / c1)
+                if (line := _linear(g, mu)) is not None:
+                    c1, c0 = line
+                    return (func if c1.is_positive else _flipped(sp, func))(mu, -c0 / c1)
         return func(h, 0)
+
+
+def _flipped(sp, func):
+    """The relation that holds once both sides are multiplied by a negative number."""
+    return {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le}.get(func, func)
+
+
+def _linear(g, x):
+    """(c1, c0) where g = c1·x + c0 with numbers c1 ≠ 0 and c0, else None."""
+    poly = g.as_poly(x)
+    if poly is None or poly.degree() != 1 or not all(c.is_number for c in poly.all_coeffs()):
+        return None
+    return tuple(poly.all_coeffs())
 
 
 def _fixed_sign(sp, mu, d):
@@ -410,10 +418,9 @@ def _fixed_sign(sp, mu, d):
         return None if d == 0 else (1 if d > 0 else -1)
     nu = sp.Dummy("nu", positive=True)
     for g, var, ends in ((d, mu, (0, 1)), (sp.expand(d.xreplace({mu: 1 / nu})), nu, (1, None))):
-        poly = g.as_poly(var)
-        if poly is None or poly.degree() != 1 or not all(x.is_number for x in poly.all_coeffs()):
+        if (line := _linear(g, var)) is None:
             continue
-        c1, c0 = poly.all_coeffs()
+        c1, c0 = line
         near = [c1 * e + c0 if e is not None else c1 for e in ends]     # at the ends (∞: the slope's sign)
         if ends[0] == 0 and c0 == 0:
             near[0] = c1        # d → 0 as μ → 0: its sign there is the slope's
@@ -455,8 +462,7 @@ def _in_r(ctx, cond, s):
     """A settled condition in t as a person writes it, in r: t ≤ c(μ) with r = 1 + s·t reads
     r ≤ 1 + c(μ) (r ≥ 1 − c(μ) when s = −1), never SymPy's μ ≥ 10·r − 10."""
     sp, t = ctx.sp, ctx.t
-    flip = {sp.Lt: sp.Gt, sp.Le: sp.Ge, sp.Gt: sp.Lt, sp.Ge: sp.Le, sp.Eq: sp.Eq, sp.Ne: sp.Ne}
-    swap = {rel: (rel.func if s > 0 else flip[rel.func])(ctx.r, ctx.tidy(1 + s * rel.rhs), evaluate=False)
+    swap = {rel: (rel.func if s > 0 else _flipped(sp, rel.func))(ctx.r, ctx.tidy(1 + s * rel.rhs), evaluate=False)
             for rel in _relations(sp, cond) if rel.lhs == t and t not in rel.rhs.free_symbols}
     return cond.xreplace(swap)
 
