@@ -338,7 +338,7 @@ class Op:
     sympy: Callable                 # (sympy_module, *args) -> sympy expr
     torch: Callable                 # (*arg_source) -> torch source text
     py: Callable                    # (*floats) -> float
-    np: Callable                    # (numpy, *float64 arrays) -> array, IEEE like torch: nan, not an error
+    np: Callable                    # (*arg names) -> numpy source text (numpy_plan), IEEE like torch: nan, not an error
     deriv: Callable | str           # (node, arg_derivatives) -> Node
     prec: int                       # binding strength for printing; 100 = function call
     symbol: str                     # infix symbol or function name
@@ -364,9 +364,9 @@ def _infix(sym, prec, sympy, py, deriv, torch_sym=None, kind="num", args_kind="n
         torch = lambda a: f"({ts}{a})"
     else:
         torch = lambda a, b: f"({a} {ts} {b})"
-    # arithmetic and comparison operators act elementwise on arrays as written
-    np = np or (lambda _np, *a: py(*a))
-    return Op((arity, arity), kind, args_kind, sympy, torch, py, np, deriv, prec, sym, inplace=inplace,
+    # arithmetic and comparison operators act elementwise on numpy arrays as written: torch's
+    # text is Python's operator, the same on arrays and floats as `py`
+    return Op((arity, arity), kind, args_kind, sympy, torch, py, np or torch, deriv, prec, sym, inplace=inplace,
               inplace_second=inplace_second, floats=floats)
 
 
@@ -388,7 +388,7 @@ def _seq(kind):
 
 
 def _np_reduce(name):
-    return lambda np, *a: functools.reduce(getattr(np, name), a)
+    return lambda *a: functools.reduce(lambda x, y: f"np.{name}({x}, {y})", a)
 
 
 def _pymin(*a):
@@ -403,10 +403,10 @@ def _sign(x):
     return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
 
 
-def _np_erf(np, a):
+def _np_erf(a):
     # numpy has no erf, and the analysis imports neither torch nor scipy: math.erf per element
     # (correctly rounded to ~1 ulp, erf(±inf) = ±1, erf(nan) = nan, as torch.erf)
-    return np.asarray(np.frompyfunc(math.erf, 1, 1)(a), dtype=float)
+    return f"np.asarray(np.frompyfunc(math.erf, 1, 1)({a}), dtype=float)"
 
 
 _TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)
@@ -426,16 +426,16 @@ OPS: dict[str, Op] = {
                                    div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2))))), inplace="div_"),
     "neg": _infix("-", 7, lambda sp, a: -a, lambda a: -a, lambda n, d: neg(d[0]), arity=1, inplace="neg_"),
     "pow": _infix("^", 8, lambda sp, a, b: a ** b, lambda a, b: a ** b, _d_pow, torch_sym="**", inplace="pow_"),
-    "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs, lambda np, a: np.abs(a),
+    "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs, lambda a: f"np.abs({a})",
                lambda n, d: mul(call("sign", n.args[0]), d[0]), inplace="abs_"),
-    "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, lambda np, a: np.sign(a), _zero, inplace="sign_"),
+    "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, lambda a: f"np.sign({a})", _zero, inplace="sign_"),
     # log(π) = log(μ·r) is split into log(μ) + log(r) (both positive), so log(π) − log(μ) is log(r):
     # the analysis settles GMPO's conditions on the raw log-ratio as fast as on log(r)
-    "log": _fn("log", lambda sp, a: sp.expand_log(sp.log(a)), lambda a: f"torch.log({a})", math.log, lambda np, a: np.log(a),
+    "log": _fn("log", lambda sp, a: sp.expand_log(sp.log(a)), lambda a: f"torch.log({a})", math.log, lambda a: f"np.log({a})",
                lambda n, d: div(d[0], n.args[0]), inplace="log_"),
-    "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp, lambda np, a: np.exp(a),
+    "exp": _fn("exp", lambda sp, a: sp.exp(a), lambda a: f"torch.exp({a})", math.exp, lambda a: f"np.exp({a})",
                lambda n, d: mul(n, d[0]), inplace="exp_"),
-    "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt, lambda np, a: np.sqrt(a),
+    "sqrt": _fn("sqrt", lambda sp, a: sp.sqrt(a), lambda a: f"torch.sqrt({a})", math.sqrt, lambda a: f"np.sqrt({a})",
                 lambda n, d: div(d[0], mul(num(2), n)), inplace="sqrt_"),
     "erf": _fn("erf", lambda sp, a: sp.erf(a), lambda a: f"torch.erf({a})", math.erf, _np_erf,
                lambda n, d: mul(call("derf", n.args[0]), d[0]), inplace="erf_"),
@@ -443,14 +443,14 @@ OPS: dict[str, Op] = {
     # probability, and IR numbers are exact fractions, so the constant 2/√π lives here, exact in SymPy)
     "derf": _fn("erf′", lambda sp, a: 2 / sp.sqrt(sp.pi) * sp.exp(-a**2),
                 lambda a: f"({_TWO_OVER_SQRT_PI!r} * torch.exp(-torch.square({a})))",
-                lambda a: _TWO_OVER_SQRT_PI * math.exp(-a * a), lambda np, a: _TWO_OVER_SQRT_PI * np.exp(-np.square(a)),
+                lambda a: _TWO_OVER_SQRT_PI * math.exp(-a * a), lambda a: f"({_TWO_OVER_SQRT_PI!r} * np.exp(-np.square({a})))",
                 lambda n, d: mul(mul(num(-2), mul(n.args[0], n)), d[0])),
-    "atan": _fn("atan", lambda sp, a: sp.atan(a), lambda a: f"torch.atan({a})", math.atan, lambda np, a: np.arctan(a),
+    "atan": _fn("atan", lambda sp, a: sp.atan(a), lambda a: f"torch.atan({a})", math.atan, lambda a: f"np.arctan({a})",
                 lambda n, d: div(d[0], add(ONE, power(n.args[0], num(2)))), inplace="atan_"),
     # x/(1 + |x|): nan at ±inf in every lowering, as the formula is in IEEE arithmetic
     "softsign": _fn("softsign", lambda sp, a: a / (1 + sp.Abs(a)), lambda a: f"({a} / (1.0 + torch.abs({a})))",
                     lambda a: a / (1 + abs(a)),
-                    lambda np, a: a / (1 + np.abs(a)),
+                    lambda a: f"({a} / (1 + np.abs({a})))",
                     lambda n, d: div(d[0], power(add(ONE, call("abs", n.args[0])), num(2))), reuses_args=True),
     # SymPy rows give values only (derivatives come from the IR rules), unevaluated, so that
     # the analysis can settle each case's conditions itself before building any Piecewise.
@@ -462,15 +462,15 @@ OPS: dict[str, Op] = {
                lambda n, d: _d_extreme(n, d, {False: "ge", True: "gt"}), arity=(2, None), reuses_args=True),
     "clip": _fn("clip", lambda sp, x, lo, hi: sp.Min(sp.Max(x, lo, evaluate=False), hi, evaluate=False),
                 _t_clip,
-                lambda x, lo, hi: min(max(x, lo), hi), lambda np, x, lo, hi: np.minimum(np.maximum(x, lo), hi), _d_clip, arity=(3, 3), reuses_args=True),
-    "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, lambda np, a: a, _zero),
+                lambda x, lo, hi: min(max(x, lo), hi), lambda x, lo, hi: f"np.minimum(np.maximum({x}, {lo}), {hi})", _d_clip, arity=(3, 3), reuses_args=True),
+    "sg": _fn("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, lambda a: a, _zero),
     "ind": Op((1, 1), "num", "bool", lambda sp, c: sp.Piecewise((1, c), (0, True), evaluate=False),
-              lambda c: f"({c}).to(dtype)", float, lambda np, c: np.asarray(c, dtype=float), _zero, 100, "[]",
+              lambda c: f"({c}).to(dtype)", float, lambda c: f"np.asarray({c}, dtype=float)", _zero, 100, "[]",
               floats=lambda c: c),
     # [c]·x as codegen writes it (dsl.codegen._select_masks; not in the language): x where c holds,
     # else 0 even where x is inf or NaN, as PolicyLoss's torch.where(keep, ratio, 0) drops them
     "select": Op((2, 2), "num", "num", lambda sp, c, x: sp.Piecewise((x, c), (0, True), evaluate=False),
-                 _t_select, lambda c, x: x if c else 0.0, lambda np, c, x: np.where(c, x, 0.0),
+                 _t_select, lambda c, x: x if c else 0.0, lambda c, x: f"np.where({c}, {x}, 0.0)",
                  lambda n, d: ZERO if is_num(d[1], 0) else Node("select", (n.args[0], d[1])), 100, "select",
                  floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
     "lt": _cmp("lt", "<", "<", lambda sp, a, b: sp.Lt(a, b, evaluate=False), lambda a, b: a < b),
@@ -485,7 +485,7 @@ OPS: dict[str, Op] = {
                  NOT_DIFFERENTIABLE, "|", kind="bool", args_kind="bool", np=_np_reduce("logical_or"), floats=_f_or),
     "not": _infix("not ", 3, lambda sp, a: sp.Not(a), lambda a: not a,
                   NOT_DIFFERENTIABLE, "~", kind="bool", args_kind="bool", arity=1,
-                  np=lambda np, a: np.logical_not(a), floats=_f_not),
+                  np=lambda a: f"np.logical_not({a})", floats=_f_not),
     **{f"seq_{k}": _seq(k) for k in ("sum", "mean", "max", "min")},
 }
 
@@ -616,7 +616,8 @@ def numpy_plan(*roots: Node):
     """roots' values over float64 arrays, as one function of env, its evaluation order fixed
     once: the numeric checks evaluate one expression thousands of times. With `frozen` (a
     dict, filled on the first call), each sg(...) keeps its first values, for finite
-    differences."""
+    differences. The plan is straight-line Python compiled once: a loop over a 1,500-node plan
+    cost ~2 ms a call in interpretation alone, most of the arbiter's time on large objectives."""
     import numpy as np
     order, index = [], {}
     for root in roots:          # shared nodes of several roots are evaluated once
@@ -624,24 +625,23 @@ def numpy_plan(*roots: Node):
             if m not in index:
                 index[m] = len(order)
                 order.append(m)
-    steps = [(m.op, m.value if m.op in ("var", "param") else _to_float(m.value) if m.op == "num" else OPS[m.op].np,
-              tuple(index[a] for a in m.args)) for m in order]
-    out = [index[root] for root in roots]
-
-    def run(env: dict, frozen: dict | None = None):
-        vals = [None] * len(steps)
-        with np.errstate(all="ignore"):
-            for i, (op, what, args) in enumerate(steps):
-                if op == "num":
-                    vals[i] = what
-                elif op in ("var", "param"):
-                    vals[i] = env[what]
-                elif op == "sg" and frozen is not None:
-                    vals[i] = frozen.setdefault(i, vals[args[0]])
-                else:
-                    vals[i] = what(np, *(vals[j] for j in args))
-        return [vals[j] for j in out]
-    return run
+    names = {"np": np, "math": math}
+    lines = ["def run(env, frozen=None):", "    with np.errstate(all='ignore'):"]
+    for i, m in enumerate(order):
+        args = [f"v{index[a]}" for a in m.args]
+        if m.op == "num":
+            names[f"c{i}"] = _to_float(m.value)
+            value = f"c{i}"
+        elif m.op in ("var", "param"):
+            value = f"env[{m.value!r}]"
+        elif m.op == "sg":
+            value = f"{args[0]} if frozen is None else frozen.setdefault({i}, {args[0]})"
+        else:
+            value = OPS[m.op].np(*args)
+        lines.append(f"        v{i} = {value}")
+    lines.append(f"    return [{', '.join(f'v{index[root]}' for root in roots)}]")
+    exec(compile("\n".join(lines), "<numpy_plan>", "exec"), names)
+    return names["run"]
 
 
 def _to_float(v: Fraction) -> float:

@@ -96,7 +96,7 @@ def _unary_functions(sp):
         if op.arity == (1, 1) and op.args_kind == "num" and not op.reduce:
             e = op.sympy(sp, x)
             if isinstance(e, sp.Function) and e.args == (x,):
-                out[e.func] = functools.partial(op.np, __import__("numpy"))
+                out[e.func] = eval(f"lambda x: {op.np('x')}", {"np": __import__("numpy"), "math": __import__("math")})
     return out
 
 
