@@ -22,7 +22,7 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-OBJECTIVES = ["surrogate", "ppo", "grpo_clip_higher", "spo:eps=0.2", "drpo", "drpo:delta=0.2"]   # drpo: δ = 12.5
+OBJECTIVES = ["surrogate", "grpo_clip_higher", "spo:eps=12.5", "dppo_binary_tv", "drpo", "drpo:delta=0.2"]   # the paper's five at its settings (drpo: δ = 12.5), and DRPO at δ = 0.2
 
 
 def main() -> None:
