@@ -128,6 +128,7 @@ class _Ctx:
         self.param_vals = {k: sp.Rational(v.numerator, v.denominator) for k, v in obj.params.items()}
         self.dl = derivative(obj.expr)
         self.notes: list[str] = []
+        self._tidied: dict = {}
         self.deadline = time.process_time() + HANG_SECONDS
         self.guard = {"seconds": HANG_SECONDS, "fired": False}
 
@@ -149,9 +150,14 @@ class _Ctx:
     def tidy(self, e):
         from .symbolic import tidy
         from .symbolic import degree
+        if e in self._tidied:      # the four cases and their candidates tidy the same pieces again
+            return self._tidied[e]
         if size(e) > BUDGET["tidy"] or degree(self.sp, e) > BUDGET["degree"]:     # shown as built: exact, only longer
-            return e
-        return self.limited("simplifying", lambda: tidy(self.sp, e), e)
+            out = e
+        else:
+            out = self.limited("simplifying", lambda: tidy(self.sp, e), e)
+        self._tidied[e] = out
+        return out
 
     def env(self, symbolic: bool):
         params = self.param_syms if symbolic else self.param_vals

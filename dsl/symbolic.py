@@ -130,11 +130,29 @@ class _Settle:
     def __init__(self, ctx, tmax):
         self.ctx, self.tmax = ctx, tmax
         self.steps = 0      # conditions and relations settled: the work counted against BUDGET["settle"]
+        self.memo: dict = {}
 
     def _count(self):
         from .analysis import check_budget
         self.steps += 1
         check_budget("settle", self.steps)
+
+    def _memo(self, fn, x):
+        """fn(x) once per case: folding rebuilds the same conditions many times over. A repeat
+        counts the steps its first settling took, so the budget, and with it the report, is
+        exactly what settling it again would give (steps go up by one: the first past the
+        budget is budget + 1)."""
+        from .analysis import BUDGET, check_budget
+        key = (fn, x)
+        if key in self.memo:
+            out, steps = self.memo[key]
+            self.steps = min(self.steps + steps, BUDGET["settle"] + 1)
+            check_budget("settle", self.steps)
+            return out
+        before = self.steps
+        out = fn(x)
+        self.memo[key] = out, self.steps - before
+        return out
 
     def __call__(self, e):
         sp = self.ctx.sp
@@ -163,6 +181,9 @@ class _Settle:
         return e
 
     def cond(self, c):
+        return self._memo(self._cond, c)
+
+    def _cond(self, c):
         sp = self.ctx.sp
         self._count()
         if c in (True, False, sp.true, sp.false):
@@ -356,9 +377,12 @@ class _Settle:
         return out
 
     def relation(self, e):
-        sp, t = self.ctx.sp, self.ctx.t
-        if not isinstance(e, sp.core.relational.Relational):
+        if not isinstance(e, self.ctx.sp.core.relational.Relational):
             return e
+        return self._memo(self._relation, e)
+
+    def _relation(self, e):
+        sp, t = self.ctx.sp, self.ctx.t
         self._count()
         h = e.lhs - e.rhs
         if h.has(sp.Piecewise):   # distribute: h_i ⋚ 0 where piece i holds
