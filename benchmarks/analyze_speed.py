@@ -8,10 +8,16 @@ every pathological objective <= 2 s cold and never > 5 s, with exit 0 (issue 8);
 (issue 19). Each time is the median wall time; cpu_s (the child's user + system time) is given
 beside it, since on a shared machine wall time also counts other processes.
 
-    python3 benchmarks/analyze_speed.py [--repeat 3]
+    python3 benchmarks/analyze_speed.py [--repeat 3] [--against DIR]
+
+--against DIR times the same commands with the code checked out in DIR (`git worktree add DIR
+COMMIT`), run by this interpreter, each run beside the current one: `before_s` and `ratio` (now /
+before, lower is faster) on every row, so a claim that the analysis did not get slower is a
+ratio measured in one run on one machine, not two numbers from two days.
 """
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -24,15 +30,18 @@ from pathlib import Path
 import dsl
 
 
+AGAINST = None     # --against DIR
+
+
 def wall(cmd, check=True) -> float:
     return run(cmd, check)[0]
 
 
-def run(cmd, check=True):
+def run(cmd, check=True, env=None):
     """(wall s, child cpu s, stdout) of one cold process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    proc = subprocess.run(cmd, check=check, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.run(cmd, check=check, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     elapsed = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -42,7 +51,12 @@ def run(cmd, check=True):
 def timed(cmd, repeat, check=True) -> dict:
     """Median wall and cpu time over `repeat` cold runs of a --json command, its exit status,
     and whether the hang guard fired in any of them."""
-    runs = [run(cmd, check) for _ in range(repeat)]
+    runs, before = [], []
+    for _ in range(repeat):
+        runs.append(run(cmd, check))
+        if AGAINST:     # the earlier code's run right after, under the same conditions
+            before.append(run([sys.executable, "-m", "openrlhf_drpo.cli", *cmd[1:]], False,
+                              {**os.environ, "PYTHONPATH": AGAINST}))
     fired = False
     for _, _, proc in runs:
         try:
@@ -50,8 +64,12 @@ def timed(cmd, repeat, check=True) -> dict:
         except ValueError:
             continue
         fired |= any(d["hang_guard"]["fired"] for d in (data if isinstance(data, list) else [data]))
-    return {"s": round(statistics.median(r[0] for r in runs), 3), "cpu_s": round(statistics.median(r[1] for r in runs), 3),
-            "exit": runs[-1][2].returncode, "hang_guard_fired": fired}
+    out = {"s": round(statistics.median(r[0] for r in runs), 3), "cpu_s": round(statistics.median(r[1] for r in runs), 3),
+           "exit": runs[-1][2].returncode, "hang_guard_fired": fired}
+    if AGAINST:
+        b = statistics.median(r[0] for r in before)
+        out.update(before_s=round(b, 3), before_exit=before[-1][2].returncode, ratio=round(out["s"] / b, 3))
+    return out
 
 
 PATHOLOGICAL = {
@@ -99,8 +117,15 @@ def pathological(exe, repeat):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median is reported")
+    ap.add_argument("--against", metavar="DIR", help="a checkout of earlier code, timed beside each run")
     args = ap.parse_args()
-    exe = shutil.which("drpo-analyze") or sys.exit("drpo-analyze is not installed (bash scripts/setup.sh)")
+    global AGAINST
+    AGAINST = args.against and str(Path(args.against).resolve())
+    # the console script installed beside this interpreter (a virtual environment's bin/): the
+    # one on PATH may be a version manager's shim, pyenv's adds about 0.3 s to every run
+    beside = Path(sys.executable).parent / "drpo-analyze"
+    exe = str(beside) if beside.exists() else shutil.which("drpo-analyze")
+    exe = exe or sys.exit("drpo-analyze is not installed (bash scripts/setup.sh)")
     names = dsl.shipped_names()
     wall([exe, "surrogate"])    # warm the OS file cache and Lark's grammar cache once
     per = {n: timed([exe, n, "--json"], args.repeat) for n in names}
@@ -121,14 +146,24 @@ def main():
         "max_pathological_s": slowest,
         "max_pathological_cpu_s": max(v["cpu_s"] for v in patho.values()),
         "hang_guard_fired": fired,
-        "load_average_1min": round(__import__("os").getloadavg()[0], 2),
+        "load_average_1min": round(os.getloadavg()[0], 2),
         "targets": {"per_objective_s": 1.5, "library_s": 6.0, "pathological_s": 2.0, "pathological_never_s": 5.0},
         "meets_targets": {"per_objective": worst <= 1.5, "library": library["s"] <= 6.0,
                           "pathological": slowest <= 2.0, "pathological_never": slowest <= 5.0,
                           "pathological_exit_0": all(v["exit"] == 0 for v in patho.values()),
                           "hang_guard_never_fired": not fired},
         "repeat": args.repeat,
+        "drpo_analyze": exe,
     }
+    if AGAINST:      # issue 19: the library must not get slower
+        out["against"] = {
+            "dir": AGAINST, "library_ratio": library["ratio"],
+            "max_per_objective_before_s": max(v["before_s"] for v in per.values()),
+            "max_pathological_before_s": max(v["before_s"] for v in patho.values()),
+            "per_objective_ratio_median": statistics.median(v["ratio"] for v in per.values()),
+            "per_objective_ratio_max": max(v["ratio"] for v in per.values()),
+            "pathological_ratio_max": max(v["ratio"] for v in patho.values() if v["before_exit"] == 0)}
+        out["meets_targets"]["not_slower"] = worst <= out["against"]["max_per_objective_before_s"] and library["ratio"] <= 1
     print(json.dumps(out, indent=2))
 
 

@@ -255,25 +255,29 @@ def adapt_trainer_process() -> None:
     # the weight-sync group to vLLM is always NCCL in 0.11.2, whatever --vllm.sync_backend says
     ppo_actor.stateless_init_process_group = lambda host, port, rank, world_size, device: GlooGroup(
         host, port, rank, world_size)
-    ppo_actor.ActorPPOTrainer.broadcast_to_vllm = _broadcast_at_once
+    per_parameter = ppo_actor.ActorPPOTrainer.broadcast_to_vllm
+    ppo_actor.ActorPPOTrainer.broadcast_to_vllm = lambda self: _broadcast_at_once(self, per_parameter)
 
 
-def _broadcast_at_once(self) -> None:
+def _broadcast_at_once(self, per_parameter) -> None:
     """ActorPPOTrainer.broadcast_to_vllm in one message: OpenRLHF sends each parameter with its
     own Ray call and waits for it, about 4.5 ms a parameter on CPU, where the broadcast and the
     engine's reload take 15 ms in all (a 40-step lab run spent 5.5 of its 26 s there). Here the
-    same parameters go as one flat tensor of their dtype and one call per engine."""
+    same parameters go as one flat tensor and one call per engine (OpenRLHF's own way where
+    their dtypes differ)."""
     import deepspeed
     import ray
     import torch
     from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
     args, model = self.strategy.args, self.actor.model.module
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad or not getattr(self.actor, "is_vlm", False)]
+    if len({p.dtype for _, p in params}) != 1:
+        return per_parameter(self)
     with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=args.ds.zero_stage == 3):
         if torch.distributed.get_rank() == 0:
             if getattr(args.vllm, "enable_prefix_caching", False):
                 ray.get([e.reset_prefix_cache.remote() for e in self.vllm_engines])
-            flat = torch.cat([p.data.reshape(-1) for _, p in params])    # cat raises on mixed dtypes
+            flat = torch.cat([p.data.reshape(-1) for _, p in params])
             shapes = [tuple(p.ds_shape if args.ds.zero_stage == 3 else p.shape) for _, p in params]
             refs = [e.update_weights_flat.remote([n for n, _ in params], flat.dtype, shapes)
                     for e in self.vllm_engines]
