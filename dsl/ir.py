@@ -388,7 +388,9 @@ def _seq(kind):
 
 
 def _np_reduce(name):
-    return lambda *a: functools.reduce(lambda x, y: f"np.{name}({x}, {y})", a)
+    # min/max of any number of arguments: a reduce, not nested calls, which Python's parser
+    # refuses past 200 levels
+    return lambda *a: f"np.{name}({a[0]}, {a[1]})" if len(a) == 2 else f"_reduce(np.{name}, ({', '.join(a)}))"
 
 
 def _pymin(*a):
@@ -625,7 +627,7 @@ def numpy_plan(*roots: Node):
             if m not in index:
                 index[m] = len(order)
                 order.append(m)
-    names = {"np": np, "math": math}
+    names = {"np": np, "math": math, "_reduce": functools.reduce}
     lines = ["def run(env, frozen=None):", "    with np.errstate(all='ignore'):"]
     for i, m in enumerate(order):
         args = [f"v{index[a]}" for a in m.args]

@@ -261,8 +261,8 @@ def adapt_trainer_process() -> None:
 
 def _broadcast_at_once(self, per_parameter) -> None:
     """ActorPPOTrainer.broadcast_to_vllm in one message: OpenRLHF sends each parameter with its
-    own Ray call and waits for it, about 4.5 ms a parameter on CPU, where the broadcast and the
-    engine's reload take 15 ms in all (a 40-step lab run spent 5.5 of its 26 s there). Here the
+    own Ray call and waits for it, about 4.5 ms a parameter on CPU, where the engine's reload of
+    them all takes 10-20 ms (a 40-step lab run spent 5.5 of its 26 s in syncs). Here the
     same parameters go as one flat tensor and one call per engine (OpenRLHF's own way where
     their dtypes differ)."""
     import deepspeed
