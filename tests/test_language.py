@@ -494,3 +494,15 @@ def test_an_atoms_derivative_rule_equals_sympys_diff_and_autograd(name):
     t = torch.tensor(points, dtype=torch.float64, requires_grad=True)
     (grad,) = torch.autograd.grad(eval(op.torch("t"), {"torch": torch, "t": t}).sum(), t)
     assert np.allclose([evaluate(rule, {"r": p}) for p in points], grad.numpy(), rtol=1e-14, atol=1e-300)
+
+
+@pytest.mark.parametrize("op, expected", [("min", 0.5), ("max", 250 * 0.5)])
+def test_numpy_plan_evaluates_a_min_or_max_of_250_arguments_as_the_ir_does(op, expected):
+    # the compiled plan folds them in one reduce: nested calls past 200 levels do not compile
+    import numpy as np
+    from dsl.ir import evaluate, numpy_plan
+    from dsl.parser import parse
+    obj = parse(f"{op}(" + ", ".join(f"r*{i + 1}" for i in range(250)) + ")*A\n")
+    env = {"r": 0.5, "mu": 0.5, "pi": 0.25, "A": 1.0}
+    got = numpy_plan(obj.expr)({k: np.array([v]) for k, v in env.items()})[0]
+    assert got[0] == evaluate(obj.expr, env) == expected
