@@ -343,11 +343,13 @@ def _claims(ctx, arb, res, facts) -> dict:
         # w = 0 on a region: zeros with a zero neighbour along the row (an isolated 0 is a touch)
         z = valid & (arb.W == 0)
         zeros = int((z & (arb.np.pad(z[:, 1:], ((0, 0), (0, 1))) | arb.np.pad(z[:, :-1], ((0, 0), (1, 0))))).sum())
-        pieces = _side_pieces(ctx, res, adv)
-        sign = _pieces_sign(ctx, pieces) if pieces else None
-        at_one = res["on_policy"][adv]
-        one_ok = at_one["status"] != "undefined" and None not in at_one["w"] and (
-            at_one["w"][0] > 0 if sign == 1 else at_one["w"][1] < 0 if sign == -1 else at_one["w"] == [0, 0])
+        sign = one_ok = None
+        if not (b["pi"] or b["numeric"]):   # the sign proves "none" or "w ≡ 0" only (degree 9: 1.4 s)
+            pieces = _side_pieces(ctx, res, adv)
+            sign = _pieces_sign(ctx, pieces) if pieces else None
+            at_one = res["on_policy"][adv]
+            one_ok = at_one["status"] != "undefined" and None not in at_one["w"] and (
+                at_one["w"][0] > 0 if sign == 1 else at_one["w"][1] < 0 if sign == -1 else at_one["w"] == [0, 0])
         if b["pi"] or b["numeric"]:
             claim = {"claim": "boundary", "status": "found" if any(b["reachable"]) or b["numeric"] else "unconfirmed",
                      "evidence": "w changes sign at the grid points located" if any(b["reachable"]) or b["numeric"]
