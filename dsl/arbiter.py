@@ -22,6 +22,7 @@ MAGNITUDES = (1e-3, 1.0, 1e3)
 # span, for the candidates' probes and the range's search
 DENSE_MAGNITUDES = tuple(10 ** (k / 4) for k in range(-12, 13))
 SIGNS = (("positive", 1.0), ("negative", -1.0))
+SIDE_SIGNS = tuple(sign for _, sign in SIGNS)
 # the domain's corners beyond the regular grid: μ → 0 with r up to 1/μ (a clamp at |log r| = 12
 # is met only there), and r → 0
 CORNER_MUS = (2.7e-10, 1.3e-12)     # not round: a threshold on π at a round value stays off r = 1
@@ -115,7 +116,7 @@ def thresholds(expr, dl, params) -> dict:
 
     def search(qs, var, fixed=None):
         run = numpy_plan(*qs)
-        signs = (1.0, -1.0) if var == "A" else (1.0,)
+        signs = SIDE_SIGNS if var == "A" else (1.0,)
         out = []
         for sg in signs:
             def env(x, row):
@@ -132,7 +133,7 @@ def thresholds(expr, dl, params) -> dict:
         found[v] = sorted(sorted(set(found[v]), key=lambda x: abs(math.log(x)) if x > 0 else math.inf)[:2 * ROW_THRESHOLDS])
     if "muA" in groups:     # |A| ≤ 1/μ: thresholds in μ at each |A| sampled
         for mag in sorted(set(MAGNITUDES) | set(found["A"])):
-            found["mu"] += [x for s in (1.0, -1.0) for x in search(groups["muA"], "mu", {"A": s * mag})]
+            found["mu"] += [x for s in SIDE_SIGNS for x in search(groups["muA"], "mu", {"A": s * mag})]
         found["mu"] = _bands(found["mu"])
     return {**{v: np.array(sorted(set(x)), dtype=float) for v, x in found.items()},
             "rows": tuple(groups.get("rows", ())[:ROW_QUANTITIES])}
@@ -148,7 +149,6 @@ def _bands(xs):
 # ------------------------------------------------------------------ the grid
 GRID_NODE_POINTS = 3e7      # grid points × IR nodes per evaluation: bounds the arbiter's time
 BISECTIONS = 60             # halvings of a bracket: from 1e-3 wide to below a double's resolution
-SIDE_SIGNS = (1.0, -1.0)
 
 
 def grid_axes(nodes: int, magnitudes: int):

@@ -4,10 +4,9 @@ what the arbiter found with the IR's float rules. A confirmed claim is printed a
 one the arbiter contradicts is replaced by the numeric finding and flagged."""
 from __future__ import annotations
 
-from .arbiter import DENSE_MAGNITUDES, MAGNITUDES
+from .arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from .events import boundary_at, changes_sign_at, describe
 
-ADVANTAGES = (("positive", 1.0), ("negative", -1.0))
 
 
 def _probe_mus():
@@ -48,7 +47,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     as the numeric finding."""
     np = arb.np
     boundary, notes = {}, []
-    for adv, sign in ADVANTAGES:
+    for adv, sign in SIGNS:
         events = facts[adv]["events"]
         used = np.zeros(len(events), dtype=bool)
         out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}

@@ -46,11 +46,10 @@ def math_text(e, weight: bool = False) -> str:
     # is printed as math in its place: a placeholder symbol stands for it in sstr's text
     spots = {}
     if isinstance(e, sp.Basic):
-        for k, x in enumerate(sorted(e.atoms(sp.Piecewise, sp.Eq, sp.Ne), key=sp.default_sort_key)):
-            spots[f"Spot{k}x"] = f"({math_text(x)})"
+        calls = sorted(e.atoms(sp.Piecewise, sp.Eq, sp.Ne), key=sp.default_sort_key)
+        spots = {f"Spot{k}x": f"({math_text(x)})" for k, x in enumerate(calls)}
         if spots:
-            e = e.xreplace({x: sp.Symbol(name) for x, name in zip(
-                sorted(e.atoms(sp.Piecewise, sp.Eq, sp.Ne), key=sp.default_sort_key), spots)})
+            e = e.xreplace({x: sp.Symbol(name) for x, name in zip(calls, spots)})
     text = sp.sstr(e)
     if weight and isinstance(e, sp.Add):   # the constant first: 1 − 0.08·μ·(r − 1)
         const, rest = e.as_coeff_Add()

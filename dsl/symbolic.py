@@ -230,7 +230,7 @@ class _Settle:
                  (0, 1, 1): sp.Ge(t, c), (0, 0, 1): sp.Gt(t, c), (0, 1, 0): sp.Eq(t, c), (1, 0, 1): sp.Ne(t, c)}
         return forms[tuple(int(v == sp.true) for v in truth)]
 
-    def settle(self, cond, x=None, hi=None, exact=None):
+    def settle(self, cond, x=None, exact=None):
         """A condition in one variable x (t, |A| = a or μ) is constant between its thresholds:
         evaluate it at each threshold and between them, then rebuild the shortest equivalent,
         a union of intervals (t ≤ c, c < t ≤ d, ...). exact maps a threshold's float to the

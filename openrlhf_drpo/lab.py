@@ -203,12 +203,12 @@ def run_all(task, runs: list[dict], args) -> None:
                       last=step == args.steps and sys.stdout.isatty())
     groups = [runs[i::args.parallel] for i in range(args.parallel) if runs[i::args.parallel]]
     errors = []
-
-    gpus = __import__("torch").cuda.device_count()
+    # each pipeline its own share of the GPUs (not yet run on GPUs); torch only where it matters
+    gpus = __import__("torch").cuda.device_count() if len(groups) > 1 else 0
 
     def pipeline(i, group):
         env = None
-        if gpus >= len(groups) > 1:     # each pipeline its own share of the GPUs (not yet run on GPUs)
+        if gpus >= len(groups) > 1:
             share = gpus // len(groups)
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(i * share, (i + 1) * share)))}
         try:
