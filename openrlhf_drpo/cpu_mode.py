@@ -11,6 +11,7 @@ This module imports nothing heavy at the top: `install_flash_attn_shim` runs bef
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -252,11 +253,29 @@ def adapt_trainer_process() -> None:
             torch.cuda.current_device = lambda: cpu
         self.target_device = cpu
     replay_buffer.NaiveReplayBuffer.__init__ = buffer_init
+    ds_strategy.DeepspeedStrategy.all_reduce = one_rank_all_reduce(ds_strategy.DeepspeedStrategy.all_reduce)
     # the weight-sync group to vLLM is always NCCL in 0.11.2, whatever --vllm.sync_backend says
     ppo_actor.stateless_init_process_group = lambda host, port, rank, world_size, device: GlooGroup(
         host, port, rank, world_size)
     per_parameter = ppo_actor.ActorPPOTrainer.broadcast_to_vllm
     ppo_actor.ActorPPOTrainer.broadcast_to_vllm = lambda self: _broadcast_at_once(self, per_parameter)
+
+
+def one_rank_all_reduce(all_reduce):
+    """DeepspeedStrategy.all_reduce without the collective when there is one rank. OpenRLHF
+    all-reduces every logged metric after every update, one gloo call each (~90 µs even with
+    one rank: about a tenth of a lab's update). With one rank the result is what OpenRLHF
+    returns anyway: the tensor itself, or a number through float32."""
+    import torch
+
+    @functools.wraps(all_reduce)
+    def reduce(self, data, op="mean"):
+        if self.world_size != 1:
+            return all_reduce(self, data, op)
+        if isinstance(data, dict):
+            return {k: reduce(self, v, op) for k, v in data.items()}
+        return data if isinstance(data, torch.Tensor) else torch.Tensor([data]).item()
+    return reduce
 
 
 def _broadcast_at_once(self, per_parameter) -> None:
@@ -350,6 +369,11 @@ def _rollout_actor():
     class CpuRolloutRayActor(RolloutRayActor.__ray_actor_class__):
         async def __init__(self, *args, **kwargs):
             kwargs["worker_extension_cls"] = f"{__name__}.CpuWorkerExtension"
+            # vLLM's CPU platform otherwise runs the model in a third process whose queue reader
+            # spins (sched_yield) for 1 s after each read: through the trainer's whole update, on
+            # a 2-core machine. Unset, the engine core runs the model itself ("uni", OpenRLHF's
+            # choice at tensor-parallel size 1), and the engine core stays its own process.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             await super().__init__(*args, **kwargs)
 
         async def update_weights_flat(self, names, dtype, shapes):

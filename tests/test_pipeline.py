@@ -5,6 +5,7 @@ checks and CPU mode's handling of flags, versions and imports."""
 import argparse
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import time
@@ -63,6 +64,9 @@ def test_drpo_train_runs_the_whole_pipeline_on_cpu_and_logs_the_objectives_metri
     out, log, steps = synced_run
     assert "openrlhf-drpo: CPU mode" in log
     assert "Traceback" not in log
+    # vLLM runs the model in its engine-core process: no worker process beside it, whose queue
+    # reader would spin through every training update on a 2-core machine (cpu_mode._rollout_actor)
+    assert re.search(r"\(EngineCore pid=\d+\).*Starting to load model", log) and "(Worker pid=" not in log
     assert len(steps) == STEPS
     for step in steps:
         for key in ("drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging",

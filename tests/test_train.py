@@ -1,6 +1,7 @@
 """drpo-train on CPU: OpenRLHF's real ActorPPOTrainer.ppo_train with DeepSpeed's CPU
 accelerator (ZeRO-2) on a tiny random causal LM, with the objective installed by the same
 code the Ray actor runs; the actor class on a local Ray; the command line."""
+import copy
 import json
 import os
 import socket
@@ -125,6 +126,24 @@ def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_mod
         n = kw.get("batch_num_tokens") or mask.sum().item()
         expected = -weight * r * adv * mask / n * kw.get("dp_size", 1)
         assert torch.allclose(grad, expected, rtol=1e-4, atol=1e-7), (grad - expected).abs().max()
+
+
+@pytest.mark.parametrize("op", ["mean", "max", "sum"])
+def test_cpu_modes_one_rank_all_reduce_returns_what_openrlhfs_returns(cpu_openrlhf, monkeypatch, op):
+    from openrlhf.utils.deepspeed.deepspeed import DeepspeedStrategy
+    from openrlhf_drpo import cpu_mode
+    openrlhfs = getattr(DeepspeedStrategy.all_reduce, "__wrapped__", DeepspeedStrategy.all_reduce)  # unpatched
+    ours = cpu_mode.one_rank_all_reduce(openrlhfs)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
+    torch.distributed.init_process_group("gloo")
+    # a strategy as OpenRLHF's all_reduce sees it (it recurses through self.all_reduce)
+    one = type("OneRank", (), {"world_size": torch.distributed.get_world_size(), "all_reduce": openrlhfs})()
+    # 0.1 and 1/3 are not float32 numbers: OpenRLHF's answer is their float32 rounding
+    data = {"policy_loss": 0.1, "n": 3, "third": 1 / 3, "flag": True, "t": torch.tensor([2.5, -1.0])}
+    want, got = openrlhfs(one, copy.deepcopy(data), op), ours(one, copy.deepcopy(data), op)
+    assert want.keys() == got.keys() and got["policy_loss"] != 0.1
+    for k in want:
+        assert type(got[k]) is type(want[k]) and torch.equal(torch.as_tensor(got[k]), torch.as_tensor(want[k])), k
 
 
 def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective(tmp_path):
