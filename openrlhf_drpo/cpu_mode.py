@@ -371,8 +371,9 @@ def _rollout_actor():
             kwargs["worker_extension_cls"] = f"{__name__}.CpuWorkerExtension"
             # vLLM's CPU platform otherwise runs the model in a third process whose queue reader
             # spins (sched_yield) for 1 s after each read: through the trainer's whole update, on
-            # a 2-core machine. Unset, the engine core runs the model itself ("uni", OpenRLHF's
-            # choice at tensor-parallel size 1), and the engine core stays its own process.
+            # a 2-core machine. At 0 the engine core (still its own process) runs the model itself
+            # ("uni", OpenRLHF's choice at tensor-parallel size 1). vLLM says "uni" cannot set up
+            # OpenMP binding; driver_environment's "nobind" skips that setup either way.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             await super().__init__(*args, **kwargs)
 
