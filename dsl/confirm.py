@@ -8,7 +8,6 @@ from .arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from .events import boundary_at, changes_sign_at, describe
 
 
-
 def _probe_mus():
     import numpy as np
     return np.unique(np.concatenate([np.logspace(-6, 0, 2000), np.linspace(1e-3, 1, 2000)]))
