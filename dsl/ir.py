@@ -401,6 +401,13 @@ def _pymax(*a):
     return max(a)
 
 
+def _py_pow(a, b):
+    # IEEE pow, as torch and numpy: a negative base to a fractional power is NaN (Python's
+    # ** would return a complex number, which no real-valued consumer can take)
+    out = a ** b
+    return math.nan if isinstance(out, complex) else out
+
+
 def _sign(x):
     return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
 
@@ -427,7 +434,7 @@ OPS: dict[str, Op] = {
                   lambda n, d: sub(div(d[0], n.args[1]),
                                    div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2))))), inplace="div_"),
     "neg": _infix("-", 7, lambda sp, a: -a, lambda a: -a, lambda n, d: neg(d[0]), arity=1, inplace="neg_"),
-    "pow": _infix("^", 8, lambda sp, a, b: a ** b, lambda a, b: a ** b, _d_pow, torch_sym="**", inplace="pow_"),
+    "pow": _infix("^", 8, lambda sp, a, b: a ** b, _py_pow, _d_pow, torch_sym="**", inplace="pow_"),
     "abs": _fn("abs", lambda sp, a: sp.Abs(a), lambda a: f"torch.abs({a})", abs, lambda a: f"np.abs({a})",
                lambda n, d: mul(call("sign", n.args[0]), d[0]), inplace="abs_"),
     "sign": _fn("sign", lambda sp, a: sp.sign(a), lambda a: f"torch.sign({a})", _sign, lambda a: f"np.sign({a})", _zero, inplace="sign_"),

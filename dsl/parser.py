@@ -34,38 +34,44 @@ class Objective:
     description: str = ""
 
     def check_constants(self) -> "Objective":
-        """Every sub-expression without r, π, μ or A is a number at the current parameter
-        values: log(0), 1/(2δ) at δ = 0, exp(1000) are located errors here, not a crash or
-        an inf in a training step."""
+        """Every sub-expression without r, π, μ or A is a finite real number at the current
+        parameter values: log(0), 1/(2δ) at δ = 0, exp(1000), (-2)^0.5 are located errors here,
+        not a crash or an inf or NaN in a training step. Children are checked before their
+        parents, so the error names the innermost culprit."""
         env = {k: float(v) for k, v in self.params.items()}
-        seen = set()
         constant = constant_nodes(self.expr)
-
-        def visit(n):
-            if n in seen:
-                return
-            seen.add(n)
-            # a constant zero divisor makes the whole (non-constant) quotient infinite
-            zero_divisor = n.op == "div" and n.args[1] in constant and _safe_eval(n.args[1], env) == 0
-            if (n in constant and n.op not in ("num", "param")) or zero_divisor:
-                value = None if zero_divisor else _safe_eval(n, env)
-                ok = value is not None and (isinstance(value, bool) or math.isfinite(value))
-                if not ok:
-                    values = ", ".join(f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items())
-                    at = f" at {values}" if values else ""
-                    what = (f"division by zero: '{render(n.args[1])}' is 0{at}" if zero_divisor
-                            else f"'{render(n)}' is not a finite number{at}")
-                    pos = (n.args[1].pos if zero_divisor else n.pos) or Pos(1, 1)
-                    lines = self.source.split("\n")
-                    src = lines[pos.line - 1] if pos.line <= len(lines) else None
-                    raise DslError(what, self.path, pos.line, pos.col, src,
-                                   "a sub-expression of parameters and numbers only must be a finite number")
-                return
-            stack.extend(n.args)
-        stack = [self.expr]
-        while stack:            # each distinct node once, without recursion
-            visit(stack.pop())
+        values: dict = {}
+        for n in postorder(self.expr):
+            # a constant zero divisor makes the quotient infinite, constant or not
+            if n.op == "div" and values.get(n.args[1]) == 0:
+                self._constant_error(n.args[1], f"division by zero: '{render(n.args[1])}' is 0", env)
+            if n not in constant:
+                continue
+            if n.op == "num":
+                values[n] = float(n.value)
+            elif n.op == "param":
+                values[n] = env[n.value]
+            else:
+                args = [values[a] for a in n.args]
+                try:
+                    values[n] = OPS[n.op].py(*args)
+                except (ValueError, ZeroDivisionError, OverflowError):
+                    values[n] = None
+                if OPS[n.op].kind == "num" and (values[n] is None or not math.isfinite(values[n])):
+                    why = _not_real(n.op, args)
+                    what = f"'{render(n)}' is not a {'real' if why else 'finite'} number"
+                    self._constant_error(n, what, env, why)
         return self
+
+    def _constant_error(self, n: Node, what: str, env: dict, why: str | None = None):
+        values = ", ".join(f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items()
+                           if any(m.op == "param" and m.value == k for m in n.walk()))
+        pos = n.pos or Pos(1, 1)
+        lines = self.source.split("\n")
+        src = lines[pos.line - 1] if pos.line <= len(lines) else None
+        raise DslError(what + (f" at {values}" if values else "") + (f": {why}" if why else ""), self.path,
+                       pos.line, pos.col, src,
+                       f"a sub-expression of parameters and numbers only must be a finite {'real ' * bool(why)}number")
 
     def names(self) -> set[str]:
         """The built-ins the objective reads (r, pi, mu, A, pi_old, pi_rollout, seq_len)."""
@@ -210,6 +216,15 @@ def _exact(n):
     ops = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "neg": lambda a: -a, "pow": lambda a, b: a ** int(b)}
     return ops[n.op](*args)
+
+
+def _not_real(op: str, args: list) -> str | None:
+    """Why a constant has no real value, where real arithmetic has none (torch gives NaN)."""
+    if op == "pow" and args[0] < 0 and not float(args[1]).is_integer():
+        return "a negative base to a fractional power"
+    if op in ("log", "sqrt") and args[0] < 0:
+        return f"{op} of a negative number"
+    return None
 
 
 def _safe_eval(n, env):

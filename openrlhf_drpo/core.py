@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import functools
 import math
+import re
+import types
+import warnings
 from fractions import Fraction
 
 import torch
@@ -172,12 +175,60 @@ def _eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, a
     return loss, total, scale, stats
 
 
+def check_inputs(who: str, names: dict, tensors: dict) -> None:
+    """The tensor boundary: every per-token input is a tensor of log_probs' shape [batch, tokens]
+    on its device, floating point (the mask: bool, integer or floating, holding 0 and 1 only),
+    or a message naming the tensor, its shape and the fix. `names` maps each argument to the
+    host's name for it (ObjectiveLoss calls the mask action_mask). Metadata only, except the
+    mask's values: read on the CPU; on CUDA an asynchronous device assert (no host sync)."""
+    def fail(msg):
+        raise ValueError(f"{who}: {msg}")
+    name = lambda key: names.get(key, key)   # noqa: E731
+    logp = tensors["log_probs"]
+    if not isinstance(logp, torch.Tensor):
+        fail(f"{name('log_probs')} must be a torch.Tensor, got {type(logp).__name__}")
+    shape = list(logp.shape)
+    if logp.dim() != 2:
+        fail(f"{name('log_probs')} is {shape}: the loss takes [batch, tokens] (one response: "
+             f"{name('log_probs')}.unsqueeze(0))")
+    for key, x in tensors.items():
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            fail(f"{name(key)} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
+        if list(x.shape) != shape:
+            per_response = (x.dim() == 1 and x.shape[0] == shape[0]) or list(x.shape) == [shape[0], 1]
+            fix = (f"expand per-response {name(key)} with {name(key)}"
+                   f"{'.unsqueeze(-1)' if x.dim() == 1 else ''}.expand_as({name('log_probs')})"
+                   if per_response and key in ("advantages", "weights") else
+                   f"every per-token input has {name('log_probs')}' shape [batch, tokens]")
+            fail(f"{name(key)} is {list(x.shape)}, {name('log_probs')} {shape}: {fix}")
+        if x.device != logp.device:
+            fail(f"{name(key)} is on {x.device}, {name('log_probs')} on {logp.device}: move it with "
+                 f"{name(key)}.to({name('log_probs')}.device)")
+        if key != "mask" and not x.is_floating_point():
+            fail(f"{name(key)} is {x.dtype}: pass floating-point values ({name(key)}.float())")
+    mask = tensors.get("mask")
+    if mask is None or mask.dtype == torch.bool:
+        return
+    if mask.is_complex():
+        fail(f"{name('mask')} is {mask.dtype}: pass a bool or 0/1 mask")
+    bad = (mask != 0) & (mask != 1)
+    msg = (f"{name('mask')} holds values other than 0 and 1{{}}: it selects tokens (1 = a response token, "
+           f"0 = padding); pass per-token weights as weights= where the loss takes them, or ({name('mask')} != 0) "
+           "to keep every token whose entry is not 0")
+    if mask.is_cuda:
+        torch._assert_async(~bad.any(), msg.format(""))
+    elif bad.any():
+        fail(msg.format(f" ({mask[bad][0].item()!r})"))
+
+
 def _compute_dtype(logp):
     """Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16."""
     return torch.float32 if logp.dtype in (torch.float16, torch.bfloat16) else logp.dtype
 
 
-def _fused_function(kernel):
+def _fused_function(kernel, who="CompiledLoss"):
     class Fused(torch.autograd.Function):
         """Forward computes the loss and its gradient together and keeps only the gradient:
         backward is one multiply, and no intermediate of the objective stays alive."""
@@ -192,12 +243,19 @@ def _fused_function(kernel):
             loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
                                               wide(old), wide(rollout), wide(weights))
             ctx.save_for_backward(grad)
-            ctx.dtype, ctx.scale = logp.dtype, scale
+            ctx.dtype, ctx.scale, ctx.who = logp.dtype, scale, who
             ctx.mark_non_differentiable(stats)
             return loss, stats
 
         @staticmethod
         def backward(ctx, g, _):
+            # The saved gradient is a constant to autograd: a second derivative through it
+            # (create_graph=True: a gradient penalty, a Hessian-vector product) would silently
+            # lack the objective's own term, even beside other differentiable terms. Grad mode is
+            # on here exactly when the caller asked for a graph of the gradient.
+            if torch.is_grad_enabled():
+                raise RuntimeError(f"{ctx.who}: the fused loss is differentiable once; for create_graph=True "
+                                   "(second derivatives) build it with fused=False")
             (grad,) = ctx.saved_tensors
             # g·((grad·coef)·scale), the order _kernel's compiled product gives: equal bit for bit
             grad = g * grad if ctx.scale is None else torch.mul(grad, ctx.scale).mul_(g)
@@ -213,6 +271,7 @@ class CompiledLoss(nn.Module):
     named in METRIC_KEYS (and drpo_filtered where the objective filters)."""
 
     rollout_hint = ""      # how the host keeps rollout log-probs, for the error when it did not
+    argument_names: dict = {}      # the host's names for forward's arguments, for its error messages
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):
@@ -253,6 +312,9 @@ class CompiledLoss(nn.Module):
         token count. `weights` (detached, per token) multiply each token's term in the aggregate
         (not the count). aggregate_fn(per_token_loss, mask), where given, aggregates the plain path
         (a host's own aggregation; the fused kernel scales each token the same way)."""
+        check_inputs(type(self).__name__, self.argument_names,
+                     {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages, "mask": mask,
+                      "rollout_log_probs": rollout_log_probs, "weights": weights})
         if self.uses_rollout and rollout_log_probs is None:
             why = "@anchor = rollout" if self.anchor == "rollout" else "π_rollout"
             raise ValueError(f"objective '{self.objective.name}' uses {why}, but no rollout "
@@ -266,11 +328,11 @@ class CompiledLoss(nn.Module):
         rollout = rollout_log_probs.detach() if "pi_rollout" in self.names else None
         if mask is None:
             mask = torch.ones_like(log_probs, dtype=torch.bool)
-        fused = self._fused(log_probs.is_cuda, mode)
         # the global normalizer, as a tensor so a compiled kernel does not specialize on it
         # (in the kernel's precision: a bf16 count of 1234 would read 1232)
         if norm is not None:
             norm = torch.as_tensor(norm, dtype=_compute_dtype(log_probs), device=log_probs.device)
+        fused = self._fused(log_probs, mode, mask, norm, weights if self.fused else None)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights)
         else:
@@ -328,15 +390,59 @@ class CompiledLoss(nn.Module):
             out.update(max_token_weight=weight[i].item(), mu_at_max_token_weight=mu.flatten()[i].item())
         return out
 
-    def _fused(self, cuda: bool, mode: str):
-        """The autograd Function around the (possibly compiled) kernel, built once per mode."""
-        use = self.compile is True or (self.compile == "auto" and cuda)
-        if (use, mode) not in self._kernels:
+    def _fused(self, logp, mode: str, mask, norm, weights):
+        """The autograd Function around the (possibly compiled) kernel, built once per mode and,
+        compiled, once per call signature (dtypes, device, which optional inputs are given): each
+        has a code object, and so a compile cache, of its own. Dynamo keeps at most
+        recompile_limit (8) graphs per code object, and one shared kernel ran every objective
+        after the third uncompiled; now only shapes vary within a cache (0/1-sized dimensions are
+        specialized: a batch of 1 adds a graph, a new sequence length none)."""
+        use = self.compile is True or (self.compile == "auto" and logp.is_cuda)
+        key = (mode,) if not use else (mode, _compute_dtype(logp), mask.dtype, logp.device.type, norm is None,
+                                        weights is None)
+        if (use, key) not in self._kernels:
             if use:
-                kernel = torch.compile(functools.partial(_kernel, self._value_and_grad, mode, dot=_mul_sum),
-                                       dynamic=True)
+                name = re.sub(r"\W", "_", f"_kernel_{self.objective.name}_{len(self._kernels)}")
+                # the function itself is compiled, not a partial of it: dynamo would compile the
+                # wrapper that calls a partial, whose code every objective shares
+                own = _own_code(_kernel, name)
+                bind = lambda f: functools.partial(f, self._value_and_grad, mode, dot=_mul_sum)   # noqa: E731
+                kernel = _fallback_warned(bind(torch.compile(own, **COMPILE_OPTIONS)), bind(own), self.objective.name)
             else:
                 kernel = functools.partial(_eager_kernel, self._value_and_grad_eager, self._value_and_grad, mode)
-            self._kernels[use, mode] = _fused_function(kernel)
-        return self._kernels[use, mode]
+            self._kernels[use, key] = _fused_function(kernel, type(self).__name__)
+        return self._kernels[use, key]
 
+
+COMPILE_OPTIONS = {"dynamic": True}     # torch.compile's, for every compiled kernel
+
+
+def _own_code(fn, name):
+    """fn with a code object of its own (named `name`): dynamo keeps its graphs per code object."""
+    code = fn.__code__.replace(co_name=name)
+    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
+def _fallback_warned(compiled, eager, objective: str):
+    """compiled(...), or eager(...) with one warning naming the objective once dynamo would fall
+    back silently (its recompile limit reached: more shapes than a cache holds)."""
+    state = {"fn": compiled}
+
+    def run(*args):
+        if state["fn"] is compiled:
+            # set and restored around the call (config.patch costs ~140 µs a call, this ~9)
+            config, before = torch._dynamo.config, torch._dynamo.config.fail_on_recompile_limit_hit
+            config.fail_on_recompile_limit_hit = True
+            try:
+                return compiled(*args)
+            except torch._dynamo.exc.FailOnRecompileLimitHit:
+                warnings.warn(f"objective '{objective}': torch.compile reached its recompile limit "
+                              f"({torch._dynamo.config.recompile_limit} graphs for this call signature); its "
+                              "fused kernel runs uncompiled from now on", RuntimeWarning, stacklevel=4)
+                state["fn"] = eager
+            finally:
+                config.fail_on_recompile_limit_hit = before
+        return state["fn"](*args)
+    return run

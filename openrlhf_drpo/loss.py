@@ -62,6 +62,7 @@ class ObjectiveLoss(CompiledLoss):
     """
 
     rollout_hint = " (drpo-train keeps vLLM's log-probs for it)"
+    argument_names = {"mask": "action_mask"}
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):

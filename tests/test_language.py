@@ -120,6 +120,27 @@ ERRORS = [
     ('constant_not_finite', 'r*A + log(0)',
      "obj.dsl:1:7: error: 'log(0)' is not a finite number\n    r*A + log(0)\n          ^\n"
      "hint: a sub-expression of parameters and numbers only must be a finite number"),
+    ('negative_parameter_to_a_fractional_power', 'd = -2\nr*A*d^0.5',
+     "obj.dsl:2:5: error: 'd^0.5' is not a real number at d = -2: a negative base to a fractional power\n"
+     "    r*A*d^0.5\n        ^\nhint: a sub-expression of parameters and numbers only must be a finite real number"),
+    ('negative_number_to_a_fractional_power', 'r*A*(-2)^0.5',
+     "obj.dsl:1:5: error: '(-2)^0.5' is not a real number: a negative base to a fractional power\n"
+     "    r*A*(-2)^0.5\n        ^\nhint: a sub-expression of parameters and numbers only must be a finite real number"),
+    ('negated_parameter_to_a_parameter_power', 'e = 0.5\nr*A*(-e)^e',
+     "obj.dsl:2:5: error: '(-e)^e' is not a real number at e = 0.5: a negative base to a fractional power\n"
+     "    r*A*(-e)^e\n        ^\nhint: a sub-expression of parameters and numbers only must be a finite real number"),
+    ('log_of_a_negative_constant', 'r*A + log(-1)',
+     "obj.dsl:1:7: error: 'log(-1)' is not a real number: log of a negative number\n"
+     "    r*A + log(-1)\n          ^\nhint: a sub-expression of parameters and numbers only must be a finite real number"),
+    ('sqrt_of_a_negative_parameter', 'd = -2\nr*A*sqrt(d)',
+     "obj.dsl:2:5: error: 'sqrt(d)' is not a real number at d = -2: sqrt of a negative number\n"
+     "    r*A*sqrt(d)\n        ^\nhint: a sub-expression of parameters and numbers only must be a finite real number"),
+    ('non_real_constant_inside_a_condition', 'r*A*[(-2)^0.5 > 0] + r',
+     "obj.dsl:1:6: error: '(-2)^0.5' is not a real number: a negative base to a fractional power\n"
+     "    r*A*[(-2)^0.5 > 0] + r\n         ^\nhint: a sub-expression of parameters and numbers only must be a finite real number"),
+    ('innermost_constant_is_named', 'd = 0\nr*A + exp(log(d))',
+     "obj.dsl:2:11: error: 'log(d)' is not a finite number at d = 0\n"
+     "    r*A + exp(log(d))\n              ^\nhint: a sub-expression of parameters and numbers only must be a finite number"),
     ('division_by_zero_parameter', 'δ = 0\nr*A - |A|/(2δ)*(r-1)^2',
      "obj.dsl:2:12: error: division by zero: '2 * δ' is 0 at δ = 0\n    r*A - |A|/(2δ)*(r-1)^2\n"
      "               ^\nhint: a sub-expression of parameters and numbers only must be a finite number"),
@@ -219,6 +240,25 @@ def test_bad_input_gets_its_exact_located_message(name, source, expected):
     assert e.value.render() == expected
     assert (e.value.path, e.value.line, e.value.col) == ("obj.dsl",) + tuple(
         int(x) for x in expected.split(":")[1:3])
+
+
+@pytest.mark.parametrize("entry", ["drpo-analyze", "CompiledLoss", "drpo-train"])
+def test_a_constant_that_is_not_real_is_a_located_error_at_every_entry_point(tmp_path, entry):
+    bad = tmp_path / "bad.dsl"
+    bad.write_text("d = 0.5\nr*A*d^0.5\n")
+    # the parameter overridden to a negative value: the check runs after overrides too
+    script = {"drpo-analyze": ["-m", "openrlhf_drpo.cli", str(bad), "--set", "d=-2"],
+              "drpo-train": ["-m", "openrlhf_drpo.train", "--drpo.objective", str(bad), "--drpo.set", "d=-2",
+                             "--actor.model_name_or_path", "x"],
+              "CompiledLoss": ["-c", "import sys\nfrom dsl import DslError\nfrom openrlhf_drpo.core import CompiledLoss\n"
+                               f"try:\n    CompiledLoss({str(bad)!r}, d=-2)\nexcept DslError as e:\n"
+                               "    print(e, file=sys.stderr)\n    sys.exit(1)"]}[entry]
+    proc = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
+    where = "--set" if entry != "CompiledLoss" else "CompiledLoss"
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"{bad}:2:5: error: 'd^0.5' is not a real number at d = -2: a negative base "
+                                  "to a fractional power\n    r*A*d^0.5\n        ^\n"), (where, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
 
 
 def test_non_utf8_bytes_are_a_located_error():
