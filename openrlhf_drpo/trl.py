@@ -10,10 +10,13 @@ TRL's old log-probs; π_rollout its sampling log-probs (kept where vLLM generate
 reads π_rollout writes its own train/rollout correction, so TRL's must be off). The objective is
 parsed, compiled and checked against the config at construction, before any model loads. This
 follows TRL's documented way to change the objective: a subclass overriding the loss computation
-(GRPOTrainer._compute_loss)."""
+(GRPOTrainer._compute_loss), a private method: so the trainer checks, first, that TRL is the
+release it re-implements."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 from trl import GRPOTrainer
@@ -28,6 +31,21 @@ from openrlhf_drpo.core import CompiledLoss
 NORMALIZATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
 FORMULAS = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "grpo"),
             "vespo": ("vespo", "dapo")}
+# the objective's metrics that are a maximum (over ranks too); the others are means or fractions
+MAXIMA = ("drpo_ratio_max",)
+
+TRL_VERSION = "1.16.0"
+_MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+               "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+# the private GRPOTrainer methods _compute_loss below overrides or calls, with TRL 1.16.0's parameters
+_TRL_METHODS = {
+    "_compute_loss": ["self", "model", "inputs"],
+    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
+                                           "batch_size", "compute_entropy", "compute_aux_loss", *_MULTIMODAL],
+    "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
+    "get_off_policy_mask": ["advantages", "per_token_logps", "sampling_per_token_logps", "mask",
+                            "off_policy_threshold"],
+}
 
 
 class TrlObjectiveLoss(CompiledLoss):
@@ -43,7 +61,8 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, objective: str | Objective = "drpo", objective_params: Mapping | None = None,
                  **kwargs):
-        # first: a bad objective stops with its located error before any model loads
+        # first: another TRL, or a bad objective, stops with its error before any model loads
+        _check_trl()
         if "aggregate" in (objective_params or {}):
             raise ValueError("ObjectiveGRPOTrainer: the aggregation is GRPOConfig.loss_type's normalization, "
                              "not an objective parameter")
@@ -117,8 +136,14 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         if self.beta != 0.0:
             self._metrics[mode]["kl"].append(global_masked_mean(per_token_kl))
         self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
-        for key, value in self.objective_loss.metrics.items():
-            self._metrics[mode][key].append(self.accelerator.gather(value.reshape(1)).mean().item())
+        # the objective's metrics in one gather, reduced over ranks as TRL reduces its own: a
+        # maximum by max (as clip_ratio/high_max), a mean or fraction by the mean of the ranks'
+        # (as policy_loss: nanmean)
+        names = list(self.objective_loss.metrics)
+        gathered = self.accelerator.gather(torch.stack([v.float() for v in self.objective_loss.metrics.values()])[None])
+        maxima = torch.tensor([n in MAXIMA for n in names], device=gathered.device)
+        for name, value in zip(names, torch.where(maxima, gathered.amax(0), gathered.nanmean(0)).tolist()):
+            self._metrics[mode][name].append(value)
         return loss
 
     def _normalization(self, mask, inputs, mode):
@@ -138,8 +163,24 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         return ones, normalizer
 
 
-_MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-               "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+def _check_trl():
+    """The installed TRL is the release whose private _compute_loss this module re-implements,
+    and the private methods it calls take the parameters it passes. The pin is the check: a
+    fingerprint of TRL's _compute_loss source would add only a patched 1.16.0, which
+    tests/test_trl.py holds to TRL's own loss step by step anyway."""
+    try:
+        installed = version("trl")
+    except PackageNotFoundError:
+        installed = "(of unknown version: no package metadata)"
+    if installed != TRL_VERSION:
+        raise RuntimeError(f"ObjectiveGRPOTrainer: trl {installed} is installed; it is built against "
+                           f"trl=={TRL_VERSION}, whose private GRPOTrainer._compute_loss it re-implements (TRL "
+                           f"changes a private method between releases without notice): pip install trl=={TRL_VERSION}")
+    for name, expected in _TRL_METHODS.items():
+        params = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+        if params != expected:
+            raise RuntimeError(f"ObjectiveGRPOTrainer: trl's GRPOTrainer.{name} takes {params}, expected "
+                               f"{expected} (trl {TRL_VERSION}'s)")
 
 
 def _check_config(config, objective_loss):

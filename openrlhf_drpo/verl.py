@@ -5,14 +5,19 @@ policy-loss registry as `dsl:<name>`, so that
         actor_rollout_ref.actor.policy_loss.loss_mode=dsl:drpo ...
 
 trains with objectives/drpo.dsl. A user's own file, or a shipped one at other parameters, is
-named in verl's config itself, `loss_mode="dsl:my.dsl?delta=0.3"` (registered on first lookup),
-or registered with `register("my.dsl", name="mine", delta=0.3)` from a module that verl imports
-the same way (VERL_USE_EXTERNAL_MODULES=my_module). Each call follows verl's policy-loss signature:
-verl's loss_agg_mode with its global batch info (config.global_batch_info) and its rollout IS
-weights, and the metrics come back in verl's metrics dict."""
+named in verl's config itself, `loss_mode="dsl:my.dsl?delta=0.3"` (registered when verl's
+get_policy_loss_fn looks it up), or registered with `register("my.dsl", name="mine", delta=0.3)`
+from a module that verl imports the same way (VERL_USE_EXTERNAL_MODULES=my_module). Each call
+follows verl's policy-loss signature: verl's loss_agg_mode with its global batch info
+(config.global_batch_info) and its rollout IS weights, and the metrics come back in verl's
+metrics dict. Importing it checks verl is the release it follows, extends verl's registry (the
+same dict) and changes no environment variable or import hook."""
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
+from importlib.metadata import PackageNotFoundError, version
 
 import dsl
 from dsl.parser import Objective
@@ -21,6 +26,13 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_loss
 
 PREFIX = "dsl:"
+VERL_VERSION = "0.9.1"
+# verl 0.9.1's policy-loss call (its actor passes these keywords; its own losses take them) and
+# the global batch info its agg_loss reads from config.global_batch_info, which ours follow
+_POLICY_LOSS_PARAMS = ["old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config",
+                       "rollout_is_weights"]
+_AGG_LOSS_PARAMS = ["loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_num_tokens", "global_batch_size",
+                    "loss_scale_factor"]
 
 
 class VerlObjectiveLoss(CompiledLoss):
@@ -83,34 +95,50 @@ def register(objective: str | Objective, name: str | None = None, **params) -> s
     return mode
 
 
-class _Registry(dict):
-    """verl's policy-loss registry, which also resolves a loss_mode that carries its objective
-    and parameters, `dsl:<name or path>?delta=0.2&eps_high=0.28`, when verl first looks it up:
+def _check_verl():
+    """verl is the release this adapter follows (its policy-loss call, its aggregation's global
+    batch info, how get_policy_loss_fn looks a loss up), and the first two are as policy_loss
+    takes them; anything else fails here, clearly, before anything is registered."""
+    try:
+        installed = version("verl")
+    except PackageNotFoundError:
+        installed = "(of unknown version: no package metadata)"
+    if installed != VERL_VERSION:
+        raise RuntimeError(f"openrlhf_drpo.verl: verl {installed} is installed; the adapter is built against "
+                           f"verl=={VERL_VERSION} (its policy-loss call, global batch info and loss lookup change "
+                           f"between releases): pip install verl=={VERL_VERSION}")
+    for what, fn, expected in [("policy loss (vanilla)", core_algos.POLICY_LOSS_REGISTRY.get("vanilla"),
+                                _POLICY_LOSS_PARAMS), ("agg_loss", core_algos.agg_loss, _AGG_LOSS_PARAMS)]:
+        params = None if fn is None else list(inspect.signature(fn).parameters)
+        if params != expected:
+            raise RuntimeError(f"openrlhf_drpo.verl: verl's {what} takes {params}, expected {expected} "
+                               f"(verl {VERL_VERSION}'s, which policy_loss follows)")
+
+
+def get_policy_loss_fn(name):
+    """verl's get_policy_loss_fn, which first registers the loss_mode asked for, and only it,
+    where it carries its objective and parameters, `dsl:<name or path>?delta=0.2&eps_high=0.28`:
     verl's PolicyLossConfig takes no keys of ours, so its config sets them through loss_mode."""
-
-    def __contains__(self, mode):
-        return super().__contains__(mode) or self._resolve(mode)
-
-    def __missing__(self, mode):
-        if not self._resolve(mode):
-            raise KeyError(mode)
-        return self[mode]
-
-    def _resolve(self, mode) -> bool:
-        if not (isinstance(mode, str) and mode.startswith(PREFIX)):
-            return False
-        objective, _, query = mode[len(PREFIX):].partition("?")
+    if isinstance(name, str) and name.startswith(PREFIX) and name not in core_algos.POLICY_LOSS_REGISTRY:
+        objective, _, query = name[len(PREFIX):].partition("?")
         pairs = [kv.partition("=") for kv in query.split("&") if kv]
         if not objective or any(not k or not sep for k, sep, _ in pairs):
-            raise ValueError(f"loss_mode {mode!r}: write dsl:<name or path>?<param>=<value>&<param>=<value>")
+            raise ValueError(f"loss_mode {name!r}: write dsl:<name or path>?<param>=<value>&<param>=<value>")
         try:
-            register(objective, name=mode[len(PREFIX):], **{k: v for k, _, v in pairs})
+            register(objective, name=name[len(PREFIX):], **{k: v for k, _, v in pairs})
         except dsl.DslError as e:        # say which loss_mode, then the located error
-            raise ValueError(f"loss_mode {mode!r}:\n{e.render()}") from None
-        return True
+            raise ValueError(f"loss_mode {name!r}:\n{e.render()}") from None
+    return _verl_get_policy_loss_fn(name)
 
 
-# rebound, not wrapped: verl's get_policy_loss_fn and register_policy_loss read the module global
-core_algos.POLICY_LOSS_REGISTRY = _Registry(core_algos.POLICY_LOSS_REGISTRY)
+_check_verl()
+# verl's callers import get_policy_loss_fn by name (verl.workers.utils.losses, verl.trainer.
+# distillation.losses): one imported after this takes ours from core_algos, one imported before
+# is pointed at it. verl's registry stays verl's own dict, only extended.
+_verl_get_policy_loss_fn = core_algos.get_policy_loss_fn
+for _module in [core_algos, *(m for n, m in list(sys.modules.items()) if n.startswith("verl."))]:
+    if getattr(_module, "get_policy_loss_fn", None) is _verl_get_policy_loss_fn:
+        _module.get_policy_loss_fn = get_policy_loss_fn
 SHIPPED = [register(n) for n in dsl.shipped_names() if not dsl.load(n).reads_rollout()]
-__all__ = ["METRIC_KEYS", "PREFIX", "SHIPPED", "VerlObjectiveLoss", "policy_loss", "register"]
+__all__ = ["METRIC_KEYS", "PREFIX", "SHIPPED", "VERL_VERSION", "VerlObjectiveLoss", "get_policy_loss_fn",
+           "policy_loss", "register"]

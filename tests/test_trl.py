@@ -2,7 +2,15 @@
 TRL's clipped surrogate logs, step by step, the loss and reward TRL's own loss logs, under each
 normalization loss_type names; num_iterations = 2 so that π ≠ μ and the clip acts. Real runs on
 CPU with a tiny Llama and tokenizer built here."""
+import inspect
+import json
 import math
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +20,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from dsl import DslError
 from openrlhf_drpo.toytask import SPECIAL, WORDS, tiny_llama
-from openrlhf_drpo.trl import ObjectiveGRPOTrainer, TrlObjectiveLoss
+from openrlhf_drpo.trl import TRL_VERSION, ObjectiveGRPOTrainer, TrlObjectiveLoss
 
 METRICS = ["drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging", "drpo_abs_pi_minus_mu",
            "drpo_ratio_max"]
@@ -194,3 +202,94 @@ def test_a_bad_objective_stops_with_its_located_error_before_the_model_loads(tmp
     with pytest.raises(DslError) as e:     # not the missing model's error: the objective comes first
         ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, objective=str(bad))
     assert e.value.render().startswith(f"{bad}:2:7: error: unknown name 'x'")
+
+
+@pytest.mark.parametrize("installed", ["1.17.0", "1.16.0.dev0"])
+def test_another_trl_release_is_refused_before_the_model_loads_naming_both_versions(tmp_path, monkeypatch, installed):
+    # a distribution's metadata first on sys.path is what importlib.metadata reports installed
+    metadata = tmp_path / f"trl-{installed}.dist-info" / "METADATA"
+    metadata.parent.mkdir()
+    metadata.write_text(f"Metadata-Version: 2.1\nName: trl\nVersion: {installed}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RuntimeError, match=rf"trl {installed} is installed; it is built against trl==1\.16\.0, whose "
+                                           r"private GRPOTrainer\._compute_loss it re-implements"):
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, objective="drpo")
+
+
+@pytest.mark.parametrize("name", ["_compute_loss", "_get_per_token_logps_and_entropies", "get_high_entropy_mask",
+                                  "get_off_policy_mask"])
+def test_a_private_trl_method_whose_parameters_changed_is_refused_before_the_model_loads(tmp_path, monkeypatch, name):
+    """A TRL whose private method lost a parameter (as a release might, under the same
+    version only by a local patch: the version check comes first)."""
+    signature = inspect.signature(getattr(GRPOTrainer, name))
+    expected = list(signature.parameters)
+
+    def changed(*args):
+        pass
+    changed.__signature__ = signature.replace(parameters=list(signature.parameters.values())[:-1])
+    monkeypatch.setattr(GRPOTrainer, name, changed)
+    with pytest.raises(RuntimeError, match=re.escape(f"trl's GRPOTrainer.{name} takes {expected[:-1]}, expected "
+                                                     f"{expected} (trl {TRL_VERSION}'s)")):
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, objective="drpo")
+
+
+# one rank of a two-process gloo group (accelerate reads RANK, WORLD_SIZE and MASTER_*): the
+# adapter's _compute_loss on this rank's batch, whose μ lies near π (log π ≈ -3 over the tiny
+# model's 20-odd tokens) shifted by rank, so the ranks' ratio maxima and means differ; it prints its own metrics, what the trainer logged, and how many
+# collectives the call made (gloo numbers each collective of the group)
+RANK = """
+import json, sys, torch
+from datasets import Dataset
+from transformers import AutoTokenizer
+from trl import GRPOConfig
+from openrlhf_drpo.toytask import SPECIAL, WORDS, tiny_llama
+from openrlhf_drpo.trl import ObjectiveGRPOTrainer
+
+directory, rank = sys.argv[1], int(sys.argv[2])
+model, _, model_dir = tiny_llama(directory, SPECIAL + WORDS, seed=0, hidden=32)
+model.save_pretrained(model_dir)
+args = GRPOConfig(output_dir=directory + "/out", use_cpu=True, report_to="none", loss_type="bnpo",
+                  per_device_train_batch_size=4, num_generations=4, max_completion_length=5)
+trainer = ObjectiveGRPOTrainer(model=model_dir, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                               args=args, objective="drpo", objective_params={"delta": 0.02},
+                               train_dataset=Dataset.from_list([{"prompt": "w1 w2"}] * 8),
+                               processing_class=AutoTokenizer.from_pretrained(model_dir))
+trainer.model.train()
+trainer.current_gradient_accumulation_steps = 1
+g = torch.Generator().manual_seed(rank)
+ids = torch.randint(len(SPECIAL), len(SPECIAL) + len(WORDS), (4, 8), generator=g)
+inputs = dict(prompt_ids=ids[:, :3], prompt_mask=torch.ones(4, 3, dtype=torch.long), completion_ids=ids[:, 3:],
+              completion_mask=torch.ones(4, 5, dtype=torch.long), advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+              old_per_token_logps=-3 - 0.4 * torch.rand(4, 5, generator=g) + 0.3 * rank)
+group = torch.distributed.distributed_c10d._get_default_group()
+before = group._get_sequence_number_for_group()
+trainer._compute_loss(trainer.model, inputs)
+collectives = group._get_sequence_number_for_group() - before
+print(json.dumps(dict(world=trainer.accelerator.num_processes, collectives=collectives,
+                      own={k: v.item() for k, v in trainer.objective_loss.metrics.items()},
+                      logged={k: v[-1] for k, v in trainer._metrics["train"].items()})))
+"""
+
+
+def test_metrics_are_reduced_over_ranks_as_trl_reduces_its_own_in_one_collective(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=root, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path / f"rank{r}"), str(r)],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    ranks = [json.loads(out.splitlines()[-1]) for out, _ in outs]
+    own = [r["own"] for r in ranks]
+    # not vacuous: the ranks' maxima differ, and so do their means (a fraction among them)
+    assert own[0]["drpo_ratio_max"] != own[1]["drpo_ratio_max"]
+    assert own[0]["drpo_past_boundary_diverging"] != own[1]["drpo_past_boundary_diverging"]
+    for r in ranks:
+        assert r["world"] == 2
+        for key in METRICS:     # TRL: clip_ratio/high_max is the max over ranks; policy_loss their nanmean
+            expected = max(o[key] for o in own) if key == "drpo_ratio_max" else (own[0][key] + own[1][key]) / 2
+            assert math.isclose(r["logged"][key], expected, rel_tol=1e-6), (key, r["logged"], own)
+        assert r["collectives"] == 2, r      # TRL's own entropy mean (an all-reduce) and our metrics (a gather)
