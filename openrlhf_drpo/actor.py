@@ -64,7 +64,7 @@ def install_objective(trainer, spec, step_log=None):
             status = original_step(experience, kl_ctl, micro_index, *args, **kwargs)
         finally:
             loss_fn.sink = None
-        state["ratio_max"].append(float(loss_fn.metrics["drpo_ratio_max"]))
+        state["ratio_max"].append(float(loss_fn.metrics.ratio_max))
         if step_log:
             keep = experience.action_mask.bool()
             _merge(state["row"], loss_fn.extremes, bool((experience.advantages[keep] == 0).all()))

@@ -1,15 +1,15 @@
 """The host-neutral loss core: a compiled objective as a torch loss, knowing no training framework.
 
-    core = CompiledLoss("drpo", delta=0.2)     # shipped name, path or dsl.Objective
-    loss, stats = core(log_probs, old_log_probs, advantages, mask, rollout_log_probs=None,
-                       aggregate=None, norm=None)
+    loss_fn = CompiledLoss("drpo", delta=0.2)     # shipped name, path or dsl.Objective
+    loss, metrics = loss_fn(log_probs, old_log_probs, advantages, mask)
+    loss.backward(); metrics.floats()             # {"drpo_w_mean": ..., ...}: one host sync
 
 Inputs are per-token [B, T]: log π (with grad), μ's log-probs (π_old; π_rollout comes separately and
-is the anchor where the objective says `@anchor = rollout`), advantages and a mask. `aggregate` is one
-of dsl.parser.OPTIONS["aggregate"] (the objective's own by default); `norm` replaces the local count
-(tokens or non-empty responses) by a global one. The result is the loss (its gradient by autograd) and
-`stats`; `self.metrics` names them. Each host adapter (openrlhf_drpo.loss, .trl, .verl) maps its
-framework's names onto these; this module imports torch, numpy, sympy and lark only."""
+is the anchor where the objective says `@anchor = rollout`), advantages and a mask. How per-token terms
+become the loss is one `Aggregation` (mode, global normalizer, per-token weights) that a host builds
+and both paths (fused and plain) consume. The metrics come back as a `LossMetrics` record: named 0-d
+views of one stacked tensor. Each host adapter (openrlhf_drpo.loss, .trl, .verl) maps its framework's
+names onto these; this module imports torch, numpy, sympy and lark only."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +17,9 @@ import math
 import re
 import types
 import warnings
+from dataclasses import dataclass
 from fractions import Fraction
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -26,8 +28,67 @@ import dsl
 from dsl.codegen import compile_objective
 from dsl.parser import OPTIONS, Objective
 
-METRIC_KEYS = ("drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging",
-               "drpo_abs_pi_minus_mu", "drpo_ratio_max")
+@dataclass(frozen=True)
+class Metric:
+    name: str            # the LossMetrics attribute
+    key: str | None      # the name hosts log it under (None: read by the host adapter only)
+    reduce: str          # how data-parallel ranks combine it: "mean", "max" or "sum"
+
+
+# what the kernels compute, in order (_stats); drpo_filtered follows where the objective filters
+METRICS = (Metric("w_mean", "drpo_w_mean", "mean"),
+           Metric("past_boundary_diverging", "drpo_past_boundary_diverging", "mean"),
+           Metric("past_boundary_converging", "drpo_past_boundary_converging", "mean"),
+           Metric("abs_pi_minus_mu", "drpo_abs_pi_minus_mu", "mean"),
+           Metric("ratio_max", "drpo_ratio_max", "max"),
+           Metric("neg_log_ratio_mean", None, "mean"),     # OpenRLHF's ppo_kl: the masked mean of −log r
+           Metric("tokens", None, "sum"))
+FILTERED = Metric("filtered", "drpo_filtered", "mean")
+METRIC_KEYS = tuple(m.key for m in METRICS if m.key)
+
+
+class LossMetrics:
+    """A call's metrics: named 0-d views (metrics.w_mean, ...) of one stacked tensor, so that
+    reading them all is one host sync (floats()); each field declares its logged name and how
+    ranks combine it (METRICS). They stay tensors until a host reads them."""
+
+    def __init__(self, values: torch.Tensor, fields: tuple = METRICS):
+        self.values, self.fields = values, fields
+
+    def __getattr__(self, name):
+        for i, m in enumerate(self.__dict__.get("fields", ())):
+            if m.name == name:
+                return self.values[i]
+        raise AttributeError(f"LossMetrics has no metric {name!r}; it has {[m.name for m in self.fields]}")
+
+    def logged(self) -> dict:
+        """The logged metrics as {key: 0-d tensor}."""
+        return {m.key: self.values[i] for i, m in enumerate(self.fields) if m.key}
+
+    def floats(self) -> dict:
+        """The logged metrics as {key: float}: one host sync."""
+        return {m.key: x for m, x in zip(self.fields, self.values.tolist()) if m.key}
+
+    def __repr__(self):
+        return f"LossMetrics({', '.join(f'{m.name}={v:.6g}' for m, v in zip(self.fields, self.values.tolist()))})"
+
+
+class LossOutput(NamedTuple):
+    loss: torch.Tensor
+    metrics: LossMetrics
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How per-token terms become the loss, one value that each host builds and the fused and the
+    plain path both consume: loss = −Σ_t c_t·w_t·ℓ_t / N. `mode` (one of the language's
+    @aggregate values; None: the objective's own) sets c_t and the local count N (unmasked tokens,
+    or non-empty responses); `norm` replaces N by a global normalizer (the batch's tokens or
+    responses over the data-parallel ranks); `weights` (detached, per token) are host factors
+    in the sum, not the count (verl's rollout IS weights, TRL's per-response normalization)."""
+    mode: str | None = None
+    norm: float | torch.Tensor | None = None
+    weights: torch.Tensor | None = None
 
 
 def _aggregation_coef(m, mode):
@@ -215,7 +276,7 @@ def check_inputs(who: str, names: dict, tensors: dict) -> None:
         fail(f"{name('mask')} is {mask.dtype}: pass a bool or 0/1 mask")
     bad = (mask != 0) & (mask != 1)
     msg = (f"{name('mask')} holds values other than 0 and 1{{}}: it selects tokens (1 = a response token, "
-           f"0 = padding); pass per-token weights as weights= where the loss takes them, or ({name('mask')} != 0) "
+           f"0 = padding); pass per-token weights as Aggregation(weights=...), or ({name('mask')} != 0) "
            "to keep every token whose entry is not 0")
     if mask.is_cuda:
         torch._assert_async(~bad.any(), msg.format(""))
@@ -267,8 +328,7 @@ class CompiledLoss(nn.Module):
     """An objective compiled to a loss (see the module docstring). `fused=False` runs the plain
     autograd path (the reference for the fused one); `compile` chooses torch.compile for the
     fused kernel ("auto": on CUDA inputs). Keyword overrides name parameters (ASCII or Unicode)
-    or the options `anchor` and `aggregate`. After each call `self.metrics` holds 0-d tensors
-    named in METRIC_KEYS (and drpo_filtered where the objective filters)."""
+    or the options `anchor` and `aggregate`. `self.metrics` is the last call's LossMetrics."""
 
     rollout_hint = ""      # how the host keeps rollout log-probs, for the error when it did not
     argument_names: dict = {}      # the host's names for forward's arguments, for its error messages
@@ -299,19 +359,21 @@ class CompiledLoss(nn.Module):
         self.names = self.objective.names()
         self.uses_rollout = self.objective.reads_rollout()
         self.aggregate = self.objective.options["aggregate"]
-        self.metrics: dict[str, torch.Tensor] = {}
+        self.metrics: LossMetrics | None = None     # the last call's
         self.track_extremes = False        # drpo-lab: fill self.extremes on every call
         self.extremes: dict[str, float] = {}
 
     def extra_repr(self) -> str:
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
 
-    def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, aggregate=None,
-                norm=None, weights=None, aggregate_fn=None):
-        """(loss, stats): stats are METRIC_KEYS' values, then the masked mean of −log(π/μ) and the
-        token count. `weights` (detached, per token) multiply each token's term in the aggregate
-        (not the count). aggregate_fn(per_token_loss, mask), where given, aggregates the plain path
-        (a host's own aggregation; the fused kernel scales each token the same way)."""
+    def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
+                aggregation: Aggregation | None = None) -> LossOutput:
+        """(loss, metrics): the loss (its gradient by autograd) and its LossMetrics, aggregated as
+        `aggregation` says (the objective's own @aggregate over the local count by default)."""
+        agg = aggregation or Aggregation()
+        if not isinstance(agg, Aggregation):
+            raise TypeError(f"{type(self).__name__}: aggregation must be an Aggregation, got {type(agg).__name__}")
+        weights = agg.weights
         check_inputs(type(self).__name__, self.argument_names,
                      {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages, "mask": mask,
                       "rollout_log_probs": rollout_log_probs, "weights": weights})
@@ -319,7 +381,7 @@ class CompiledLoss(nn.Module):
             why = "@anchor = rollout" if self.anchor == "rollout" else "π_rollout"
             raise ValueError(f"objective '{self.objective.name}' uses {why}, but no rollout "
                              f"log-probs were given{self.rollout_hint}")
-        mode = aggregate or self.aggregate
+        mode = agg.mode or self.aggregate
         if mode not in OPTIONS["aggregate"]:
             raise ValueError(f"{type(self).__name__}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
         anchor = rollout_log_probs if self.anchor == "rollout" else old_log_probs
@@ -330,6 +392,7 @@ class CompiledLoss(nn.Module):
             mask = torch.ones_like(log_probs, dtype=torch.bool)
         # the global normalizer, as a tensor so a compiled kernel does not specialize on it
         # (in the kernel's precision: a bf16 count of 1234 would read 1232)
+        norm = agg.norm
         if norm is not None:
             norm = torch.as_tensor(norm, dtype=_compute_dtype(log_probs), device=log_probs.device)
         fused = self._fused(log_probs, mode, mask, norm, weights if self.fused else None)
@@ -341,24 +404,22 @@ class CompiledLoss(nn.Module):
             clean = lambda x: x if x is None else torch.where(keep, x, 0.0)   # noqa: E731  select, don't multiply
             per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages), clean(old), clean(rollout),
                                      keep)
+            coef, count = _aggregation_coef(keep.to(per_token.dtype), mode)
             if weights is not None:
-                per_token = per_token * clean(weights.detach())
-            if aggregate_fn is not None:
-                loss = aggregate_fn(per_token, mask)
-            else:
-                coef, count = _aggregation_coef(keep.to(per_token.dtype), mode)
-                loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if norm is None else norm)
+                coef = coef * clean(weights.detach())
+            loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if norm is None else norm)
             loss = torch.where(keep.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
             with torch.no_grad():
                 stats = fused.apply(log_probs.detach(), anchor, advantages, mask, norm, old, rollout)[1]
         with torch.no_grad():
-            self.metrics = dict(zip(METRIC_KEYS, stats.unbind()))
-            if self._value.filtered is not None:
-                self.metrics["drpo_filtered"] = self._filtered_fraction(log_probs, anchor, advantages, old, rollout,
-                                                                        mask != 0)
+            fields = METRICS
+            if self._value.filtered is not None:     # in the same tensor: still one host sync
+                filtered = self._filtered_fraction(log_probs, anchor, advantages, old, rollout, mask != 0)
+                stats, fields = torch.cat([stats, filtered.to(stats.dtype).reshape(1)]), METRICS + (FILTERED,)
+            self.metrics = LossMetrics(stats, fields)
             if self.track_extremes:
                 self.extremes = self._extremes(log_probs, anchor, advantages, mask != 0, old, rollout, mode)
-        return loss, stats
+        return LossOutput(loss, self.metrics)
 
     def _filtered_fraction(self, logp, anchor, A, old, rollout, keep):
         """The fraction the objective's filters drop (dsl.codegen.filters), at their own

@@ -10,8 +10,8 @@ import torch
 
 from dsl.parser import Objective
 # the kernels live in the core; named here too, where the tests and the benchmark reach them
-from openrlhf_drpo.core import (METRIC_KEYS, CompiledLoss, _aggregation_coef, _eager_kernel,  # noqa: F401
-                                _fused_function, _kernel)
+from openrlhf_drpo.core import (METRIC_KEYS, Aggregation, CompiledLoss, _aggregation_coef,  # noqa: F401
+                                _eager_kernel, _fused_function, _kernel)
 
 OPENRLHF_VERSION = "0.11.2"
 _FORWARD_PARAMS = ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
@@ -56,9 +56,9 @@ class ObjectiveLoss(CompiledLoss):
 
     Keyword overrides name parameters (ASCII or Unicode) or the options `anchor` and
     `aggregate`. `fused=False` runs the plain autograd path (the reference for the fused
-    one), aggregated by OpenRLHF's own aggregate_loss; `compile` chooses torch.compile for the
-    fused kernel ("auto": on CUDA inputs). After each call, `self.metrics` holds 0-d tensors
-    named in METRIC_KEYS.
+    one); both aggregate as OpenRLHF's aggregate_loss does (tests/test_loss.py holds them to it);
+    `compile` chooses torch.compile for the fused kernel ("auto": on CUDA inputs). After each
+    call, `self.metrics` is its LossMetrics.
     """
 
     rollout_hint = " (drpo-train keeps vLLM's log-probs for it)"
@@ -67,26 +67,24 @@ class ObjectiveLoss(CompiledLoss):
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):
         super().__init__(objective, fused=fused, compile=compile, **overrides)
-        self._L = openrlhf_loss_module()
+        openrlhf_loss_module()      # the pinned OpenRLHF, checked
         self.sink: dict | None = None      # drpo-train points this at experience.info
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
                 dp_size=1, batch_num_tokens=None, global_batch_size=None):
         if action_mask is None:
             action_mask = torch.ones_like(log_probs, dtype=torch.bool)
+        # OpenRLHF's aggregate_loss: the local count, or the global one over the ranks
         total = batch_num_tokens if self.aggregate == "token-mean" else global_batch_size
-        aggregate = functools.partial(self._aggregate, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
-                                      global_batch_size=global_batch_size)
-        loss, stats = super().forward(log_probs, old_log_probs, advantages, action_mask,
-                                      rollout_log_probs=rollout_log_probs,
-                                      norm=None if total is None else total / dp_size, aggregate_fn=aggregate)
+        loss, metrics = super().forward(log_probs, old_log_probs, advantages, action_mask,
+                                        rollout_log_probs=rollout_log_probs,
+                                        aggregation=Aggregation(norm=None if total is None else total / dp_size))
         with torch.no_grad():
-            neg_log_ratio_mean, count = stats[-2], stats[-1]
-            clip_ratio = self.metrics["drpo_past_boundary_diverging"]
+            clip_ratio = metrics.past_boundary_diverging
             # OpenRLHF's masked means, on selected values so NaN/inf in masked slots stay out
-            masked_mean = lambda x: torch.where(action_mask.bool(), x, 0.0).sum() / count.clamp(min=1)  # noqa: E731
+            masked_mean = lambda x: torch.where(action_mask.bool(), x, 0.0).sum() / metrics.tokens.clamp(min=1)  # noqa: E731
             if self.anchor == "old":
-                ppo_kl = neg_log_ratio_mean       # masked_mean(-(log π - old log π))
+                ppo_kl = metrics.neg_log_ratio_mean       # masked_mean(-(log π - old log π))
             else:
                 ppo_kl = masked_mean(old_log_probs - log_probs.detach())
             vllm_kl = is_filter_ratio = None
@@ -94,24 +92,9 @@ class ObjectiveLoss(CompiledLoss):
                 # as OpenRLHF reports it; the objective itself defines any off-policy correction
                 vllm_kl = masked_mean(rollout_log_probs - old_log_probs)
                 is_filter_ratio = torch.zeros((), device=log_probs.device)
-            if "drpo_filtered" in self.metrics:
-                is_filter_ratio = self.metrics["drpo_filtered"]
+            logged = metrics.logged()
+            if "drpo_filtered" in logged:
+                is_filter_ratio = logged["drpo_filtered"]
             if self.sink is not None:
-                self.sink.update(self.metrics)
+                self.sink.update(logged)
         return loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
-
-    def _aggregate(self, per_token, loss_mask, dp_size, batch_num_tokens, global_batch_size):
-        """The plain path calls OpenRLHF's aggregate_loss itself (the fused kernel applies the
-        same scaling per token, and the tests hold the two to each other). The token-sum modes
-        (verl's) scale the per-token values so that its per-sequence mean becomes a sum."""
-        L, mode = self._L, self.aggregate
-        # a bool mask's counts plus 1e-8 are float32 there (int64 + float): keep the loss's precision
-        loss_mask = loss_mask.to(per_token.dtype)
-        if mode == "token-mean":
-            return L.aggregate_loss(per_token, loss_mask, True, dp_size, batch_num_tokens, global_batch_size)
-        if mode != "seq-mean-token-mean":
-            scale = loss_mask.sum(dim=-1, keepdim=True).to(per_token.dtype)
-            if mode == "seq-mean-token-sum-norm":
-                scale = scale / loss_mask.shape[-1]   # Dr. GRPO: a constant length, not each sequence's
-            per_token = per_token * scale
-        return L.aggregate_loss(per_token, loss_mask, False, dp_size, batch_num_tokens, global_batch_size)

@@ -22,7 +22,7 @@ import torch
 from trl import GRPOTrainer
 
 from dsl.parser import Objective
-from openrlhf_drpo.core import CompiledLoss
+from openrlhf_drpo.core import Aggregation, CompiledLoss
 
 # TRL's loss types that are a normalization (ours then applies), and those that are a formula:
 # (the shipped objective that writes it, the loss_type whose normalization TRL applies to it).
@@ -31,8 +31,6 @@ from openrlhf_drpo.core import CompiledLoss
 NORMALIZATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
 FORMULAS = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "grpo"),
             "vespo": ("vespo", "dapo")}
-# the objective's metrics that are a maximum (over ranks too); the others are means or fractions
-MAXIMA = ("drpo_ratio_max",)
 
 TRL_VERSION = "1.16.0"
 _MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
@@ -106,9 +104,9 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         per_response, norm = self._normalization(mask, inputs, mode)
         weights = factor * per_response
-        loss, stats = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
-                                          rollout_log_probs=rollout, aggregate="token-mean", norm=norm,
-                                          weights=weights)
+        loss, metrics = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
+                                            rollout_log_probs=rollout,
+                                            aggregation=Aggregation("token-mean", norm=norm, weights=weights))
         if self.beta != 0.0:
             ref = inputs["ref_per_token_logps"]
             per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
@@ -138,12 +136,12 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
         # the objective's metrics in one gather, reduced over ranks as TRL reduces its own: a
         # maximum by max (as clip_ratio/high_max), a mean or fraction by the mean of the ranks'
-        # (as policy_loss: nanmean)
-        names = list(self.objective_loss.metrics)
-        gathered = self.accelerator.gather(torch.stack([v.float() for v in self.objective_loss.metrics.values()])[None])
-        maxima = torch.tensor([n in MAXIMA for n in names], device=gathered.device)
-        for name, value in zip(names, torch.where(maxima, gathered.amax(0), gathered.nanmean(0)).tolist()):
-            self._metrics[mode][name].append(value)
+        # (as policy_loss: nanmean); each metric declares which it is (core.METRICS)
+        logged = [(i, m) for i, m in enumerate(metrics.fields) if m.key]
+        gathered = self.accelerator.gather(metrics.values[[i for i, _ in logged]].float()[None])
+        maxima = torch.tensor([m.reduce == "max" for _, m in logged], device=gathered.device)
+        for (_, m), value in zip(logged, torch.where(maxima, gathered.amax(0), gathered.nanmean(0)).tolist()):
+            self._metrics[mode][m.key].append(value)
         return loss
 
     def _normalization(self, mask, inputs, mode):

@@ -21,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import dsl
 from dsl.parser import Objective
-from openrlhf_drpo.core import METRIC_KEYS, CompiledLoss, _compute_dtype
+from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss, _compute_dtype
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_loss
 
@@ -71,12 +71,12 @@ def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response
     if factor is not None:       # verl's x / length, in the loss's precision
         factor = 1 / factor.to(_compute_dtype(log_prob))
         weights = factor.expand_as(log_prob) if weights is None else weights * factor
-    loss, stats = core(log_prob, old_log_prob, advantages, response_mask, aggregate=mode, norm=norm, weights=weights)
-    values = stats.tolist()      # one host sync for all of them (drpo_filtered, where there, is another)
-    metrics = {f"actor/{k}": x for k, x in zip(METRIC_KEYS, values)}
-    metrics.update({f"actor/{k}": v.item() for k, v in core.metrics.items() if k not in METRIC_KEYS})
-    metrics["actor/ppo_kl"] = values[-2]
-    return loss, metrics
+    loss, metrics = core(log_prob, old_log_prob, advantages, response_mask,
+                         aggregation=Aggregation(mode, norm=norm, weights=weights))
+    values = metrics.values.tolist()      # one host sync for all of them
+    out = {f"actor/{m.key}": x for m, x in zip(metrics.fields, values) if m.key}
+    out["actor/ppo_kl"] = values[[m.name for m in metrics.fields].index("neg_log_ratio_mean")]
+    return loss, out
 
 
 def register(objective: str | Objective, name: str | None = None, **params) -> str:

@@ -7,7 +7,7 @@ import torch
 
 import dsl
 from openrlhf_drpo import core
-from openrlhf_drpo.core import CompiledLoss
+from openrlhf_drpo.core import Aggregation, CompiledLoss
 
 
 def _inputs(B=3, T=5, seed=0):
@@ -37,11 +37,11 @@ BAD_INPUTS = [
      "CompiledLoss: advantages is torch.int64: pass floating-point values (advantages.float())"),
     ("weighted_mask", dict(mask=torch.full((3, 5), 0.5)),
      "CompiledLoss: mask holds values other than 0 and 1 (0.5): it selects tokens (1 = a response token, "
-     "0 = padding); pass per-token weights as weights= where the loss takes them, or (mask != 0) to keep every "
+     "0 = padding); pass per-token weights as Aggregation(weights=...), or (mask != 0) to keep every "
      "token whose entry is not 0"),
     ("mask_of_twos", dict(mask=torch.full((3, 5), 2)),
      "CompiledLoss: mask holds values other than 0 and 1 (2): it selects tokens (1 = a response token, "
-     "0 = padding); pass per-token weights as weights= where the loss takes them, or (mask != 0) to keep every "
+     "0 = padding); pass per-token weights as Aggregation(weights=...), or (mask != 0) to keep every "
      "token whose entry is not 0"),
     ("advantages_as_a_list", dict(advantages=[1.0] * 5),
      "CompiledLoss: advantages must be a torch.Tensor of shape [3, 5], got list"),
@@ -56,8 +56,8 @@ BAD_INPUTS = [
 def test_a_bad_tensor_is_refused_with_its_name_shape_and_fix(case, change, message, fused):
     args = {**dict(log_probs=LP, old_log_probs=OLD, advantages=A, mask=None, weights=None), **change}
     with pytest.raises(ValueError) as e:
-        CompiledLoss("drpo", fused=fused)(args.pop("log_probs"), args.pop("old_log_probs"), args.pop("advantages"),
-                                          **args)
+        CompiledLoss("drpo", fused=fused)(args["log_probs"], args["old_log_probs"], args["advantages"], args["mask"],
+                                          aggregation=Aggregation(weights=args["weights"]))
     assert str(e.value) == message
 
 
@@ -143,18 +143,17 @@ def test_every_objective_in_one_process_runs_compiled_and_a_new_length_adds_no_g
             for B, T, kw in [(4, 8, {}), extras[i % 3], (4, 13, {}), (4, 21, {})]:
                 before, compiled = len(runs), len(graphs)
                 logp, old, adv = _inputs(B, T)
-                loss_fn(logp, old, adv, **kw)[0].backward()
+                loss_fn(logp, old, adv, aggregation=Aggregation(**kw))[0].backward()
                 assert len(runs) == before + 1, (name, B, T, kw)      # this call ran a compiled graph
                 if T != 8:      # a new sequence length: the dynamic graph takes it
                     assert len(graphs) == compiled, (name, T)
     assert len(graphs) == 2 * len(names)
 
 
-def test_a_kernel_past_dynamos_recompile_limit_warns_once_naming_the_objective_and_stays_exact(counting_backend,
-                                                                                              monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+def test_a_kernel_past_dynamos_recompile_limit_warns_once_naming_the_objective_and_stays_exact(counting_backend):
     loss_fn, eager = CompiledLoss("spo", compile=True), CompiledLoss("spo", compile=False)
-    with pytest.warns(RuntimeWarning, match="objective 'spo': torch.compile reached its recompile limit") as seen:
+    with torch._dynamo.config.patch(recompile_limit=1), \
+            pytest.warns(RuntimeWarning, match="objective 'spo': torch.compile reached its recompile limit") as seen:
         for B in (4, 1, 4, 1):        # a batch of 1 needs a second graph
             logp, old, adv = _inputs(B, 6)
             loss, _ = loss_fn(logp, old, adv)

@@ -347,5 +347,5 @@ def test_metrics_take_the_raw_ratio_where_the_objective_does(fused):
     new, old, rollout, A, mask = library_batch(0)
     loss_fn = ObjectiveLoss("pspo", fused=fused)
     loss_fn(new.clone().requires_grad_(), old, A, action_mask=mask, rollout_log_probs=rollout)
-    assert torch.isclose(loss_fn.metrics["drpo_w_mean"], torch.tensor(0.9, dtype=torch.float64), rtol=1e-12)
-    assert loss_fn.metrics["drpo_ratio_max"] == torch.exp(new - old)[mask].max()
+    assert torch.isclose(loss_fn.metrics.logged()["drpo_w_mean"], torch.tensor(0.9, dtype=torch.float64), rtol=1e-12)
+    assert loss_fn.metrics.logged()["drpo_ratio_max"] == torch.exp(new - old)[mask].max()

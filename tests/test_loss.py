@@ -235,7 +235,7 @@ def test_masked_slots_never_influence_the_loss_or_gradient_even_when_nan_or_inf(
         loss_fn = ObjectiveLoss(name, fused=fused)
         loss, clip_ratio, ppo_kl, *_ = loss_fn(lp, o, a, action_mask=mask)
         (grad,) = torch.autograd.grad(loss, lp)
-        results.append((loss.detach(), grad, clip_ratio, {k: v for k, v in loss_fn.metrics.items() if k != "drpo_ratio_max"}))
+        results.append((loss.detach(), grad, clip_ratio, {k: v for k, v in loss_fn.metrics.logged().items() if k != "drpo_ratio_max"}))
     (l0, g0, c0, m0), (l1, g1, c1, m1) = results
     assert torch.isfinite(l1) and torch.isfinite(g1).all()
     assert torch.equal(l0, l1) and torch.equal(g0, g1) and torch.equal(c0, c1)
@@ -260,14 +260,14 @@ def test_metrics_are_zero_dim_tensors_with_the_documented_names():
     new, old, A, mask = batch(1)
     loss_fn = ObjectiveLoss("drpo", delta=0.05)
     loss_fn(new, old, A, action_mask=mask)
-    assert set(loss_fn.metrics) == set(METRIC_KEYS)
-    assert all(v.dim() == 0 and torch.isfinite(v) for v in loss_fn.metrics.values())
+    assert set(loss_fn.metrics.logged()) == set(METRIC_KEYS)
+    assert all(v.dim() == 0 and torch.isfinite(v) for v in loss_fn.metrics.logged().values())
     m = mask.bool()
     r = torch.exp(new - old)
-    assert torch.isclose(loss_fn.metrics["drpo_ratio_max"], r[m].max())
-    assert torch.isclose(loss_fn.metrics["drpo_abs_pi_minus_mu"], (new.exp() - old.exp()).abs()[m].mean())
+    assert torch.isclose(loss_fn.metrics.logged()["drpo_ratio_max"], r[m].max())
+    assert torch.isclose(loss_fn.metrics.logged()["drpo_abs_pi_minus_mu"], (new.exp() - old.exp()).abs()[m].mean())
     past = ((A * (r - 1) > 0) & ((new.exp() - old.exp()).abs() > 0.05))[m].double().mean()
-    assert torch.isclose(loss_fn.metrics["drpo_past_boundary_diverging"], past)
+    assert torch.isclose(loss_fn.metrics.logged()["drpo_past_boundary_diverging"], past)
     # w = (∂ℓ/∂log π)/(r·A) from autograd on the hand-written objective, independently
     lp = new.clone().requires_grad_()
     rr = torch.exp(lp - old)
@@ -276,9 +276,9 @@ def test_metrics_are_zero_dim_tensors_with_the_documented_names():
     A[1, 1:3] = 0.0   # tokens without a weight: left out of w's mean, never counted as stopped
     loss_fn(new, old, A, action_mask=mask)
     has_w = m & (A != 0)
-    assert torch.isclose(loss_fn.metrics["drpo_w_mean"], w[has_w].mean())
+    assert torch.isclose(loss_fn.metrics.logged()["drpo_w_mean"], w[has_w].mean())
     conv = ((A * (r - 1) < 0) & (w <= 0))[m].double().mean()
-    assert torch.isclose(loss_fn.metrics["drpo_past_boundary_converging"], conv)
+    assert torch.isclose(loss_fn.metrics.logged()["drpo_past_boundary_converging"], conv)
 
 
 @pytest.mark.parametrize("kernel", ["eager", "selecting"])
@@ -331,7 +331,7 @@ def test_tokens_stopped_while_converging_are_counted():
     loss_fn(new, old, A, action_mask=mask)
     m, r = mask.bool(), torch.exp(new - old)
     conv = ((A < 0) & (r > 3))[m].double().mean()
-    assert conv > 0 and torch.isclose(loss_fn.metrics["drpo_past_boundary_converging"], conv)
+    assert conv > 0 and torch.isclose(loss_fn.metrics.logged()["drpo_past_boundary_converging"], conv)
 
 
 def _edge_batch(seed, clamped=True):
@@ -558,7 +558,7 @@ def test_a_batch_with_no_token_contributes_zero_loss_and_no_gradient(fused, aggr
     out = fn(lp, torch.randn(shape), torch.randn(shape), action_mask=torch.zeros(shape, dtype=torch.bool))
     out[0].backward()
     assert out[0].item() == 0 and torch.all(lp.grad == 0)
-    assert all(math.isfinite(v.item()) for v in fn.metrics.values()) and math.isfinite(out[2].item())
+    assert all(math.isfinite(v.item()) for v in fn.metrics.logged().values()) and math.isfinite(out[2].item())
 
 
 def test_half_precision_inputs_are_computed_in_fp32():

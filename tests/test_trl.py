@@ -266,7 +266,7 @@ before = group._get_sequence_number_for_group()
 trainer._compute_loss(trainer.model, inputs)
 collectives = group._get_sequence_number_for_group() - before
 print(json.dumps(dict(world=trainer.accelerator.num_processes, collectives=collectives,
-                      own={k: v.item() for k, v in trainer.objective_loss.metrics.items()},
+                      own={k: v.item() for k, v in trainer.objective_loss.metrics.logged().items()},
                       logged={k: v[-1] for k, v in trainer._metrics["train"].items()})))
 """
 
