@@ -39,15 +39,19 @@ def make_venv(path):
     return python, pathlib.Path(site)
 
 
-@pytest.fixture(scope="module")
-def venvs(tmp_path_factory):
-    """{pip: (python, site-packages)}: a venv as made, and one upgraded to the current pip."""
+def current_pip():
     if not CURRENT_PIP.exists():
         pytest.fail(f"{CURRENT_PIP.relative_to(ROOT)} is missing: bash scripts/setup.sh downloads it "
                     "(alone: python3 -m pip download --no-deps -d .whl pip==26.3)")
+    return CURRENT_PIP
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory):
+    """{pip: (python, site-packages)}: a venv as made, and one upgraded to the current pip."""
     out = {"bundled": make_venv(tmp_path_factory.mktemp("bundled") / "venv"),
            "26.3": make_venv(tmp_path_factory.mktemp("current") / "venv")}
-    proc = sh(out["26.3"][0], "-m", "pip", "install", "-q", "--no-index", CURRENT_PIP)
+    proc = sh(out["26.3"][0], "-m", "pip", "install", "-q", "--no-index", current_pip())
     assert proc.returncode == 0, proc.stderr
     assert sh(out["26.3"][0], "-m", "pip", "--version").stdout.startswith("pip 26.3 ")
     return out
@@ -109,9 +113,9 @@ def test_set_ups_check_reports_every_other_line_of_pip_check(pip, dist, line, ve
 
 
 @pytest.mark.parametrize("pip", ["own", "26.3"])
-def test_this_environment_passes_set_ups_check_under_its_own_pip_and_the_current_one(pip, venvs):
+def test_this_environment_passes_set_ups_check_under_its_own_pip_and_the_current_one(pip):
     # the current pip runs from its wheel on the path, against this (set-up) environment
-    proc = set_up_check(sys.executable, **({"PYTHONPATH": str(CURRENT_PIP)} if pip == "26.3" else {}))
+    proc = set_up_check(sys.executable, **({"PYTHONPATH": str(current_pip())} if pip == "26.3" else {}))
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
