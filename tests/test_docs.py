@@ -136,3 +136,9 @@ def test_every_link_between_pages_names_a_page_that_exists():
     for page in PAGES:
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             assert (page.parent / target).exists(), (page.name, target)
+
+
+def test_the_readme_is_at_most_250_lines():
+    # the front page is for a newcomer: reference tables and every detail belong on docs/ pages
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 250, f"README.md has {lines} lines: move reference material to a docs/ page"
