@@ -67,14 +67,6 @@ def install_flash_attn_shim() -> None:
 
 # ---------------------------------------------------------------- the driver
 
-def wanted(choice: str) -> bool:
-    """`--drpo.cpu_mode auto|on|off`: auto is on exactly when torch sees no CUDA device."""
-    if choice == "auto":
-        import torch
-        return not torch.cuda.is_available()
-    return choice == "on"
-
-
 def check_versions() -> None:
     from importlib.metadata import PackageNotFoundError, version
     for dist, pinned in PINNED.items():

@@ -2,9 +2,12 @@
 calls it exactly where it calls openrlhf.models.loss.PolicyLoss (same arguments, same 5-tuple)."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.util
 import inspect
 import os
+import sys
 
 import torch
 
@@ -16,6 +19,34 @@ from openrlhf_drpo.core import (METRIC_KEYS, Aggregation, CompiledLoss, _aggrega
 OPENRLHF_VERSION = "0.11.2"
 _FORWARD_PARAMS = ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
                    "dp_size", "batch_num_tokens", "global_batch_size"]
+
+
+@contextlib.contextmanager
+def _importing_openrlhf():
+    """What importing openrlhf.models needs outside drpo-train, for that import only: the
+    flash_attn shim (it imports flash_attn at module level) and, without CUDA, DS_ACCELERATOR=cpu
+    (DeepSpeed, which it imports, else prints on stdout that it fell back to the CPU). Afterwards
+    os.environ (also what DeepSpeed's import set in it), sys.meta_path and sys.modules are as they
+    were: building a loss changes nothing process-wide (the stubs OpenRLHF bound stay bound)."""
+    from openrlhf_drpo.cpu_mode import _FlashAttnShim
+    environ = dict(os.environ)
+    shim = None     # drpo-train's processes have theirs already; a real flash_attn needs none
+    if not any(isinstance(f, _FlashAttnShim) for f in sys.meta_path) and not importlib.util.find_spec("flash_attn"):
+        shim = _FlashAttnShim()
+        sys.meta_path.append(shim)
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    try:
+        yield
+    finally:
+        if shim is not None:
+            sys.meta_path.remove(shim)
+            for name, module in list(sys.modules.items()):
+                if getattr(module, "__spec__", None) is not None and module.__spec__.loader is shim:
+                    del sys.modules[name]
+        for key in set(os.environ) - set(environ):
+            del os.environ[key]
+        os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,11 +62,8 @@ def openrlhf_loss_module():
     if installed != OPENRLHF_VERSION:
         raise RuntimeError(f"openrlhf {installed} is installed; openrlhf-drpo is built against "
                            f"openrlhf=={OPENRLHF_VERSION} (PolicyLoss's call and return arity changed between releases)")
-    from openrlhf_drpo.cpu_mode import install_flash_attn_shim
-    install_flash_attn_shim()     # openrlhf.models imports flash_attn at module level
-    if not torch.cuda.is_available():   # DeepSpeed, which openrlhf.models imports, else prints on
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")   # stdout that it fell back to the CPU
-    from openrlhf.models import loss as L
+    with _importing_openrlhf():
+        from openrlhf.models import loss as L
     params = list(inspect.signature(L.PolicyLoss.forward).parameters)
     if params != _FORWARD_PARAMS:
         raise RuntimeError(f"openrlhf PolicyLoss.forward takes {params}, expected {_FORWARD_PARAMS}")

@@ -8,7 +8,8 @@ OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1)
 (a bad file fails here, before Ray starts) and ship its text and parameters inside the
 args, and (2) point the launcher at a PolicyModelActor subclass that installs the compiled
 objective where the trainer calls its policy loss. Pre-flight checks run at parse time, and
-without CUDA, CPU mode (cpu_mode.py) adapts the pipeline to this machine's CPU.
+with neither a Ray cluster nor CUDA, CPU mode (cpu_mode.py) adapts the pipeline to this
+machine's CPU; the first line of output says which mode and why.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import functools
 import json
 import os
 import runpy
+import socket
 import sys
 from unittest import mock
 
@@ -45,7 +47,9 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                             "one pipeline (labpipe.py)")
     group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
-                            "weight sync); auto: on exactly when no CUDA device is visible")
+                            "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "
+                            "or `ray start` on this machine) and has GPUs, an error where it has none; without "
+                            "a cluster, CPU mode exactly when no CUDA device is visible")
 
 
 def _pre_parse(argv: list[str]):
@@ -55,10 +59,79 @@ def _pre_parse(argv: list[str]):
     return pre.parse_known_args(argv)[0]
 
 
+def ray_cluster() -> tuple[str, str] | None:
+    """The Ray cluster OpenRLHF's `ray.init()` (no address) joins, and where its address comes
+    from; None where it starts a Ray of its own. Ray 2.55 reads RAY_ADDRESS, else the address
+    the last `ray start` on this machine recorded (services.get_ray_address_from_environment)."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address:
+        return None if address == "local" else (address, "RAY_ADDRESS")
+    from ray._private.utils import get_ray_address_file, read_ray_address
+    recorded = read_ray_address()
+    return (recorded, f"recorded by `ray start` in {get_ray_address_file(None)}") if recorded else None
+
+
+def _cluster_gpus(address: str, where: str) -> float:
+    """The cluster's GPU count: connect, read its resources, disconnect. A port nobody listens
+    on is refused here at once, where ray.init would retry for minutes."""
+    import logging
+
+    import ray
+    unreachable = (f"drpo-train: error: no Ray cluster answers at {address} ({where}): start it, point RAY_ADDRESS "
+                   f"at one that runs, or use --drpo.cpu_mode on to train on this machine's CPU with a local Ray")
+    if address != "auto":       # "auto": any cluster running on this machine, which ray.init finds itself
+        host, _, port = address.split("://")[-1].rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError):
+            raise SystemExit(unreachable) from None
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except ConnectionError:
+        raise SystemExit(unreachable) from None
+    try:
+        return ray.cluster_resources().get("GPU", 0)
+    finally:
+        ray.shutdown()
+
+
+def decide_cpu_mode(choice: str) -> tuple[bool, str]:
+    """`--drpo.cpu_mode auto|on|off`: whether this run is CPU mode, and the line saying which
+    and why. auto never trains on this machine's CPU while a Ray cluster is set up: a job
+    submitted from a node without a GPU runs on the cluster's GPUs, or stops if it has none."""
+    cluster = ray_cluster()
+    if choice == "on":
+        replaced = f": a local Ray on this machine replaces the Ray cluster at {cluster[0]} ({cluster[1]})" \
+            if cluster else ""
+        return True, f"openrlhf-drpo: CPU mode (--drpo.cpu_mode on){replaced}"
+    if choice == "off":
+        return False, "openrlhf-drpo: GPU mode (--drpo.cpu_mode off)"
+    if cluster is None:
+        import torch
+        if not torch.cuda.is_available():
+            return True, "openrlhf-drpo: CPU mode: no CUDA device and no Ray cluster (--drpo.cpu_mode auto)"
+        n = torch.cuda.device_count()
+        return False, (f"openrlhf-drpo: GPU mode: {n} CUDA device{'s' * (n != 1)} on this machine and no Ray "
+                       "cluster (--drpo.cpu_mode auto)")
+    gpus = _cluster_gpus(*cluster)
+    if not gpus:
+        raise SystemExit(f"drpo-train: error: the Ray cluster at {cluster[0]} ({cluster[1]}) has no GPU, and "
+                         "--drpo.cpu_mode auto does not train on this machine's CPU while a cluster is set up: use a "
+                         "cluster with GPUs, or --drpo.cpu_mode on to train on this machine's CPU with a local Ray")
+    return False, (f"openrlhf-drpo: GPU mode: the Ray cluster at {cluster[0]} ({cluster[1]}) has {gpus:g} "
+                   f"GPU{'s' * (gpus != 1)} (--drpo.cpu_mode auto)")
+
+
 def _cpu_mode(argv: list[str]) -> bool:
-    # decided before OpenRLHF's modules are imported: DeepSpeed picks its accelerator at import
-    from openrlhf_drpo.cpu_mode import wanted
-    return wanted(getattr(_pre_parse(argv), "drpo.cpu_mode"))
+    """Decided first, and said on the first line: before OpenRLHF's modules are imported, as
+    DeepSpeed picks its accelerator at import."""
+    choice = getattr(_pre_parse(argv), "drpo.cpu_mode")
+    if {"-h", "--help"} & set(argv):     # asks no cluster and says nothing: help is all it prints
+        import torch
+        return choice == "on" or (choice == "auto" and not torch.cuda.is_available())
+    cpu, line = decide_cpu_mode(choice)
+    print(line, flush=True)
+    return cpu
 
 
 def _lab(argv: list[str]) -> dict | None:
@@ -98,12 +171,10 @@ def preflight(ns, cpu: bool) -> None:
             fail(f"--reward.remote_url {url}: no such file")
     if cpu:
         return
-    import ray
     import torch
     from openrlhf_drpo.cpu_mode import gpus_requested
-    starts_own_ray = not os.environ.get("RAY_ADDRESS") and not ray._private.utils.read_ray_address()
     wanted, present = gpus_requested(ns), torch.cuda.device_count()
-    if starts_own_ray and wanted > present:
+    if ray_cluster() is None and wanted > present:
         fail(f"this run asks Ray for {wanted} GPUs and this machine has {present}: lower --actor.num_gpus_per_node, "
              f"--vllm.num_engines and the other *.num_gpus_per_node flags, start a Ray cluster with more GPUs "
              f"(ray start), or use --drpo.cpu_mode on")
@@ -209,8 +280,8 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, lab: dict | None = None):
     def ray_init(*args, **kwargs):
         if cpu:
             kwargs = cpu_mode.ray_init_kwargs(kwargs, parsed["ns"])
-            print(f"openrlhf-drpo: CPU mode (no CUDA device): DeepSpeed CPU accelerator, vLLM CPU backend, gloo "
-                  f"weight sync, a local Ray with {kwargs['num_gpus']} logical GPUs", flush=True)
+            print(f"openrlhf-drpo: starting a local Ray with {kwargs['num_gpus']} logical GPUs (CPU mode: DeepSpeed "
+                  "CPU accelerator, vLLM CPU backend, gloo weight sync)", flush=True)
         return original_init(*args, **kwargs)
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(argparse.ArgumentParser, "parse_args", parse_args))

@@ -2,7 +2,9 @@
 PolicyLoss is the oracle for PPO, and masked slots never leak."""
 import functools
 import itertools
+import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -591,3 +593,48 @@ def test_the_in_place_eager_path_never_writes_into_its_inputs(text, clamped):
         grads.append(lp.grad)
     assert all(torch.equal(a, b) for a, b in zip(copies, (new, old, A, mask)))
     assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)
+
+
+# Run in a fresh interpreter, with a minimal environment: this test process has imported
+# openrlhf (which sets variables of its own) and conftest installs the flash_attn shim in it.
+_SIDE_EFFECTS = """
+import importlib.util, json, os, sys
+{}
+environ, meta_path = dict(os.environ), list(sys.meta_path)
+flash_attn = importlib.util.find_spec("flash_attn") is not None
+{}
+try:
+    import flash_attn as _
+    after = True
+except ModuleNotFoundError:
+    after = False
+print(json.dumps({{"environ": {{k: [environ.get(k), os.environ.get(k)] for k in {{*environ, *os.environ}}
+                                if environ.get(k) != os.environ.get(k)}},
+                  "meta_path": [repr(f) for f in sys.meta_path if f not in meta_path] +
+                               [repr(f) for f in meta_path if f not in sys.meta_path],
+                  "flash_attn importable": [flash_attn, after]}}))
+"""
+_A_STEP = ("lp = torch.zeros(2, 3, requires_grad=True)\n"
+           "loss(lp, torch.zeros(2, 3), torch.ones(2, 3), torch.ones(2, 3))[0].backward()\nassert lp.grad.any()\n")
+
+
+@pytest.mark.parametrize("host, code", [
+    # building the loss is what imports openrlhf (and with it DeepSpeed): nothing of that stays
+    ("import torch", "from openrlhf_drpo import ObjectiveLoss\nloss = ObjectiveLoss('drpo')\n" + _A_STEP),
+    ("import torch", "from openrlhf_drpo.core import CompiledLoss\nloss = CompiledLoss('drpo')\n" + _A_STEP),
+    # TRL's own import sets variables of its own (vLLM's, Ray's): the user imports TRL to use the adapter
+    ("import torch\nfrom trl import GRPOTrainer", "from openrlhf_drpo.trl import TrlObjectiveLoss\n"
+     "loss = TrlObjectiveLoss('drpo')\n" + _A_STEP),
+], ids=["ObjectiveLoss", "core", "trl"])
+def test_building_a_loss_changes_no_environment_variable_import_hook_or_output(host, code):
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "TMPDIR") if k in os.environ}
+    root = os.path.join(os.path.dirname(__file__), "..")
+    proc = subprocess.run([sys.executable, "-c", _SIDE_EFFECTS.format(host, code)], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout        # nothing else printed: DeepSpeed's CPU fallback line included
+    effects = json.loads(lines[0])
+    assert effects["environ"] == {} and effects["meta_path"] == [], effects
+    was, now = effects["flash_attn importable"]
+    assert now == was, "flash_attn became importable: the shim's stub modules are left behind"

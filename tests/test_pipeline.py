@@ -38,10 +38,11 @@ def _run(task, out, steps, env=None, objective=("drpo", "--drpo.set", "delta=0.2
 @pytest.fixture(scope="module")
 def synced_run(tmp_path_factory):
     """The laptop quickstart, as the README runs it, with stale values left in the shell that
-    must not break a CPU-mode run."""
+    must not break a CPU-mode run (a stale RAY_ADDRESS stops --drpo.cpu_mode auto: the control
+    run below forces CPU mode with one)."""
     out = tmp_path_factory.mktemp("quickstart")
     started = time.time()
-    stale = {"DS_ACCELERATOR": "cuda", "RAY_ADDRESS": "127.0.0.1:9", "VLLM_CPU_KVCACHE_SPACE": "500"}
+    stale = {"DS_ACCELERATOR": "cuda", "VLLM_CPU_KVCACHE_SPACE": "500"}
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "laptop_quickstart.py")
     proc = subprocess.Popen([sys.executable, script, "--steps", str(STEPS), "--out", str(out)], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **stale})
@@ -72,7 +73,7 @@ def synced_run(tmp_path_factory):
 
 def test_drpo_train_runs_the_whole_pipeline_on_cpu_and_logs_the_objectives_metrics(synced_run):
     out, log, steps, _ = synced_run
-    assert "openrlhf-drpo: CPU mode" in log
+    assert log.splitlines()[0] == "openrlhf-drpo: CPU mode: no CUDA device and no Ray cluster (--drpo.cpu_mode auto)"
     assert "Traceback" not in log
     assert len(steps) == STEPS
     for step in steps:
@@ -101,8 +102,12 @@ def test_weights_reach_vllm_every_step_and_a_run_that_skips_the_reload_drifts(sy
     _, _, synced, _ = synced_run
     kl = [s["vllm_kl"] for s in synced]
     assert max(kl) < 0.03, kl            # bf16 CPU kernels against HF eager: a few 1e-3
-    # control: vLLM receives every tensor but keeps its old weights
-    _, unsynced = _run(task, tmp_path, 4, env={cpu_mode.SKIP_RELOAD: "1"})
+    # control: vLLM receives every tensor but keeps its old weights (and CPU mode, forced, says
+    # that its local Ray replaces the cluster a stale RAY_ADDRESS names)
+    log, unsynced = _run(task, tmp_path, 4, env={cpu_mode.SKIP_RELOAD: "1", "RAY_ADDRESS": "127.0.0.1:9"},
+                         extra=("--drpo.cpu_mode", "on"))
+    assert log.startswith("openrlhf-drpo: CPU mode (--drpo.cpu_mode on): a local Ray on this machine replaces the "
+                          "Ray cluster at 127.0.0.1:9 (RAY_ADDRESS)\n"), log[:500]
     drift = [s["vllm_kl"] for s in unsynced]
     # the largest drift once the policy has moved: one step's value depends on the tokens sampled
     # (seen: 0.158 at step 3, then 0.028 at step 4, against a synced maximum of 0.0065)
@@ -170,7 +175,7 @@ def test_preflight_turns_hangs_and_crashes_into_clear_errors_before_ray_starts(t
         train.main(argv)
     assert message in str(exit_.value.code), exit_.value.code
     assert str(exit_.value.code).startswith("drpo-train: error: ")
-    assert "CPU mode (no CUDA" not in capsys.readouterr().out
+    assert "starting a local Ray" not in capsys.readouterr().out
     assert not list(tmp_path.iterdir())        # nothing written: the checks come first
 
 

@@ -167,6 +167,112 @@ def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective(
     assert info["objective"] == "r * A - |A| / (2 * ε) * (r - 1)^2"
 
 
+_RAY_HEAD = """
+import sys, ray
+ray.init(num_cpus=1, num_gpus=int(sys.argv[1]), include_dashboard=False, _temp_dir=sys.argv[2])
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()        # until the test closes it; ray.init's head exits with this process
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_clusters():
+    """Two real Ray clusters on this machine, one with 2 (logical) GPUs and one with none: {gpus: address}.
+    Each is its own process's ray.init head (`ray stop` would stop every Ray on the machine)."""
+    import shutil
+    import tempfile
+    heads = {}
+    try:
+        for gpus in (2, 0):      # short temp dirs: Ray's socket paths must fit in 107 characters
+            folder = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+            heads[gpus] = folder, subprocess.Popen([sys.executable, "-c", _RAY_HEAD, str(gpus), folder], text=True,
+                                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                   stderr=subprocess.DEVNULL)
+        addresses = {gpus: proc.stdout.readline().strip() for gpus, (_, proc) in heads.items()}
+        assert all(addresses.values()), f"a Ray head did not start: {addresses}"
+        yield addresses
+    finally:
+        for folder, proc in heads.values():
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture()
+def no_ray_cluster(monkeypatch, tmp_path):
+    """No RAY_ADDRESS, and a Ray temp dir where no `ray start` has recorded a cluster."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+
+
+def _record_ray_start(tmp_path, address):
+    # the file `ray start` writes (Ray 2.55 scripts.py), which ray.init() with no address reads
+    (tmp_path / "ray").mkdir(exist_ok=True)
+    (tmp_path / "ray" / "ray_current_cluster").write_text(address)
+    return str(tmp_path / "ray" / "ray_current_cluster")
+
+
+# {0}, {2}: the address of the cluster with that many GPUs; record: a `ray start` record naming it
+@pytest.mark.parametrize("choice, env, line", [
+    ("auto", {"RAY_ADDRESS": 2}, "GPU mode: the Ray cluster at {2} (RAY_ADDRESS) has 2 GPUs (--drpo.cpu_mode auto)"),
+    ("auto", {"record": 2}, "GPU mode: the Ray cluster at {2} (recorded by `ray start` in {record}) has 2 GPUs "
+                            "(--drpo.cpu_mode auto)"),
+    ("auto", {}, "CPU mode: no CUDA device and no Ray cluster (--drpo.cpu_mode auto)"),
+    ("on", {}, "CPU mode (--drpo.cpu_mode on)"),
+    ("on", {"RAY_ADDRESS": 0}, "CPU mode (--drpo.cpu_mode on): a local Ray on this machine replaces the Ray cluster "
+                               "at {0} (RAY_ADDRESS)"),
+    ("off", {"RAY_ADDRESS": 0}, "GPU mode (--drpo.cpu_mode off)"),
+])
+def test_cpu_mode_auto_asks_the_ray_cluster_and_says_which_mode_and_why(ray_clusters, no_ray_cluster, monkeypatch,
+                                                                        tmp_path, choice, env, line):
+    from openrlhf_drpo.train import decide_cpu_mode
+    if torch.cuda.is_available() and env == {} and choice == "auto":       # this machine's GPUs, with no cluster
+        n = torch.cuda.device_count()
+        line = f"GPU mode: {n} CUDA device{'s' * (n != 1)} on this machine and no Ray cluster (--drpo.cpu_mode auto)"
+    record = _record_ray_start(tmp_path, ray_clusters[env["record"]]) if "record" in env else None
+    if "RAY_ADDRESS" in env:
+        monkeypatch.setenv("RAY_ADDRESS", ray_clusters[env["RAY_ADDRESS"]])
+    cpu, said = decide_cpu_mode(choice)
+    assert said == "openrlhf-drpo: " + line.format(*[ray_clusters.get(g) for g in range(3)], record=record)
+    assert cpu == said.startswith("openrlhf-drpo: CPU mode")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RAY_ADDRESS": 0}, "the Ray cluster at {0} (RAY_ADDRESS) has no GPU, and --drpo.cpu_mode auto does not train on "
+                         "this machine's CPU while a cluster is set up: use a cluster with GPUs, or --drpo.cpu_mode on "
+                         "to train on this machine's CPU with a local Ray"),
+    ({"record": 0}, "the Ray cluster at {0} (recorded by `ray start` in {record}) has no GPU"),
+    ({"RAY_ADDRESS": "127.0.0.1:{port}"}, "no Ray cluster answers at 127.0.0.1:{port} (RAY_ADDRESS): start it, point "
+                                          "RAY_ADDRESS at one that runs, or use --drpo.cpu_mode on"),
+    ({"record": "127.0.0.1:{port}"}, "no Ray cluster answers at 127.0.0.1:{port} (recorded by `ray start` in {record})"),
+])
+def test_cpu_mode_auto_never_falls_back_to_the_cpu_where_a_ray_cluster_is_set_up(ray_clusters, no_ray_cluster,
+                                                                               monkeypatch, tmp_path, capsys, env,
+                                                                               message):
+    from openrlhf_drpo import train
+    (where, value), = env.items()
+    address = ray_clusters[value] if isinstance(value, int) else value.format(port=_free_port())
+    record = _record_ray_start(tmp_path, address) if where == "record" else None
+    if where == "RAY_ADDRESS":
+        monkeypatch.setenv("RAY_ADDRESS", address)
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--drpo.objective", "drpo", "--actor.model_name_or_path", "unused"])
+    expected = message.format(address, port=address.rpartition(":")[2], record=record)
+    assert str(exit_.value.code).startswith(f"drpo-train: error: {expected}"), exit_.value.code
+    assert capsys.readouterr().out == ""        # nothing ran, and no mode was announced
+
+
+def test_drpo_train_says_the_mode_and_why_on_its_first_line(ray_clusters, no_ray_cluster, monkeypatch, tmp_path, capsys):
+    from openrlhf_drpo.train import openrlhf_args
+    monkeypatch.setenv("RAY_ADDRESS", ray_clusters[2])
+    openrlhf_args(train_flags(tmp_path, "unused", "spo"))
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"openrlhf-drpo: GPU mode: the Ray cluster at {ray_clusters[2]} (RAY_ADDRESS) has 2 GPUs (--drpo.cpu_mode auto)"
+
+
 def _drpo_train(*args):
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     return subprocess.run([sys.executable, "-m", "openrlhf_drpo.train", *args], capture_output=True, text=True,
@@ -187,7 +293,8 @@ def test_a_bad_objective_stops_drpo_train_before_ray_starts(tmp_path):
     proc = _drpo_train("--drpo.objective", str(bad), "--actor.model_name_or_path", "x")
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"{bad}:2:30: error: unknown name 'foo'")
-    assert "Traceback" not in proc.stderr and "ray" not in proc.stdout.lower()
+    after_the_mode_line = proc.stdout.partition("\n")[2]
+    assert "Traceback" not in proc.stderr and "ray" not in after_the_mode_line.lower()
 
 
 def test_drpo_train_composes_openrlhfs_is_correction_with_the_objective(tiny_model, tmp_path, capsys):
