@@ -53,15 +53,15 @@ def main() -> None:
         result.update(wall_s=round(wall, 1), lab_s=lab_s, build_s=round(wall - lab_s, 1),
                       lab_s_per_run=round(lab_s / result["runs"], 1))
         if args.standalone:
-            from openrlhf_drpo import lab, toytask
+            from openrlhf_drpo.lab import driver as lab, toytask
             task = {"model": os.path.join(lab_out, "task", "model"),
                     "prompts": os.path.join(lab_out, "task", "prompts.jsonl"),
-                    "reward": os.path.join(ROOT, "openrlhf_drpo", "labtask.py")}
+                    "reward": os.path.join(ROOT, "openrlhf_drpo", "lab", "task.py")}
             preset = lab.PRESETS[args.preset]
             flags = toytask.flags(task, os.path.join(out, "alone"), steps=args.steps, rollout_prompts=lab.ROLLOUT_PROMPTS,
                                   samples=lab.SAMPLES, lr=preset["lr"], updates=preset["updates"])
             start = time.perf_counter()
-            alone = subprocess.run([sys.executable, "-m", "openrlhf_drpo.train", "--drpo.objective", "drpo",
+            alone = subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", "drpo",
                                     "--drpo.anchor", "rollout", "--drpo.set", "delta=0.2", *flags,
                                     "--actor.lr_scheduler", "constant"], capture_output=True, text=True, env=env)
             alone_s = time.perf_counter() - start

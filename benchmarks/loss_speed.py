@@ -43,7 +43,7 @@ import torch
 
 if not torch.cuda.is_available():   # DeepSpeed (imported by OpenRLHF) warns on stdout otherwise
     __import__("os").environ.setdefault("DS_ACCELERATOR", "cpu")
-__import__("openrlhf_drpo.cpu_mode").cpu_mode.install_flash_attn_shim()   # OpenRLHF imports flash_attn
+__import__("importlib").import_module("openrlhf_drpo.hosts.openrlhf.cpu_mode").install_flash_attn_shim()   # OpenRLHF imports flash_attn
 
 
 BLOCK = 4

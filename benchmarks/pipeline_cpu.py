@@ -2,7 +2,7 @@
 
     python benchmarks/pipeline_cpu.py [--steps 8] [--objective drpo]
 
-One run of the laptop task (openrlhf_drpo/toytask.py) through the real command line, with
+One run of the laptop task (openrlhf_drpo/lab/toytask.py) through the real command line, with
 PSS sampled over the whole process tree (driver, Ray, vLLM, DeepSpeed) every 0.2 s.
 - startup_s: launch until the first step's work began (first step line minus its step_total);
 - per-step medians over steps 2..N of OpenRLHF's own timings: generation (vLLM), experience
@@ -24,7 +24,7 @@ import psutil
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 if not __import__("torch").cuda.is_available():   # building the model imports DeepSpeed, which else
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # says aloud that it found no CUDA
-from openrlhf_drpo import toytask  # noqa: E402
+from openrlhf_drpo.lab import toytask  # noqa: E402
 
 TIMINGS = {"generation_s": "timing/generation", "experience_s": "timing/make_experience",
            "training_s": "timing/ppo_train", "weight_sync_s": "timing/broadcast", "step_s": "timing/step_total"}
@@ -47,7 +47,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as out:
         task = toytask.build(out)
-        cmd = [sys.executable, "-m", "openrlhf_drpo.train", "--drpo.objective", args.objective,
+        cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", args.objective,
                "--drpo.anchor", "rollout", *toytask.flags(task, out, steps=args.steps)]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

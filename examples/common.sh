@@ -20,7 +20,7 @@ drpo-train \
   --vllm.num_engines "$NUM_GPUS" --vllm.tensor_parallel_size 1 --train.colocate_all \
   --vllm.gpu_memory_utilization 0.6 --vllm.enable_sleep --ds.enable_sleep \
   --data.prompt_dataset "$DATA" --data.input_key prompt --data.label_key answer --data.apply_chat_template \
-  --reward.remote_url "$HERE/../openrlhf_drpo/reward.py" \
+  --reward.remote_url "$HERE/../openrlhf_drpo/hosts/openrlhf/reward.py" \
   --algo.advantage.estimator group_norm \
   --rollout.n_samples_per_prompt "$GROUP" --rollout.temperature 1.0 \
   --rollout.batch_size "$TRAIN_BATCH" --train.batch_size "$((TRAIN_BATCH * GROUP / (TRAIN_BATCH / MINI_BATCH)))" \

@@ -2,7 +2,7 @@
 
     python3 examples/laptop_quickstart.py [--objective drpo] [--set delta=0.2] [--steps 24] [--out runs/quickstart]
 
-Builds a tiny Llama and a synthetic task locally (openrlhf_drpo/toytask.py: the reward is the
+Builds a tiny Llama and a synthetic task locally (openrlhf_drpo/lab/toytask.py: the reward is the
 fraction of response words equal to a target word), then runs drpo-train on it in CPU mode:
 vLLM generates, the reward function scores, the compiled objective trains on DeepSpeed's CPU
 accelerator, and the weights go back into vLLM every step. Prints one line per step; the
@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 if not __import__("torch").cuda.is_available():   # building the model imports DeepSpeed, which else
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # says aloud that it found no CUDA
-from openrlhf_drpo import toytask  # noqa: E402
+from openrlhf_drpo.lab import toytask  # noqa: E402
 
 # vllm_kl is OpenRLHF's k1 estimate mean(log π_rollout − log π_old) of the engine/trainer
 # mismatch: a KL's sample mean, which can be negative, so the table names the estimator
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     print(f"building the tiny model and task in {args.out} ...", flush=True)
     task = toytask.build(args.out)
-    cmd = [sys.executable, "-m", "openrlhf_drpo.train", "--drpo.objective", args.objective, "--drpo.anchor", "rollout",
+    cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", args.objective, "--drpo.anchor", "rollout",
            *[a for kv in args.set for a in ("--drpo.set", kv)], *toytask.flags(task, args.out, steps=args.steps)]
     print("drpo-train " + " ".join(cmd[3:]), flush=True)
     log_path = os.path.join(args.out, "train.log")

@@ -3,7 +3,7 @@ and compiled to torch losses for OpenRLHF. Torch is imported only when a loss is
 drpo-analyze runs on an install without it (`pip install .`)."""
 import importlib
 
-_LOSSES = {"CompiledLoss": ".core", "ObjectiveLoss": ".loss"}
+_LOSSES = {"CompiledLoss": ".core", "Aggregation": ".core", "ObjectiveLoss": ".hosts.openrlhf.loss"}
 
 
 def __getattr__(name):

@@ -5,7 +5,7 @@ import os
 
 from hypothesis import settings
 
-from openrlhf_drpo.cpu_mode import install_flash_attn_shim
+from openrlhf_drpo.hosts.openrlhf.cpu_mode import install_flash_attn_shim
 
 install_flash_attn_shim()
 

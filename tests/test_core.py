@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dsl
-from openrlhf_drpo import core
+from openrlhf_drpo.core import loss as core_loss
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 
 
@@ -124,7 +124,7 @@ def counting_backend(monkeypatch):
             runs.append(index)
             return gm.forward(*args)
         return run
-    monkeypatch.setattr(core, "COMPILE_OPTIONS", {"dynamic": True, "backend": backend})
+    monkeypatch.setattr(core_loss, "COMPILE_OPTIONS", {"dynamic": True, "backend": backend})
     return graphs, runs
 
 

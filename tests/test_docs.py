@@ -27,7 +27,7 @@ import objectives
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MODULES = {"drpo-analyze": "openrlhf_drpo.cli", "drpo-train": "openrlhf_drpo.train", "drpo-lab": "openrlhf_drpo.lab"}
+MODULES = {"drpo-analyze": "openrlhf_drpo.cli", "drpo-train": "openrlhf_drpo.hosts.openrlhf.train", "drpo-lab": "openrlhf_drpo.lab"}
 RUN = ("dsl", "console", "python", "bash")
 
 

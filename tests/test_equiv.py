@@ -290,7 +290,7 @@ def test_sequence_equivalence_holds_on_the_uniform_response_it_states(a, b, ever
     """--equiv says equivalent for each pair, on the uniform response; the compiled losses'
     gradients on random non-uniform responses show where that statement's scope matters."""
     torch = pytest.importorskip("torch")
-    from openrlhf_drpo.loss import ObjectiveLoss
+    from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
     oa, ob = _obj(a), _obj(b)
     res = equivalence(oa, ob, seq_len=4)
     assert res["equivalent"] and res["scope"]["sequence"], res["numeric"].get("witness")

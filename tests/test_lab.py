@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from openrlhf_drpo import lab, labtask, toytask
+from openrlhf_drpo.lab import driver as lab, task as labtask, toytask
 
 
 @pytest.mark.parametrize("response, reward", [("", 0), ("w0 w1 w2", 0), ("w127 w127 w127 w127", 1 / 8),
@@ -73,7 +73,7 @@ def test_the_interval_is_students_t_over_the_seeds():
 
 def test_the_4_bit_engine_rounds_each_group_of_32_weights_to_16_levels():
     import torch
-    from openrlhf_drpo.labpipe import int4_weights
+    from openrlhf_drpo.lab.pipe import int4_weights
     g = torch.Generator().manual_seed(0)
     weights = {"m.weight": (torch.randn(4, 64, generator=g) * 0.02).to(torch.bfloat16),
                "norm.weight": torch.randn(64, generator=g).to(torch.bfloat16)}
@@ -88,7 +88,7 @@ def test_the_4_bit_engine_rounds_each_group_of_32_weights_to_16_levels():
 
 
 def test_a_samples_seed_is_fixed_by_what_is_sampled():
-    from openrlhf_drpo.labpipe import sample_seed
+    from openrlhf_drpo.lab.pipe import sample_seed
     seeds = {sample_seed(b, p, o, i) for b in (0, 1) for p in ("w1 w2", "w2 w1") for o in (0, 1) for i in range(4)}
     assert len(seeds) == 32 and sample_seed(3, "w1", 0, 2) == sample_seed(3, "w1", 0, 2)
 

@@ -248,7 +248,7 @@ def test_a_constant_that_is_not_real_is_a_located_error_at_every_entry_point(tmp
     bad.write_text("d = 0.5\nr*A*d^0.5\n")
     # the parameter overridden to a negative value: the check runs after overrides too
     script = {"drpo-analyze": ["-m", "openrlhf_drpo.cli", str(bad), "--set", "d=-2"],
-              "drpo-train": ["-m", "openrlhf_drpo.train", "--drpo.objective", str(bad), "--drpo.set", "d=-2",
+              "drpo-train": ["-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", str(bad), "--drpo.set", "d=-2",
                              "--actor.model_name_or_path", "x"],
               "CompiledLoss": ["-c", "import sys\nfrom dsl import DslError\nfrom openrlhf_drpo.core import CompiledLoss\n"
                                f"try:\n    CompiledLoss({str(bad)!r}, d=-2)\nexcept DslError as e:\n"

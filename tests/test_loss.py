@@ -20,7 +20,7 @@ from dsl import DslError
 from dsl.analysis import analyze
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
-from openrlhf_drpo.loss import METRIC_KEYS
+from openrlhf_drpo.core import METRIC_KEYS
 
 SHIPPED = dsl.shipped_names()
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -287,7 +287,7 @@ def test_metrics_are_zero_dim_tensors_with_the_documented_names():
 def test_a_ratio_zeroed_by_the_clamp_is_not_counted_past_the_boundary(kernel):
     """The surrogate r·A has no boundary; where log r < -20 the clamp zeroes its gradient
     (w = 0), which used to read as tokens stopped while diverging (drpo-lab saw it)."""
-    from openrlhf_drpo.loss import _eager_kernel, _kernel
+    from openrlhf_drpo.core.kernels import eager_kernel, kernel
     new, old, A, mask = batch(3)
     mask[:] = 1
     A[:2] = -A[:2].abs() - 0.1
@@ -295,9 +295,9 @@ def test_a_ratio_zeroed_by_the_clamp_is_not_counted_past_the_boundary(kernel):
     loss_fn = ObjectiveLoss("surrogate")
     args = ("token-mean", new, old, A, mask, None)
     if kernel == "eager":
-        stats = _eager_kernel(loss_fn._value_and_grad_eager, loss_fn._value_and_grad, *args)[3]
+        stats = eager_kernel(loss_fn._value_and_grad_eager, loss_fn._value_and_grad, *args)[3]
     else:
-        stats = _kernel(loss_fn._value_and_grad, *args)[3]
+        stats = kernel(loss_fn._value_and_grad, *args)[3]
     metrics = dict(zip(METRIC_KEYS, stats.tolist()))
     assert metrics["drpo_past_boundary_diverging"] == 0 and metrics["drpo_past_boundary_converging"] == 0
     assert 0 < metrics["drpo_w_mean"] < 1           # w = 0 on the clamped tokens, as applied
@@ -356,15 +356,15 @@ def _edge_batch(seed, clamped=True):
 def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped, dtype):
     """Loss and gradient bit for bit, also when backward's incoming gradient is not 1 (DeepSpeed
     divides the loss by the accumulation steps); the metrics (finished in Python there) to rounding."""
-    from openrlhf_drpo.loss import _eager_kernel, _fused_function, _kernel
+    from openrlhf_drpo.core.kernels import eager_kernel, fused_function, kernel as exact_kernel
     new, old, A, mask = (x.to(dtype) for x in _edge_batch(5, clamped))
     loss_fn = ObjectiveLoss(name)
-    eager = functools.partial(_eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode)
-    exact = functools.partial(_kernel, loss_fn._value_and_grad, mode)
+    eager = functools.partial(eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode)
+    exact = functools.partial(exact_kernel, loss_fn._value_and_grad, mode)
     results = []
     for kernel in (eager, exact):
         lp = new.clone().requires_grad_()
-        loss, stats = _fused_function(kernel).apply(lp, old, A, mask, None, old, old - 0.1 * A)
+        loss, stats = fused_function(kernel).apply(lp, old, A, mask, None, old, old - 0.1 * A)
         (loss / 3).backward()
         results.append((loss.detach(), lp.grad, stats))
     (l0, g0, s0), (l1, g1, s1) = results
@@ -410,7 +410,7 @@ def test_a_bad_objective_file_fails_at_construction(tmp_path):
 
 def test_the_installed_openrlhf_version_is_checked(monkeypatch):
     import importlib.metadata
-    from openrlhf_drpo import loss as loss_module
+    from openrlhf_drpo.hosts.openrlhf import loss as loss_module
     loss_module.openrlhf_loss_module.cache_clear()
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.11.1")
     try:

@@ -12,13 +12,13 @@ import time
 import psutil
 import pytest
 
-from openrlhf_drpo import cpu_mode, toytask
+from openrlhf_drpo.hosts.openrlhf import cpu_mode, toytask
 
 STEPS = 10
 
 
 def drpo_train(*args, env=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.train", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
@@ -163,7 +163,7 @@ def test_preflight_turns_hangs_and_crashes_into_clear_errors_before_ray_starts(t
                                                                              monkeypatch, capsys):
     # in-process (the command line's own subprocess runs are in test_train.py): main() sets
     # CPU mode's environment, which monkeypatch puts back afterwards
-    from openrlhf_drpo import train
+    from openrlhf_drpo.hosts.openrlhf import train
     for key in cpu_mode.driver_environment():
         monkeypatch.setenv(key, os.environ.get(key, ""))
     reward = ["--reward.remote_url", task["reward"]] if "--reward.remote_url" not in flags else []
@@ -180,7 +180,7 @@ def test_preflight_turns_hangs_and_crashes_into_clear_errors_before_ray_starts(t
 
 
 def test_cpu_mode_sets_the_defaults_that_cannot_work_on_cpu(task, tmp_path):
-    from openrlhf_drpo.train import openrlhf_args
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     args = openrlhf_args(["--drpo.objective", "drpo", "--drpo.cpu_mode", "on", "--critic.num_gpus_per_node", "2",
                           *toytask.flags(task, str(tmp_path), steps=1)])
     assert args.ds.attn_implementation == "eager" and args.vllm.sync_backend == "gloo"

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from openrlhf_drpo.reward import reward_func, score
+from openrlhf_drpo.hosts.openrlhf.reward import reward_func, score
 
 
 @pytest.mark.parametrize("response, reference, expected", [

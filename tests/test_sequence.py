@@ -13,7 +13,7 @@ from dsl import DslError
 from dsl.codegen import compile_objective
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
-from openrlhf_drpo.openrlhf_options import compose, is_correction_factor, policy_loss_text
+from openrlhf_drpo.hosts.openrlhf.options import compose, is_correction_factor, policy_loss_text
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 SCALINGS = [{}, {"dp_size": 2, "batch_num_tokens": 53.0, "global_batch_size": 7.0}]

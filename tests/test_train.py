@@ -46,7 +46,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture()
 def cpu_openrlhf(monkeypatch):
     """The environment a CPU-mode Ray worker gets; the actor adapts its own process to CPU."""
-    from openrlhf_drpo import cpu_mode
+    from openrlhf_drpo.hosts.openrlhf import cpu_mode
     for k, v in {**cpu_mode.driver_environment(), "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(k, v)
@@ -57,7 +57,7 @@ def cpu_openrlhf(monkeypatch):
 
 def train_flags(out, model, objective="drpo", *extra):
     """Flags for a small run; everything it writes (the objective's report, checkpoints) goes to `out`."""
-    reward = os.path.join(os.path.dirname(__file__), "..", "openrlhf_drpo", "reward.py")
+    reward = os.path.join(os.path.dirname(__file__), "..", "openrlhf_drpo", "hosts", "openrlhf", "reward.py")
     return ["--ckpt.output_dir", str(out), "--ckpt.path", str(out), "--actor.model_name_or_path", model, "--drpo.objective", objective, "--reward.remote_url", reward,
             "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",
             "--ds.attn_implementation", "eager", "--vllm.sync_backend", "gloo", "--ds.zero_stage", "2",
@@ -85,9 +85,9 @@ def _experience(tokenizer, actor_model, seed=0, B=4, prompt=5, response=7):
 
 def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_model, cpu_openrlhf, tmp_path):
     from openrlhf.utils import get_strategy
-    from openrlhf_drpo.actor import _DrpoPolicyModelActor
-    from openrlhf_drpo.loss import METRIC_KEYS, ObjectiveLoss
-    from openrlhf_drpo.train import openrlhf_args
+    from openrlhf_drpo.hosts.openrlhf.actor import _DrpoPolicyModelActor
+    from openrlhf_drpo.hosts.openrlhf.loss import METRIC_KEYS, ObjectiveLoss
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
 
     args = openrlhf_args(train_flags(tmp_path / "ckpt", tiny_model, "drpo", "--drpo.set", "delta=0.2"))
     strategy = get_strategy(args)
@@ -131,7 +131,7 @@ def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_mod
 @pytest.mark.parametrize("op", ["mean", "max", "sum"])
 def test_cpu_modes_one_rank_all_reduce_returns_what_openrlhfs_returns(cpu_openrlhf, monkeypatch, op):
     from openrlhf.utils.deepspeed.deepspeed import DeepspeedStrategy
-    from openrlhf_drpo import cpu_mode
+    from openrlhf_drpo.hosts.openrlhf import cpu_mode
     openrlhfs = getattr(DeepspeedStrategy.all_reduce, "__wrapped__", DeepspeedStrategy.all_reduce)  # unpatched
     ours = cpu_mode.one_rank_all_reduce(openrlhfs)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: torch.device("cpu"))
@@ -152,11 +152,11 @@ def test_cpu_modes_one_rank_all_reduce_returns_what_openrlhfs_returns(cpu_openrl
 
 def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective(tmp_path):
     import ray
-    from openrlhf_drpo.actor import DrpoPolicyModelActor
-    from openrlhf_drpo.train import openrlhf_args
+    from openrlhf_drpo.hosts.openrlhf.actor import DrpoPolicyModelActor
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"},
-                          "worker_process_setup_hook": "openrlhf_drpo.cpu_mode.setup_ray_worker"})
+                          "worker_process_setup_hook": "openrlhf_drpo.hosts.openrlhf.cpu_mode.setup_ray_worker"})
     try:
         args = openrlhf_args(train_flags(tmp_path, "unused", "spo", "--drpo.set", "eps=0.3"))
         actor = DrpoPolicyModelActor.options(num_cpus=1, num_gpus=1).remote(1, 0, "127.0.0.1", _free_port())
@@ -228,7 +228,7 @@ def _record_ray_start(tmp_path, address):
 ])
 def test_cpu_mode_auto_asks_the_ray_cluster_and_says_which_mode_and_why(ray_clusters, no_ray_cluster, monkeypatch,
                                                                         tmp_path, choice, env, line):
-    from openrlhf_drpo.train import decide_cpu_mode
+    from openrlhf_drpo.hosts.openrlhf.train import decide_cpu_mode
     if torch.cuda.is_available() and env == {} and choice == "auto":       # this machine's GPUs, with no cluster
         n = torch.cuda.device_count()
         line = f"GPU mode: {n} CUDA device{'s' * (n != 1)} on this machine and no Ray cluster (--drpo.cpu_mode auto)"
@@ -252,7 +252,7 @@ def test_cpu_mode_auto_asks_the_ray_cluster_and_says_which_mode_and_why(ray_clus
 def test_cpu_mode_auto_never_falls_back_to_the_cpu_where_a_ray_cluster_is_set_up(ray_clusters, no_ray_cluster,
                                                                                monkeypatch, tmp_path, capsys, env,
                                                                                message):
-    from openrlhf_drpo import train
+    from openrlhf_drpo.hosts.openrlhf import train
     (where, value), = env.items()
     address = ray_clusters[value] if isinstance(value, int) else value.format(port=_free_port())
     record = _record_ray_start(tmp_path, address) if where == "record" else None
@@ -266,7 +266,7 @@ def test_cpu_mode_auto_never_falls_back_to_the_cpu_where_a_ray_cluster_is_set_up
 
 
 def test_drpo_train_says_the_mode_and_why_on_its_first_line(ray_clusters, no_ray_cluster, monkeypatch, tmp_path, capsys):
-    from openrlhf_drpo.train import openrlhf_args
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     monkeypatch.setenv("RAY_ADDRESS", ray_clusters[2])
     openrlhf_args(train_flags(tmp_path, "unused", "spo"))
     assert capsys.readouterr().out.splitlines()[0] == \
@@ -275,7 +275,7 @@ def test_drpo_train_says_the_mode_and_why_on_its_first_line(ray_clusters, no_ray
 
 def _drpo_train(*args):
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.train", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", *args], capture_output=True, text=True,
                           env=env, timeout=300)
 
 
@@ -298,7 +298,7 @@ def test_a_bad_objective_stops_drpo_train_before_ray_starts(tmp_path):
 
 
 def test_drpo_train_composes_openrlhfs_is_correction_with_the_objective(tiny_model, tmp_path, capsys):
-    from openrlhf_drpo.train import openrlhf_args
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     args = openrlhf_args(train_flags(tmp_path, tiny_model, "drpo", "--algo.advantage.is_correction_level", "seq",
                                      "--algo.advantage.is_correction_threshold", "0.8", "1.25"))
     spec = json.loads(args.drpo.spec)
@@ -324,7 +324,7 @@ def test_an_is_correction_policy_loss_would_refuse_is_refused(flags, message):
 
 
 def test_an_objective_naming_the_rollout_policy_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
-    from openrlhf_drpo.train import openrlhf_args
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     args = openrlhf_args(train_flags(tmp_path, tiny_model, "tis_ppo", "--algo.advantage.is_correction_gating", "tv"))
     assert args.algo.advantage.is_correction_level == "token"
     # a gating flag that did nothing while the correction was off must not make PolicyLoss refuse
@@ -332,7 +332,7 @@ def test_an_objective_naming_the_rollout_policy_makes_openrlhf_keep_vllms_log_pr
 
 
 def test_rollout_anchor_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
-    from openrlhf_drpo.train import openrlhf_args
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     args = openrlhf_args(train_flags(tmp_path, tiny_model, "drpo", "--drpo.anchor", "rollout"))
     assert args.algo.advantage.is_correction_level == "token"     # what makes vLLM return log-probs
     assert '"anchor": "rollout"' in args.drpo.spec
@@ -364,7 +364,7 @@ def test_a_recipe_without_its_data_says_how_to_prepare_it(tmp_path):
 
 
 def test_the_first_run_says_deepspeed_is_compiling_and_later_runs_do_not(tmp_path):
-    from openrlhf_drpo.cpu_mode import first_compile_note
+    from openrlhf_drpo.hosts.openrlhf.cpu_mode import first_compile_note
     assert "compiling DeepSpeed's CPU ops" in first_compile_note(str(tmp_path))
     (tmp_path / "cpu_adam").mkdir()
     (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"")

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from dsl import DslError
-from openrlhf_drpo.toytask import SPECIAL, WORDS, tiny_llama
+from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama
 from openrlhf_drpo.trl import TRL_VERSION, ObjectiveGRPOTrainer, TrlObjectiveLoss
 
 METRICS = ["drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging", "drpo_abs_pi_minus_mu",
@@ -242,7 +242,7 @@ import json, sys, torch
 from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig
-from openrlhf_drpo.toytask import SPECIAL, WORDS, tiny_llama
+from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama
 from openrlhf_drpo.trl import ObjectiveGRPOTrainer
 
 directory, rank = sys.argv[1], int(sys.argv[2])

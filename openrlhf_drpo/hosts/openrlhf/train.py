@@ -8,7 +8,7 @@ OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1)
 (a bad file fails here, before Ray starts) and ship its text and parameters inside the
 args, and (2) point the launcher at a PolicyModelActor subclass that installs the compiled
 objective where the trainer calls its policy loss. Pre-flight checks run at parse time, and
-with neither a Ray cluster nor CUDA, CPU mode (cpu_mode.py) adapts the pipeline to this
+with neither a Ray cluster nor CUDA, CPU mode (hosts/openrlhf/cpu_mode.py) adapts the pipeline to this
 machine's CPU; the first line of output says which mode and why.
 """
 from __future__ import annotations
@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import json
 import os
 import runpy
 import socket
 import sys
-from unittest import mock
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
 CPU_MODES = ("auto", "on", "off")
@@ -42,9 +42,12 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drpo.step_log", metavar="FILE", default=None,
                        help="append one JSON line per optimizer step (gradient norm before clipping, the range "
                             "of r, the largest per-token |dl/dlog pi|/|A| and mu there, dead steps): drpo-lab's record")
-    group.add_argument("--drpo.lab_runs", metavar="FILE", default=None,
-                       help="drpo-lab's shared pipeline: train every run listed in FILE (JSON) in turn on this "
-                            "one pipeline (labpipe.py)")
+    group.add_argument("--drpo.plugin", metavar="MODULE", default=None,
+                       help="a module whose named hooks replace OpenRLHF's classes: trainer(base, config) for the "
+                            "PPOTrainer, rollout_actor(base, config) for the vLLM actor (drpo-lab's shared pipeline: "
+                            "openrlhf_drpo.lab.pipe)")
+    group.add_argument("--drpo.plugin_config", metavar="FILE", default=None,
+                       help="a JSON file the plugin's hooks receive as `config` (and the trainer reads)")
     group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
                             "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "
@@ -55,7 +58,8 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
 def _pre_parse(argv: list[str]):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto")
-    pre.add_argument("--drpo.lab_runs", default=None)
+    pre.add_argument("--drpo.plugin", default=None)
+    pre.add_argument("--drpo.plugin_config", default=None)
     return pre.parse_known_args(argv)[0]
 
 
@@ -134,13 +138,30 @@ def _cpu_mode(argv: list[str]) -> bool:
     return cpu
 
 
-def _lab(argv: list[str]) -> dict | None:
-    """The lab file's settings (drpo-lab's shared pipeline), or None for one run."""
-    path = getattr(_pre_parse(argv), "drpo.lab_runs")
-    if path is None:
+# the hooks a plugin may define, each replacing the OpenRLHF class it is named for: (module, name)
+PLUGIN_HOOKS = {"trainer": ("openrlhf.trainer.ppo_trainer", "PPOTrainer"),
+                "rollout_actor": ("openrlhf.trainer.ray.vllm_engine", "RolloutRayActor")}
+
+
+def _plugin(argv: list[str]):
+    """(the plugin module named by --drpo.plugin, its config), or None: imported by name, so
+    drpo-train knows no plugin (drpo-lab plugs in here, through PLUGIN_HOOKS)."""
+    pre = _pre_parse(argv)
+    name, path = getattr(pre, "drpo.plugin"), getattr(pre, "drpo.plugin_config")
+    if name is None:
         return None
-    with open(path) as f:
-        return json.load(f)
+    config = {}
+    if path is not None:
+        with open(path) as f:
+            config = json.load(f)
+    return importlib.import_module(name), config
+
+
+def _patch(stack: contextlib.ExitStack, owner, name: str, value) -> None:
+    """owner.name = value until the stack closes: OpenRLHF is patched in scope, never forked."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    stack.callback(setattr, owner, name, original)
 
 
 def _looks_local(path: str) -> bool:
@@ -165,14 +186,14 @@ def preflight(ns, cpu: bool) -> None:
             fail(f"--data.prompt_dataset {path}: no such file or directory")
     if not g("reward.model_name_or_path") and not g("reward.remote_url") and not g("train.agent_func_path"):
         fail("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
-             "openrlhf_drpo/reward.py) or --reward.model_name_or_path")
+             "openrlhf_drpo/hosts/openrlhf/reward.py) or --reward.model_name_or_path")
     for url in paths("reward.remote_url"):
         if url.endswith(".py") and not url.startswith(("http://", "https://")) and not os.path.exists(url):
             fail(f"--reward.remote_url {url}: no such file")
     if cpu:
         return
     import torch
-    from openrlhf_drpo.cpu_mode import gpus_requested
+    from openrlhf_drpo.hosts.openrlhf.cpu_mode import gpus_requested
     wanted, present = gpus_requested(ns), torch.cuda.device_count()
     if ray_cluster() is None and wanted > present:
         fail(f"this run asks Ray for {wanted} GPUs and this machine has {present}: lower --actor.num_gpus_per_node, "
@@ -200,7 +221,7 @@ def prepare_objective(args: argparse.Namespace):
     # their meaning (tests/test_sequence.py holds ppo composed so to PolicyLoss itself).
     correction = [getattr(args, f"algo.advantage.is_correction_{k}", d) for k, d in _IS_DEFAULTS.items()]
     if correction[0] != "off":
-        from openrlhf_drpo.openrlhf_options import compose, is_correction_factor
+        from openrlhf_drpo.hosts.openrlhf.options import compose, is_correction_factor
         if obj.options["anchor"] == "rollout":
             # r is already π/π_rollout: the factor π_old/π_rollout on top would correct twice
             # (OpenRLHF's own GSPO takes its ratio against the rollout policy instead of the factor)
@@ -224,7 +245,7 @@ def prepare_objective(args: argparse.Namespace):
         if correction[0] == "off":    # and a configuration PolicyLoss (still built) accepts
             for key, value in {**_IS_DEFAULTS, "level": "token"}.items():
                 setattr(args, f"algo.advantage.is_correction_{key}", value)
-    from openrlhf_drpo.loss import ObjectiveLoss
+    from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
     ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
     return objective_spec(obj), obj
 
@@ -251,12 +272,13 @@ def _report(obj, args) -> None:
 
 
 @contextlib.contextmanager
-def _patched_openrlhf(on_parsed, cpu: bool = False, lab: dict | None = None):
+def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
     """Scoped patches: OpenRLHF's parser gains the --drpo.* flags and `on_parsed(args, cpu)`
     runs on the parsed namespace; its launcher uses the objective-installing actor class. In CPU
     mode its ray.init starts a local Ray with logical GPUs, and its vLLM, reference, critic and
-    reward-model actors are the CPU-adapted ones."""
-    from openrlhf_drpo import cpu_mode
+    reward-model actors are the CPU-adapted ones. A plugin's hooks (PLUGIN_HOOKS) come last, so
+    its classes extend CPU mode's."""
+    from openrlhf_drpo.hosts.openrlhf import cpu_mode
     cpu_mode.install_flash_attn_shim()
     original_parse = argparse.ArgumentParser.parse_args
     parsed = {}
@@ -274,7 +296,7 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, lab: dict | None = None):
 
     import ray
     from openrlhf.trainer.ray import ppo_actor
-    from openrlhf_drpo.actor import DrpoPolicyModelActor
+    from openrlhf_drpo.hosts.openrlhf.actor import DrpoPolicyModelActor
     original_init = ray.init
 
     def ray_init(*args, **kwargs):
@@ -284,18 +306,17 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, lab: dict | None = None):
                   "CPU accelerator, vLLM CPU backend, gloo weight sync)", flush=True)
         return original_init(*args, **kwargs)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(argparse.ArgumentParser, "parse_args", parse_args))
-        stack.enter_context(mock.patch.object(ppo_actor, "PolicyModelActor", DrpoPolicyModelActor))
-        stack.enter_context(mock.patch.object(ray, "init", ray_init))
+        _patch(stack, argparse.ArgumentParser, "parse_args", parse_args)
+        _patch(stack, ppo_actor, "PolicyModelActor", DrpoPolicyModelActor)
+        _patch(stack, ray, "init", ray_init)
         for module, name, value in (cpu_mode.actor_patches() if cpu else []):
-            stack.enter_context(mock.patch.object(module, name, value))
-        if lab is not None:     # after CPU mode's: the lab's vLLM actor extends CPU mode's
-            from openrlhf.trainer import ppo_trainer
-            from openrlhf.trainer.ray import vllm_engine
-            from openrlhf_drpo import labpipe
-            stack.enter_context(mock.patch.object(ppo_trainer, "PPOTrainer", labpipe.lab_trainer(ppo_trainer.PPOTrainer)))
-            stack.enter_context(mock.patch.object(vllm_engine, "RolloutRayActor", labpipe.rollout_actor(
-                vllm_engine.RolloutRayActor, bool(lab.get("engine_int4")))))
+            _patch(stack, module, name, value)
+        if plugin is not None:
+            module, config = plugin
+            for hook, (where, name) in PLUGIN_HOOKS.items():
+                if hasattr(module, hook):
+                    owner = importlib.import_module(where)
+                    _patch(stack, owner, name, getattr(module, hook)(getattr(owner, name), config))
         yield
 
 
@@ -322,8 +343,9 @@ def openrlhf_args(argv: list[str]):
 
     def stop(*a, **k):      # train() asks first thing: stop right there
         raise _Stop()
-    with _patched_openrlhf(_ship_spec, _cpu_mode(argv)), mock.patch.object(config, "hierarchize", hierarchize), \
-            mock.patch.object(ray, "is_initialized", stop):
+    with _patched_openrlhf(_ship_spec, _cpu_mode(argv)), contextlib.ExitStack() as stack:
+        _patch(stack, config, "hierarchize", hierarchize)
+        _patch(stack, ray, "is_initialized", stop)
         try:
             _run_openrlhf(argv)
         except _Stop:
@@ -334,7 +356,7 @@ def openrlhf_args(argv: list[str]):
 def _ship_spec(ns, cpu: bool) -> None:
     """On OpenRLHF's parsed args: the objective first (a bad file is the first error), then CPU
     mode's flags and the pre-flight checks, and only then is anything written (the report)."""
-    from openrlhf_drpo import cpu_mode
+    from openrlhf_drpo.hosts.openrlhf import cpu_mode
     spec, obj = prepare_objective(ns)
     if cpu:
         cpu_mode.check_flags(ns, sys.argv[1:])
@@ -353,7 +375,7 @@ def _ship_spec(ns, cpu: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from dsl import DslError
-    from openrlhf_drpo import cpu_mode
+    from openrlhf_drpo.hosts.openrlhf import cpu_mode
     argv = sys.argv[1:] if argv is None else argv
     traceback = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
@@ -362,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(cpu_mode.driver_environment())
         cpu_mode.check_versions()
     try:
-        with _patched_openrlhf(_ship_spec, cpu, _lab(argv)):
+        with _patched_openrlhf(_ship_spec, cpu, _plugin(argv)):
             _run_openrlhf(argv)
     except DslError as e:
         if traceback:

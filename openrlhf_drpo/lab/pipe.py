@@ -1,8 +1,9 @@
 """drpo-lab's shared pipeline: one Ray, one vLLM engine and one trainer serve every run of a lab.
 
-`drpo-train --drpo.lab_runs FILE` starts OpenRLHF's pipeline once, as for a single run, and its
-PPOTrainer (the single controller) is replaced by `LabTrainer`, whose fit() trains each run in
-FILE in turn. Before each run the policy actor restores the initial weights, optimizer and
+`drpo-train --drpo.plugin openrlhf_drpo.lab.pipe --drpo.plugin_config FILE` starts OpenRLHF's
+pipeline once, as for a single run; this module is its plugin: drpo-train's named hooks `trainer`
+and `rollout_actor` replace OpenRLHF's PPOTrainer (the single controller) by `LabTrainer`, whose
+fit() trains each run in FILE in turn, and its vLLM actor by one that seeds each sample. Before each run the policy actor restores the initial weights, optimizer and
 scheduler state, its replay buffer and the run's seed and objective (actor.drpo_begin_run), the
 prompts are dealt again from the run's seed, and the engine receives the restored weights.
 
@@ -22,7 +23,7 @@ import json
 import os
 import time
 
-ENGINE_INT4 = "OPENRLHF_DRPO_ENGINE_INT4"     # "1" in a vLLM engine whose weights are rounded to 4 bits
+WEIGHTS_HOOK = "OPENRLHF_DRPO_WEIGHTS_HOOK"     # CPU mode's named hook on the weights an engine receives
 
 
 def sample_seed(base: int, prompt: str, occurrence: int, index: int) -> int:
@@ -47,7 +48,12 @@ def int4_weights(weights: dict, group: int = 32) -> dict:
     return out
 
 
-def rollout_actor(base, engine_int4: bool):
+def rollout_actor(base, config: dict):
+    """drpo-train's `rollout_actor` hook: OpenRLHF's (or CPU mode's) vLLM actor, seeded."""
+    return _rollout_actor(base, bool(config.get("engine_int4")))
+
+
+def _rollout_actor(base, engine_int4: bool):
     """The lab's vLLM actor: OpenRLHF's (or CPU mode's) with seeded samples, and optionally 4-bit weights."""
     import copy
 
@@ -56,7 +62,7 @@ def rollout_actor(base, engine_int4: bool):
     class LabRolloutRayActor(base.__ray_actor_class__):
         async def __init__(self, *args, **kwargs):
             if engine_int4:          # read by the worker extension, in the engine's own process
-                os.environ[ENGINE_INT4] = "1"
+                os.environ[WEIGHTS_HOOK] = f"{__name__}:int4_weights"
             self._drpo_seed, self._drpo_seen = 0, {}
             await super().__init__(*args, **kwargs)
 
@@ -89,8 +95,9 @@ def _floats(status: dict) -> dict:
     return out
 
 
-def lab_trainer(base):
-    """OpenRLHF's PPOTrainer Ray actor, whose fit() trains every run of the lab file in turn."""
+def trainer(base, config: dict):
+    """drpo-train's `trainer` hook: OpenRLHF's PPOTrainer Ray actor, whose fit() trains every run of
+    the lab file (config) in turn."""
     import ray
 
     class LabTrainer(base.__ray_actor_class__):
@@ -98,7 +105,7 @@ def lab_trainer(base):
             from openrlhf.trainer.ppo_trainer import prepare_datasets
             from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
             import transformers
-            with open(self.args.drpo.lab_runs) as f:
+            with open(self.args.drpo.plugin_config) as f:
                 lab = json.load(f)
             self._stale_k = int(lab.get("stale_k") or 1)
             self.tensorboard_logger = self.wandb_logger = None    # fit() closes them after one run

@@ -1,6 +1,6 @@
 """A synthetic task that runs the whole drpo-train pipeline on a laptop, built locally.
 
-    python -m openrlhf_drpo.toytask DIR    # writes DIR/model, DIR/prompts.jsonl; prints the flags
+    python -m openrlhf_drpo.lab.toytask DIR    # writes DIR/model, DIR/prompts.jsonl; prints the flags
 
 The vocabulary is a few dozen words, the policy a randomly initialised tiny Llama, each
 prompt a few random words, and the reward the fraction of response words equal to the

@@ -15,7 +15,7 @@ import json
 import os
 import random
 
-from openrlhf_drpo.toytask import SPECIAL     # standard library only, like this file
+from openrlhf_drpo.lab.toytask import SPECIAL     # standard library only, like this file
 
 WORDS = [f"w{i}" for i in range(128)]
 TARGETS = frozenset(WORDS[-16:])       # the rare words the reward counts
@@ -60,7 +60,7 @@ def build(folder: str, prompts: int = 512, prompt_words: int = 4, seed: int = 0,
     """Writes the pre-trained tiny Llama, its word-level tokenizer and the prompts; returns their
     paths and the pre-trained model's probability of each target word (on the first prompt)."""
     import torch
-    from openrlhf_drpo.toytask import tiny_llama
+    from openrlhf_drpo.lab.toytask import tiny_llama
     vocab = SPECIAL + WORDS
     model, tok, model_dir = tiny_llama(folder, vocab, seed, hidden)
     # Pre-training: every next word is drawn from the Zipf distribution whatever came before,

@@ -12,13 +12,13 @@ import math
 import ray
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from openrlhf_drpo import cpu_mode
+from openrlhf_drpo.hosts.openrlhf import cpu_mode
 
 
 def build_loss(spec):
     """The ObjectiveLoss for a spec shipped in the args (its text, not a path)."""
     from dsl import parse
-    from openrlhf_drpo.loss import ObjectiveLoss
+    from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
     spec = json.loads(spec) if isinstance(spec, str) else spec
     obj = parse(spec["source"], spec["path"]).with_overrides(spec["params"], spec["options"])
     return ObjectiveLoss(obj)

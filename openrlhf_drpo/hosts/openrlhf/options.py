@@ -1,7 +1,7 @@
 """OpenRLHF 0.11.2's own PolicyLoss options, written as objectives.
 
 `policy_loss_text(**PolicyLoss kwargs)` is the objective file that equals
-`PolicyLoss(**kwargs)` (loss and gradient; tests/test_openrlhf_options.py holds every valid
+`PolicyLoss(**kwargs)` (loss and gradient; tests/test_sequence.py holds every valid
 configuration to PolicyLoss itself), and `is_correction_factor(...)` is the factor its
 train/rollout mismatch correction multiplies the per-token loss by. drpo-train composes that
 factor with any objective (`compose`), so OpenRLHF's --algo.advantage.is_correction_* flags

@@ -7,8 +7,8 @@ built to stress trust regions, and compare their training stability, on a laptop
 
 Each objective (a shipped name or a .dsl file, with optional overrides: `drpo:delta=0.2`)
 runs once per seed, in CPU mode on CPU or on GPUs when present. All runs share one pipeline
-(one Ray, one vLLM engine, one trainer: labpipe.py), or N side by side with --parallel N.
-The task (labtask.py) is built once in DIR/task. Writes DIR/results.json, DIR/results.md and
+(one Ray, one vLLM engine, one trainer: lab/pipe.py), or N side by side with --parallel N.
+The task (lab/task.py) is built once in DIR/task. Writes DIR/results.json, DIR/results.md and
 DIR/curves.png.
 """
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _show(text: str, step: int, last: bool = False) -> None:
 def plan(specs, args) -> list[dict]:
     """Every objective x seed, each with its folder, compiled-objective spec and log paths."""
     import dsl
-    from openrlhf_drpo.train import objective_spec
+    from openrlhf_drpo.hosts.openrlhf.train import objective_spec
     runs = []
     for name, params in specs:
         spec = objective_spec(dsl.load(name).with_overrides(params, {"anchor": "rollout"}, where="drpo-lab"))
@@ -156,7 +156,7 @@ _PROGRESS = re.compile(r"drpo-lab: run (?:(\d+) (started)|step (\d+) reward (\S+
 
 def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) -> None:
     """One drpo-train process (one Ray, vLLM engine and trainer) that trains `runs` in turn."""
-    from openrlhf_drpo import toytask
+    from openrlhf_drpo.lab import toytask
     os.makedirs(folder, exist_ok=True)
     for run in runs:
         os.makedirs(run["folder"], exist_ok=True)
@@ -168,9 +168,10 @@ def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) 
     first = runs[0]
     flags = toytask.flags(task, folder, steps=args.steps, rollout_prompts=ROLLOUT_PROMPTS, samples=SAMPLES,
                           seed=first["seed"], lr=args.lr, updates=args.updates)
-    cmd = [sys.executable, "-m", "openrlhf_drpo.train", "--drpo.objective", first["name"], "--drpo.anchor", "rollout",
+    cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", first["name"], "--drpo.anchor", "rollout",
            *[a for k, v in first["params"].items() for a in ("--drpo.set", f"{k}={v}")], *flags,
-           "--actor.lr_scheduler", "constant", "--drpo.lab_runs", lab_file, *args.extra]
+           "--actor.lr_scheduler", "constant", "--drpo.plugin", "openrlhf_drpo.lab.pipe",
+           "--drpo.plugin_config", lab_file, *args.extra]
     log_path = os.path.join(folder, "pipeline.log")
     current = 0
     with open(log_path, "w") as log:
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not __import__("torch").cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from openrlhf_drpo import labtask
+    from openrlhf_drpo.lab import task as labtask
     os.makedirs(args.out, exist_ok=True)
     custom = args.updates != preset["updates"] or args.stale_k != preset.get("stale_k", 1)
     print(f"drpo-lab: preset {args.preset} ({args.updates} updates per rollout, lr {args.lr:g}"

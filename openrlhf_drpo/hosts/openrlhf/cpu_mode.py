@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -23,6 +24,7 @@ import types
 PINNED = {"openrlhf": "0.11.2", "vllm": "0.29.0", "deepspeed": "0.19.6"}
 ENV_FLAG = "OPENRLHF_DRPO_CPU_MODE"          # "1" in every process of a CPU-mode run
 SKIP_RELOAD = "OPENRLHF_DRPO_SKIP_VLLM_RELOAD"   # diagnostic: receive weights, keep vLLM's old ones
+WEIGHTS_HOOK = "OPENRLHF_DRPO_WEIGHTS_HOOK"     # "module:function" applied to the weights a vLLM engine receives
 
 
 # ---------------------------------------------------------------- flash_attn (every process)
@@ -193,7 +195,7 @@ def ray_init_kwargs(kwargs: dict, args) -> dict:
         os.environ.pop(stale, None)
     runtime_env = dict(kwargs.get("runtime_env") or {})
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **driver_environment()}
-    runtime_env["worker_process_setup_hook"] = "openrlhf_drpo.cpu_mode.setup_ray_worker"
+    runtime_env["worker_process_setup_hook"] = "openrlhf_drpo.hosts.openrlhf.cpu_mode.setup_ray_worker"
     gpus = gpus_requested(args)
     return {**kwargs, "address": "local", "num_gpus": gpus, "num_cpus": max(os.cpu_count() or 1, gpus + 2),
             "include_dashboard": False, "runtime_env": runtime_env}
@@ -347,9 +349,11 @@ class CpuWorkerExtension:
         self._reload({n: w.view(s) for n, w, s in zip(names, flat.split(sizes), shapes)})
 
     def _reload(self, received: dict) -> None:
-        from openrlhf_drpo import labpipe
-        if os.environ.get(labpipe.ENGINE_INT4) == "1":     # drpo-lab's mismatch preset
-            received = labpipe.int4_weights(received)
+        # a named hook, "module:function", that transforms the weights the engine computes with
+        # (drpo-lab's 4-bit engine sets it in the engine's process; CPU mode imports no lab)
+        if hook := os.environ.get(WEIGHTS_HOOK):
+            module, _, function = hook.partition(":")
+            received = getattr(importlib.import_module(module), function)(received)
         if os.environ.get(SKIP_RELOAD) != "1":
             self.reload_weights(weights_iterator=list(received.items()), is_checkpoint_format=True)
 

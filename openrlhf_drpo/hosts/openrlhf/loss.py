@@ -12,9 +12,7 @@ import sys
 import torch
 
 from dsl.parser import Objective
-# the kernels live in the core; named here too, where the tests and the benchmark reach them
-from openrlhf_drpo.core import (METRIC_KEYS, Aggregation, CompiledLoss, _aggregation_coef,  # noqa: F401
-                                _eager_kernel, _fused_function, _kernel)
+from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss  # noqa: F401  (METRIC_KEYS: the names it logs)
 
 OPENRLHF_VERSION = "0.11.2"
 _FORWARD_PARAMS = ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
@@ -28,7 +26,7 @@ def _importing_openrlhf():
     (DeepSpeed, which it imports, else prints on stdout that it fell back to the CPU). Afterwards
     os.environ (also what DeepSpeed's import set in it), sys.meta_path and sys.modules are as they
     were: building a loss changes nothing process-wide (the stubs OpenRLHF bound stay bound)."""
-    from openrlhf_drpo.cpu_mode import _FlashAttnShim
+    from openrlhf_drpo.hosts.openrlhf.cpu_mode import _FlashAttnShim
     environ = dict(os.environ)
     shim = None     # drpo-train's processes have theirs already; a real flash_attn needs none
     if not any(isinstance(f, _FlashAttnShim) for f in sys.meta_path) and not importlib.util.find_spec("flash_attn"):

@@ -1,0 +1,52 @@
+"""The loss core's tensor boundary: every input checked before anything is computed."""
+from __future__ import annotations
+
+import torch
+
+
+def check_inputs(who: str, names: dict, tensors: dict) -> None:
+    """The tensor boundary: every per-token input is a tensor of log_probs' shape [batch, tokens]
+    on its device, floating point (the mask: bool, integer or floating, holding 0 and 1 only),
+    or a message naming the tensor, its shape and the fix. `names` maps each argument to the
+    host's name for it (ObjectiveLoss calls the mask action_mask). Metadata only, except the
+    mask's values: read on the CPU; on CUDA an asynchronous device assert (no host sync)."""
+    def fail(msg):
+        raise ValueError(f"{who}: {msg}")
+    name = lambda key: names.get(key, key)   # noqa: E731
+    logp = tensors["log_probs"]
+    if not isinstance(logp, torch.Tensor):
+        fail(f"{name('log_probs')} must be a torch.Tensor, got {type(logp).__name__}")
+    shape = list(logp.shape)
+    if logp.dim() != 2:
+        fail(f"{name('log_probs')} is {shape}: the loss takes [batch, tokens] (one response: "
+             f"{name('log_probs')}.unsqueeze(0))")
+    for key, x in tensors.items():
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            fail(f"{name(key)} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
+        if list(x.shape) != shape:
+            per_response = (x.dim() == 1 and x.shape[0] == shape[0]) or list(x.shape) == [shape[0], 1]
+            fix = (f"expand per-response {name(key)} with {name(key)}"
+                   f"{'.unsqueeze(-1)' if x.dim() == 1 else ''}.expand_as({name('log_probs')})"
+                   if per_response and key in ("advantages", "weights") else
+                   f"every per-token input has {name('log_probs')}' shape [batch, tokens]")
+            fail(f"{name(key)} is {list(x.shape)}, {name('log_probs')} {shape}: {fix}")
+        if x.device != logp.device:
+            fail(f"{name(key)} is on {x.device}, {name('log_probs')} on {logp.device}: move it with "
+                 f"{name(key)}.to({name('log_probs')}.device)")
+        if key != "mask" and not x.is_floating_point():
+            fail(f"{name(key)} is {x.dtype}: pass floating-point values ({name(key)}.float())")
+    mask = tensors.get("mask")
+    if mask is None or mask.dtype == torch.bool:
+        return
+    if mask.is_complex():
+        fail(f"{name('mask')} is {mask.dtype}: pass a bool or 0/1 mask")
+    bad = (mask != 0) & (mask != 1)
+    msg = (f"{name('mask')} holds values other than 0 and 1{{}}: it selects tokens (1 = a response token, "
+           f"0 = padding); pass per-token weights as Aggregation(weights=...), or ({name('mask')} != 0) "
+           "to keep every token whose entry is not 0")
+    if mask.is_cuda:
+        torch._assert_async(~bad.any(), msg.format(""))
+    elif bad.any():
+        fail(msg.format(f" ({mask[bad][0].item()!r})"))

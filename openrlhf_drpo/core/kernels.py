@@ -1,0 +1,194 @@
+"""The fused kernels: the aggregated loss, its gradient per token and the metric sums in one pass
+(`kernel`, which torch.compile fuses; `eager_kernel`, for eager CPU execution), and the autograd
+Function around either (`fused_function`)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+
+def aggregation_coef(m, mode):
+    """(coef, count): d loss / d ℓ = −coef/count (ℓ the per-token objective; the loss is minus
+    its aggregate), exactly as OpenRLHF's aggregate_loss scales it (m is the float mask), where
+    a given normalizer (batch_num_tokens or global_batch_size, over dp_size) replaces count.
+    Token mode divides by the token count; sample mode averages the per-sequence means over
+    non-empty sequences. The token-sum modes weight each sequence's mean by its length (or
+    length / T)."""
+    if mode == "token-mean":
+        return m, m.sum()
+    count = m.sum(dim=-1, keepdim=True)
+    per_seq = {"seq-mean-token-mean": 1.0, "seq-mean-token-sum": count,
+               "seq-mean-token-sum-norm": count / m.shape[-1]}[mode] / (count + 1e-8)
+    seq = (count > 0).to(m.dtype)
+    return m * (per_seq * seq), seq.sum()
+
+
+def _float_mask(action_mask, dtype):
+    # on CPU a bool tensor converts ~4x slower than uint8, and a comparison into bool ~4x
+    # slower than into float
+    if action_mask.dtype == torch.bool:
+        return action_mask.view(torch.uint8).to(dtype)
+    return torch.ne(action_mask, 0, out=torch.empty_like(action_mask, dtype=dtype))
+
+
+def _dot(x, y):
+    return torch.dot(x.reshape(-1), y.reshape(-1))
+
+
+def mul_sum(x, y):
+    return (x * y).sum()      # what inductor fuses into the loop (a dot is a separate BLAS call)
+
+
+def per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef):
+    """The generated function's results, with its gradient per token as ∂ℓ/∂log π, and the
+    gradient of Σ coef·ℓ (for an objective with a sequence reduction, which computes that one
+    itself, ∂ℓ/∂log π is that over coef: the gradient a token gets per unit of its weight)."""
+    value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A, old, rollout, keep, coef)
+    if getattr(value_and_grad, "includes_coef", False):
+        return value, grad / torch.where(coef != 0, coef, 1.0), grad, r, raw, mu, inside
+    return value, grad, grad * coef, r, raw, mu, inside
+
+
+def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
+            dot=_dot):
+    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π (scale None: already applied)
+    and the metric sums, in one function that torch.compile turns into a couple of fused
+    loops. Every per-token quantity is selected by the mask before it is reduced, so masked
+    slots never leak. With dot=_dot, loss and gradient equal eager_kernel's bit for bit."""
+    keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
+    m = keep.to(logp.dtype)
+    coef, count = aggregation_coef(m, mode)
+    if weights is not None:
+        coef = coef * weights      # a host's per-token weights (verl's rollout IS weights): in the sum, not the count
+    value, grad, total, r, raw, mu, inside = per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef)
+    scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
+    nonzero_A = torch.sign(A).abs()
+    w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
+    # w ≤ 0: the trust-region boundary is reached, unless the ratio clamp zeroed the gradient
+    # (`inside` = 0: a numerical stop, not the objective's). The move's direction is the sign
+    # of A·(log π − log μ) (0 where A = 0): +1 diverging, −1 converging. So with
+    # s = stopped·direction on unmasked tokens, Σs = diverging − converging and Σs² = their sum.
+    s = torch.where(keep, (1 - torch.relu(torch.sign(w))) * inside * torch.sign(raw * A), 0.0)
+    nonzero_A = torch.where(keep, nonzero_A, 0.0)
+    sel = functools.partial(torch.where, keep, other=0.0)
+    sums = torch.stack([dot(sel(w), nonzero_A), nonzero_A.sum(), s.sum(), dot(s, s),
+                        dot(sel((r - 1).abs()), sel(mu)),     # |π − μ| = μ·|r − 1|, r clamped as in the loss
+                        _max(sel(r)), dot(sel(raw), m), m.sum()])
+    return dot(sel(value), coef) * scale, sel(total) * scale, None, _stats(sums)
+
+
+def _max(x):
+    return x.amax() if x.numel() else x.new_zeros(())    # [B, 0]: nothing to max
+
+
+def _stats(sums):
+    """The metrics (METRIC_KEYS' order), then ppo_kl's masked mean of −log r and the token
+    count, from the sums [Σw, #w, Σs, Σs², Σ|π−μ|, max r, Σ log r, #tokens]. An all-masked
+    batch reports 0, not 0/0."""
+    w_sum, w_count, toward, total, abs_pi_mu, ratio_max, log_ratio, tokens = sums.unbind()
+    n = tokens.clamp(min=1)
+    return torch.stack([w_sum / w_count.clamp(min=1), (total + toward) / 2 / n, (total - toward) / 2 / n,
+                        abs_pi_mu / n, ratio_max, -log_ratio / n, tokens])
+
+
+def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None,
+                  rollout=None, weights=None):
+    """kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
+    comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: masked slots
+    are multiplied by 0 rather than selected, each metric is computed in place in a buffer the
+    generated function returned and no longer needs, the metrics are finished in Python (one
+    host sync), and the gradient's scale is left to backward. That equals kernel wherever
+    every per-token value is finite; if any result is not (a masked slot held NaN or inf, or
+    the objective is not finite somewhere), kernel recomputes it. test_loss holds the two to
+    each other. Tokens are flat, except for an objective with a reduction over each response."""
+    exact = functools.partial(kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights)
+    if not logp.numel():      # [B, 0]
+        return exact()
+    m = _float_mask(action_mask, logp.dtype)
+    coef, count = aggregation_coef(m, mode)
+    if weights is not None:
+        coef = coef * weights
+    tokens = count if mode == "token-mean" else m.sum()
+    scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as kernel, in the same dtype
+    if value_and_grad.reduces:       # [B, T]: a reduction reads whole responses
+        value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A, old, rollout, action_mask != 0, coef)
+    else:
+        flat = lambda x: None if x is None else x.reshape(-1)   # noqa: E731
+        A, m, coef = A.reshape(-1), m.reshape(-1), coef.reshape(-1)
+        # grad may be an input (GPG's is A): only read
+        value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A, flat(old),
+                                                               flat(rollout))
+    total, spare, scratch = None, value, raw        # value and raw: buffers of their own, free once read
+    if getattr(value_and_grad, "includes_coef", False):    # the gradient of Σ coef·ℓ; value and raw may be views
+        total, grad = grad, torch.eq(coef, 0, out=torch.empty_like(coef)).add_(coef)   # coef, or 1 where it is 0
+        grad = scratch = torch.div(total, grad, out=grad)     # as _per_token; free once w is computed
+        spare = torch.empty_like(m)
+    loss, log_ratio = _dot(value, coef) * scale, _dot(raw, m)
+    masked_r = r.mul_(m)
+    ratio_max = masked_r.amax()
+    abs_pi_mu = _dot(torch.sub(masked_r, m, out=spare).abs_(), mu)   # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
+    a = torch.mul(A, m, out=mu)       # masked advantages: the metrics below need no other mask
+    w = torch.eq(a, 0, out=spare).addcmul_(masked_r, a)      # r·A, or 1 where A = 0 (or masked)
+    w = torch.div(grad, w, out=w)                             # w = (∂ℓ/∂log π)/(r·A)
+    direction = torch.mul(raw, a, out=scratch).sign_()
+    has_w = a.ne_(0)
+    w_sum, w_count = _dot(w, has_w), has_w.sum()
+    stopped = w.le_(0)              # see kernel: Σ stopped·direction, Σ stopped·|direction|
+    if not isinstance(inside, float):        # some ratio is clamped
+        stopped.mul_(inside)
+    toward, total_stopped = _dot(stopped, direction), _dot(stopped, direction.abs_())
+    # a non-finite ∂ℓ/∂log π anywhere (masked or not) makes w_sum non-finite: w = grad/den
+    # and the dot multiplies it by 0 or 1
+    values = torch.stack([loss, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio,
+                          tokens]).tolist()
+    if not all(map(math.isfinite, values)):
+        return exact()
+    _, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio, tokens = values
+    n = max(tokens, 1)
+    stats = torch.tensor([w_sum / max(w_count, 1), (total_stopped + toward) / 2 / n, (total_stopped - toward) / 2 / n,
+                          abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=logp.dtype, device=logp.device)
+    if total is None:
+        total = torch.mul(grad, coef, out=stopped).view_as(logp)
+    return loss, total, scale, stats
+
+
+def compute_dtype(logp):
+    """Half precision is computed in fp32, as peers do: exp and (r-1)^2·|A| overflow fp16."""
+    return torch.float32 if logp.dtype in (torch.float16, torch.bfloat16) else logp.dtype
+
+
+def fused_function(kernel, who="CompiledLoss"):
+    class Fused(torch.autograd.Function):
+        """Forward computes the loss and its gradient together and keeps only the gradient:
+        backward is one multiply, and no intermediate of the objective stays alive."""
+
+        @staticmethod
+        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None):
+            # detached: the kernel is compiled as an inference graph, with no autograd of its own.
+            # Every input in the one compute dtype (compute_dtype): a float64 anchor with
+            # float32 log-probs too.
+            dtype = compute_dtype(logp)
+            wide = lambda x: x if x is None else x.to(dtype)  # noqa: E731
+            loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
+                                              wide(old), wide(rollout), wide(weights))
+            ctx.save_for_backward(grad)
+            ctx.dtype, ctx.scale, ctx.who = logp.dtype, scale, who
+            ctx.mark_non_differentiable(stats)
+            return loss, stats
+
+        @staticmethod
+        def backward(ctx, g, _):
+            # The saved gradient is a constant to autograd: a second derivative through it
+            # (create_graph=True: a gradient penalty, a Hessian-vector product) would silently
+            # lack the objective's own term, even beside other differentiable terms. Grad mode is
+            # on here exactly when the caller asked for a graph of the gradient.
+            if torch.is_grad_enabled():
+                raise RuntimeError(f"{ctx.who}: the fused loss is differentiable once; for create_graph=True "
+                                   "(second derivatives) build it with fused=False")
+            (grad,) = ctx.saved_tensors
+            # g·((grad·coef)·scale), the order kernel's compiled product gives: equal bit for bit
+            grad = g * grad if ctx.scale is None else torch.mul(grad, ctx.scale).mul_(g)
+            return grad.to(ctx.dtype), None, None, None, None, None, None, None
+    return Fused

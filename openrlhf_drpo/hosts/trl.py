@@ -1,0 +1,214 @@
+"""The TRL adapter: a GRPOTrainer whose policy term is a compiled objective.
+
+    trainer = ObjectiveGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(loss_type="dapo", ...),
+                                   train_dataset=..., objective="drpo", objective_params={"delta": 0.2})
+
+The objective replaces TRL's clipped surrogate; everything else in TRL's GRPO loss keeps TRL's
+meaning: the normalization GRPOConfig.loss_type names (grpo, bnpo, dr_grpo, dapo), the KL term
+(beta), the entropy bonus, the entropy and off-policy masks and the vLLM IS correction. μ is
+TRL's old log-probs; π_rollout its sampling log-probs (kept where vLLM generates; an objective that
+reads π_rollout writes its own train/rollout correction, so TRL's must be off). The objective is
+parsed, compiled and checked against the config at construction, before any model loads. This
+follows TRL's documented way to change the objective: a subclass overriding the loss computation
+(GRPOTrainer._compute_loss), a private method: so the trainer checks, first, that TRL is the
+release it re-implements."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+from trl import GRPOTrainer
+
+from dsl.parser import Objective
+from openrlhf_drpo.core import Aggregation, CompiledLoss
+
+# TRL's loss types that are a normalization (ours then applies), and those that are a formula:
+# (the shipped objective that writes it, the loss_type whose normalization TRL applies to it).
+# luspo: TRL's Σ_t ℓ·mask summed per response, averaged over responses, is grpo's per-response mean
+# of luspo.dsl's seq_len·ℓ (TRL's luspo with importance_sampling_level='sequence'; test_trl checks it)
+NORMALIZATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
+FORMULAS = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "grpo"),
+            "vespo": ("vespo", "dapo")}
+
+TRL_VERSION = "1.16.0"
+_MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+               "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+# the private GRPOTrainer methods _compute_loss below overrides or calls, with TRL 1.16.0's parameters
+_TRL_METHODS = {
+    "_compute_loss": ["self", "model", "inputs"],
+    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
+                                           "batch_size", "compute_entropy", "compute_aux_loss", *_MULTIMODAL],
+    "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
+    "get_off_policy_mask": ["advantages", "per_token_logps", "sampling_per_token_logps", "mask",
+                            "off_policy_threshold"],
+}
+
+
+class TrlObjectiveLoss(CompiledLoss):
+    rollout_hint = (": TRL keeps sampling log-probs only where vLLM generates (use_vllm=True); "
+                    "without them use an objective on μ (TRL's old log-probs)")
+
+
+class ObjectiveGRPOTrainer(GRPOTrainer):
+    """trl.GRPOTrainer with `objective=` (a shipped name, a path or a dsl.Objective) and
+    `objective_params=` (a dict of its parameters, or the options anchor/aggregate); every other
+    argument is GRPOTrainer's. Logs drpo_w_mean, drpo_past_boundary_{diverging,converging},
+    drpo_abs_pi_minus_mu and drpo_ratio_max beside TRL's metrics."""
+
+    def __init__(self, *args, objective: str | Objective = "drpo", objective_params: Mapping | None = None,
+                 **kwargs):
+        # first: another TRL, or a bad objective, stops with its error before any model loads
+        _check_trl()
+        if "aggregate" in (objective_params or {}):
+            raise ValueError("ObjectiveGRPOTrainer: the aggregation is GRPOConfig.loss_type's normalization, "
+                             "not an objective parameter")
+        self.objective_loss = TrlObjectiveLoss(objective, **dict(objective_params or {}))
+        config = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
+        if config is not None:
+            _check_config(config, self.objective_loss)
+        super().__init__(*args, **kwargs)
+        _check_config(self.args, self.objective_loss)     # the default GRPOConfig, where none was given
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
+            completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in _MULTIMODAL})
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        old = inputs.get("old_per_token_logps")
+        old = per_token_logps.detach() if old is None else old     # num_iterations == 1: μ = π
+        sampling = inputs.get("sampling_per_token_logps")
+        # vLLM marks tokens it could not score NaN: ratio 1 there (TRL zeroes their log-difference);
+        # TRL's off-policy mask reads them raw and ignores them itself
+        rollout = None if sampling is None else torch.where(torch.isnan(sampling), old, sampling)
+
+        # TRL's per-token factors on the policy term, by TRL's own helpers
+        factor = torch.ones_like(per_token_logps)
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            factor = factor * entropy_mask
+        if self.off_policy_mask_threshold is not None:
+            factor = factor * self.get_off_policy_mask(advantages, per_token_logps,
+                                                       old if sampling is None else sampling, mask,
+                                                       self.off_policy_mask_threshold)
+        if self.use_vllm and self.vllm_importance_sampling_correction:     # an objective on π_rollout: refused
+            factor = factor * inputs["importance_sampling_ratio"]
+
+        mode = "train" if self.model.training else "eval"
+        per_response, norm = self._normalization(mask, inputs, mode)
+        weights = factor * per_response
+        loss, metrics = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
+                                            rollout_log_probs=rollout,
+                                            aggregation=Aggregation("token-mean", norm=norm, weights=weights))
+        if self.beta != 0.0:
+            ref = inputs["ref_per_token_logps"]
+            per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * torch.exp(per_token_logps - old)
+            loss = loss + (self.beta * per_token_kl * mask * per_response).sum() / norm
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if self._entropy_bonus_enabled:     # adaptive: refused at construction
+            # TRL's policy_loss: the loss with β·KL, before the accumulation scaling for the loss
+            # types that divide by it afterwards (dapo's normalizer already holds it)
+            policy_loss = loss.detach() * (accumulation if self.loss_type != "dapo" else 1.0)
+            effective = mask if entropy_mask is None else mask * entropy_mask
+            entropy = (entropies * effective).sum() / effective.sum().clamp(min=1.0) / accumulation
+            loss = loss - self.entropy_coef * entropy
+            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+            if mode == "train" and self.accelerator.sync_gradients:
+                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        def global_masked_mean(x):
+            totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append(global_masked_mean(per_token_kl))
+        self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
+        # the objective's metrics in one gather, reduced over ranks as TRL reduces its own: a
+        # maximum by max (as clip_ratio/high_max), a mean or fraction by the mean of the ranks'
+        # (as policy_loss: nanmean); each metric declares which it is (core.METRICS)
+        logged = [(i, m) for i, m in enumerate(metrics.fields) if m.key]
+        gathered = self.accelerator.gather(metrics.values[[i for i, _ in logged]].float()[None])
+        maxima = torch.tensor([m.reduce == "max" for _, m in logged], device=gathered.device)
+        for (_, m), value in zip(logged, torch.where(maxima, gathered.amax(0), gathered.nanmean(0)).tolist()):
+            self._metrics[mode][m.key].append(value)
+        return loss
+
+    def _normalization(self, mask, inputs, mode):
+        """TRL's normalization for self.loss_type as (per-response factor, normalizer): the loss is
+        Σ factor·ℓ over unmasked tokens / normalizer, as GRPOTrainer._compute_loss divides it."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        ones = torch.ones_like(mask[:, :1], dtype=torch.float32)
+        if self.loss_type == "grpo":      # each response's mean, then the mean over responses
+            return 1 / mask.sum(-1, keepdim=True).clamp(min=1.0), mask.size(0) * accumulation
+        if self.loss_type == "bnpo":
+            return ones, mask.sum().clamp(min=1.0) * accumulation
+        if self.loss_type == "dr_grpo":
+            return ones, mask.size(0) * self.max_completion_length * accumulation
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes   # dapo
+        if mode == "train":
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return ones, normalizer
+
+
+def _check_trl():
+    """The installed TRL is the release whose private _compute_loss this module re-implements,
+    and the private methods it calls take the parameters it passes. The pin is the check: a
+    fingerprint of TRL's _compute_loss source would add only a patched 1.16.0, which
+    tests/test_trl.py holds to TRL's own loss step by step anyway."""
+    try:
+        installed = version("trl")
+    except PackageNotFoundError:
+        installed = "(of unknown version: no package metadata)"
+    if installed != TRL_VERSION:
+        raise RuntimeError(f"ObjectiveGRPOTrainer: trl {installed} is installed; it is built against "
+                           f"trl=={TRL_VERSION}, whose private GRPOTrainer._compute_loss it re-implements (TRL "
+                           f"changes a private method between releases without notice): pip install trl=={TRL_VERSION}")
+    for name, expected in _TRL_METHODS.items():
+        params = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+        if params != expected:
+            raise RuntimeError(f"ObjectiveGRPOTrainer: trl's GRPOTrainer.{name} takes {params}, expected "
+                               f"{expected} (trl {TRL_VERSION}'s)")
+
+
+def _check_config(config, objective_loss):
+    """The config against the objective, before training: TRL settings that are themselves a
+    policy term or a train/rollout correction conflict with the objective's, and what the
+    objective needs must be there."""
+    name = objective_loss.objective.name
+    loss_type = getattr(config, "loss_type", "dapo")
+    if loss_type in FORMULAS:
+        shipped, normalization = FORMULAS[loss_type]
+        raise ValueError(f"ObjectiveGRPOTrainer: loss_type={loss_type!r} is itself a policy objective, which "
+                         f"objective '{name}' replaces; for TRL's {loss_type} use objective='{shipped}' with "
+                         f"loss_type='{normalization}' (objectives/{shipped}.dsl; TRL normalizes its {loss_type} "
+                         f"as {normalization})" + (", and importance_sampling_level='token' (the objective "
+                                                   "writes the sequence ratio)" if loss_type == "luspo" else ""))
+    if loss_type not in NORMALIZATIONS:
+        raise ValueError(f"ObjectiveGRPOTrainer: unknown loss_type {loss_type!r}; expected one of {list(NORMALIZATIONS)}")
+    if getattr(config, "importance_sampling_level", "token") != "token":
+        raise ValueError("ObjectiveGRPOTrainer: importance_sampling_level='sequence' is TRL's GSPO policy term; "
+                         "use objective='gspo' with importance_sampling_level='token'")
+    if getattr(config, "delta", None) is not None:
+        raise ValueError("ObjectiveGRPOTrainer: delta (TRL's two-sided clip) is part of TRL's policy term, "
+                         "which the objective replaces; write the clip into the objective")
+    if getattr(config, "use_adaptive_entropy", False):
+        raise ValueError("ObjectiveGRPOTrainer: the adaptive entropy bonus (use_adaptive_entropy=True) is not "
+                         "supported; set use_adaptive_entropy=False and a fixed entropy_coef")
+    if not getattr(config, "use_vllm", False):
+        objective_loss.refuse_missing({"rollout_log_probs": "use_vllm=False" + objective_loss.rollout_hint},
+                                      "ObjectiveGRPOTrainer")
+    if objective_loss.uses_rollout and getattr(config, "vllm_importance_sampling_correction", False):
+        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {objective_loss.inputs()['rollout_log_probs']} "
+                         "and writes its own train/rollout correction, which TRL's vLLM importance-sampling "
+                         "correction would apply a second time; set vllm_importance_sampling_correction=False")

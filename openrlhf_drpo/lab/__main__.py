@@ -1,0 +1,3 @@
+from openrlhf_drpo.lab.driver import console_main
+
+console_main()
