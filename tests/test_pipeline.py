@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from openrlhf_drpo.hosts.openrlhf import cpu_mode, toytask
+from openrlhf_drpo.hosts.openrlhf import cpu_mode
+from openrlhf_drpo.lab import toytask
 
 STEPS = 10
 
