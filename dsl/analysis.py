@@ -25,7 +25,9 @@ from .events import facts as grid_facts
 from .extremes import on_policy, on_policy_warnings
 from fractions import Fraction
 
-from .ir import derivative, numpy_plan, reads_whole_response, tree_size, uniform_view
+from .ir import tree_size
+from .operations import OPS
+from .walks import derivative, numpy_plan, reads_whole_response, uniform_view
 from .parser import Objective
 from .sampling import Numeric, case_dispatch, numpy_fn, self_check  # noqa: F401 - self_check is this module's API too
 from .symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
@@ -381,15 +383,9 @@ def _claims(ctx, arb, res, facts) -> dict:
             reach.append({"status": "proven", "evidence": "π > 1 for every μ > 0 (SymPy)"} if proof else
                          {"status": "unconfirmed", "evidence": f"not met at {grid}; found only outside the domain"})
         out["reachable"][adv] = reach
-    smooth_ops = {"add", "sub", "mul", "neg", "num", "var", "param", "exp", "sqrt", "erf", "derf",
-                  "atan", "softsign", "sg", "abs"}
-    constant = lambda n: not any(m.op == "var" for m in n.walk())     # noqa: E731
-    # log has a pole where its argument reaches 0 (log|r − 1.3| inside the domain): only log of r, π, μ
-    # (positive in the domain) or of something that does not vary with r is continuous in r
-    along_r = lambda n: any(m.op == "var" and m.value in ("r", "pi") for m in n.walk())     # noqa: E731
-    continuous_ir = all(n.op in smooth_ops or (n.op == "pow" and n.args[1].op == "num" and n.args[1].value >= 0)
-                        or (n.op == "div" and constant(n.args[1]))
-                        or (n.op == "log" and (n.args[0].op == "var" or not along_r(n.args[0])))
+    # every operation continuous in r where it stands (its row says; x^c only for c ≥ 0, ...) and
+    # none that branches (min, max and clip are continuous, but their derivatives are not)
+    continuous_ir = all(n.op not in OPS or (OPS[n.op].is_continuous(n) and not OPS[n.op].branching)
                         for n in ctx.dl.walk())
     continuous_ir &= not any(facts[adv]["poles"] or facts[adv]["undefined"] for adv, _ in SIGNS)
     if not res["smooth"]:
@@ -607,10 +603,7 @@ def _highest_power(n) -> float:
 def branches(n) -> int:
     """Nodes of ∂ℓ/∂r where w may branch (min, max, clip, masks, comparisons, and, or, not):
     the cases SymPy must settle grow with their product."""
-    return sum(1 for m in set(n.walk()) if m.op in BRANCH_OPS)
-
-
-BRANCH_OPS = {"min", "max", "clip", "ind", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"}
+    return sum(1 for m in set(n.walk()) if m.op in OPS and OPS[m.op].branching)
 
 
 def _widen(facts, on_policy_facts):

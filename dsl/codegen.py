@@ -18,10 +18,15 @@ its gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is th
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
-from .ir import (ONE, OPS, ZERO, NonLocal, Node, add, constant_nodes, derivative, div, evaluate,
-                 is_num, mul, passes_no_gradient, postorder, reads_whole_response, render)
+from .ir import ONE, ZERO, Node, add, div, is_num, mul, postorder
+from .lowerings import is_literal
+from .operations import OPS, passes_no_gradient
 from .parser import Objective
+from .printing import render
+from .walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
 _ZERO = Node("num", value=0)
@@ -69,6 +74,74 @@ GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "
 UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": _var("r"), "log_ratio": Node("num", value=1)}
 
 
+# ---------------------------------------------------------------- the kernels' own lowering table
+@dataclass(frozen=True)
+class Kernel:
+    """How the emitter may treat an operation's torch text (its row's `torch`) beyond writing
+    it: every operation has an entry in KERNELS, checked when this module is imported."""
+    reuses_args: bool = False       # the torch text names an argument twice: bind it first
+    inplace: str = ""               # torch method updating its first argument in place (add_, ...)
+    # how a fresh second argument is updated in place, bit for bit ((a, b) -> source), if it can be
+    inplace_second: Callable | None = None
+    # the eager kernel's lowering of a boolean op, with booleans as 0/1 floats (comparisons
+    # into a float tensor are ~4x faster on CPU than into bool): ((code, fresh), ...) -> (code, fresh)
+    floats: Callable | None = None
+    view: bool = False              # the result shares its argument's storage (sg's .detach(), a reduction's expand)
+
+
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _f_cmp(name):
+    def lower(a, b):
+        if is_literal(a[0]) or (b[1] and not a[1]):     # the tensor (a fresh one, if any) goes first
+            a, b, name_ = b, a, _MIRROR[name]
+        else:
+            name_ = name
+        if a[1]:
+            return f"{a[0]}.{name_}_({b[0]})", True
+        return f"torch.{name_}({a[0]}, {b[0]}, out=torch.empty_like(logp))", True
+    return lower
+
+
+def _f_fresh_first(a, b):
+    return (b, a) if b[1] and not a[1] else (a, b)
+
+
+def _f_and(a, b):
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.mul_({b[0]})" if a[1] else f"({a[0]} * {b[0]})"), True
+
+
+def _f_or(a, b):       # 0/1 values: a + b, clamped to 1
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.add_({b[0]})" if a[1] else f"({a[0]} + {b[0]})") + ".clamp_(max=1.0)", True
+
+
+def _f_not(a):
+    return (f"{a[0]}.neg_().add_(1.0)" if a[1] else f"(1.0 - {a[0]})"), True
+
+
+KERNELS = {
+    "add": Kernel(inplace="add_", inplace_second=lambda a, b: f"{b}.add_({a})"),
+    "sub": Kernel(inplace="sub_", inplace_second=lambda a, b: f"{b}.neg_().add_({a})"),    # IEEE: a - b is a + (-b)
+    "mul": Kernel(inplace="mul_", inplace_second=lambda a, b: f"{b}.mul_({a})"),
+    "div": Kernel(inplace="div_"), "neg": Kernel(inplace="neg_"), "pow": Kernel(inplace="pow_"),
+    **{k: Kernel(inplace=f"{k}_") for k in ("log", "exp", "sqrt", "abs", "sign", "erf", "atan")},
+    "derf": Kernel(), "softsign": Kernel(reuses_args=True),
+    **{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")},
+    "sg": Kernel(view=True),
+    "ind": Kernel(floats=lambda c: c),
+    "select": Kernel(floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
+    **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
+    "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
+    **{f"seq_{k}": Kernel(view=True) for k in ("sum", "mean", "max", "min")},
+}
+if KERNELS.keys() != OPS.keys() or any(OPS[k].kind == "bool" and not KERNELS[k].floats for k in OPS):
+    raise TypeError(f"dsl.codegen.KERNELS must have one entry per operation, a boolean one with `floats`: "
+                    f"missing {sorted(OPS.keys() - KERNELS.keys())}, unknown {sorted(KERNELS.keys() - OPS.keys())}")
+
+
 class _Emitter:
     """Emits statements with common-subexpression elimination: a subtree used twice gets
     a name; constant subtrees are folded to a float (parameters are listed in the header).
@@ -92,7 +165,7 @@ class _Emitter:
         if self.uses[n] == 1 and n not in self.constant:
             for a in n.args:
                 self.count(a)
-                if OPS[n.op].reuses_args:   # torch.where(a <= b, a, b) evaluates a and b once
+                if KERNELS[n.op].reuses_args:   # torch.where(a <= b, a, b) evaluates a and b once
                     self.count(a)
 
     def expr(self, n: Node) -> tuple[str, bool]:
@@ -106,17 +179,16 @@ class _Emitter:
             return repr(float(v)), False
         if n.op == "var":
             return n.value, False
-        op = OPS[n.op]
+        op, kernel = OPS[n.op], KERNELS[n.op]
         args = [self.expr(a) for a in n.args]
         codes = [c for c, _ in args]
-        # sg's .detach() shares its argument's storage; comparisons give bool
-        fresh = op.kind == "num" and n.op != "sg" and not op.reduce    # a reduction is an expanded view
-        if self.floats and op.floats:
-            code, fresh = op.floats(*args)
-        elif self.inplace and op.inplace and args[0][1]:
-            code = f"{codes[0]}.{op.inplace}({', '.join(codes[1:])})"
-        elif self.inplace and op.inplace_second and args[1][1]:
-            code = op.inplace_second(*codes)
+        fresh = op.kind == "num" and not kernel.view       # comparisons give bool
+        if self.floats and kernel.floats:
+            code, fresh = kernel.floats(*args)
+        elif self.inplace and kernel.inplace and args[0][1]:
+            code = f"{codes[0]}.{kernel.inplace}({', '.join(codes[1:])})"
+        elif self.inplace and kernel.inplace_second and args[1][1]:
+            code = kernel.inplace_second(*codes)
         else:
             code = op.torch(*codes)
         if self.uses.get(n, 0) > 1 and n.args:
@@ -312,7 +384,7 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
             for i, x in enumerate(n.args):
                 if x in constant:
                     continue
-                partial = op.deriv(n, [ONE if j == i else ZERO for j in range(len(n.args))])
+                partial = op.gradient(n, [ONE if j == i else ZERO for j in range(len(n.args))])
                 if not is_num(partial, 0):
                     contributions.append((x, mul(a, partial)))
         for x, c in contributions:

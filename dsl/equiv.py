@@ -10,7 +10,8 @@ and on seeded random points, always: it alone finds a witness, and it confirms a
 from __future__ import annotations
 
 from .arbiter import grid_axes
-from .ir import Node, derivative, num, numpy_plan, postorder, tree_size
+from .ir import Node, num, postorder, tree_size
+from .walks import derivative, numpy_plan
 
 # |A| from tiny to huge, with intermediate values where an |A|-entangled gate changes shape
 MAGNITUDES = (1e-3, 1.0, 1.5, 7.0, 60.0, 1e3)

@@ -11,9 +11,18 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import DslError
-from .ir import (BATCH_WIDE, BUILTINS, FUNCTIONS, OPS, RENDER_LIMIT, Node, Pos, canonical_name, constant_nodes,
-                 display_name, num, postorder, render, tree_size)
+from .ir import Node, Pos, num, postorder, tree_size
+from .names import BUILTINS, canonical_name, display_name
+from .operations import FUNCTIONS, OPS, passes_no_gradient
+from .printing import RENDER_LIMIT, render
 from .source import Source, _did_you_mean, _lookalike
+from .walks import constant_nodes, evaluate
+
+# Reductions wider than one response: refused by name, with the reason (an update's tokens are
+# split across micro-batches and ranks, so a batch statistic would silently change with them).
+BATCH_WIDE = ("mean", "sum", "std", "var", "median", "quantile", "percentile", "topk", "top_k", "kthvalue",
+              "rank", "softmax", "logsumexp", "whiten", "normalize", "batch_mean", "batch_sum", "batch_max",
+              "batch_min", "batch_std", "group_mean", "group_std", "argmax", "argmin", "cumsum", "cummax")
 
 OPTIONS = {
     "anchor": ("old", "rollout"),
@@ -203,32 +212,22 @@ def _superscript(text: str) -> int:
 
 
 def _exact(n):
-    """The exact rational value of a constant node of + − × ÷ and integer powers, else None."""
+    """The exact rational value of a constant node whose every operation has an exact
+    rational lowering (+ − × ÷ and integer powers), else None."""
     if n.op == "num":
         return n.value
     args = [_exact(a) for a in n.args]
-    if None in args or n.op not in ("add", "sub", "mul", "div", "neg", "pow"):
+    if None in args or n.op not in OPS or OPS[n.op].exact is None:
         return None
-    if n.op == "pow" and (args[1].denominator != 1 or abs(args[1]) > 64 or (args[0] == 0 and args[1] < 0)):
-        return None
-    if n.op == "div" and args[1] == 0:
-        return None
-    ops = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-           "div": lambda a, b: a / b, "neg": lambda a: -a, "pow": lambda a, b: a ** int(b)}
-    return ops[n.op](*args)
+    return OPS[n.op].exact(*args)
 
 
 def _not_real(op: str, args: list) -> str | None:
     """Why a constant has no real value, where real arithmetic has none (torch gives NaN)."""
-    if op == "pow" and args[0] < 0 and not float(args[1]).is_integer():
-        return "a negative base to a fractional power"
-    if op in ("log", "sqrt") and args[0] < 0:
-        return f"{op} of a negative number"
-    return None
+    return OPS[op].not_real(*args) if OPS[op].not_real else None
 
 
 def _safe_eval(n, env):
-    from .ir import evaluate
     try:
         return evaluate(n, env)
     except (ValueError, ZeroDivisionError, OverflowError, TypeError):
@@ -432,9 +431,8 @@ class _Builder(Source):
         lo, hi = FUNCTIONS[name]
         if len(args) < lo or (hi is not None and len(args) > hi):
             want = f"{lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
-            sig = {"clip": "clip(x, lo, hi)", "min": "min(a, b, ...)", "max": "max(a, b, ...)"}.get(name, f"{name}(x)")
             raise self.error(f"{name}() takes {want} argument{'s' if want != '1' else ''}, got {len(args)}",
-                             pos, f"write {sig}")
+                             pos, f"write {OPS[name].signature}")
         return Node(name, tuple(args), pos=pos)
 
     def _implicit(self, t, rec) -> Node:
@@ -476,7 +474,7 @@ class _Builder(Source):
         live = set()    # r or π reachable through something with a nonzero derivative
         for n in postorder(expr):
             if (n.op == "var" and n.value in ("r", "pi")) or (
-                    n.op not in ("sg", "ind", "sign") and any(a in live for a in n.args)):
+                    any(a in live for a in n.args) and not passes_no_gradient(n.op)):
                 live.add(n)
         if expr not in live:
             raise self.error("the objective does not depend on the policy", pos,

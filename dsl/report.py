@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from .ir import display_name
+from .names import display_name
 
 _FUNCS = {"Piecewise", "sign", "Abs", "log", "exp", "sqrt", "Min", "Max", "Eq", "LambertW", "True", "False"}
 _GEOMETRY = {

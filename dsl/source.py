@@ -8,7 +8,8 @@ import difflib
 import unicodedata
 
 from .errors import DslError
-from .ir import Pos, display_name
+from .ir import Pos
+from .names import display_name
 
 BAR_OPEN, BAR_CLOSE = "\ue000", "\ue001"
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻"       # kept as they are: NFKC would turn x⁻¹ into x−1

@@ -2,7 +2,7 @@
 
 With μ fixed, ∇r = r∇log π, so a per-token objective ℓ(r, μ, A) has gradient
 (∂ℓ/∂r)·r·∇log π and induced weight w = (∂ℓ/∂r)/A relative to the surrogate r·A.
-∂ℓ/∂r comes from the IR's own derivative rules (dsl.ir.derivative), the same ones the
+∂ℓ/∂r comes from the IR's own derivative rules (dsl.walks.derivative), the same ones the
 torch compiler uses. Each case (sign of A × direction of the update) substitutes signed
 positive symbols, A = ±a and r = 1 ± t, so SymPy can settle Piecewise conditions cheaply
 instead of running its general inequality solvers, which can take seconds or recurse.
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from .ir import to_sympy
+from .operations import OPS
+from .walks import to_sympy
 from .sampling import numpy_fn
 
 SIGNS = (("positive", 1), ("negative", -1))
@@ -50,7 +51,7 @@ def full_weight(ctx, cases):
     symbolic; a piecewise one is assembled from its four case weights (at parameter values),
     since folding nested Piecewise symbolically can take SymPy seconds."""
     sp = ctx.sp
-    if not any(n.op in ("min", "max", "clip", "ind") for n in ctx.dl.walk()):
+    if not any(n.op in OPS and OPS[n.op].piecewise for n in ctx.dl.walk()):
         dl = to_sympy(ctx.dl, sp, ctx.env(True))
         w = dl.subs(sp.Abs(ctx.A), ctx.A * sp.sign(ctx.A)) / ctx.A
         return ctx.tidy(w)

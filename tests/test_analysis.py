@@ -372,7 +372,7 @@ ON_POLICY = [
 @pytest.mark.parametrize("text, status, w", ON_POLICY)
 def test_the_on_policy_weight_is_reported_for_each_sign_of_a(text, status, w):
     from dsl.extremes import on_policy
-    from dsl.ir import derivative
+    from dsl.walks import derivative
     obj = dsl.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):

@@ -19,7 +19,7 @@ from strategies import OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES
 
 import dsl
 from dsl.analysis import analysis_view, analyze, to_json
-from dsl.ir import derivative, evaluate
+from dsl.walks import derivative, evaluate
 from dsl.report import report
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -440,7 +440,7 @@ def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(te
         obj = dsl.parse(f"δ = 0.3\n{text}")
     except DslError:
         return          # e.g. no dependence on the policy: rejected before any tensor exists
-    from dsl.ir import evaluate
+    from dsl.walks import evaluate
     new, old, A, mask = batch(seed, B=3, T=5)
     if seed % 2:        # a clamped ratio: the eager code's other branch
         new[0, 0] = old[0, 0] + 25
