@@ -21,50 +21,20 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from .ir import ONE, ZERO, Node, add, div, is_num, mul, postorder
-from .lowerings import is_literal
-from .operations import OPS, passes_no_gradient
+from .ir import ONE, Node, mul
+from .lowerings import TORCH_REDUCTIONS, is_literal
+from .operations import OPS
 from .parser import Objective
 from .printing import render
+from .reverse_mode import reverse_gradient
+from .rewrites import filters, rewrite_logs, select_masks
 from .walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
-_ZERO = Node("num", value=0)
 
 
 def _var(name):
     return Node("var", value=name)
-
-
-# log of a built-in probability is emitted as the log-prob itself: exact for tiny π
-# (no exp/log round trip) and its derivative needs no division by π.
-_LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor", "pi_old": "old", "pi_rollout": "rollout"}
-
-
-def _rewrite_logs(root: Node) -> Node:
-    new: dict = {}
-    for n in postorder(root):     # shared nodes stay shared
-        if n.op == "log" and n.args[0].op == "var" and n.args[0].value in _LOG_ATOMS:
-            new[n] = _var(_LOG_ATOMS[n.args[0].value])
-        else:
-            new[n] = Node(n.op, tuple(new[a] for a in n.args), n.value, n.pos) if n.args else n
-    return new[root]
-
-
-def _select_masks(root: Node) -> Node:
-    """[c]·x as select(c, x): x where c holds, else 0, even where x is inf or NaN (an IS weight
-    that overflowed on a token the band drops), as PolicyLoss selects its factor
-    (torch.where(keep, ratio, 0)) before multiplying: [c]·k·ℓ is select(c, k)·ℓ, so autograd's
-    backward through the product never meets 0·inf either."""
-    new: dict = {}
-    for n in postorder(root):
-        args = tuple(new[a] for a in n.args)
-        if n.op == "mul" and "ind" in (args[0].op, args[1].op):
-            c, x = (args[0], args[1]) if args[0].op == "ind" else (args[1], args[0])
-            new[n] = Node("select", (c.args[0], x), pos=n.pos)
-        else:
-            new[n] = Node(n.op, args, n.value, n.pos) if n.args else n
-    return new[root]
 
 
 # d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
@@ -273,7 +243,6 @@ def _function(name, doc, outputs, params) -> str:
                      + [f"    return {_tuple(results)}"])
 
 
-_POLICY = ("r", "pi", "logp", "log_ratio")
 
 
 def _reads_clamped_ratio(value: Node) -> bool:
@@ -283,27 +252,6 @@ def _reads_clamped_ratio(value: Node) -> bool:
     the largest ratio, |π − μ|) is the unclamped exp(log π − log μ)."""
     return bool(_used([value]) & {"r", "log_ratio"})
 
-
-def filters(value: Node) -> list[Node]:
-    """The objective's filters: [...] factors of the whole objective whose condition does not
-    involve the current policy, so they are fixed for the update and drop tokens or responses
-    (IcePop's band, a sequence mask on π_old/π_rollout). A condition on π is a trust-region
-    boundary instead: the update itself reaches it."""
-    out, stack = [], [value]
-    policy = lambda c: any(m.op == "var" and m.value in _POLICY for m in c.walk())   # noqa: E731
-    while stack:
-        n = stack.pop()
-        if n.op == "mul":
-            stack.extend(n.args)
-        elif n.op in ("neg", "div"):
-            stack.append(n.args[0])
-        elif n.op == "select":
-            stack.append(n.args[1])
-            if not policy(n.args[0]):
-                out.append(Node("ind", (n.args[0],)))
-        elif n.op == "ind" and not policy(n):
-            out.append(n)
-    return out
 
 
 def _fused_functions(value, params, kept) -> str:
@@ -354,47 +302,6 @@ def _fused_functions(value, params, kept) -> str:
 _SIG = "logp, anchor, A, old=None, rollout=None, m=None, coef=None"
 
 
-def reverse_gradient(value: Node, seeds: dict) -> Node:
-    """d(Σ coef·ℓ)/d(log π) per token, as an IR expression, in reverse mode: each node's
-    adjoint goes to its arguments through its rule's partial derivatives (the forward rule
-    with a one-hot seed, so both modes share OPS). A reduction's adjoint is summed over its
-    response and spread back over the tokens it read: a mean by 1/n, a max to its ties."""
-    constant = constant_nodes(value)
-    adj: dict = {value: _var("coef")}
-    mf = _var("mf")         # the float mask: masked tokens receive nothing
-    for n in reversed(postorder(value)):          # parents before children
-        if n not in adj or n.op in ("num", "var", "param") or n in constant:
-            continue
-        op, a = OPS[n.op], adj[n]
-        if passes_no_gradient(n.op):
-            continue
-        if op.reduce:
-            x = n.args[0]
-            total = Node("seq_sum", (a,))
-            if op.reduce == "mean":
-                share = mul(mf, Node("seq_mean", (a,)))
-            elif op.reduce == "sum":
-                share = mul(mf, total)
-            else:       # the maximum's (minimum's) ties share it equally, as torch.amax's gradient
-                tie = Node("ind", (Node("ge" if op.reduce == "max" else "le", (x, n)),))
-                share = mul(mul(mf, tie), div(total, Node("max", (Node("seq_sum", (tie,)), ONE))))
-            contributions = [(x, share)]
-        else:
-            contributions = []
-            for i, x in enumerate(n.args):
-                if x in constant:
-                    continue
-                partial = op.gradient(n, [ONE if j == i else ZERO for j in range(len(n.args))])
-                if not is_num(partial, 0):
-                    contributions.append((x, mul(a, partial)))
-        for x, c in contributions:
-            adj[x] = add(adj[x], c) if x in adj else c
-    total = ZERO
-    for n, a in adj.items():
-        if n.op == "var" and n.value in seeds:
-            total = add(total, mul(a, seeds[n.value]))
-    return total
-
 
 def _reverse_functions(value, params, kept) -> str:
     """objective_and_grad for an objective with a reduction of the policy: its gradient is
@@ -421,41 +328,9 @@ def _reverse_functions(value, params, kept) -> str:
         "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
 
 
-# The reductions, over the tokens m selects (selected, never multiplied: a masked NaN stays
-# out). An empty response reduces to 0. Emitted only where an objective uses them.
-_HELPERS = '''
-def _selected(x, m, other, like):
-    return torch.where(m, torch.as_tensor(x, dtype=like.dtype, device=like.device), other)
-
-
-def _seq_sum(x, m, like):
-    return _selected(x, m, 0.0, like).sum(-1, keepdim=True).expand_as(like)
-
-
-def _seq_mean(x, m, like):
-    n = m.sum(-1, keepdim=True).clamp(min=1)
-    return (_selected(x, m, 0.0, like).sum(-1, keepdim=True) / n).expand_as(like)
-
-
-def _seq_extreme(x, m, like, pick, empty):
-    if like.shape[-1] == 0:             # no token: 0, still attached to x's graph
-        return _seq_sum(x, m, like)
-    top = pick(_selected(x, m, empty, like), -1, keepdim=True)
-    return torch.where(m.any(-1, keepdim=True), top, 0.0).expand_as(like)
-
-
-def _seq_max(x, m, like):
-    return _seq_extreme(x, m, like, torch.amax, -math.inf)
-
-
-def _seq_min(x, m, like):
-    return _seq_extreme(x, m, like, torch.amin, math.inf)
-'''
-
-
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
-    value = _select_masks(_rewrite_logs(obj.expr))
+    value = select_masks(rewrite_logs(obj.expr))
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
     try:
@@ -473,7 +348,7 @@ def torch_source(obj: Objective) -> str:
         f"# r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
         "import math" if reduces else None,
         "import torch",
-        _HELPERS if reduces else None,
+        TORCH_REDUCTIONS if reduces else None,
         "",
     ]
     return "\n".join(h for h in header if h is not None) + "\n".join([

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from .events import boundary_at, changes_sign_at, describe
+from .mathtext import math_text
 
 
 def _probe_mus():
@@ -83,7 +84,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
                            "is where w touches 0 without changing sign" if touches.any() else
                            "is not a sign change of w (checked numerically)")
-                    note = (f"the symbolic zero r = {_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
+                    note = (f"the symbolic zero r = {math_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
                             "not a boundary")
                     if note not in notes:
                         notes.append(note)
@@ -149,8 +150,3 @@ def domain_warnings(facts) -> list[str]:
     if facts["undefined_fraction"] > 0:
         out.append(f"ℓ or w is undefined at {100 * facts['undefined_fraction']:.3g}% of the sampled domain")
     return out
-
-
-def _text(e) -> str:
-    from .report import math_text
-    return math_text(e)

@@ -50,6 +50,39 @@ def torch_clip(x, lo, hi):
     return torch_extreme("<=")(torch_extreme(">=")(x, lo), hi)
 
 
+# The torch functions the reduction rows' text calls (_seq_sum(x, m, logp), ...), over the
+# tokens m selects (selected, never multiplied: a masked NaN stays out). An empty response
+# reduces to 0. dsl.codegen emits them only where an objective uses them.
+TORCH_REDUCTIONS = '''
+def _selected(x, m, other, like):
+    return torch.where(m, torch.as_tensor(x, dtype=like.dtype, device=like.device), other)
+
+
+def _seq_sum(x, m, like):
+    return _selected(x, m, 0.0, like).sum(-1, keepdim=True).expand_as(like)
+
+
+def _seq_mean(x, m, like):
+    n = m.sum(-1, keepdim=True).clamp(min=1)
+    return (_selected(x, m, 0.0, like).sum(-1, keepdim=True) / n).expand_as(like)
+
+
+def _seq_extreme(x, m, like, pick, empty):
+    if like.shape[-1] == 0:             # no token: 0, still attached to x's graph
+        return _seq_sum(x, m, like)
+    top = pick(_selected(x, m, empty, like), -1, keepdim=True)
+    return torch.where(m.any(-1, keepdim=True), top, 0.0).expand_as(like)
+
+
+def _seq_max(x, m, like):
+    return _seq_extreme(x, m, like, torch.amax, -math.inf)
+
+
+def _seq_min(x, m, like):
+    return _seq_extreme(x, m, like, torch.amin, math.inf)
+'''
+
+
 # ---------------------------------------------------------------- numpy text
 def np_reduce(name):
     # min/max of any number of arguments: a reduce, not nested calls, which Python's parser

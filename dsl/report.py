@@ -1,12 +1,9 @@
 """Human-readable output of an analysis: the report, the comparison table and the plot."""
 from __future__ import annotations
 
-import re
-from decimal import Decimal
-
+from .mathtext import fmt, math_text
 from .names import display_name
 
-_FUNCS = {"Piecewise", "sign", "Abs", "log", "exp", "sqrt", "Min", "Max", "Eq", "LambertW", "True", "False"}
 _GEOMETRY = {
     "none": "w ≡ 1: the plain surrogate, no trust region",
     "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
@@ -15,87 +12,6 @@ _GEOMETRY = {
     "advantage-entangled": "a boundary or the weight depends on |A|",
     "other": "none of the named geometries",
 }
-
-
-def _decimal(m):
-    p, q = int(m.group(1)), int(m.group(2))
-    d = q
-    for f in (2, 5):
-        while d % f == 0:
-            d //= f
-    return f"{p / q:g}" if d == 1 else m.group(0)
-
-
-def math_text(e, weight: bool = False) -> str:
-    """One-line Unicode math: 1 − 0.08·μ·(r − 1), with Piecewise as 'x if c; y otherwise'.
-    A weight puts its constant first (1 − ...); a boundary keeps μ + 12.5, as the paper does."""
-    import sympy as sp
-    if isinstance(e, sp.Piecewise):
-        # a nested Piecewise keeps its own brackets: (0 if r > 1.2; 1 otherwise) if A > 0 and r > 1
-        inner = lambda x: f"({math_text(x, weight)})" if x.has(sp.Piecewise) else math_text(x, weight)  # noqa: E731
-        parts = [f"{inner(x)} if {math_text(c)}" for x, c in e.args[:-1]]
-        return "; ".join(parts + [f"{inner(e.args[-1][0])} otherwise"])
-    if isinstance(e, (sp.Eq, sp.Ne)):
-        return f"{math_text(e.lhs)} {'=' if isinstance(e, sp.Eq) else '≠'} {math_text(e.rhs)}"
-    if isinstance(e, sp.Basic) and not isinstance(e, sp.logic.boolalg.Boolean) and e.has(sp.Piecewise):
-        lifted = _lift(sp, e)      # 2·Piecewise(...) or exp(Piecewise(...)) printed as cases
-        if lifted is not None:
-            return math_text(lifted, weight)
-    e = _without_pi(sp, e)
-    # whatever SymPy prints as a call (Piecewise deep inside, Eq and Ne inside a condition)
-    # is printed as math in its place: a placeholder symbol stands for it in sstr's text
-    spots = {}
-    if isinstance(e, sp.Basic):
-        calls = sorted(e.atoms(sp.Piecewise, sp.Eq, sp.Ne), key=sp.default_sort_key)
-        spots = {f"Spot{k}x": f"({math_text(x)})" for k, x in enumerate(calls)}
-        if spots:
-            e = e.xreplace({x: sp.Symbol(name) for x, name in zip(calls, spots)})
-    text = sp.sstr(e)
-    if weight and isinstance(e, sp.Add):   # the constant first: 1 − 0.08·μ·(r − 1)
-        const, rest = e.as_coeff_Add()
-        if const != 0 and not rest.is_number:
-            tail = sp.sstr(rest)
-            text = f"{sp.sstr(const)} - {tail[1:]}" if tail.startswith("-") else f"{sp.sstr(const)} + {tail}"
-    # p/q alone, never an exponent's tail: r**2/400 is r²/400, not r^0.005
-    text = re.sub(r"(?<![\w.)*])(\d+)/(\d+)(?![\w.(])", _decimal, text)
-    text = re.sub(r"(?<![\w.])\d{16,}(?![\w.])", lambda m: f"{Decimal(m.group(0)).normalize():.6g}", text)   # 1e+300, not 301 digits
-    text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
-    text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
-    text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",
-                  lambda m: m.group(1) if m.group(1) in _FUNCS else display_name(m.group(1)), text)
-    for name, shown in spots.items():
-        text = text.replace(name, shown)
-    return text.replace("Abs", "abs").replace("Min(", "min(").replace("Max(", "max(")
-
-
-LIFT_PIECES = 32    # cases a lifted formula may have; past it, each Piecewise is printed in brackets in place
-
-
-def _lift(sp, e):
-    """e with its Piecewise lifted to the top, first match winning as in a Piecewise:
-    2·(1 if c; 0 otherwise) is (2 if c; 0 otherwise). None past LIFT_PIECES cases."""
-    found = [x for x in e.atoms(sp.Piecewise) if not any(x != y and y.has(x) for y in e.atoms(sp.Piecewise))]
-    count = 1
-    for x in found:
-        count *= len(x.args)
-    if count > LIFT_PIECES or isinstance(e, sp.Piecewise):
-        return None
-    P = min(found, key=sp.default_sort_key)
-    return sp.Piecewise(*[(e.xreplace({P: x}), c) for x, c in P.args])
-
-
-def _without_pi(sp, e):
-    """SymPy's constant π (erf's derivative is 2/√π·e^(−x²)) as a 6-digit decimal: printed as
-    'pi', it would read as the language's π, the probability."""
-    if not isinstance(e, sp.Basic) or not e.has(sp.pi):
-        return e
-    if e.is_number:
-        v = float(f"{float(e):.6g}")
-        return sp.Integer(int(v)) if v.is_integer() else sp.Float(v, 6)
-    if e.is_Mul:            # the numeric factors as one decimal: 1.12838·exp(−(r − 1)²)
-        coeff, rest = e.as_independent(*e.free_symbols)
-        return _without_pi(sp, coeff) * e.func(*[_without_pi(sp, a) for a in sp.Mul.make_args(rest)])
-    return e.func(*[_without_pi(sp, a) for a in e.args])
 
 
 # what w does at a boundary, as the arbiter saw it
@@ -114,17 +30,13 @@ def _status(claim) -> str:
     return f"{claim['status']}: {claim['evidence']}"
 
 
-def _fmt(x) -> str:
-    return "unbounded" if x is None else f"{float(x):.6g}"
-
-
 def _on_policy(facts) -> str:
     parts = []
     for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
         f = facts[adv]
         lo, hi = f["w"]
-        value = ("undefined" if f["status"] == "undefined" else _fmt(lo) if _fmt(lo) == _fmt(hi)
-                 else f"from {_fmt(lo)} to {_fmt(hi)} (with μ, |A|)")
+        value = ("undefined" if f["status"] == "undefined" else fmt(lo) if fmt(lo) == fmt(hi)
+                 else f"from {fmt(lo)} to {fmt(hi)} (with μ, |A|)")
         parts.append(f"{value} for {sign}")
     return ", ".join(parts)
 
@@ -136,7 +48,7 @@ def _range(res) -> str:
     if res["bounded"] is None:
         return "unknown"
     lo, hi = res["weight_range"]
-    return f"[{'-∞' if lo is None else _fmt(lo)}, {'+∞' if hi is None else _fmt(hi)}]"
+    return f"[{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]"
 
 
 def report(res: dict) -> str:
@@ -199,10 +111,10 @@ def _admissibility(adm) -> list[str]:
     w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
     how = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
     lo, hi = adm["bounded"]["range"]
-    bounded = {True: f"yes: w ∈ [{_fmt(lo)}, {_fmt(hi)}]", None: "unknown"}.get(
-        adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else _fmt(lo)}, {'+∞' if hi is None else _fmt(hi)}]")
+    bounded = {True: f"yes: w ∈ [{fmt(lo)}, {fmt(hi)}]", None: "unknown"}.get(
+        adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]")
     at_one = ("yes, for both signs of A" if w1["value"] else
-              "no: " + ", ".join(f"{_fmt(w[0]) if _fmt(w[0]) == _fmt(w[1]) else f'{_fmt(w[0])} to {_fmt(w[1])}'} for "
+              "no: " + ", ".join(f"{fmt(w[0]) if fmt(w[0]) == fmt(w[1]) else f'{fmt(w[0])} to {fmt(w[1])}'} for "
                                  f"{'A > 0' if adv == 'positive' else 'A < 0'}" for adv, w in w1["w"].items()))
     sides = [(adv, "A > 0" if adv == "positive" else "A < 0") for adv in ("positive", "negative")]
     if sym["value"]:
@@ -231,7 +143,7 @@ def _admissibility(adm) -> list[str]:
 
 
 def _value(x) -> str:
-    return "undefined" if x is None else _fmt(x)
+    return "undefined" if x is None else fmt(x)
 
 
 def _tail(t) -> str:
@@ -246,7 +158,7 @@ def _tail(t) -> str:
     note = f", {t['note']}" if t.get("note") else ""
     if kind == "tends to a constant":
         lo, hi = t["value"]
-        value = _fmt(lo) if _fmt(lo) == _fmt(hi) else f"from {_fmt(lo)} to {_fmt(hi)} (with μ or |A|)"
+        value = fmt(lo) if fmt(lo) == fmt(hi) else f"from {fmt(lo)} to {fmt(hi)} (with μ or |A|)"
         return f"tends to a constant, {value}{note}"
     if kind == "grows":
         to = {1: "+∞", -1: "−∞"}.get(t.get("sign"), "±∞")
@@ -268,10 +180,10 @@ def _scope(scope) -> list[str]:
         lo, hi = m["w"]
         kept = ("w = 0 for every ρ" if m["kept"] is None else
                 "nonzero over the whole grid" if m["kept"] == [m["grid"][0], m["grid"][1]] else
-                f"nonzero only for ρ ∈ [{_fmt(m['kept'][0])}, {_fmt(m['kept'][1])}]")
+                f"nonzero only for ρ ∈ [{fmt(m['kept'][0])}, {fmt(m['kept'][1])}]")
         out += [f"  mismatch   ρ = π_old/π_rollout, held at {scope['rho']:g} above (--rho); on policy (r = 1), over "
-                f"ρ ∈ [{_fmt(m['grid'][0])}, {_fmt(m['grid'][1])}], μ ∈ [1e-6, 1], A = ±1:",
-                f"             w ∈ [{_fmt(lo)}, {_fmt(hi)}], {kept} (numeric: {m['grid'][2]} values of ρ, "
+                f"ρ ∈ [{fmt(m['grid'][0])}, {fmt(m['grid'][1])}], μ ∈ [1e-6, 1], A = ±1:",
+                f"             w ∈ [{fmt(lo)}, {fmt(hi)}], {kept} (numeric: {m['grid'][2]} values of ρ, "
                 "not derived)"]
     return out
 

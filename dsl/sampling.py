@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 
+from .budgets import BUDGET, size
+
 # ------------------------------------------------------------------ numerics
 def numpy_fn(args, expr):
     """A vectorized evaluator for the small expressions the analysis produces. SymPy's
@@ -177,7 +179,6 @@ class Numeric:
         """Limits at the corners r → ∞ (μ → 0) and r → 0 (π → 0) where substituting reads ∞ − ∞
         or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. Within budgets: a limit
         is taken of a formula up to BUDGET["limit"] nodes, and at most BUDGET["limits"] of them."""
-        from .analysis import BUDGET, size
         ctx, sp, done, taken = self.ctx, self.ctx.sp, set(), 0
         for e, corner, v in at_corners:
             if (corner[ctx.pi] == 1 and corner[ctx.mu] == 1) or (e, corner[ctx.mu]) in done:

@@ -13,7 +13,7 @@ from dsl import DslError, load
 
 def _overrides(pairs: list[str]) -> dict[str, str]:
     """NAME=VALUE pairs; naming one parameter twice, in any spelling, is an error."""
-    from dsl.parser import param_key
+    from dsl.objective import param_key
     out, seen = {}, {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -30,7 +30,7 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 
 def _load_all(specs, overrides):
     """Each objective takes the overrides naming its parameters; a name no objective has is an error."""
-    from dsl.parser import param_key
+    from dsl.objective import param_key
     objs = [load(spec) for spec in specs]
     used = set()
     for i, obj in enumerate(objs):

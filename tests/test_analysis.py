@@ -172,8 +172,8 @@ def test_self_check_fails_on_a_wrong_weight():
 
 
 def test_a_step_past_its_work_budget_falls_back_and_says_so(monkeypatch):
-    import dsl.analysis as an
-    monkeypatch.setitem(an.BUDGET, "simplify", 0)
+    import dsl.budgets as budgets
+    monkeypatch.setitem(budgets.BUDGET, "simplify", 0)
     res = analyze(dsl.load("drpo"))
     assert any(n.startswith("w at r = 1: ") and "past the work budget of 0" in n for n in res["notes"]), res["notes"]
     assert res["admissibility"]["w_at_1"]["status"] == "numeric"        # the fallback: not derived
@@ -182,8 +182,8 @@ def test_a_step_past_its_work_budget_falls_back_and_says_so(monkeypatch):
 
 def test_past_the_settling_budget_the_report_is_the_arbiters_and_says_so(monkeypatch):
     # conditions left as built cost seconds to print and evaluate: the report is the arbiter's
-    import dsl.analysis as an
-    monkeypatch.setitem(an.BUDGET, "settle", 1)
+    import dsl.budgets as budgets
+    monkeypatch.setitem(budgets.BUDGET, "settle", 1)
     res = analyze(dsl.load("ppo"))
     assert res["weight"] is None and any("settling one case's conditions took" in n and "numeric arbiter" in n
                                          for n in res["notes"]), res["notes"]
@@ -191,17 +191,17 @@ def test_past_the_settling_budget_the_report_is_the_arbiters_and_says_so(monkeyp
 
 
 def test_past_the_branch_budget_the_report_is_the_arbiters_and_says_so(monkeypatch):
-    import dsl.analysis as an
-    monkeypatch.setitem(an.BUDGET, "branches", 5)
+    import dsl.budgets as budgets
+    monkeypatch.setitem(budgets.BUDGET, "branches", 5)
     out = to_json(analyze(dsl.load("ppo")))        # 6 branch points
     assert out["weight"] == "None" and out["cases"] == []
     assert any("branch points" in n and "numeric arbiter" in n for n in out["notes"]), out["notes"]
 
 
 def test_the_hang_guard_is_reported_when_it_fires(monkeypatch):
-    import dsl.analysis as an
+    import dsl.budgets as budgets
     from dsl.report import report
-    monkeypatch.setattr(an, "HANG_SECONDS", 1e-3)
+    monkeypatch.setattr(budgets, "HANG_SECONDS", 1e-3)
     res = analyze(dsl.load("gmpo"))
     out = to_json(res)
     assert out["hang_guard"] == {"seconds": 1e-3, "fired": True}
@@ -253,11 +253,11 @@ RAW_SYMPY = ["gmpo", "vespo", "bandpo_tv", "min(r*A, clip(r, 1 - 0.2*μ, 1 + 0.3
 @pytest.mark.parametrize("tight", [False, True], ids=["budgets", "tight budgets"])
 @pytest.mark.parametrize("spec", RAW_SYMPY)
 def test_no_weight_or_boundary_is_printed_as_a_sympy_call(spec, tight, monkeypatch):
-    import dsl.analysis as an
+    import dsl.budgets as budgets
     from dsl.report import report
     if tight:
         for key in ("settle", "tidy", "limit"):
-            monkeypatch.setitem(an.BUDGET, key, 0)
+            monkeypatch.setitem(budgets.BUDGET, key, 0)
     res = analyze(dsl.load(spec) if "*" not in spec else dsl.parse(spec + "\n"))
     text = to_json(res)["text"]
     shown = [report(res), text["weight"] or "", *text["cases"],
@@ -451,7 +451,7 @@ REPORT_TEXT = [
 
 @pytest.mark.parametrize("text, shown", REPORT_TEXT)
 def test_the_report_prints_constants_as_numbers_and_exponents_whole(text, shown):
-    from dsl.report import math_text
+    from dsl.mathtext import math_text
     assert math_text(analyze(dsl.parse(text + "\n"))["weight"], weight=True) == shown
 
 
@@ -472,7 +472,7 @@ READABLE = [
 
 @pytest.mark.parametrize("text, case, shown", READABLE)
 def test_conditions_read_as_a_person_writes_them(text, case, shown):
-    from dsl.report import math_text
+    from dsl.mathtext import math_text
     res = analyze(dsl.parse(text + "\n"))
     assert math_text(res["cases"][case]["weight"], weight=True) == shown
     assert res["arbiter"]["weight"]["status"] == "confirmed" and res["self_check"]["passed"]
@@ -482,6 +482,6 @@ def test_conditions_read_as_a_person_writes_them(text, case, shown):
                                          ("topr", "1/r if A > 0; 1 if r < 1; 1/r otherwise"),
                                          ("kpop", "(1 if r ≤ 1.2; 0 otherwise) if (A > 0) and (r > 1); ")])
 def test_the_one_line_weight_has_no_redundant_conditions(name, shown):
-    from dsl.report import math_text
+    from dsl.mathtext import math_text
     text = math_text(analyze(dsl.load(name))["weight"], weight=True)
     assert text.startswith(shown) and "(A > 0) or (r > 1)" not in text, text
