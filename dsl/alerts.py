@@ -1,72 +1,124 @@
-"""The warnings a result raises: what it says to watch for (a boundary that cannot be
-reached, an unbounded weight, a claim the arbiter disagrees with, ...), decided from the
-result's own fields."""
+"""The warnings a result raises, as data: each an Alert, a kind and the values it names (a
+boundary that cannot be reached and where it lies, an unbounded weight and its range, a claim
+the arbiter disagrees with and the point where it does, ...), decided here from the result,
+the grid's facts and the on-policy weight. The words for each kind are dsl.alert_text's."""
 from __future__ import annotations
 
-from .mathtext import fmt, math_text
+from dataclasses import dataclass, field
+
+from .events import describe
+
+# Every kind an Alert can be (dsl.alert_text words each one; a kind it lacks fails its test).
+KINDS = (
+    "no gradient", "zero on part", "zero on policy", "touches only", "no boundary", "unreachable",
+    "partly unreachable", "numeric boundary", "range unknown", "unbounded", "entangled", "numeric range",
+    "weight disagrees", "range disagrees", "self-check failed", "self-check unconfirmed",
+    "undefined", "pole", "touches", "undefined share", "on policy undefined", "on policy zero",
+    "on policy negative",
+)
 
 
-def _how(claims) -> str:
-    """A warning's claim of absence says whether it is proven; the evidence is printed once, under
-    the boundary it concerns."""
-    proven = all(c["status"] == "proven" for c in claims)
-    return " (proven)" if proven else " (unconfirmed: evidence under the boundary above)"
+@dataclass(frozen=True)
+class Alert:
+    """One warning: its kind and its values (a sign of A as 'positive'/'negative', numbers,
+    SymPy expressions, places located by the arbiter, whether a claim of absence is proven)."""
+    kind: str
+    values: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown alert kind {self.kind!r}")
 
 
-def result_warnings(res, exact_range) -> list[str]:
+def _proven(claims) -> bool:
+    """Whether every claim a warning rests on is proven (else its evidence is printed once,
+    under the boundary it concerns)."""
+    return all(c["status"] == "proven" for c in claims)
+
+
+def _absence(res, adv) -> Alert | None:
+    """A sign of A with no boundary: what stops nothing, and why."""
+    c = res["claims"]["boundary"][adv]
+    values = {"adv": adv, "proven": _proven([c])}
+    if c["claim"] == "w ≡ 0":
+        return Alert("no gradient", values)
+    if c["zero_share"] > 0:
+        return Alert("zero on part", {**values, "share": c["zero_share"]})
+    if res["on_policy"][adv]["status"] == "zero":
+        return Alert("zero on policy", values)
+    if c["touches"]:
+        return Alert("touches only", values)
+    if res["geometry"] != "none":
+        return Alert("no boundary", values)
+    return None
+
+
+def result_alerts(res, exact_range) -> list[Alert]:
+    """What the result's own fields warn of, per sign of A and then for w as a whole."""
     out = []
     lo, hi = res["weight_range"]
-    for adv, sign_text in (("positive", "A > 0"), ("negative", "A < 0")):
-        b = res["boundary"][adv]
+    for adv in ("positive", "negative"):
+        b, reach = res["boundary"][adv], res["claims"]["reachable"][adv]
         if not b["pi"] and not b["numeric"]:
-            c = res["claims"]["boundary"][adv]
-            how = _how([c])
-            if c["claim"] == "w ≡ 0":
-                out.append(f"for {sign_text}, w = 0 everywhere: these tokens get no gradient at all{how}")
-            elif c["zero_share"] > 0:
-                out.append(f"no trust-region boundary for {sign_text}, but w = 0 on part of the domain "
-                           f"({100 * c['zero_share']:.3g}% of the grid points): those tokens get no gradient{how}")
-            elif res["on_policy"][adv]["status"] == "zero":
-                out.append(f"no trust-region boundary for {sign_text}: w = 0 at r = 1 (see on policy) but does not "
-                           f"change sign, so nothing stops the update{how}")
-            elif c["touches"]:
-                out.append(f"no trust-region boundary for {sign_text}: w reaches 0 only where it touches 0, "
-                           f"so nothing stops the update{how}")
-            elif res["geometry"] != "none":
-                out.append(f"no trust-region boundary for {sign_text}: w never reaches 0, so nothing stops the update{how}")
+            out += [a for a in [_absence(res, adv)] if a]
         elif not res["reachable"][adv]:
-            shown = ", ".join(f"π = {math_text(p)}" for p in b["pi"])
-            out.append(f"the boundary for {sign_text} ({shown}) is unreachable: 0 < π, μ ≤ 1, "
-                       f"so w stays within [{fmt(lo)}, {fmt(hi)}] and never cancels the gradient"
-                       + _how(res["claims"]["reachable"][adv]))
+            out.append(Alert("unreachable", {"adv": adv, "pis": b["pi"], "lo": lo, "hi": hi,
+                                             "proven": _proven(reach)}))
         elif not all(b["reachable"]):
-            shown = ", ".join(f"π = {math_text(p)}" for p, ok in zip(b["pi"], b["reachable"]) if not ok)
-            how = [c for c, ok in zip(res["claims"]["reachable"][adv], b["reachable"]) if not ok]
-            out.append(f"for {sign_text}, the boundary {shown} is unreachable in 0 < π, μ ≤ 1" + _how(how))
+            out.append(Alert("partly unreachable", {
+                "adv": adv, "pis": [p for p, ok in zip(b["pi"], b["reachable"]) if not ok],
+                "proven": _proven([c for c, ok in zip(reach, b["reachable"]) if not ok])}))
         if b["numeric"]:
-            found = "; ".join(f"{x['where']} ({x['kind']})" for x in b["numeric"])
-            out.append(f"for {sign_text}, the numeric arbiter finds w changing sign at {found}" +
-                       (": the symbolic derivation found no boundary there" if res["weight"] is not None else ""))
+            out.append(Alert("numeric boundary", {"adv": adv, "found": [(x["where"], x["kind"]) for x in b["numeric"]],
+                                                  "derived": res["weight"] is not None}))
     if res["bounded"] is None:
-        out.append("w is not a finite double at any sampled point: its range is unknown")
+        out.append(Alert("range unknown"))
     elif not res["bounded"]:
-        out.append(f"w is unbounded (range [{fmt(lo)}, {fmt(hi)}]): tokens with extreme ratios "
-                   "(rare tokens, small μ) can dominate the gradient")
+        out.append(Alert("unbounded", {"lo": lo, "hi": hi}))
     if res["geometry"] == "advantage-entangled":
-        out.append("the weight depends on |A|: the trust region moves with the advantage's magnitude")
+        out.append(Alert("entangled"))
     if not all(exact_range) and None not in (lo, hi):
-        out.append("the range is numeric (sampled over the domain), not an exact bound")
+        out.append(Alert("numeric range"))
     wc = res["arbiter"]["weight"]
     if wc["status"] == "disagrees":
-        x = wc["example"]
-        out.append(f"THE DERIVED WEIGHT DISAGREES with the IR's own derivative at {wc['bad_points']} of "
-                   f"{wc['points']} grid points, e.g. μ = {x['mu']:.6g}, π = {x['pi']:.6g}, A = {x['A']:g}: "
-                   f"derived {x['derived']:.6g}, numeric {x['numeric']:.6g}")
+        out.append(Alert("weight disagrees", {"bad_points": wc["bad_points"], "points": wc["points"],
+                                              "example": wc["example"]}))
     if res["arbiter"]["range"] == "disagrees":
-        out.append("the derived range disagreed with the numeric arbiter (whose extremes are refined between "
-                   "grid points); the arbiter's is shown")
-    if res["self_check"]["status"] == "failed":
-        out.append("SELF-CHECK FAILED: the derived weight disagrees with finite differences of the objective")
-    elif res["self_check"]["status"] == "unconfirmed":
-        out.append("the weight is unconfirmed: too few points where the objective is a finite double to check it")
+        out.append(Alert("range disagrees"))
+    status = res["self_check"]["status"]
+    if status in ("failed", "unconfirmed"):
+        out.append(Alert(f"self-check {status}"))
+    return out
+
+
+def domain_alerts(facts) -> list[Alert]:
+    """Where the grid found ℓ or w undefined, a pole, or w touching 0."""
+    out = []
+    for adv in ("positive", "negative"):
+        f = facts[adv]
+        below = [u for u in f["undefined"] if u["below"]]
+        above = [u for u in f["undefined"] if not u["below"]]
+        if below and above and describe(below) == describe(above):
+            out.append(Alert("undefined", {"adv": adv, "at": describe(below), "below": None, "above": None}))
+        elif below or above:
+            out.append(Alert("undefined", {"adv": adv, "at": None, "below": describe(below) if below else None,
+                                           "above": describe(above) if above else None}))
+        if f["poles"]:
+            out.append(Alert("pole", {"adv": adv, "where": describe(f["poles"])}))
+        if f["touches"]:
+            out.append(Alert("touches", {"adv": adv, "where": describe(f["touches"])}))
+    if facts["undefined_fraction"] > 0:
+        out.append(Alert("undefined share", {"fraction": facts["undefined_fraction"]}))
+    return out
+
+
+def on_policy_alerts(facts: dict) -> list[Alert]:
+    """What the on-policy weight (r = 1, every step's first mini-batch) warns of."""
+    out = []
+    for adv in ("positive", "negative"):
+        f = facts[adv]
+        if f["status"] == "undefined":
+            out.append(Alert("on policy undefined", {"adv": adv, "why": f["why"]}))
+        elif f["status"] in ("zero", "negative"):
+            out.append(Alert(f"on policy {f['status']}", {"adv": adv}))
     return out

@@ -7,23 +7,25 @@ from __future__ import annotations
 
 from . import budgets
 from .admissibility import admissibility
-from .alerts import result_warnings
+from .alerts import domain_alerts, on_policy_alerts, result_alerts
 from .arbiter import Arbiter
 from .budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
 from .claims import claims as claim_evidence
-from .confirm import check_weight, compare_range, confirm_boundaries, domain_warnings
+from .confirm import check_weight, compare_range, confirm_boundaries
 from .context import Ctx
 from .events import facts as grid_facts
-from .extremes import on_policy, on_policy_warnings
+from .extremes import on_policy
 from .ir import tree_size
-from .mathtext import math_text
 from .objective import Objective
+from .result import Analysis
 from .sampling import Numeric, case_dispatch, numpy_fn, self_check
 from .symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
 from .view import analysis_view, mismatch_range
 
 
-def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
+def analyze(obj: Objective, seq_len=1, rho=1) -> Analysis:
+    """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them): each
+    step adds to `result` the fields the next ones read, and the typed result is built last."""
     original = obj
     obj, scope = analysis_view(obj, seq_len, rho)
     ctx = Ctx(obj)
@@ -38,6 +40,40 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
     }
     if scope["rho_name"]:
         scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"], ctx.dl)
+    claims = _derivation(ctx, arb, facts)
+    result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
+    result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
+    result["on_policy"] = on_policy(obj, ctx.dl)
+    if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):
+        result["geometry"] = "other"    # w ≡ 1 off policy only (a mask at r = 1): not the plain surrogate
+    _widen(facts, result["on_policy"])
+    weight_range, range_held = compare_range(claims["range"], facts["range"])
+    result["weight_range"] = weight_range or [None, None]
+    result["bounded"] = None if weight_range is None else None not in weight_range     # None: unknown
+    result["smooth"] = facts["continuous"] and not any(f["jumps"] for f in result["on_policy"].values())
+    result["self_check"] = self_check(obj, claims["w"])
+    kinds = [k for b in claims["boundary"].values() for k in b["kind"]]
+    result["arbiter"] = {
+        "points": facts["points"], "magnitudes": list(arb.magnitudes), "weight": claims["weight_check"],
+        "boundary": ("numeric" if any(b["numeric"] for b in claims["boundary"].values()) else
+                     "unconfirmed" if any("unconfirmed" in k for k in kinds) else "confirmed"),
+        "range": "confirmed" if range_held else "disagrees", "range_derived": claims["range"],
+        "smooth": "numeric",        # continuity is the arbiter's alone: jumps judged against w's local scale
+        "poles": any(facts[adv]["poles"] for adv, _ in SIGNS),
+    }
+    result["claims"] = claim_evidence(ctx, arb, result, facts)
+    result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False])
+                          + domain_alerts(facts) + on_policy_alerts(result["on_policy"]))
+    result["admissibility"] = admissibility(ctx, arb, result)
+    result["notes"] = ctx.notes
+    result["hang_guard"] = ctx.guard
+    result["w"], result["w_numeric"] = claims["w"], arb.w
+    return Analysis(**result)
+
+
+def _derivation(ctx, arb, facts) -> dict:
+    """The derivation's claims, or, where SymPy is not tried (past a budget) or gives out, the
+    numeric arbiter's alone, with a note that says why."""
     claims, why = None, None
     if (size := tree_size(ctx.dl)) > SYMBOLIC_SIZE:
         why = f"∂ℓ/∂r has {size:,} operations written out; SymPy is tried up to {SYMBOLIC_SIZE:,}"
@@ -65,35 +101,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> dict:
                   "exact_range": [False, False], "w": arb.w,
                   "geometry": numeric_geometry(arb, boundary), "weight_check": {"status": "not derived"}}
         ctx.notes += notes
-    result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
-    result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
-    result["on_policy"] = on_policy(obj, ctx.dl)
-    if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):
-        result["geometry"] = "other"    # w ≡ 1 off policy only (a mask at r = 1): not the plain surrogate
-    _widen(facts, result["on_policy"])
-    weight_range, range_held = compare_range(claims["range"], facts["range"])
-    result["weight_range"] = weight_range or [None, None]
-    result["bounded"] = None if weight_range is None else None not in weight_range     # None: unknown
-    result["smooth"] = facts["continuous"] and not any(f["jumps"] for f in result["on_policy"].values())
-    result["self_check"] = self_check(obj, claims["w"])
-    kinds = [k for b in claims["boundary"].values() for k in b["kind"]]
-    result["arbiter"] = {
-        "points": facts["points"], "magnitudes": list(arb.magnitudes), "weight": claims["weight_check"],
-        "boundary": ("numeric" if any(b["numeric"] for b in claims["boundary"].values()) else
-                     "unconfirmed" if any("unconfirmed" in k for k in kinds) else "confirmed"),
-        "range": "confirmed" if range_held else "disagrees", "range_derived": claims["range"],
-        "smooth": "numeric",        # continuity is the arbiter's alone: jumps judged against w's local scale
-        "poles": any(facts[adv]["poles"] for adv, _ in SIGNS),
-    }
-    result["claims"] = claim_evidence(ctx, arb, result, facts)
-    result["warnings"] = (result_warnings(result, claims["exact_range"] if range_held else [False, False])
-                          + domain_warnings(facts) + on_policy_warnings(result["on_policy"]))
-    result["admissibility"] = admissibility(ctx, arb, result)
-    result["notes"] = ctx.notes
-    result["hang_guard"] = ctx.guard
-    result["_w"] = claims["w"]      # vectorized w(r, μ, A) as derived, for callers' own checks
-    result["_w_numeric"] = arb.w    # the same by the IR's float rules (nan where undefined): the plot's
-    return result
+    return claims
 
 
 def _widen(facts, on_policy_facts):
@@ -128,37 +136,3 @@ def _derived(ctx, arb, facts) -> dict:
     return {"weight": weight, "cases": cases, "boundary": boundary, "range": sampled,
             "exact_range": exact, "w": w, "geometry": geometry(ctx, cases, boundary, entangled),
             "weight_check": worst}
-
-
-# ------------------------------------------------------------------ output helpers
-def to_json(res: dict) -> dict:
-    """The JSON form: SymPy strings that sympify reads back over r, mu, A and params."""
-    import sympy as sp
-
-    s = lambda e: sp.sstr(e)
-    return {
-        "name": res["name"], "params": res["params"], "options": res["options"],
-        # names SymPy would read as its own (E, I, N, S, O, Q, beta, gamma, pi, ...) read back as
-        # symbols with sympy.sympify(text, locals={n: sympy.Symbol(n) for n in symbols})
-        "symbols": ["r", "mu", "A", *res["params"]],
-        "scope": res["scope"],
-        "objective": res["objective"], "weight": s(res["weight"]),
-        "cases": [{"advantage": c["advantage"], "direction": c["direction"], "weight": s(c["weight"])}
-                  for c in res["cases"]],
-        "boundary": {adv: {"r": [s(e) for e in b["r"]], "pi": [s(e) for e in b["pi"]], "kind": b["kind"],
-                           "reachable": b["reachable"], "numeric": b["numeric"], "where": b["where"]}
-                     for adv, b in res["boundary"].items()},
-        "reachable": res["reachable"],
-        # per claim: "proven" (symbolic), "found" (located points), "unconfirmed" (the evidence given)
-        "claims": res["claims"],
-        "weight_range": [None if v is None else float(v) for v in res["weight_range"]],
-        "bounded": res["bounded"], "smooth": res["smooth"], "geometry": res["geometry"],
-        "on_policy": res["on_policy"], "arbiter": res["arbiter"],
-        "warnings": res["warnings"], "self_check": res["self_check"], "admissibility": res["admissibility"],
-        "notes": res["notes"], "hang_guard": res["hang_guard"],
-        # the same formulas as the report prints them (readable math, never SymPy's calls)
-        "text": {"weight": None if res["weight"] is None else math_text(res["weight"], weight=True),
-                 "cases": [math_text(c["weight"], weight=True) for c in res["cases"]],
-                 "boundary": {adv: {"r": [math_text(e) for e in b["r"]], "pi": [math_text(e) for e in b["pi"]]}
-                              for adv, b in res["boundary"].items()}},
-    }

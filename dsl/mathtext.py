@@ -94,3 +94,15 @@ def _without_pi(sp, e):
 
 def fmt(x) -> str:
     return "unbounded" if x is None else f"{float(x):.6g}"
+
+
+REPORT_WIDTH = 2000    # characters of one formula in the text report; --json has it whole
+
+
+def clip_text(text: str) -> str:
+    return text if len(text) <= REPORT_WIDTH else text[:REPORT_WIDTH] + f"… ({len(text):,} characters; --json has it whole)"
+
+
+def magnitudes(values) -> str:
+    """|A| values as printed, each once: both sides of a threshold (2 ± 2e-6) read 2."""
+    return ", ".join(dict.fromkeys(f"{m:g}" for m in values))

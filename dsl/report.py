@@ -1,8 +1,13 @@
-"""Human-readable output of an analysis: the report, the comparison table and the plot."""
+"""Human-readable output of an analysis: the report (each declared field's line, dsl.result),
+the JSON form, the comparison table, the plot, and the equivalence report."""
 from __future__ import annotations
 
-from .mathtext import fmt, math_text
+from dataclasses import fields
+
+from .alert_text import alert_text
+from .mathtext import clip_text, fmt, magnitudes, math_text
 from .names import display_name
+from .result import Analysis
 
 _GEOMETRY = {
     "none": "w ≡ 1: the plain surrogate, no trust region",
@@ -25,7 +30,7 @@ def _kinds(kind: str) -> str:
 
 
 def _status(claim) -> str:
-    """How a claim is known (dsl.analysis._claims): proven, found at located points, or
+    """How a claim is known (dsl.claims): proven, found at located points, or
     unconfirmed, with the evidence it rests on."""
     return f"{claim['status']}: {claim['evidence']}"
 
@@ -45,69 +50,163 @@ _BOUNDED = {True: "bounded", False: "unbounded", None: "not a finite double wher
 
 
 def _range(res) -> str:
-    if res["bounded"] is None:
+    if res.bounded is None:
         return "unknown"
-    lo, hi = res["weight_range"]
+    lo, hi = res.weight_range
     return f"[{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]"
 
 
-def report(res: dict) -> str:
-    title = res["description"].splitlines()[0] if res["description"] else res["name"]
-    lines = [f"{res['name']} — {title}", f"  file       {res['path']}"]
-    params = ", ".join(f"{display_name(k)} = {v:g}" for k, v in res["params"].items()) or "none"
-    lines += [
-        f"  objective  {res['objective']}    (maximized; the loss is its negative)",
-        f"  params     {params}",
-        "  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
-        *_scope(res["scope"]),
-        "",
-        "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π",
-        f"    w = {_weight_text(res)}",
-        "",
-        "  cases",
-    ]
-    if not res["cases"]:
-        lines.append("    (not derived: see notes)")
-    for c in res["cases"]:
+# ------------------------------------------------------------------ the report, line by line
+# Each declared field's report line (dsl.result's `line`), in the order the report prints them:
+# render(result, evidence) -> lines, where evidence is the claim the field declares it rests on.
+LINES: dict = {}
+
+
+def line(name):
+    def register(render):
+        LINES[name] = render
+        return render
+    return register
+
+
+@line("title")
+def _title(res, evidence):
+    title = res.description.splitlines()[0] if res.description else res.name
+    return [f"{res.name} — {title}", f"  file       {res.path}"]
+
+
+@line("objective")
+def _objective(res, evidence):
+    return [f"  objective  {res.objective}    (maximized; the loss is its negative)"]
+
+
+@line("params")
+def _params(res, evidence):
+    return [f"  params     {', '.join(f'{display_name(k)} = {v:g}' for k, v in res.params.items()) or 'none'}"]
+
+
+@line("options")
+def _options(res, evidence):
+    return ["  options    " + ", ".join(f"@{k} = {v}" for k, v in res.options.items())]
+
+
+@line("scope")
+def _scope_lines(res, evidence):
+    return _scope(res.scope)
+
+
+@line("weight")
+def _weight(res, evidence):
+    return ["", "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π", f"    w = {_weight_text(res)}"]
+
+
+@line("cases")
+def _cases(res, evidence):
+    lines = ["", "  cases"] + ["    (not derived: see notes)"] * (not res.cases)
+    for c in res.cases:
         sign = "A > 0" if c["advantage"] == "positive" else "A < 0"
         r_side = ("r > 1" if (c["advantage"] == "positive") == (c["direction"] == "diverging") else "r < 1")
-        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {_clip_text(math_text(c['weight'], weight=True))}")
-    lines += ["", "  trust-region boundary (w = 0)"]
+        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {clip_text(math_text(c['weight'], weight=True))}")
+    return lines
+
+
+@line("boundary")
+def _boundary(res, evidence):
+    lines = ["", "  trust-region boundary (w = 0)"]
     for adv in ("positive", "negative"):
-        b = res["boundary"][adv]
+        b = res.boundary[adv]
         sign = "A > 0" if adv == "positive" else "A < 0"
-        claims = res["claims"]
         if not b["r"] and not b["numeric"]:
-            c = claims["boundary"][adv]
+            c = evidence[adv]
             what = "none: w = 0 everywhere" if c["claim"] == "w ≡ 0" else "none"
             lines.append(f"    {sign}   {what} ({_status(c)})")
-        for r_, pi_, kind, ok, how in zip(b["r"], b["pi"], b["kind"], b["reachable"], claims["reachable"][adv]):
+        for r_, pi_, kind, ok, how in zip(b["r"], b["pi"], b["kind"], b["reachable"], res.claims["reachable"][adv]):
             reach = "reachable" if ok else f"unreachable in 0 < μ, π ≤ 1, {_status(how)}"
             lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach}; w {_kinds(kind)})")
         for x in b["numeric"]:
             lines.append(f"    {sign}   {x['where']}    (found numerically, not derived; w {_kinds(x['kind'])})")
-    sc = res["self_check"]
-    lines += [
-        "",
-        f"  range      w ∈ {_range(res)}  ({_BOUNDED[res['bounded']]}; {_status(res['claims']['bounded'])})",
-        f"  smooth     {_smooth(res)} ({_status(res['claims']['smooth'])})",
-        f"  geometry   {res['geometry']}: {_GEOMETRY[res['geometry']]}",
-        f"  on policy  w(r = 1) {_on_policy(res['on_policy'])}",
-        f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
-        f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
-        + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else ""),
-        f"  arbiter    {_arbiter(res['arbiter'])}",
-    ]
-    lines += _admissibility(res["admissibility"])
-    if res["warnings"]:
-        lines += ["", "  warnings"] + [f"    ! {w}" for w in res["warnings"]]
-    if res["notes"]:
-        lines += ["", "  notes"] + [f"    - {n}" for n in res["notes"]]
-    return "\n".join(lines)
+    return lines
+
+
+@line("range")
+def _range_line(res, evidence):
+    return ["", f"  range      w ∈ {_range(res)}  ({_BOUNDED[res.bounded]}; {_status(evidence)})"]
+
+
+@line("smooth")
+def _smooth_line(res, evidence):
+    return [f"  smooth     {_smooth(res)} ({_status(evidence)})"]
+
+
+@line("geometry")
+def _geometry(res, evidence):
+    return [f"  geometry   {res.geometry}: {_GEOMETRY[res.geometry]}"]
+
+
+@line("on_policy")
+def _on_policy_line(res, evidence):
+    return [f"  on policy  w(r = 1) {_on_policy(res.on_policy)}"]
+
+
+@line("self_check")
+def _self_check(res, evidence):
+    sc = res.self_check
+    return [f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
+            f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
+            + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else "")]
+
+
+@line("arbiter")
+def _arbiter_line(res, evidence):
+    return [f"  arbiter    {_arbiter(res.arbiter)}"]
+
+
+@line("admissibility")
+def _admissibility_lines(res, evidence):
+    return _admissibility(res.admissibility)
+
+
+@line("warnings")
+def _warnings(res, evidence):
+    return ["", "  warnings"] + [f"    ! {alert_text(a)}" for a in res.warnings] if res.warnings else []
+
+
+@line("notes")
+def _notes(res, evidence):
+    return ["", "  notes"] + [f"    - {n}" for n in res.notes] if res.notes else []
+
+
+def _lines_shown() -> dict:
+    """Each report line's declared field, checked against LINES: a field whose line the report
+    lacks, or a line no field declares, fails here."""
+    shown = {f.metadata["line"]: f for f in fields(Analysis) if f.metadata["line"]}
+    if shown.keys() != LINES.keys():
+        raise TypeError(f"dsl.result declares report lines {sorted(shown)}, dsl.report has {sorted(LINES)}")
+    return shown
+
+
+def report(res: Analysis) -> str:
+    shown = _lines_shown()
+    out = []
+    for name, render in LINES.items():
+        evidence = shown[name].metadata["evidence"]
+        out += render(res, res.claims[evidence] if evidence else None)
+    return "\n".join(out)
+
+
+def to_json(res: Analysis) -> dict:
+    """The JSON form: each declared field under its JSON name, in declaration order."""
+    out = {}
+    for f in fields(Analysis):
+        name, encode = f.metadata["json"], f.metadata["encode"]
+        if name:
+            value = getattr(res, f.name)
+            out[name] = encode(value) if encode else value
+    return out
 
 
 def _admissibility(adm) -> list[str]:
-    """The properties gate papers derive by hand (dsl.analysis.admissibility), each with how it is known."""
+    """The properties gate papers derive by hand (dsl.admissibility), each with how it is known."""
     w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
     how = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
     lo, hi = adm["bounded"]["range"]
@@ -138,7 +237,7 @@ def _admissibility(adm) -> list[str]:
         f"    symmetric in log r  {symmetric} ({how[sym['status']]}: w(e^t) against w(e^−t) inside the domain)",
         f"    (tails numeric: log|w| against log r, r from {smp['r'][0]:g} to 0.1 at μ ∈ "
         f"{{{', '.join(f'{m:g}' for m in smp['mu'])}}}, and along π = 1 from r = 10 to {smp['r'][1]:g}; "
-        f"|A| ∈ {{{_mags(smp['magnitudes'])}}})",
+        f"|A| ∈ {{{magnitudes(smp['magnitudes'])}}})",
     ]
 
 
@@ -167,7 +266,7 @@ def _tail(t) -> str:
 
 
 def _scope(scope) -> list[str]:
-    """What a sequence or mismatch objective's analysis stands for (dsl.analysis.analysis_view)."""
+    """What a sequence or mismatch objective's analysis stands for (dsl.view.analysis_view)."""
     out = []
     if scope["sequence"]:
         out += [f"  sequence   analysed on a response whose tokens share r, μ and A (|y| = {scope['seq_len']:g}; "
@@ -188,31 +287,18 @@ def _scope(scope) -> list[str]:
     return out
 
 
-def _view_title(scope) -> str:
-    parts = [f"one response, |y| = {scope['seq_len']:g}"] if scope["sequence"] else []
-    parts += [f"ρ = {scope['rho']:g}"] if scope["rho_name"] else []
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-REPORT_WIDTH = 2000    # characters of one formula in the text report; --json has it whole
-
-
-def _clip_text(text: str) -> str:
-    return text if len(text) <= REPORT_WIDTH else text[:REPORT_WIDTH] + f"… ({len(text):,} characters; --json has it whole)"
-
-
 def _weight_text(res) -> str:
-    if res["weight"] is None:
+    if res.weight is None:
         return "(not derived symbolically: see notes; every finding below is the numeric arbiter's)"
     flag = {"disagrees": "   (DISAGREES with the numeric arbiter: see warnings)",
             "unconfirmed": "   (unconfirmed: w is nowhere a finite double on the grid)"}
-    return _clip_text(math_text(res["weight"], weight=True)) + flag.get(res["arbiter"]["weight"]["status"], "")
+    return clip_text(math_text(res.weight, weight=True)) + flag.get(res.arbiter["weight"]["status"], "")
 
 
 def _smooth(res) -> str:
-    if res["smooth"]:
+    if res.smooth:
         return "yes: w is continuous in r wherever it is defined"
-    return "no: w has a pole" if res["arbiter"]["poles"] else "no: w jumps (hard mask or clip)"
+    return "no: w has a pole" if res.arbiter["poles"] else "no: w jumps (hard mask or clip)"
 
 
 def _arbiter(a) -> str:
@@ -221,151 +307,25 @@ def _arbiter(a) -> str:
               "continuity": a["smooth"]}
     said = {"confirmed": "confirmed", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
             "unconfirmed": "unconfirmed", "not derived": "not derived"}
-    mags = (f"|A| ∈ {{{_mags(a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
+    mags = (f"|A| ∈ {{{magnitudes(a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
             else "|A| = 1 (w is the same at |A| = 0.001 and 1000)")
     return (", ".join(f"{k} {said[v]}" for k, v in status.items())
             + f", by the IR's float rules on {a['points']:,} grid points over (μ, π), both signs of A, {mags}")
 
 
-def comparison(results: list[dict]) -> str:
+def comparison(results: list) -> str:
     """One row per objective, side by side."""
     head = ["objective", "w range", "boundary A>0 (π)", "boundary A<0 (π)", "smooth", "bounded", "geometry"]
     rows = [head]
     for res in results:
         def side(adv):
-            pis = res["boundary"][adv]["pi"]
+            pis = res.boundary[adv]["pi"]
             if not pis:
                 return "none"
             text = ", ".join(math_text(p) for p in pis)
-            return text if res["reachable"][adv] else f"{text} (unreachable)"
-        rows.append([res["name"], _range(res), side("positive"), side("negative"),
-                     "yes" if res["smooth"] else "no", {True: "yes", False: "no", None: "unknown"}[res["bounded"]], res["geometry"]])
+            return text if res.reachable[adv] else f"{text} (unreachable)"
+        rows.append([res.name, _range(res), side("positive"), side("negative"),
+                     "yes" if res.smooth else "no", {True: "yes", False: "no", None: "unknown"}[res.bounded], res.geometry])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
     return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]])
-
-
-PLOT_DPI, PANEL_W, PANEL_H = 100, 5.0, 4.0
-
-
-def plot(results: list[dict], path: str) -> None:
-    """Heatmaps of w over (μ, π) for A = +1 and A = −1, one row per objective, evaluated by the
-    numeric arbiter (the IR's float rules). Each objective has its own colour scale (its 1st to
-    99th percentile of w, diverging around 1, the plain surrogate, when it spans 1); the black
-    contour is where w changes sign or becomes 0 (the boundary, as found numerically), and
-    hatching marks where ℓ or w is undefined. Size: 1000 × 400·rows pixels."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import Normalize, TwoSlopeNorm
-    n = len(results)
-    fig, axes = plt.subplots(n, 2, figsize=(2 * PANEL_W, PANEL_H * n), dpi=PLOT_DPI, squeeze=False)
-    grid = np.linspace(0.002, 1.0, 300)
-    mu, pi = np.meshgrid(grid, grid)
-    for row, res in zip(axes, results):
-        ws = [np.asarray(res["_w_numeric"](pi / mu, mu, A), dtype=float) for A in (1.0, -1.0)]
-        finite = np.concatenate([w[np.isfinite(w)] for w in ws])
-        lo, hi = (np.percentile(finite, [1, 99]) if finite.size else (0.0, 2.0))
-        # to 9 digits: a w of 1 ± rounding (exp(log π − log μ) is r to 1 ulp) is one colour, not two
-        lo, hi = (float(f"{x:.9g}") for x in (lo, hi))
-        lo, hi = (lo - 0.5, hi + 0.5) if hi - lo < 1e-9 else (lo, hi)
-        norm = TwoSlopeNorm(1.0, lo, hi) if lo < 1 < hi else Normalize(lo, hi)
-        for ax, A, w in zip(row, (1.0, -1.0), ws):
-            im = ax.imshow(np.ma.masked_invalid(w), origin="lower", extent=(0, 1, 0, 1), cmap="RdBu_r",
-                           norm=norm, aspect="auto")
-            sign = np.where(np.isfinite(w), np.sign(w), np.nan)
-            if np.nanmin(sign, initial=1) < 1 and np.nanmax(sign, initial=-1) > -1 + (np.nanmin(sign, initial=1) < 0):
-                ax.contour(mu, pi, np.ma.masked_invalid(sign), levels=[-0.5, 0.5], colors="k", linewidths=1.5)
-            if np.isnan(w).any():
-                ax.contourf(mu, pi, np.isnan(w).astype(float), levels=[0.5, 1.5], colors="none",
-                            hatches=["///"])
-            ax.plot([0, 1], [0, 1], color="gray", lw=0.8, ls=":")
-            ax.set_title(f"{res['name']}: w for A {'> 0' if A > 0 else '< 0'}{_view_title(res['scope'])}"
-                         + ("  (hatched: undefined)" if np.isnan(w).any() else ""), fontsize=10)
-            ax.set_xlabel("μ (behaviour prob.)")
-            ax.set_ylabel("π (current prob.)")
-            fig.colorbar(im, ax=ax, fraction=0.046).set_label("w = (∂ℓ/∂r)/A")
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
-
-
-def equivalence_report(res: dict) -> str:
-    """drpo-analyze --equiv: the verdict first, then its evidence (dsl.equiv)."""
-    a, b = res["names"]
-    num, sym = res["numeric"], res["symbolic"]
-    lines = [f"{'equivalent' if res['equivalent'] else 'not equivalent'}: {a} and {b}"]
-    if res["options"]:
-        lines.append("  options    differ: " + "; ".join(f"@{o['option']} = {o['values'][0]} ({a}) vs {o['values'][1]} ({b})"
-                                                      for o in res["options"]))
-    else:
-        lines.append("  options    the same: " + ", ".join(f"@{k} = {v}" for k, v in res["options_shown"].items()))
-    sc = res["scope"]
-    if sc["sequence"]:
-        lines.append(f"  scope      compared on a response whose |y| = {sc['seq_len']:g} tokens share r, μ and A "
-                     "(--seq-len); on other responses a token's gradient also depends on the rest of its response, "
-                     "which this does not compare")
-    rhos = (f" at each ρ = π_old/π_rollout ∈ {{{', '.join(f'{x:g}' for x in num['rhos'])}}} (--rho adds one)"
-            if num.get("rhos") else "")
-    where = (f"{num['points']:,} points: the arbiter's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "
-             f"both signs of A, |A| ∈ {{{_mags(num['magnitudes'])}}}, and "
-             f"{num['random_points']:,} seeded random points{rhos}; relative tolerance {num['rtol']:g}")
-    if not num["differs"]:
-        lines.append("  gradient   ∂ℓ/∂log π is the same (the losses may differ by a term without a gradient)")
-        if sym["status"] == "proven":
-            ties = f", except at the ties r = {', '.join(sym['ties'])} (≤ against <)" if sym["ties"] else ""
-            held = f" at ρ = {sc['rho']:g}" if sc["mismatch"] else ""
-            lines.append("  proof      symbolic: ∂ℓ/∂r of the two differ by 0 in each case (A > 0 and A < 0, r > 1 and "
-                         f"r < 1; SymPy, the IR's derivative rules){held}{ties}; r = 1 itself numerically")
-        else:
-            lines.append(f"  proof      not symbolic ({_symbolic_why(sym)}): the evidence is numeric")
-        lines.append(f"  numeric    the same at all {where}")
-    else:
-        w = num["witness"]
-        g = ["undefined" if x is None else f"{x:.6g}" for x in w["gradients"]]
-        lines.append(f"  gradient   differs at {num['differing_points']:,} of {where}")
-        rho = f", ρ = {w['rho']:g}" if num.get("rhos") else ""
-        lines.append(f"  witness    μ = {w['mu']:.6g}, π = {w['pi']:.6g} (r = {w['r']:.6g}), A = {w['A']:g}{rho}: "
-                     f"∂ℓ/∂log π = {g[0]} ({a}) vs {g[1]} ({b})")
-        for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
-            lines.append(f"  {'region' if adv == 'positive' else '':<10} {sign}: {_region(res['numeric']['region'][adv], a, b)}")
-        undefined = any(reg and any(reg["undefined_in"]) for reg in num["region"].values())
-        if sym["status"] == "proven" and (num["only_on_policy"] or undefined) and not num.get("rhos"):
-            lines.append("  symbolic   ∂ℓ/∂r of the two differ by 0 for r ≠ 1 (SymPy): they differ " +
-                         ("at r = 1 exactly, where every step's first mini-batch sits" if num["only_on_policy"]
-                          else "where one of them is not a finite double"))
-        elif sym.get("difference") and num["region"][sym["advantage"]] is not None and w.get("rho", res["scope"]["rho"]) == res["scope"]["rho"]:
-            # a piece SymPy leaves nonzero is shown only where the numbers differ too (its
-            # condition may be empty in the domain, e.g. at π > 1)
-            lines.append(f"  symbolic   for {'A > 0' if sym['advantage'] == 'positive' else 'A < 0'}, "
-                         f"{sym['direction']}: ∂ℓ/∂r({a}) − ∂ℓ/∂r({b}) = {_clip_text(sym['difference'])}")
-    if num["ties"]:
-        lines.append(f"  ties       they differ only at isolated points, {num['ties']}: a threshold's tie (≤ against <), "
-                     "not a region")
-    return "\n".join(lines)
-
-
-def _symbolic_why(sym) -> str:
-    if sym.get("difference"):
-        side = "A > 0" if sym["advantage"] == "positive" else "A < 0"
-        return f"for {side}, {sym['direction']}, SymPy leaves the difference {_clip_text(sym['difference'])}"
-    return sym["why"]
-
-
-def _region(reg, a, b) -> str:
-    if reg is None:
-        return "the same everywhere sampled"
-    span = lambda k: f"{reg[k][0]:.6g} to {reg[k][1]:.6g}"    # noqa: E731
-    undefined = [n for n, u in zip((a, b), reg["undefined_in"]) if u]
-    mags = _mags(reg["magnitudes"]) or "only at random points"
-    rs = " and ".join(f"= {lo:.6g}" if lo == hi else f"from {lo:.6g} to {hi:.6g}" for lo, hi in reg["r"])
-    return (f"r {rs} (π from {span('pi')}), μ from {span('mu')}, |A| ∈ {{{mags}}}: "
-            f"{100 * reg['share']:.3g}% of the points sampled for this sign"
-            + (", r = 1 included" if reg["on_policy"] else "")
-            + (f"; undefined for {' and '.join(undefined)} at some of them" if undefined else ""))
-
-
-def _mags(values) -> str:
-    """|A| values as printed, each once: both sides of a threshold (2 ± 2e-6) read 2."""
-    return ", ".join(dict.fromkeys(f"{m:g}" for m in values))
