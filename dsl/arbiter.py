@@ -8,11 +8,12 @@ w's extremes (its range, and the on-policy weight at r = 1) are dsl.extremes'.""
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import warnings
 
-from .ir import Node, numpy_plan, postorder
+from .ir import Node, postorder
+from .operations import OPS
+from .walks import numpy_plan
 
 # μ across six decades and |A| across six: a value that holds on all of them is reported as a
 # number, one that does not as the interval it spans
@@ -37,7 +38,6 @@ THRESHOLD_SAMPLES = 2001    # points of each one-variable search for a threshold
 ROW_QUANTITIES = 8          # compared quantities in r searched per row; past it, the grid alone
 ROW_THRESHOLDS = 4          # thresholds in r added per row (a point either side of each)
 BAND_THRESHOLDS = 6         # thresholds on |A| or μ given rows of their own (either side, and inside)
-_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 
 
 def params_key(params):
@@ -50,8 +50,7 @@ def _compared(*roots):
     reads, out, seen = {}, [], set()
     for m in postorder(Node("tuple", roots)):
         reads[m] = frozenset([m.value]) if m.op == "var" else frozenset().union(*(reads[a] for a in m.args))
-        pairs = ([m.args] if m.op in _COMPARE else itertools.combinations(m.args, 2) if m.op in ("min", "max")
-                 else [m.args[:2], m.args[::2]] if m.op == "clip" else [])
+        pairs = OPS[m.op].compares(*m.args) if m.op in OPS and OPS[m.op].compares else []
         for a, b in pairs:
             if reads[a] | reads[b] and (a, b) not in seen:
                 seen.add((a, b))

@@ -18,48 +18,23 @@ its gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is th
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
-from .ir import (ONE, OPS, ZERO, NonLocal, Node, add, constant_nodes, derivative, div, evaluate,
-                 is_num, mul, passes_no_gradient, postorder, reads_whole_response, render)
+from .ir import ONE, Node, mul
+from .lowerings import TORCH_REDUCTIONS, is_literal
+from .operations import OPS
 from .parser import Objective
+from .printing import render
+from .reverse_mode import reverse_gradient
+from .rewrites import filters, rewrite_logs, select_masks
+from .walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
-_ZERO = Node("num", value=0)
 
 
 def _var(name):
     return Node("var", value=name)
-
-
-# log of a built-in probability is emitted as the log-prob itself: exact for tiny π
-# (no exp/log round trip) and its derivative needs no division by π.
-_LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor", "pi_old": "old", "pi_rollout": "rollout"}
-
-
-def _rewrite_logs(root: Node) -> Node:
-    new: dict = {}
-    for n in postorder(root):     # shared nodes stay shared
-        if n.op == "log" and n.args[0].op == "var" and n.args[0].value in _LOG_ATOMS:
-            new[n] = _var(_LOG_ATOMS[n.args[0].value])
-        else:
-            new[n] = Node(n.op, tuple(new[a] for a in n.args), n.value, n.pos) if n.args else n
-    return new[root]
-
-
-def _select_masks(root: Node) -> Node:
-    """[c]·x as select(c, x): x where c holds, else 0, even where x is inf or NaN (an IS weight
-    that overflowed on a token the band drops), as PolicyLoss selects its factor
-    (torch.where(keep, ratio, 0)) before multiplying: [c]·k·ℓ is select(c, k)·ℓ, so autograd's
-    backward through the product never meets 0·inf either."""
-    new: dict = {}
-    for n in postorder(root):
-        args = tuple(new[a] for a in n.args)
-        if n.op == "mul" and "ind" in (args[0].op, args[1].op):
-            c, x = (args[0], args[1]) if args[0].op == "ind" else (args[1], args[0])
-            new[n] = Node("select", (c.args[0], x), pos=n.pos)
-        else:
-            new[n] = Node(n.op, args, n.value, n.pos) if n.args else n
-    return new[root]
 
 
 # d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
@@ -67,6 +42,74 @@ def _select_masks(root: Node) -> Node:
 # clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
 GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "log_ratio": _var("keep")}
 UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": _var("r"), "log_ratio": Node("num", value=1)}
+
+
+# ---------------------------------------------------------------- the kernels' own lowering table
+@dataclass(frozen=True)
+class Kernel:
+    """How the emitter may treat an operation's torch text (its row's `torch`) beyond writing
+    it: every operation has an entry in KERNELS, checked when this module is imported."""
+    reuses_args: bool = False       # the torch text names an argument twice: bind it first
+    inplace: str = ""               # torch method updating its first argument in place (add_, ...)
+    # how a fresh second argument is updated in place, bit for bit ((a, b) -> source), if it can be
+    inplace_second: Callable | None = None
+    # the eager kernel's lowering of a boolean op, with booleans as 0/1 floats (comparisons
+    # into a float tensor are ~4x faster on CPU than into bool): ((code, fresh), ...) -> (code, fresh)
+    floats: Callable | None = None
+    view: bool = False              # the result shares its argument's storage (sg's .detach(), a reduction's expand)
+
+
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _f_cmp(name):
+    def lower(a, b):
+        if is_literal(a[0]) or (b[1] and not a[1]):     # the tensor (a fresh one, if any) goes first
+            a, b, name_ = b, a, _MIRROR[name]
+        else:
+            name_ = name
+        if a[1]:
+            return f"{a[0]}.{name_}_({b[0]})", True
+        return f"torch.{name_}({a[0]}, {b[0]}, out=torch.empty_like(logp))", True
+    return lower
+
+
+def _f_fresh_first(a, b):
+    return (b, a) if b[1] and not a[1] else (a, b)
+
+
+def _f_and(a, b):
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.mul_({b[0]})" if a[1] else f"({a[0]} * {b[0]})"), True
+
+
+def _f_or(a, b):       # 0/1 values: a + b, clamped to 1
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.add_({b[0]})" if a[1] else f"({a[0]} + {b[0]})") + ".clamp_(max=1.0)", True
+
+
+def _f_not(a):
+    return (f"{a[0]}.neg_().add_(1.0)" if a[1] else f"(1.0 - {a[0]})"), True
+
+
+KERNELS = {
+    "add": Kernel(inplace="add_", inplace_second=lambda a, b: f"{b}.add_({a})"),
+    "sub": Kernel(inplace="sub_", inplace_second=lambda a, b: f"{b}.neg_().add_({a})"),    # IEEE: a - b is a + (-b)
+    "mul": Kernel(inplace="mul_", inplace_second=lambda a, b: f"{b}.mul_({a})"),
+    "div": Kernel(inplace="div_"), "neg": Kernel(inplace="neg_"), "pow": Kernel(inplace="pow_"),
+    **{k: Kernel(inplace=f"{k}_") for k in ("log", "exp", "sqrt", "abs", "sign", "erf", "atan")},
+    "derf": Kernel(), "softsign": Kernel(reuses_args=True),
+    **{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")},
+    "sg": Kernel(view=True),
+    "ind": Kernel(floats=lambda c: c),
+    "select": Kernel(floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
+    **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
+    "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
+    **{f"seq_{k}": Kernel(view=True) for k in ("sum", "mean", "max", "min")},
+}
+if KERNELS.keys() != OPS.keys() or any(OPS[k].kind == "bool" and not KERNELS[k].floats for k in OPS):
+    raise TypeError(f"dsl.codegen.KERNELS must have one entry per operation, a boolean one with `floats`: "
+                    f"missing {sorted(OPS.keys() - KERNELS.keys())}, unknown {sorted(KERNELS.keys() - OPS.keys())}")
 
 
 class _Emitter:
@@ -92,7 +135,7 @@ class _Emitter:
         if self.uses[n] == 1 and n not in self.constant:
             for a in n.args:
                 self.count(a)
-                if OPS[n.op].reuses_args:   # torch.where(a <= b, a, b) evaluates a and b once
+                if KERNELS[n.op].reuses_args:   # torch.where(a <= b, a, b) evaluates a and b once
                     self.count(a)
 
     def expr(self, n: Node) -> tuple[str, bool]:
@@ -106,17 +149,16 @@ class _Emitter:
             return repr(float(v)), False
         if n.op == "var":
             return n.value, False
-        op = OPS[n.op]
+        op, kernel = OPS[n.op], KERNELS[n.op]
         args = [self.expr(a) for a in n.args]
         codes = [c for c, _ in args]
-        # sg's .detach() shares its argument's storage; comparisons give bool
-        fresh = op.kind == "num" and n.op != "sg" and not op.reduce    # a reduction is an expanded view
-        if self.floats and op.floats:
-            code, fresh = op.floats(*args)
-        elif self.inplace and op.inplace and args[0][1]:
-            code = f"{codes[0]}.{op.inplace}({', '.join(codes[1:])})"
-        elif self.inplace and op.inplace_second and args[1][1]:
-            code = op.inplace_second(*codes)
+        fresh = op.kind == "num" and not kernel.view       # comparisons give bool
+        if self.floats and kernel.floats:
+            code, fresh = kernel.floats(*args)
+        elif self.inplace and kernel.inplace and args[0][1]:
+            code = f"{codes[0]}.{kernel.inplace}({', '.join(codes[1:])})"
+        elif self.inplace and kernel.inplace_second and args[1][1]:
+            code = kernel.inplace_second(*codes)
         else:
             code = op.torch(*codes)
         if self.uses.get(n, 0) > 1 and n.args:
@@ -201,7 +243,6 @@ def _function(name, doc, outputs, params) -> str:
                      + [f"    return {_tuple(results)}"])
 
 
-_POLICY = ("r", "pi", "logp", "log_ratio")
 
 
 def _reads_clamped_ratio(value: Node) -> bool:
@@ -211,27 +252,6 @@ def _reads_clamped_ratio(value: Node) -> bool:
     the largest ratio, |π − μ|) is the unclamped exp(log π − log μ)."""
     return bool(_used([value]) & {"r", "log_ratio"})
 
-
-def filters(value: Node) -> list[Node]:
-    """The objective's filters: [...] factors of the whole objective whose condition does not
-    involve the current policy, so they are fixed for the update and drop tokens or responses
-    (IcePop's band, a sequence mask on π_old/π_rollout). A condition on π is a trust-region
-    boundary instead: the update itself reaches it."""
-    out, stack = [], [value]
-    policy = lambda c: any(m.op == "var" and m.value in _POLICY for m in c.walk())   # noqa: E731
-    while stack:
-        n = stack.pop()
-        if n.op == "mul":
-            stack.extend(n.args)
-        elif n.op in ("neg", "div"):
-            stack.append(n.args[0])
-        elif n.op == "select":
-            stack.append(n.args[1])
-            if not policy(n.args[0]):
-                out.append(Node("ind", (n.args[0],)))
-        elif n.op == "ind" and not policy(n):
-            out.append(n)
-    return out
 
 
 def _fused_functions(value, params, kept) -> str:
@@ -282,47 +302,6 @@ def _fused_functions(value, params, kept) -> str:
 _SIG = "logp, anchor, A, old=None, rollout=None, m=None, coef=None"
 
 
-def reverse_gradient(value: Node, seeds: dict) -> Node:
-    """d(Σ coef·ℓ)/d(log π) per token, as an IR expression, in reverse mode: each node's
-    adjoint goes to its arguments through its rule's partial derivatives (the forward rule
-    with a one-hot seed, so both modes share OPS). A reduction's adjoint is summed over its
-    response and spread back over the tokens it read: a mean by 1/n, a max to its ties."""
-    constant = constant_nodes(value)
-    adj: dict = {value: _var("coef")}
-    mf = _var("mf")         # the float mask: masked tokens receive nothing
-    for n in reversed(postorder(value)):          # parents before children
-        if n not in adj or n.op in ("num", "var", "param") or n in constant:
-            continue
-        op, a = OPS[n.op], adj[n]
-        if passes_no_gradient(n.op):
-            continue
-        if op.reduce:
-            x = n.args[0]
-            total = Node("seq_sum", (a,))
-            if op.reduce == "mean":
-                share = mul(mf, Node("seq_mean", (a,)))
-            elif op.reduce == "sum":
-                share = mul(mf, total)
-            else:       # the maximum's (minimum's) ties share it equally, as torch.amax's gradient
-                tie = Node("ind", (Node("ge" if op.reduce == "max" else "le", (x, n)),))
-                share = mul(mul(mf, tie), div(total, Node("max", (Node("seq_sum", (tie,)), ONE))))
-            contributions = [(x, share)]
-        else:
-            contributions = []
-            for i, x in enumerate(n.args):
-                if x in constant:
-                    continue
-                partial = op.deriv(n, [ONE if j == i else ZERO for j in range(len(n.args))])
-                if not is_num(partial, 0):
-                    contributions.append((x, mul(a, partial)))
-        for x, c in contributions:
-            adj[x] = add(adj[x], c) if x in adj else c
-    total = ZERO
-    for n, a in adj.items():
-        if n.op == "var" and n.value in seeds:
-            total = add(total, mul(a, seeds[n.value]))
-    return total
-
 
 def _reverse_functions(value, params, kept) -> str:
     """objective_and_grad for an objective with a reduction of the policy: its gradient is
@@ -349,41 +328,9 @@ def _reverse_functions(value, params, kept) -> str:
         "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
 
 
-# The reductions, over the tokens m selects (selected, never multiplied: a masked NaN stays
-# out). An empty response reduces to 0. Emitted only where an objective uses them.
-_HELPERS = '''
-def _selected(x, m, other, like):
-    return torch.where(m, torch.as_tensor(x, dtype=like.dtype, device=like.device), other)
-
-
-def _seq_sum(x, m, like):
-    return _selected(x, m, 0.0, like).sum(-1, keepdim=True).expand_as(like)
-
-
-def _seq_mean(x, m, like):
-    n = m.sum(-1, keepdim=True).clamp(min=1)
-    return (_selected(x, m, 0.0, like).sum(-1, keepdim=True) / n).expand_as(like)
-
-
-def _seq_extreme(x, m, like, pick, empty):
-    if like.shape[-1] == 0:             # no token: 0, still attached to x's graph
-        return _seq_sum(x, m, like)
-    top = pick(_selected(x, m, empty, like), -1, keepdim=True)
-    return torch.where(m.any(-1, keepdim=True), top, 0.0).expand_as(like)
-
-
-def _seq_max(x, m, like):
-    return _seq_extreme(x, m, like, torch.amax, -math.inf)
-
-
-def _seq_min(x, m, like):
-    return _seq_extreme(x, m, like, torch.amin, math.inf)
-'''
-
-
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
-    value = _select_masks(_rewrite_logs(obj.expr))
+    value = select_masks(rewrite_logs(obj.expr))
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
     try:
@@ -401,7 +348,7 @@ def torch_source(obj: Objective) -> str:
         f"# r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
         "import math" if reduces else None,
         "import torch",
-        _HELPERS if reduces else None,
+        TORCH_REDUCTIONS if reduces else None,
         "",
     ]
     return "\n".join(h for h in header if h is not None) + "\n".join([

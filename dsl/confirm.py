@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from .events import boundary_at, changes_sign_at, describe
+from .mathtext import math_text
 
 
 def _probe_mus():
@@ -83,7 +84,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
                            "is where w touches 0 without changing sign" if touches.any() else
                            "is not a sign change of w (checked numerically)")
-                    note = (f"the symbolic zero r = {_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
+                    note = (f"the symbolic zero r = {math_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
                             "not a boundary")
                     if note not in notes:
                         notes.append(note)
@@ -125,32 +126,3 @@ def compare_range(claim, numeric) -> tuple[list, bool]:
     # corner values; the arbiter's include where w touches 0 between grid points)
     lo, hi = (None if c is None else f(c, n) for c, n, f in zip(claim, numeric, (min, max)))
     return [lo, hi], True
-
-
-def domain_warnings(facts) -> list[str]:
-    out = []
-    for adv, sign_text in (("positive", "A > 0"), ("negative", "A < 0")):
-        f = facts[adv]
-        below = [u for u in f["undefined"] if u["below"]]
-        above = [u for u in f["undefined"] if not u["below"]]
-        parts = []
-        if below and above and describe(below) == describe(above):
-            parts.append(f"at {describe(below)}")
-        else:
-            parts += [f"below {describe(below)}"] if below else []
-            parts += [f"above {describe(above)}"] if above else []
-        if parts:
-            out.append(f"for {sign_text}, ℓ or w is undefined or not finite {' and '.join(parts)}: "
-                       "the compiled loss is NaN or inf on such tokens")
-        if f["poles"]:
-            out.append(f"for {sign_text}, w has a pole at {describe(f['poles'])}: unbounded near it")
-        if f["touches"]:
-            out.append(f"for {sign_text}, w touches 0 without changing sign at {describe(f['touches'])}")
-    if facts["undefined_fraction"] > 0:
-        out.append(f"ℓ or w is undefined at {100 * facts['undefined_fraction']:.3g}% of the sampled domain")
-    return out
-
-
-def _text(e) -> str:
-    from .report import math_text
-    return math_text(e)

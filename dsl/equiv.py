@@ -9,8 +9,16 @@ and on seeded random points, always: it alone finds a witness, and it confirms a
 """
 from __future__ import annotations
 
+from . import budgets
 from .arbiter import grid_axes
-from .ir import Node, derivative, num, numpy_plan, postorder, tree_size
+from .budgets import SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, highest_power, time_limit
+from .context import Ctx
+from .events import describe
+from .ir import Node, num, postorder, sub, tree_size
+from .mathtext import math_text
+from .symbolic import DIRECTIONS, SIGNS, case_weight
+from .view import analysis_view
+from .walks import derivative, numpy_plan
 
 # |A| from tiny to huge, with intermediate values where an |A|-entangled gate changes shape
 MAGNITUDES = (1e-3, 1.0, 1.5, 7.0, 60.0, 1e3)
@@ -38,7 +46,6 @@ def _inline(n: Node, params: dict) -> Node:
 
 def equivalence(a, b, seq_len=1, rho=1) -> dict:
     """The verdict, its evidence and (when they differ) a witness and the region."""
-    from .analysis import analysis_view
     views = [analysis_view(o, seq_len, rho) for o in (a, b)]
     names = [a.name, b.name] if a.name != b.name else [a.path, b.path]
     if names[0] == names[1]:
@@ -165,7 +172,6 @@ def _numerically(exprs, dls) -> dict:
 
 
 def _where_ties(r, mu) -> str:
-    from .events import describe
     return describe([{"r": float(x), "mu": float(m)} for x, m in zip(r, mu)])
 
 
@@ -174,25 +180,21 @@ def _symbolically(view, dls) -> dict:
     """∂ℓ_a/∂r − ∂ℓ_b/∂r in each case (A ≷ 0 × r ≷ 1), settled as dsl.symbolic settles a
     weight: 'proven' when every piece is 0 (or nonzero only on a tie t = c), else the first
     case where it is not, with the difference as SymPy left it."""
-    from .analysis import HANG_SECONDS, SYMBOLIC_POWER, SYMBOLIC_SIZE, _Ctx, _highest_power, _time_limit, _Timeout
-    from .ir import sub
-    from .report import math_text
-    from .symbolic import DIRECTIONS, SIGNS, _case_weight
     diff = sub(dls[0], dls[1])
     if (size := tree_size(diff)) > SYMBOLIC_SIZE:
         return {"status": "not tried", "why": f"the difference has {size:,} operations written out; "
                                               f"SymPy is tried up to {SYMBOLIC_SIZE:,}"}
-    if _highest_power(diff) > SYMBOLIC_POWER:
+    if highest_power(diff) > SYMBOLIC_POWER:
         return {"status": "not tried", "why": f"the difference has a power above ^{SYMBOLIC_POWER}"}
-    ctx = _Ctx(view)
+    ctx = Ctx(view)
     ctx.dl = diff
     sp = ctx.sp
     ties = []
     try:
-        with _time_limit(HANG_SECONDS):      # a hang guard only: the numeric comparison runs regardless
+        with time_limit(budgets.HANG_SECONDS):      # a hang guard only: the numeric comparison runs regardless
             for adv, sign in SIGNS:
                 for direction in DIRECTIONS:
-                    s, _, pieces = _case_weight(ctx, sign, direction)
+                    s, _, pieces = case_weight(ctx, sign, direction)
                     for expr, cond in pieces:
                         if expr != 0 and sp.count_ops(expr) <= SIMPLIFY_OPS:
                             # in r and μ (positive symbols), so that log(μ·r) = log(μ) + log(r)
@@ -209,8 +211,8 @@ def _symbolically(view, dls) -> dict:
                         return {"status": "not proven", "advantage": adv, "direction": direction,
                                 "difference": math_text(ctx.sp.sympify(expr * sign * ctx.a).subs(back)),
                                 "why": "the difference of ∂ℓ/∂r does not simplify to 0 there"}
-    except (_Timeout, RecursionError):
-        return {"status": "not proven", "why": f"the hang guard fired: SymPy ran past {HANG_SECONDS:g} s of CPU time"}
+    except (Timeout, RecursionError):
+        return {"status": "not proven", "why": f"the hang guard fired: SymPy ran past {budgets.HANG_SECONDS:g} s of CPU time"}
     except Exception as e:      # noqa: BLE001 - SymPy raises many types; the numeric comparison stands
         return {"status": "not proven", "why": f"SymPy failed ({type(e).__name__})"}
     if any(n.startswith("settling") for n in ctx.notes):

@@ -1,15 +1,15 @@
 """The extremes of w = (∂ℓ/∂r)/A, by the IR's float rules: its range over the arbiter's
 grid, each extreme refined between grid points by a pattern search and a side reported
 unbounded where w keeps growing toward a pole, an undefined edge or the domain's corners;
-and the on-policy weight at r = 1 (not on the grid), its interval and status per sign of A,
-with the warnings that status raises."""
+and the on-policy weight at r = 1 (not on the grid), its interval and status per sign of A
+(the warnings that status raises are dsl.alerts')."""
 from __future__ import annotations
 
 import math
 
 from .arbiter import (CORNER_MUS, CORNER_RS, DENSE_MAGNITUDES, MAGNITUDES, MUS, SIDE_SIGNS, SIGNS,
                       params_key, thresholds)
-from .ir import numpy_plan
+from .walks import numpy_plan
 
 HUGE = 1e100                # |w| this large before ℓ overflows is reported as unbounded
 ON_POLICY_MAGNITUDES = 61   # |A| log-spaced over MAGNITUDES' span for the on-policy interval
@@ -92,22 +92,6 @@ def _climb(f, x, project, steps=60):
             if step.max() < 1e-12:      # converged everywhere: the rest would change nothing
                 break
     return best
-
-
-def on_policy_warnings(facts: dict) -> list[str]:
-    out = []
-    for adv, sign_text in (("positive", "A > 0"), ("negative", "A < 0")):
-        f = facts[adv]
-        if f["status"] == "undefined":
-            out.append(f"on policy (r = 1, the first mini-batch of every step) for {sign_text}: {f['why']} "
-                       "there, so the compiled loss is NaN or inf on it")
-        elif f["status"] == "zero":
-            out.append(f"on policy (r = 1) for {sign_text}, w = 0 at some μ or |A|: those tokens get no gradient "
-                       "until the policy has moved")
-        elif f["status"] == "negative":
-            out.append(f"on policy (r = 1) for {sign_text}, w < 0 at some μ or |A|: the gradient pushes against "
-                       "the advantage from the first update")
-    return out
 
 
 def w_range(arb, facts):

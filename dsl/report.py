@@ -1,12 +1,14 @@
-"""Human-readable output of an analysis: the report, the comparison table and the plot."""
+"""Human-readable output of an analysis: the report (each declared field's line, dsl.result),
+the JSON form, the comparison table, the plot, and the equivalence report."""
 from __future__ import annotations
 
-import re
-from decimal import Decimal
+from dataclasses import fields
 
-from .ir import display_name
+from .alert_text import alert_text
+from .mathtext import clip_text, fmt, magnitudes, math_text
+from .names import display_name
+from .result import Analysis
 
-_FUNCS = {"Piecewise", "sign", "Abs", "log", "exp", "sqrt", "Min", "Max", "Eq", "LambertW", "True", "False"}
 _GEOMETRY = {
     "none": "w ≡ 1: the plain surrogate, no trust region",
     "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
@@ -15,87 +17,6 @@ _GEOMETRY = {
     "advantage-entangled": "a boundary or the weight depends on |A|",
     "other": "none of the named geometries",
 }
-
-
-def _decimal(m):
-    p, q = int(m.group(1)), int(m.group(2))
-    d = q
-    for f in (2, 5):
-        while d % f == 0:
-            d //= f
-    return f"{p / q:g}" if d == 1 else m.group(0)
-
-
-def math_text(e, weight: bool = False) -> str:
-    """One-line Unicode math: 1 − 0.08·μ·(r − 1), with Piecewise as 'x if c; y otherwise'.
-    A weight puts its constant first (1 − ...); a boundary keeps μ + 12.5, as the paper does."""
-    import sympy as sp
-    if isinstance(e, sp.Piecewise):
-        # a nested Piecewise keeps its own brackets: (0 if r > 1.2; 1 otherwise) if A > 0 and r > 1
-        inner = lambda x: f"({math_text(x, weight)})" if x.has(sp.Piecewise) else math_text(x, weight)  # noqa: E731
-        parts = [f"{inner(x)} if {math_text(c)}" for x, c in e.args[:-1]]
-        return "; ".join(parts + [f"{inner(e.args[-1][0])} otherwise"])
-    if isinstance(e, (sp.Eq, sp.Ne)):
-        return f"{math_text(e.lhs)} {'=' if isinstance(e, sp.Eq) else '≠'} {math_text(e.rhs)}"
-    if isinstance(e, sp.Basic) and not isinstance(e, sp.logic.boolalg.Boolean) and e.has(sp.Piecewise):
-        lifted = _lift(sp, e)      # 2·Piecewise(...) or exp(Piecewise(...)) printed as cases
-        if lifted is not None:
-            return math_text(lifted, weight)
-    e = _without_pi(sp, e)
-    # whatever SymPy prints as a call (Piecewise deep inside, Eq and Ne inside a condition)
-    # is printed as math in its place: a placeholder symbol stands for it in sstr's text
-    spots = {}
-    if isinstance(e, sp.Basic):
-        calls = sorted(e.atoms(sp.Piecewise, sp.Eq, sp.Ne), key=sp.default_sort_key)
-        spots = {f"Spot{k}x": f"({math_text(x)})" for k, x in enumerate(calls)}
-        if spots:
-            e = e.xreplace({x: sp.Symbol(name) for x, name in zip(calls, spots)})
-    text = sp.sstr(e)
-    if weight and isinstance(e, sp.Add):   # the constant first: 1 − 0.08·μ·(r − 1)
-        const, rest = e.as_coeff_Add()
-        if const != 0 and not rest.is_number:
-            tail = sp.sstr(rest)
-            text = f"{sp.sstr(const)} - {tail[1:]}" if tail.startswith("-") else f"{sp.sstr(const)} + {tail}"
-    # p/q alone, never an exponent's tail: r**2/400 is r²/400, not r^0.005
-    text = re.sub(r"(?<![\w.)*])(\d+)/(\d+)(?![\w.(])", _decimal, text)
-    text = re.sub(r"(?<![\w.])\d{16,}(?![\w.])", lambda m: f"{Decimal(m.group(0)).normalize():.6g}", text)   # 1e+300, not 301 digits
-    text = text.replace("**", "^").replace("*", "·").replace(" - ", " − ").replace("<=", "≤").replace(">=", "≥")
-    text = text.replace(" & ", " and ").replace(" | ", " or ").replace("~", "not ")
-    text = re.sub(r"\b([A-Za-z][A-Za-z0-9_]*)\b",
-                  lambda m: m.group(1) if m.group(1) in _FUNCS else display_name(m.group(1)), text)
-    for name, shown in spots.items():
-        text = text.replace(name, shown)
-    return text.replace("Abs", "abs").replace("Min(", "min(").replace("Max(", "max(")
-
-
-LIFT_PIECES = 32    # cases a lifted formula may have; past it, each Piecewise is printed in brackets in place
-
-
-def _lift(sp, e):
-    """e with its Piecewise lifted to the top, first match winning as in a Piecewise:
-    2·(1 if c; 0 otherwise) is (2 if c; 0 otherwise). None past LIFT_PIECES cases."""
-    found = [x for x in e.atoms(sp.Piecewise) if not any(x != y and y.has(x) for y in e.atoms(sp.Piecewise))]
-    count = 1
-    for x in found:
-        count *= len(x.args)
-    if count > LIFT_PIECES or isinstance(e, sp.Piecewise):
-        return None
-    P = min(found, key=sp.default_sort_key)
-    return sp.Piecewise(*[(e.xreplace({P: x}), c) for x, c in P.args])
-
-
-def _without_pi(sp, e):
-    """SymPy's constant π (erf's derivative is 2/√π·e^(−x²)) as a 6-digit decimal: printed as
-    'pi', it would read as the language's π, the probability."""
-    if not isinstance(e, sp.Basic) or not e.has(sp.pi):
-        return e
-    if e.is_number:
-        v = float(f"{float(e):.6g}")
-        return sp.Integer(int(v)) if v.is_integer() else sp.Float(v, 6)
-    if e.is_Mul:            # the numeric factors as one decimal: 1.12838·exp(−(r − 1)²)
-        coeff, rest = e.as_independent(*e.free_symbols)
-        return _without_pi(sp, coeff) * e.func(*[_without_pi(sp, a) for a in sp.Mul.make_args(rest)])
-    return e.func(*[_without_pi(sp, a) for a in e.args])
 
 
 # what w does at a boundary, as the arbiter saw it
@@ -109,13 +30,9 @@ def _kinds(kind: str) -> str:
 
 
 def _status(claim) -> str:
-    """How a claim is known (dsl.analysis._claims): proven, found at located points, or
+    """How a claim is known (dsl.claims): proven, found at located points, or
     unconfirmed, with the evidence it rests on."""
     return f"{claim['status']}: {claim['evidence']}"
-
-
-def _fmt(x) -> str:
-    return "unbounded" if x is None else f"{float(x):.6g}"
 
 
 def _on_policy(facts) -> str:
@@ -123,8 +40,8 @@ def _on_policy(facts) -> str:
     for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
         f = facts[adv]
         lo, hi = f["w"]
-        value = ("undefined" if f["status"] == "undefined" else _fmt(lo) if _fmt(lo) == _fmt(hi)
-                 else f"from {_fmt(lo)} to {_fmt(hi)} (with μ, |A|)")
+        value = ("undefined" if f["status"] == "undefined" else fmt(lo) if fmt(lo) == fmt(hi)
+                 else f"from {fmt(lo)} to {fmt(hi)} (with μ, |A|)")
         parts.append(f"{value} for {sign}")
     return ", ".join(parts)
 
@@ -133,76 +50,170 @@ _BOUNDED = {True: "bounded", False: "unbounded", None: "not a finite double wher
 
 
 def _range(res) -> str:
-    if res["bounded"] is None:
+    if res.bounded is None:
         return "unknown"
-    lo, hi = res["weight_range"]
-    return f"[{'-∞' if lo is None else _fmt(lo)}, {'+∞' if hi is None else _fmt(hi)}]"
+    lo, hi = res.weight_range
+    return f"[{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]"
 
 
-def report(res: dict) -> str:
-    title = res["description"].splitlines()[0] if res["description"] else res["name"]
-    lines = [f"{res['name']} — {title}", f"  file       {res['path']}"]
-    params = ", ".join(f"{display_name(k)} = {v:g}" for k, v in res["params"].items()) or "none"
-    lines += [
-        f"  objective  {res['objective']}    (maximized; the loss is its negative)",
-        f"  params     {params}",
-        "  options    " + ", ".join(f"@{k} = {v}" for k, v in res["options"].items()),
-        *_scope(res["scope"]),
-        "",
-        "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π",
-        f"    w = {_weight_text(res)}",
-        "",
-        "  cases",
-    ]
-    if not res["cases"]:
-        lines.append("    (not derived: see notes)")
-    for c in res["cases"]:
+# ------------------------------------------------------------------ the report, line by line
+# Each declared field's report line (dsl.result's `line`), in the order the report prints them:
+# render(result, evidence) -> lines, where evidence is the claim the field declares it rests on.
+LINES: dict = {}
+
+
+def line(name):
+    def register(render):
+        LINES[name] = render
+        return render
+    return register
+
+
+@line("title")
+def _title(res, evidence):
+    title = res.description.splitlines()[0] if res.description else res.name
+    return [f"{res.name} — {title}", f"  file       {res.path}"]
+
+
+@line("objective")
+def _objective(res, evidence):
+    return [f"  objective  {res.objective}    (maximized; the loss is its negative)"]
+
+
+@line("params")
+def _params(res, evidence):
+    return [f"  params     {', '.join(f'{display_name(k)} = {v:g}' for k, v in res.params.items()) or 'none'}"]
+
+
+@line("options")
+def _options(res, evidence):
+    return ["  options    " + ", ".join(f"@{k} = {v}" for k, v in res.options.items())]
+
+
+@line("scope")
+def _scope_lines(res, evidence):
+    return _scope(res.scope)
+
+
+@line("weight")
+def _weight(res, evidence):
+    return ["", "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π", f"    w = {_weight_text(res)}"]
+
+
+@line("cases")
+def _cases(res, evidence):
+    lines = ["", "  cases"] + ["    (not derived: see notes)"] * (not res.cases)
+    for c in res.cases:
         sign = "A > 0" if c["advantage"] == "positive" else "A < 0"
         r_side = ("r > 1" if (c["advantage"] == "positive") == (c["direction"] == "diverging") else "r < 1")
-        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {_clip_text(math_text(c['weight'], weight=True))}")
-    lines += ["", "  trust-region boundary (w = 0)"]
+        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {clip_text(math_text(c['weight'], weight=True))}")
+    return lines
+
+
+@line("boundary")
+def _boundary(res, evidence):
+    lines = ["", "  trust-region boundary (w = 0)"]
     for adv in ("positive", "negative"):
-        b = res["boundary"][adv]
+        b = res.boundary[adv]
         sign = "A > 0" if adv == "positive" else "A < 0"
-        claims = res["claims"]
         if not b["r"] and not b["numeric"]:
-            c = claims["boundary"][adv]
+            c = evidence[adv]
             what = "none: w = 0 everywhere" if c["claim"] == "w ≡ 0" else "none"
             lines.append(f"    {sign}   {what} ({_status(c)})")
-        for r_, pi_, kind, ok, how in zip(b["r"], b["pi"], b["kind"], b["reachable"], claims["reachable"][adv]):
+        for r_, pi_, kind, ok, how in zip(b["r"], b["pi"], b["kind"], b["reachable"], res.claims["reachable"][adv]):
             reach = "reachable" if ok else f"unreachable in 0 < μ, π ≤ 1, {_status(how)}"
             lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach}; w {_kinds(kind)})")
         for x in b["numeric"]:
             lines.append(f"    {sign}   {x['where']}    (found numerically, not derived; w {_kinds(x['kind'])})")
-    sc = res["self_check"]
-    lines += [
-        "",
-        f"  range      w ∈ {_range(res)}  ({_BOUNDED[res['bounded']]}; {_status(res['claims']['bounded'])})",
-        f"  smooth     {_smooth(res)} ({_status(res['claims']['smooth'])})",
-        f"  geometry   {res['geometry']}: {_GEOMETRY[res['geometry']]}",
-        f"  on policy  w(r = 1) {_on_policy(res['on_policy'])}",
-        f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
-        f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
-        + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else ""),
-        f"  arbiter    {_arbiter(res['arbiter'])}",
-    ]
-    lines += _admissibility(res["admissibility"])
-    if res["warnings"]:
-        lines += ["", "  warnings"] + [f"    ! {w}" for w in res["warnings"]]
-    if res["notes"]:
-        lines += ["", "  notes"] + [f"    - {n}" for n in res["notes"]]
-    return "\n".join(lines)
+    return lines
+
+
+@line("range")
+def _range_line(res, evidence):
+    return ["", f"  range      w ∈ {_range(res)}  ({_BOUNDED[res.bounded]}; {_status(evidence)})"]
+
+
+@line("smooth")
+def _smooth_line(res, evidence):
+    return [f"  smooth     {_smooth(res)} ({_status(evidence)})"]
+
+
+@line("geometry")
+def _geometry(res, evidence):
+    return [f"  geometry   {res.geometry}: {_GEOMETRY[res.geometry]}"]
+
+
+@line("on_policy")
+def _on_policy_line(res, evidence):
+    return [f"  on policy  w(r = 1) {_on_policy(res.on_policy)}"]
+
+
+@line("self_check")
+def _self_check(res, evidence):
+    sc = res.self_check
+    return [f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
+            f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
+            + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else "")]
+
+
+@line("arbiter")
+def _arbiter_line(res, evidence):
+    return [f"  arbiter    {_arbiter(res.arbiter)}"]
+
+
+@line("admissibility")
+def _admissibility_lines(res, evidence):
+    return _admissibility(res.admissibility)
+
+
+@line("warnings")
+def _warnings(res, evidence):
+    return ["", "  warnings"] + [f"    ! {alert_text(a)}" for a in res.warnings] if res.warnings else []
+
+
+@line("notes")
+def _notes(res, evidence):
+    return ["", "  notes"] + [f"    - {n}" for n in res.notes] if res.notes else []
+
+
+def _lines_shown() -> dict:
+    """Each report line's declared field, checked against LINES: a field whose line the report
+    lacks, or a line no field declares, fails here."""
+    shown = {f.metadata["line"]: f for f in fields(Analysis) if f.metadata["line"]}
+    if shown.keys() != LINES.keys():
+        raise TypeError(f"dsl.result declares report lines {sorted(shown)}, dsl.report has {sorted(LINES)}")
+    return shown
+
+
+def report(res: Analysis) -> str:
+    shown = _lines_shown()
+    out = []
+    for name, render in LINES.items():
+        evidence = shown[name].metadata["evidence"]
+        out += render(res, res.claims[evidence] if evidence else None)
+    return "\n".join(out)
+
+
+def to_json(res: Analysis) -> dict:
+    """The JSON form: each declared field under its JSON name, in declaration order."""
+    out = {}
+    for f in fields(Analysis):
+        name, encode = f.metadata["json"], f.metadata["encode"]
+        if name:
+            value = getattr(res, f.name)
+            out[name] = encode(value) if encode else value
+    return out
 
 
 def _admissibility(adm) -> list[str]:
-    """The properties gate papers derive by hand (dsl.analysis.admissibility), each with how it is known."""
+    """The properties gate papers derive by hand (dsl.admissibility), each with how it is known."""
     w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
     how = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
     lo, hi = adm["bounded"]["range"]
-    bounded = {True: f"yes: w ∈ [{_fmt(lo)}, {_fmt(hi)}]", None: "unknown"}.get(
-        adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else _fmt(lo)}, {'+∞' if hi is None else _fmt(hi)}]")
+    bounded = {True: f"yes: w ∈ [{fmt(lo)}, {fmt(hi)}]", None: "unknown"}.get(
+        adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]")
     at_one = ("yes, for both signs of A" if w1["value"] else
-              "no: " + ", ".join(f"{_fmt(w[0]) if _fmt(w[0]) == _fmt(w[1]) else f'{_fmt(w[0])} to {_fmt(w[1])}'} for "
+              "no: " + ", ".join(f"{fmt(w[0]) if fmt(w[0]) == fmt(w[1]) else f'{fmt(w[0])} to {fmt(w[1])}'} for "
                                  f"{'A > 0' if adv == 'positive' else 'A < 0'}" for adv, w in w1["w"].items()))
     sides = [(adv, "A > 0" if adv == "positive" else "A < 0") for adv in ("positive", "negative")]
     if sym["value"]:
@@ -226,12 +237,12 @@ def _admissibility(adm) -> list[str]:
         f"    symmetric in log r  {symmetric} ({how[sym['status']]}: w(e^t) against w(e^−t) inside the domain)",
         f"    (tails numeric: log|w| against log r, r from {smp['r'][0]:g} to 0.1 at μ ∈ "
         f"{{{', '.join(f'{m:g}' for m in smp['mu'])}}}, and along π = 1 from r = 10 to {smp['r'][1]:g}; "
-        f"|A| ∈ {{{_mags(smp['magnitudes'])}}})",
+        f"|A| ∈ {{{magnitudes(smp['magnitudes'])}}})",
     ]
 
 
 def _value(x) -> str:
-    return "undefined" if x is None else _fmt(x)
+    return "undefined" if x is None else fmt(x)
 
 
 def _tail(t) -> str:
@@ -246,7 +257,7 @@ def _tail(t) -> str:
     note = f", {t['note']}" if t.get("note") else ""
     if kind == "tends to a constant":
         lo, hi = t["value"]
-        value = _fmt(lo) if _fmt(lo) == _fmt(hi) else f"from {_fmt(lo)} to {_fmt(hi)} (with μ or |A|)"
+        value = fmt(lo) if fmt(lo) == fmt(hi) else f"from {fmt(lo)} to {fmt(hi)} (with μ or |A|)"
         return f"tends to a constant, {value}{note}"
     if kind == "grows":
         to = {1: "+∞", -1: "−∞"}.get(t.get("sign"), "±∞")
@@ -255,7 +266,7 @@ def _tail(t) -> str:
 
 
 def _scope(scope) -> list[str]:
-    """What a sequence or mismatch objective's analysis stands for (dsl.analysis.analysis_view)."""
+    """What a sequence or mismatch objective's analysis stands for (dsl.view.analysis_view)."""
     out = []
     if scope["sequence"]:
         out += [f"  sequence   analysed on a response whose tokens share r, μ and A (|y| = {scope['seq_len']:g}; "
@@ -268,39 +279,26 @@ def _scope(scope) -> list[str]:
         lo, hi = m["w"]
         kept = ("w = 0 for every ρ" if m["kept"] is None else
                 "nonzero over the whole grid" if m["kept"] == [m["grid"][0], m["grid"][1]] else
-                f"nonzero only for ρ ∈ [{_fmt(m['kept'][0])}, {_fmt(m['kept'][1])}]")
+                f"nonzero only for ρ ∈ [{fmt(m['kept'][0])}, {fmt(m['kept'][1])}]")
         out += [f"  mismatch   ρ = π_old/π_rollout, held at {scope['rho']:g} above (--rho); on policy (r = 1), over "
-                f"ρ ∈ [{_fmt(m['grid'][0])}, {_fmt(m['grid'][1])}], μ ∈ [1e-6, 1], A = ±1:",
-                f"             w ∈ [{_fmt(lo)}, {_fmt(hi)}], {kept} (numeric: {m['grid'][2]} values of ρ, "
+                f"ρ ∈ [{fmt(m['grid'][0])}, {fmt(m['grid'][1])}], μ ∈ [1e-6, 1], A = ±1:",
+                f"             w ∈ [{fmt(lo)}, {fmt(hi)}], {kept} (numeric: {m['grid'][2]} values of ρ, "
                 "not derived)"]
     return out
 
 
-def _view_title(scope) -> str:
-    parts = [f"one response, |y| = {scope['seq_len']:g}"] if scope["sequence"] else []
-    parts += [f"ρ = {scope['rho']:g}"] if scope["rho_name"] else []
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-REPORT_WIDTH = 2000    # characters of one formula in the text report; --json has it whole
-
-
-def _clip_text(text: str) -> str:
-    return text if len(text) <= REPORT_WIDTH else text[:REPORT_WIDTH] + f"… ({len(text):,} characters; --json has it whole)"
-
-
 def _weight_text(res) -> str:
-    if res["weight"] is None:
+    if res.weight is None:
         return "(not derived symbolically: see notes; every finding below is the numeric arbiter's)"
     flag = {"disagrees": "   (DISAGREES with the numeric arbiter: see warnings)",
             "unconfirmed": "   (unconfirmed: w is nowhere a finite double on the grid)"}
-    return _clip_text(math_text(res["weight"], weight=True)) + flag.get(res["arbiter"]["weight"]["status"], "")
+    return clip_text(math_text(res.weight, weight=True)) + flag.get(res.arbiter["weight"]["status"], "")
 
 
 def _smooth(res) -> str:
-    if res["smooth"]:
+    if res.smooth:
         return "yes: w is continuous in r wherever it is defined"
-    return "no: w has a pole" if res["arbiter"]["poles"] else "no: w jumps (hard mask or clip)"
+    return "no: w has a pole" if res.arbiter["poles"] else "no: w jumps (hard mask or clip)"
 
 
 def _arbiter(a) -> str:
@@ -309,151 +307,25 @@ def _arbiter(a) -> str:
               "continuity": a["smooth"]}
     said = {"confirmed": "confirmed", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
             "unconfirmed": "unconfirmed", "not derived": "not derived"}
-    mags = (f"|A| ∈ {{{_mags(a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
+    mags = (f"|A| ∈ {{{magnitudes(a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
             else "|A| = 1 (w is the same at |A| = 0.001 and 1000)")
     return (", ".join(f"{k} {said[v]}" for k, v in status.items())
             + f", by the IR's float rules on {a['points']:,} grid points over (μ, π), both signs of A, {mags}")
 
 
-def comparison(results: list[dict]) -> str:
+def comparison(results: list) -> str:
     """One row per objective, side by side."""
     head = ["objective", "w range", "boundary A>0 (π)", "boundary A<0 (π)", "smooth", "bounded", "geometry"]
     rows = [head]
     for res in results:
         def side(adv):
-            pis = res["boundary"][adv]["pi"]
+            pis = res.boundary[adv]["pi"]
             if not pis:
                 return "none"
             text = ", ".join(math_text(p) for p in pis)
-            return text if res["reachable"][adv] else f"{text} (unreachable)"
-        rows.append([res["name"], _range(res), side("positive"), side("negative"),
-                     "yes" if res["smooth"] else "no", {True: "yes", False: "no", None: "unknown"}[res["bounded"]], res["geometry"]])
+            return text if res.reachable[adv] else f"{text} (unreachable)"
+        rows.append([res.name, _range(res), side("positive"), side("negative"),
+                     "yes" if res.smooth else "no", {True: "yes", False: "no", None: "unknown"}[res.bounded], res.geometry])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
     return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]])
-
-
-PLOT_DPI, PANEL_W, PANEL_H = 100, 5.0, 4.0
-
-
-def plot(results: list[dict], path: str) -> None:
-    """Heatmaps of w over (μ, π) for A = +1 and A = −1, one row per objective, evaluated by the
-    numeric arbiter (the IR's float rules). Each objective has its own colour scale (its 1st to
-    99th percentile of w, diverging around 1, the plain surrogate, when it spans 1); the black
-    contour is where w changes sign or becomes 0 (the boundary, as found numerically), and
-    hatching marks where ℓ or w is undefined. Size: 1000 × 400·rows pixels."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import Normalize, TwoSlopeNorm
-    n = len(results)
-    fig, axes = plt.subplots(n, 2, figsize=(2 * PANEL_W, PANEL_H * n), dpi=PLOT_DPI, squeeze=False)
-    grid = np.linspace(0.002, 1.0, 300)
-    mu, pi = np.meshgrid(grid, grid)
-    for row, res in zip(axes, results):
-        ws = [np.asarray(res["_w_numeric"](pi / mu, mu, A), dtype=float) for A in (1.0, -1.0)]
-        finite = np.concatenate([w[np.isfinite(w)] for w in ws])
-        lo, hi = (np.percentile(finite, [1, 99]) if finite.size else (0.0, 2.0))
-        # to 9 digits: a w of 1 ± rounding (exp(log π − log μ) is r to 1 ulp) is one colour, not two
-        lo, hi = (float(f"{x:.9g}") for x in (lo, hi))
-        lo, hi = (lo - 0.5, hi + 0.5) if hi - lo < 1e-9 else (lo, hi)
-        norm = TwoSlopeNorm(1.0, lo, hi) if lo < 1 < hi else Normalize(lo, hi)
-        for ax, A, w in zip(row, (1.0, -1.0), ws):
-            im = ax.imshow(np.ma.masked_invalid(w), origin="lower", extent=(0, 1, 0, 1), cmap="RdBu_r",
-                           norm=norm, aspect="auto")
-            sign = np.where(np.isfinite(w), np.sign(w), np.nan)
-            if np.nanmin(sign, initial=1) < 1 and np.nanmax(sign, initial=-1) > -1 + (np.nanmin(sign, initial=1) < 0):
-                ax.contour(mu, pi, np.ma.masked_invalid(sign), levels=[-0.5, 0.5], colors="k", linewidths=1.5)
-            if np.isnan(w).any():
-                ax.contourf(mu, pi, np.isnan(w).astype(float), levels=[0.5, 1.5], colors="none",
-                            hatches=["///"])
-            ax.plot([0, 1], [0, 1], color="gray", lw=0.8, ls=":")
-            ax.set_title(f"{res['name']}: w for A {'> 0' if A > 0 else '< 0'}{_view_title(res['scope'])}"
-                         + ("  (hatched: undefined)" if np.isnan(w).any() else ""), fontsize=10)
-            ax.set_xlabel("μ (behaviour prob.)")
-            ax.set_ylabel("π (current prob.)")
-            fig.colorbar(im, ax=ax, fraction=0.046).set_label("w = (∂ℓ/∂r)/A")
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
-
-
-def equivalence_report(res: dict) -> str:
-    """drpo-analyze --equiv: the verdict first, then its evidence (dsl.equiv)."""
-    a, b = res["names"]
-    num, sym = res["numeric"], res["symbolic"]
-    lines = [f"{'equivalent' if res['equivalent'] else 'not equivalent'}: {a} and {b}"]
-    if res["options"]:
-        lines.append("  options    differ: " + "; ".join(f"@{o['option']} = {o['values'][0]} ({a}) vs {o['values'][1]} ({b})"
-                                                      for o in res["options"]))
-    else:
-        lines.append("  options    the same: " + ", ".join(f"@{k} = {v}" for k, v in res["options_shown"].items()))
-    sc = res["scope"]
-    if sc["sequence"]:
-        lines.append(f"  scope      compared on a response whose |y| = {sc['seq_len']:g} tokens share r, μ and A "
-                     "(--seq-len); on other responses a token's gradient also depends on the rest of its response, "
-                     "which this does not compare")
-    rhos = (f" at each ρ = π_old/π_rollout ∈ {{{', '.join(f'{x:g}' for x in num['rhos'])}}} (--rho adds one)"
-            if num.get("rhos") else "")
-    where = (f"{num['points']:,} points: the arbiter's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "
-             f"both signs of A, |A| ∈ {{{_mags(num['magnitudes'])}}}, and "
-             f"{num['random_points']:,} seeded random points{rhos}; relative tolerance {num['rtol']:g}")
-    if not num["differs"]:
-        lines.append("  gradient   ∂ℓ/∂log π is the same (the losses may differ by a term without a gradient)")
-        if sym["status"] == "proven":
-            ties = f", except at the ties r = {', '.join(sym['ties'])} (≤ against <)" if sym["ties"] else ""
-            held = f" at ρ = {sc['rho']:g}" if sc["mismatch"] else ""
-            lines.append("  proof      symbolic: ∂ℓ/∂r of the two differ by 0 in each case (A > 0 and A < 0, r > 1 and "
-                         f"r < 1; SymPy, the IR's derivative rules){held}{ties}; r = 1 itself numerically")
-        else:
-            lines.append(f"  proof      not symbolic ({_symbolic_why(sym)}): the evidence is numeric")
-        lines.append(f"  numeric    the same at all {where}")
-    else:
-        w = num["witness"]
-        g = ["undefined" if x is None else f"{x:.6g}" for x in w["gradients"]]
-        lines.append(f"  gradient   differs at {num['differing_points']:,} of {where}")
-        rho = f", ρ = {w['rho']:g}" if num.get("rhos") else ""
-        lines.append(f"  witness    μ = {w['mu']:.6g}, π = {w['pi']:.6g} (r = {w['r']:.6g}), A = {w['A']:g}{rho}: "
-                     f"∂ℓ/∂log π = {g[0]} ({a}) vs {g[1]} ({b})")
-        for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
-            lines.append(f"  {'region' if adv == 'positive' else '':<10} {sign}: {_region(res['numeric']['region'][adv], a, b)}")
-        undefined = any(reg and any(reg["undefined_in"]) for reg in num["region"].values())
-        if sym["status"] == "proven" and (num["only_on_policy"] or undefined) and not num.get("rhos"):
-            lines.append("  symbolic   ∂ℓ/∂r of the two differ by 0 for r ≠ 1 (SymPy): they differ " +
-                         ("at r = 1 exactly, where every step's first mini-batch sits" if num["only_on_policy"]
-                          else "where one of them is not a finite double"))
-        elif sym.get("difference") and num["region"][sym["advantage"]] is not None and w.get("rho", res["scope"]["rho"]) == res["scope"]["rho"]:
-            # a piece SymPy leaves nonzero is shown only where the numbers differ too (its
-            # condition may be empty in the domain, e.g. at π > 1)
-            lines.append(f"  symbolic   for {'A > 0' if sym['advantage'] == 'positive' else 'A < 0'}, "
-                         f"{sym['direction']}: ∂ℓ/∂r({a}) − ∂ℓ/∂r({b}) = {_clip_text(sym['difference'])}")
-    if num["ties"]:
-        lines.append(f"  ties       they differ only at isolated points, {num['ties']}: a threshold's tie (≤ against <), "
-                     "not a region")
-    return "\n".join(lines)
-
-
-def _symbolic_why(sym) -> str:
-    if sym.get("difference"):
-        side = "A > 0" if sym["advantage"] == "positive" else "A < 0"
-        return f"for {side}, {sym['direction']}, SymPy leaves the difference {_clip_text(sym['difference'])}"
-    return sym["why"]
-
-
-def _region(reg, a, b) -> str:
-    if reg is None:
-        return "the same everywhere sampled"
-    span = lambda k: f"{reg[k][0]:.6g} to {reg[k][1]:.6g}"    # noqa: E731
-    undefined = [n for n, u in zip((a, b), reg["undefined_in"]) if u]
-    mags = _mags(reg["magnitudes"]) or "only at random points"
-    rs = " and ".join(f"= {lo:.6g}" if lo == hi else f"from {lo:.6g} to {hi:.6g}" for lo, hi in reg["r"])
-    return (f"r {rs} (π from {span('pi')}), μ from {span('mu')}, |A| ∈ {{{mags}}}: "
-            f"{100 * reg['share']:.3g}% of the points sampled for this sign"
-            + (", r = 1 included" if reg["on_policy"] else "")
-            + (f"; undefined for {' and '.join(undefined)} at some of them" if undefined else ""))
-
-
-def _mags(values) -> str:
-    """|A| values as printed, each once: both sides of a threshold (2 ± 2e-6) read 2."""
-    return ", ".join(dict.fromkeys(f"{m:g}" for m in values))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 
+from .budgets import BUDGET, size
+
 # ------------------------------------------------------------------ numerics
 def numpy_fn(args, expr):
     """A vectorized evaluator for the small expressions the analysis produces. SymPy's
@@ -90,7 +92,7 @@ def numpy_fn(args, expr):
 def _unary_functions(sp):
     """SymPy function -> numpy lowering, from the OPS rows whose SymPy lowering is one
     function application (log, exp, Abs, sign, erf, atan, ...): one place per op."""
-    from .ir import OPS
+    from .operations import OPS
     x, out = sp.Symbol("x"), {}
     for op in OPS.values():
         if op.arity == (1, 1) and op.args_kind == "num" and not op.reduce:
@@ -177,7 +179,6 @@ class Numeric:
         """Limits at the corners r → ∞ (μ → 0) and r → 0 (π → 0) where substituting reads ∞ − ∞
         or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. Within budgets: a limit
         is taken of a formula up to BUDGET["limit"] nodes, and at most BUDGET["limits"] of them."""
-        from .analysis import BUDGET, size
         ctx, sp, done, taken = self.ctx, self.ctx.sp, set(), 0
         for e, corner, v in at_corners:
             if (corner[ctx.pi] == 1 and corner[ctx.mu] == 1) or (e, corner[ctx.mu]) in done:
@@ -234,7 +235,7 @@ def self_check(obj, w, n=64, seed=0) -> dict:
     The objective is evaluated by the IR's own float rules (never SymPy), with stop-
     gradients held at their base-point values; points that straddle a kink are skipped."""
     import numpy as np
-    from .ir import numpy_plan
+    from .walks import numpy_plan
     params = {k: float(v) for k, v in obj.params.items()}
     rng = np.random.default_rng(seed)
     mu, pi = rng.uniform(0.02, 1.0, size=(2, 8 * n))

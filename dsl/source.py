@@ -8,7 +8,8 @@ import difflib
 import unicodedata
 
 from .errors import DslError
-from .ir import Pos, display_name
+from .ir import Pos
+from .names import display_name
 
 BAR_OPEN, BAR_CLOSE = "\ue000", "\ue001"
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻"       # kept as they are: NFKC would turn x⁻¹ into x−1
@@ -30,7 +31,7 @@ _OPERAND_START = {"NAME", "NUMBER", "LPAR", "BAR_OPEN", "LSQB"}
 _LOOKALIKES = str.maketrans("аеорсухіјѕԁԛԝАВЕКМНОРСТХοΟΑΒΕΖΗΙΚΜΝΡΤΥΧ", "aeopcyxijsdqwABEKMHOPCTXoOABEZHIKMNPTYX")
 
 
-def _lookalike(name: str, known: list[str]) -> str:
+def lookalike(name: str, known: list[str]) -> str:
     """A hint naming the look-alike letters in `name` or in the known name it is drawn like."""
     def letters(*names):
         odd = dict.fromkeys(c for n in names for c in n if c.translate(_LOOKALIKES) != c)
@@ -42,7 +43,7 @@ def _lookalike(name: str, known: list[str]) -> str:
     return f"; {letters(name)}" if name.translate(_LOOKALIKES) != name else ""
 
 
-def _did_you_mean(name, candidates) -> str:
+def did_you_mean(name, candidates) -> str:
     close = difflib.get_close_matches(name, list(candidates), n=1)
     return f"; did you mean '{display_name(close[0])}'?" if close else ""
 
@@ -85,6 +86,12 @@ class Source:
         i = self.origin[min(norm_offset, len(self.origin) - 1)]
         line = self.source.count("\n", 0, i) + 1
         return Pos(line, i - (self.source.rfind("\n", 0, i) + 1) + 1)
+
+    def meta_pos(self, tree) -> Pos:
+        """Where a Lark subtree (or token) starts in the original text."""
+        if hasattr(tree, "meta") and not tree.meta.empty:
+            return self.pos(tree.meta.start_pos)
+        return self.pos(tree.start_pos)
 
     def error(self, msg, pos: Pos, hint=None):
         src = self.lines[pos.line - 1].rstrip("\r") if pos.line <= len(self.lines) else ""

@@ -13,7 +13,7 @@ from dsl import DslError, load
 
 def _overrides(pairs: list[str]) -> dict[str, str]:
     """NAME=VALUE pairs; naming one parameter twice, in any spelling, is an error."""
-    from dsl.parser import param_key
+    from dsl.objective import param_key
     out, seen = {}, {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -30,7 +30,7 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 
 def _load_all(specs, overrides):
     """Each objective takes the overrides naming its parameters; a name no objective has is an error."""
-    from dsl.parser import param_key
+    from dsl.objective import param_key
     objs = [load(spec) for spec in specs]
     used = set()
     for i, obj in enumerate(objs):
@@ -98,8 +98,8 @@ def analyze_main(argv: list[str] | None = None) -> int:
             from dsl.codegen import torch_source
             print("\n\n".join(torch_source(o) for o in objs))
             return 0
-        from dsl.analysis import analyze, to_json
-        from dsl.report import comparison, report
+        from dsl.analysis import analyze
+        from dsl.report import comparison, report, to_json
         results = []
         for obj in objs:
             try:
@@ -123,7 +123,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
         if len(results) > 1:
             print("\n" + comparison(results))
     if args.plot is not None:
-        from dsl.report import plot
+        from dsl.plot import plot
         try:
             plot(results, args.plot)
         except OSError as e:
@@ -161,7 +161,7 @@ def _equiv(ap, args) -> int:
     if args.json:
         print(json.dumps(res, indent=2, ensure_ascii=False))
     else:
-        from dsl.report import equivalence_report
+        from dsl.equiv_report import equivalence_report
         print(equivalence_report(res))
     return 0 if res["equivalent"] else 1
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from strategies import OBJECTIVES
 
 import dsl
-from dsl.analysis import analyze, self_check, to_json
+from dsl.analysis import analyze, self_check
+from dsl.report import to_json
 
 r, mu, A = sp.symbols("r mu A")
 S = sp.sign
@@ -82,11 +83,11 @@ def test_analysis_reproduces_the_papers_closed_forms(name, overrides, w_closed, 
         diff = sp.simplify((w_json - closed).rewrite(sp.Piecewise)) if not w_json.has(sp.Piecewise) else None
         if diff != 0:
             f = sp.lambdify([r, mu, A], closed, "numpy")
-            assert np.allclose(res["_w"](rr, mm, aa), np.broadcast_to(f(rr, mm, aa), rr.shape), atol=1e-9)
+            assert np.allclose(res.w(rr, mm, aa), np.broadcast_to(f(rr, mm, aa), rr.shape), atol=1e-9)
         else:
             assert diff == 0
     else:
-        assert np.array_equal(res["_w"](rr, mm, aa), NUMERIC_W[name](rr, mm, aa))
+        assert np.array_equal(res.w(rr, mm, aa), NUMERIC_W[name](rr, mm, aa))
     for side, expected in (("positive", b_pos), ("negative", b_neg)):
         got = [sym(e, params) for e in out["boundary"][side]["pi"]]
         assert len(got) == len(expected), (side, out["boundary"][side])
@@ -167,41 +168,41 @@ def test_self_check_fails_on_a_wrong_weight():
     obj = dsl.load("drpo")
     wrong = lambda rr, mm, aa: np.ones_like(np.asarray(rr, dtype=float))  # the surrogate's w, not DRPO's
     assert not self_check(obj, wrong)["passed"]
-    right = analyze(obj)["_w"]
+    right = analyze(obj).w
     assert self_check(obj, right)["passed"]
 
 
 def test_a_step_past_its_work_budget_falls_back_and_says_so(monkeypatch):
-    import dsl.analysis as an
-    monkeypatch.setitem(an.BUDGET, "simplify", 0)
+    import dsl.budgets as budgets
+    monkeypatch.setitem(budgets.BUDGET, "simplify", 0)
     res = analyze(dsl.load("drpo"))
-    assert any(n.startswith("w at r = 1: ") and "past the work budget of 0" in n for n in res["notes"]), res["notes"]
-    assert res["admissibility"]["w_at_1"]["status"] == "numeric"        # the fallback: not derived
-    assert res["weight"] is not None and res["self_check"]["passed"] and not res["hang_guard"]["fired"]
+    assert any(n.startswith("w at r = 1: ") and "past the work budget of 0" in n for n in res.notes), res.notes
+    assert res.admissibility["w_at_1"]["status"] == "numeric"        # the fallback: not derived
+    assert res.weight is not None and res.self_check["passed"] and not res.hang_guard["fired"]
 
 
 def test_past_the_settling_budget_the_report_is_the_arbiters_and_says_so(monkeypatch):
     # conditions left as built cost seconds to print and evaluate: the report is the arbiter's
-    import dsl.analysis as an
-    monkeypatch.setitem(an.BUDGET, "settle", 1)
+    import dsl.budgets as budgets
+    monkeypatch.setitem(budgets.BUDGET, "settle", 1)
     res = analyze(dsl.load("ppo"))
-    assert res["weight"] is None and any("settling one case's conditions took" in n and "numeric arbiter" in n
-                                         for n in res["notes"]), res["notes"]
-    assert not res["hang_guard"]["fired"]
+    assert res.weight is None and any("settling one case's conditions took" in n and "numeric arbiter" in n
+                                         for n in res.notes), res.notes
+    assert not res.hang_guard["fired"]
 
 
 def test_past_the_branch_budget_the_report_is_the_arbiters_and_says_so(monkeypatch):
-    import dsl.analysis as an
-    monkeypatch.setitem(an.BUDGET, "branches", 5)
+    import dsl.budgets as budgets
+    monkeypatch.setitem(budgets.BUDGET, "branches", 5)
     out = to_json(analyze(dsl.load("ppo")))        # 6 branch points
     assert out["weight"] == "None" and out["cases"] == []
     assert any("branch points" in n and "numeric arbiter" in n for n in out["notes"]), out["notes"]
 
 
 def test_the_hang_guard_is_reported_when_it_fires(monkeypatch):
-    import dsl.analysis as an
+    import dsl.budgets as budgets
     from dsl.report import report
-    monkeypatch.setattr(an, "HANG_SECONDS", 1e-3)
+    monkeypatch.setattr(budgets, "HANG_SECONDS", 1e-3)
     res = analyze(dsl.load("gmpo"))
     out = to_json(res)
     assert out["hang_guard"] == {"seconds": 1e-3, "fired": True}
@@ -218,7 +219,8 @@ def test_the_hang_guard_never_fires_on_the_library():
 _JSON_OF = """
 import json, sys
 import dsl
-from dsl.analysis import analyze, to_json
+from dsl.analysis import analyze
+from dsl.report import to_json
 print(json.dumps({n: json.dumps(to_json(analyze(dsl.load(n))), sort_keys=True) for n in sys.argv[1:]}))
 """
 
@@ -253,11 +255,11 @@ RAW_SYMPY = ["gmpo", "vespo", "bandpo_tv", "min(r*A, clip(r, 1 - 0.2*μ, 1 + 0.3
 @pytest.mark.parametrize("tight", [False, True], ids=["budgets", "tight budgets"])
 @pytest.mark.parametrize("spec", RAW_SYMPY)
 def test_no_weight_or_boundary_is_printed_as_a_sympy_call(spec, tight, monkeypatch):
-    import dsl.analysis as an
+    import dsl.budgets as budgets
     from dsl.report import report
     if tight:
         for key in ("settle", "tidy", "limit"):
-            monkeypatch.setitem(an.BUDGET, key, 0)
+            monkeypatch.setitem(budgets.BUDGET, key, 0)
     res = analyze(dsl.load(spec) if "*" not in spec else dsl.parse(spec + "\n"))
     text = to_json(res)["text"]
     shown = [report(res), text["weight"] or "", *text["cases"],
@@ -372,7 +374,7 @@ ON_POLICY = [
 @pytest.mark.parametrize("text, status, w", ON_POLICY)
 def test_the_on_policy_weight_is_reported_for_each_sign_of_a(text, status, w):
     from dsl.extremes import on_policy
-    from dsl.ir import derivative
+    from dsl.walks import derivative
     obj = dsl.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):
@@ -394,7 +396,7 @@ def test_json_formulas_read_back_with_sympify_for_names_sympy_treats_specially(n
         e = sp.sympify(text, locals=names).subs(values)
         assert e.free_symbols <= {names["r"], names["mu"], names["A"]}, text
     w = sp.lambdify([names["r"], names["mu"], names["A"]], sp.sympify(out["weight"], locals=names).subs(values))
-    assert np.allclose(np.broadcast_to(w(rr, mm, aa), rr.shape), res["_w"](rr, mm, aa))
+    assert np.allclose(np.broadcast_to(w(rr, mm, aa), rr.shape), res.w(rr, mm, aa))
     for side in out["boundary"].values():
         for text in side["r"] + side["pi"]:
             assert sp.sympify(text, locals=names).subs(values).free_symbols <= {names["mu"], names["A"]}
@@ -421,7 +423,7 @@ def test_smooth_atom_gates_have_the_hand_derived_weight_range_and_tails(text, w_
     out = to_json(res)
     rr, mm, aa = _random_points()
     expected = np.where(aa > 0, sp.lambdify(r, w_closed(1))(rr), sp.lambdify(r, w_closed(sp.Rational(21, 20)))(rr))
-    assert np.allclose(res["_w"](rr, mm, aa), expected, rtol=1e-12, atol=0)
+    assert np.allclose(res.w(rr, mm, aa), expected, rtol=1e-12, atol=0)
     assert out["on_policy"]["positive"]["w"] == pytest.approx([1, 1]) == out["on_policy"]["negative"]["w"]
     assert all(not out["boundary"][side]["r"] and not out["boundary"][side]["numeric"] for side in out["boundary"])
     assert out["weight_range"] == [0, 1] and out["bounded"] and out["smooth"]
@@ -451,8 +453,8 @@ REPORT_TEXT = [
 
 @pytest.mark.parametrize("text, shown", REPORT_TEXT)
 def test_the_report_prints_constants_as_numbers_and_exponents_whole(text, shown):
-    from dsl.report import math_text
-    assert math_text(analyze(dsl.parse(text + "\n"))["weight"], weight=True) == shown
+    from dsl.mathtext import math_text
+    assert math_text(analyze(dsl.parse(text + "\n")).weight, weight=True) == shown
 
 
 # Conditions as a person writes them (issue 19): in r, thresholds in μ settled over 0 < μ ≤ 1,
@@ -472,16 +474,16 @@ READABLE = [
 
 @pytest.mark.parametrize("text, case, shown", READABLE)
 def test_conditions_read_as_a_person_writes_them(text, case, shown):
-    from dsl.report import math_text
+    from dsl.mathtext import math_text
     res = analyze(dsl.parse(text + "\n"))
-    assert math_text(res["cases"][case]["weight"], weight=True) == shown
-    assert res["arbiter"]["weight"]["status"] == "confirmed" and res["self_check"]["passed"]
+    assert math_text(res.cases[case]["weight"], weight=True) == shown
+    assert res.arbiter["weight"]["status"] == "confirmed" and res.self_check["passed"]
 
 
 @pytest.mark.parametrize("name, shown", [("sapo_atan", "1/(r^2 − 2·r + 2) if A > 0; "),
                                          ("topr", "1/r if A > 0; 1 if r < 1; 1/r otherwise"),
                                          ("kpop", "(1 if r ≤ 1.2; 0 otherwise) if (A > 0) and (r > 1); ")])
 def test_the_one_line_weight_has_no_redundant_conditions(name, shown):
-    from dsl.report import math_text
-    text = math_text(analyze(dsl.load(name))["weight"], weight=True)
+    from dsl.mathtext import math_text
+    text = math_text(analyze(dsl.load(name)).weight, weight=True)
     assert text.startswith(shown) and "(A > 0) or (r > 1)" not in text, text

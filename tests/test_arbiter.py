@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from strategies import OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES
 
 import dsl
-from dsl.analysis import analysis_view, analyze, to_json
-from dsl.ir import derivative, evaluate
-from dsl.report import report
+from dsl.analysis import analysis_view, analyze
+from dsl.walks import derivative, evaluate
+from dsl.report import report, to_json
 
 GOLDEN = Path(__file__).parent / "golden"
 BEYOND, CROSS, JUMP, BEFORE = "w = 0 beyond", "crosses 0", "jumps across 0", "w = 0 before"
@@ -343,7 +343,7 @@ def _claims_hold_on_fresh_points(text):
     dl = derivative(obj.expr)
     params = {k: float(v) for k, v in obj.params.items()}
     rng = np.random.default_rng(1)
-    lo, hi = res["weight_range"]
+    lo, hi = res.weight_range
     names = {n: sp.Symbol(n) for n in out["symbols"]}
     # fresh rows off the arbiter's grid: μ in the bulk, below 0.02 (down to 1e-12) and above 0.95; |A|
     # small and moderate (1.5 to 60); r uniform up to 1/μ and log-uniform from 1e-15
@@ -358,12 +358,12 @@ def _claims_hold_on_fresh_points(text):
             ws = np.array([_scalar_w(obj.expr, dl, {"r": r, "mu": mu, "pi": mu * r, "A": A, **params})
                            for r in rs])
             ok = np.isfinite(ws)
-            if res["weight"] is not None and out["arbiter"]["weight"]["status"] == "confirmed":
-                got, nudged = (np.broadcast_to(res["_w"](x, mu, A), rs.shape) for x in (rs, rs * (1 + 1e-7)))
+            if res.weight is not None and out["arbiter"]["weight"]["status"] == "confirmed":
+                got, nudged = (np.broadcast_to(res.w(x, mu, A), rs.shape) for x in (rs, rs * (1 + 1e-7)))
                 near_kink = np.abs(nudged - got) > 1e-6 * np.maximum(1, np.abs(got))
                 bad = ok & ~near_kink & ~(np.abs(got - ws) <= 1e-6 * np.maximum(1.0, np.abs(ws)))
                 assert not bad.any(), (rs[bad][:3], mu, A, got[bad][:3], ws[bad][:3])
-            if res["bounded"] is not None:
+            if res.bounded is not None:
                 assert lo is None or (ws[ok] >= lo - 1e-6 * max(1, abs(lo))).all(), (ws[ok].min(), lo)
                 assert hi is None or (ws[ok] <= hi + 1e-6 * max(1, abs(hi))).all(), (ws[ok].max(), hi)
             b = out["boundary"][side]
@@ -373,7 +373,7 @@ def _claims_hold_on_fresh_points(text):
             for w0, w1, r0, r1 in zip(ws, ws[1:], rs, rs[1:]):
                 if np.sign(w0) * np.sign(w1) < 0:      # (nan compares false)
                     explained = b["numeric"] or any(r0 - 1e-6 <= p <= r1 + 1e-6 for p in places) \
-                        or any(x.startswith("Eq(") for x in b["r"]) or (r0 < 1 < r1) or res["arbiter"]["poles"]
+                        or any(x.startswith("Eq(") for x in b["r"]) or (r0 < 1 < r1) or res.arbiter["poles"]
                     assert explained, (side, mu, A, r0, r1, out["boundary"][side])
 
 

@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from strategies import OBJECTIVES
 
 import dsl
-from dsl.analysis import analyze, to_json
+from dsl.analysis import analyze
+from dsl.report import to_json
 from dsl.equiv import equivalence
-from dsl.ir import Node, evaluate, num, postorder
+from dsl.ir import Node, num, postorder
+from dsl.walks import evaluate
 
 
 def _obj(spec):
@@ -64,7 +66,7 @@ def test_objectives_rewritten_by_algebra_are_equivalent(a, b, proven):
 def test_a_sequence_objective_is_compared_on_the_uniform_response_and_says_so():
     res = equivalence(_obj("seq_mean(r)*A\n"), _obj("r*A\n"), seq_len=3)
     assert res["scope"]["sequence"] and res["scope"]["seq_len"] == 3
-    from dsl.report import equivalence_report
+    from dsl.equiv_report import equivalence_report
     assert "compared on a response whose |y| = 3 tokens share r, μ and A" in equivalence_report(res)
 
 
@@ -107,7 +109,7 @@ def test_an_options_difference_is_not_equivalent_and_is_reported_as_such(a, b, o
     res = equivalence(_obj(a), _obj(b))
     assert not res["equivalent"] and res["gradient_equivalent"]
     assert [o["option"] for o in res["options"]] == [option]
-    from dsl.report import equivalence_report
+    from dsl.equiv_report import equivalence_report
     text = equivalence_report(res)
     assert text.startswith("not equivalent") and f"options    differ: @{option} = " in text
 
@@ -252,7 +254,7 @@ def test_the_admissibility_block_matches_the_hand_derivation(name, at_one, bound
     if not symmetric:   # the example is a true asymmetry, by the IR's scalar rules
         x = next(b["example"] for b in adm["symmetric_log_r"]["by_sign"].values() if b["example"])
         obj = dsl.load(name)
-        from dsl.ir import derivative
+        from dsl.walks import derivative
         dl, params = derivative(obj.expr), {k: float(v) for k, v in obj.params.items()}
         w = [evaluate(dl, {"r": r, "mu": x["mu"], "pi": x["mu"] * r, "A": x["A"], **params}) / x["A"]
              for r in (x["r"], 1 / x["r"])]

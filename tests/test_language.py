@@ -9,7 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 import dsl
 from dsl import DslError, parse
-from dsl.ir import GREEK, Node, render
+from dsl.ir import Node
+from dsl.names import GREEK
+from dsl.printing import render
 
 SHIPPED = dsl.shipped_names()
 
@@ -375,19 +377,6 @@ def test_shipped_objectives_are_found_from_a_regular_install_and_no_local_folder
         assert str(work) not in out and (env is None or str(target) in out)
 
 
-def test_every_operation_row_declares_its_lowerings_derivative_and_printing():
-    from dsl.ir import NOT_DIFFERENTIABLE, OPS, REDUCTION
-    for name, op in OPS.items():
-        assert callable(op.sympy) and callable(op.torch) and callable(op.py) and callable(op.np), name
-        assert op.symbol and op.prec > 0, name
-        if op.kind == "bool":
-            assert op.deriv is NOT_DIFFERENTIABLE and callable(op.floats), name   # the eager kernel's 0/1 floats
-        elif op.reduce:
-            assert op.deriv is REDUCTION and name == f"seq_{op.reduce}", name     # reverse mode, in dsl.codegen
-        else:
-            assert callable(op.deriv), name
-
-
 @pytest.mark.parametrize("default, value", [("1/5", Fraction(1, 5)), ("2^-3", Fraction(1, 8)), ("-(1/4)", Fraction(-1, 4)),
                                             ("1/3", Fraction(1, 3)), ("sqrt(4)/10", Fraction(1, 5)), ("sqrt(2)", Fraction("1.4142135623730951"))])
 def test_a_parameter_default_may_be_a_constant_expression_and_stays_overridable(default, value):
@@ -492,55 +481,11 @@ def test_a_long_expression_prints_abbreviated_without_a_name_to_refer_to():
     assert render(obj.bindings["b2"]) == "r * A * (r * A) * (r * A * (r * A))"     # short: written out
 
 
-# The smooth atoms and erf's internal derivative: every lowering gives one value, the extremes
-# included (IEEE, as torch: erf(±inf) = ±1, atan(±inf) = ±π/2, softsign(±inf) = inf/inf = nan).
-ATOMS = ["erf", "derf", "atan", "softsign"]
-ATOM_POINTS = [0.0, -0.0, 1e-300, -1e-300, 1e-8, 0.3, -0.3, 1.0, -1.0, 2.5, -2.5, 6.0, -6.0, 27.0, -27.0, 40.0,
-               1e8, -1e8, 1e300, -1e300, float("inf"), float("-inf"), float("nan")]
-
-
-@pytest.mark.parametrize("name", ATOMS)
-def test_an_atoms_sympy_python_numpy_and_torch_lowerings_agree_everywhere(name):
-    import math
-
-    import numpy as np
-    import sympy as sp
-    import torch
-    from dsl.ir import OPS
-    op, x = OPS[name], sp.Symbol("x", real=True)
-    exact = op.sympy(sp, x)
-    points = np.array(ATOM_POINTS)
-    with np.errstate(all="ignore"):     # inf/inf is nan, as in torch: no warning needed
-        by_numpy = eval(op.np("x"), {"np": np, "math": math, "x": points})
-    by_torch = eval(op.torch("t"), {"torch": torch, "t": torch.tensor(points, dtype=torch.float64)}).numpy()
-    for p, vn, vt in zip(ATOM_POINTS, by_numpy, by_torch):
-        vp = op.py(p)
-        v = exact.subs(x, sp.oo if p == math.inf else -sp.oo if p == -math.inf else sp.nan if p != p else sp.Float(p, 30))
-        vs = float(v) if v.is_extended_real and v.is_finite else math.nan
-        assert np.allclose([vp, vn, vt], vs, rtol=1e-14, atol=1e-300, equal_nan=True), (name, p, vp, vn, vt, vs)
-
-
-@pytest.mark.parametrize("name", ATOMS)
-def test_an_atoms_derivative_rule_equals_sympys_diff_and_autograd(name):
-    import numpy as np
-    import sympy as sp
-    import torch
-    from dsl.ir import OPS, derivative, evaluate, to_sympy
-    r, op = Node("var", value="r"), OPS[name]
-    rule = derivative(Node(name, (r,)))
-    x = sp.Symbol("r", real=True)
-    assert sp.simplify(to_sympy(rule, sp, {"r": x}) - sp.diff(op.sympy(sp, x), x)) == 0
-    points = [p for p in ATOM_POINTS if abs(p) < 1e3 and p == p and p != 0] + [0.0]
-    t = torch.tensor(points, dtype=torch.float64, requires_grad=True)
-    (grad,) = torch.autograd.grad(eval(op.torch("t"), {"torch": torch, "t": t}).sum(), t)
-    assert np.allclose([evaluate(rule, {"r": p}) for p in points], grad.numpy(), rtol=1e-14, atol=1e-300)
-
-
 @pytest.mark.parametrize("op, expected", [("min", 0.5), ("max", 250 * 0.5)])
 def test_numpy_plan_evaluates_a_min_or_max_of_250_arguments_as_the_ir_does(op, expected):
     # the compiled plan folds them in one reduce: nested calls past 200 levels do not compile
     import numpy as np
-    from dsl.ir import evaluate, numpy_plan
+    from dsl.walks import evaluate, numpy_plan
     from dsl.parser import parse
     obj = parse(f"{op}(" + ", ".join(f"r*{i + 1}" for i in range(250)) + ")*A\n")
     env = {"r": 0.5, "mu": 0.5, "pi": 0.25, "A": 1.0}

@@ -33,7 +33,7 @@ SEQ_LEN = 4       # tokens per response where the analysis of a sequence objecti
 def weight_fn(name, rho=1.0):
     """The analysis's vectorized w(r, μ, A) for a shipped objective (cached per name and ρ)."""
     if (name, rho) not in _WEIGHTS:
-        _WEIGHTS[name, rho] = analyze(dsl.load(name), seq_len=SEQ_LEN, rho=rho)["_w"]
+        _WEIGHTS[name, rho] = analyze(dsl.load(name), seq_len=SEQ_LEN, rho=rho).w
     return _WEIGHTS[name, rho]
 
 
@@ -442,7 +442,7 @@ def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(te
         obj = dsl.parse(f"δ = 0.3\n{text}")
     except DslError:
         return          # e.g. no dependence on the policy: rejected before any tensor exists
-    from dsl.ir import evaluate
+    from dsl.walks import evaluate
     new, old, A, mask = batch(seed, B=3, T=5)
     if seed % 2:        # a clamped ratio: the eager code's other branch
         new[0, 0] = old[0, 0] + 25
@@ -482,7 +482,7 @@ ATOM_OBJECTIVES = [
 @pytest.mark.parametrize("text", ATOM_OBJECTIVES, ids=["erf_gate", "atan_gate", "softsign_gate", "mixed"])
 def test_objectives_on_the_smooth_atoms_have_the_analysed_gradient_fused_or_plain(text):
     obj = dsl.parse(text + "\n")
-    w = analyze(obj)["_w"]
+    w = analyze(obj).w
     for seed, extreme, clamped in ((0, False, False), (7, True, False), (3, False, True)):
         new, old, A, mask = batch(seed, B=8, T=16, extreme=extreme)
         if clamped:     # the ratio clamp is active: no gradient there, so only fused == plain is checked

@@ -10,7 +10,8 @@ keep their meaning when the objective replaces PolicyLoss.
 from __future__ import annotations
 
 import dsl
-from dsl.ir import render, num
+from dsl.ir import num
+from dsl.printing import render
 from fractions import Fraction
 
 # π_old/π_rollout as PolicyLoss computes it: exp of the log-prob difference (no exp/log round trip)

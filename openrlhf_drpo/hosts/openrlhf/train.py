@@ -258,8 +258,8 @@ def objective_spec(obj) -> dict:
 
 def _report(obj, args) -> None:
     """Print the analysis at start-up and save it beside the run's logs."""
-    from dsl.analysis import analyze, to_json
-    from dsl.report import report
+    from dsl.analysis import analyze
+    from dsl.report import report, to_json
     res = analyze(obj)
     text = report(res)
     print(text, flush=True)

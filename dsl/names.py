@@ -1,0 +1,38 @@
+"""Names in the language: canonical ASCII spellings, their Unicode display, and the built-ins."""
+from __future__ import annotations
+
+# Canonical names are ASCII; Unicode is for display. λ is 'lam' so the name stays a
+# valid Python/SymPy identifier in generated code and in `sympify`-able output.
+GREEK = {
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "eps": "ε", "zeta": "ζ",
+    "eta": "η", "theta": "θ", "iota": "ι", "kappa": "κ", "lam": "λ", "mu": "μ", "nu": "ν",
+    "xi": "ξ", "omicron": "ο", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ",
+    "upsilon": "υ", "phi": "φ", "chi": "χ", "psi": "ψ", "omega": "ω",
+    "Gamma": "Γ", "Delta": "Δ", "Theta": "Θ", "Lambda": "Λ", "Xi": "Ξ", "Pi": "Π",
+    "Sigma": "Σ", "Phi": "Φ", "Psi": "Ψ", "Omega": "Ω",
+}
+_ALIASES = {"epsilon": "eps", "lambda": "lam", "ς": "sigma"}
+_TO_ASCII = {**{u: a for a, u in GREEK.items()}, **_ALIASES}
+
+BUILTINS = {
+    "r": "the importance ratio π/μ",
+    "pi": "the current probability of the sampled token",
+    "mu": "the behaviour probability of the sampled token",
+    "A": "the advantage",
+    # the two probabilities μ can be (@anchor picks which one μ is), each nameable on its own
+    "pi_old": "the trainer's recomputed old (proximal) probability of the sampled token",
+    "pi_rollout": "the rollout engine's (vLLM's) probability of the sampled token",
+    "seq_len": "the number of unmasked tokens in this response",
+}
+# the policies that are constants during an update, and the name of the log-prob tensor
+# ObjectiveLoss receives for each
+OTHER_POLICIES = {"pi_old": "old_log_probs", "pi_rollout": "rollout_log_probs"}
+
+
+def canonical_name(raw: str) -> str:
+    """`ε_high`, `eps_high` and `epsilon_high` are one name: `eps_high`."""
+    return "_".join(_TO_ASCII.get(part, part) for part in raw.split("_"))
+
+
+def display_name(name: str) -> str:
+    return "_".join(GREEK.get(part, part) for part in name.split("_"))

@@ -1,0 +1,70 @@
+"""The analysis result is a declared structure (dsl.result.Analysis): the JSON and the report
+iterate its declarations, each warning is a record (dsl.alerts) that dsl.alert_text words, and
+the result still reads like the dict analyze() returned before."""
+from dataclasses import fields
+
+import pytest
+import sympy as sp
+
+import dsl
+import dsl.report as report_module
+from dsl.alert_text import TEXT, alert_text
+from dsl.alerts import KINDS, Alert
+from dsl.analysis import analyze
+from dsl.report import LINES, report, to_json
+from dsl.result import Analysis
+
+
+@pytest.fixture(scope="module")
+def drpo():
+    return analyze(dsl.load("drpo"))
+
+
+def test_the_json_is_each_declared_field_under_its_name_in_declaration_order(drpo):
+    declared = [f.metadata["json"] for f in fields(Analysis) if f.metadata["json"]]
+    assert list(to_json(drpo)) == declared == [
+        "name", "params", "options", "symbols", "scope", "objective", "weight", "cases", "boundary", "reachable",
+        "claims", "weight_range", "bounded", "smooth", "geometry", "on_policy", "arbiter", "warnings",
+        "self_check", "admissibility", "notes", "hang_guard", "text"]
+    assert to_json(drpo)["symbols"] == ["r", "mu", "A", "delta"] == drpo.symbols      # derived when built
+
+
+def test_every_report_line_is_a_declared_fields_and_every_evidence_a_claim(drpo):
+    lines = {f.metadata["line"] for f in fields(Analysis) if f.metadata["line"]}
+    assert lines == set(LINES)
+    assert {f.metadata["evidence"] for f in fields(Analysis) if f.metadata["evidence"]} <= set(drpo.claims)
+    text = report(drpo)
+    assert text.startswith("drpo — ") and "\n  range      w ∈ [0.92, 1.08]  (bounded; " in text
+
+
+def test_a_declared_line_the_report_lacks_fails_instead_of_vanishing(drpo, monkeypatch):
+    monkeypatch.setattr(report_module, "LINES", {k: v for k, v in LINES.items() if k != "smooth"})
+    with pytest.raises(TypeError, match=r"dsl.result declares report lines .*'smooth'.*, dsl.report has"):
+        report(drpo)
+
+
+def test_warnings_are_records_that_the_json_and_the_report_word(drpo):
+    (alert,) = [a for a in drpo.warnings if a.kind == "unreachable"]
+    mu = sp.Symbol("mu", positive=True)
+    assert alert.values["adv"] == "positive" and alert.values["pis"] == [mu + sp.Rational(25, 2)]
+    assert (alert.values["lo"], alert.values["hi"]) == (0.92, 1.08)
+    text = alert_text(alert)
+    assert text.startswith("the boundary for A > 0 (π = μ + 12.5) is unreachable")
+    assert to_json(drpo)["warnings"] == [alert_text(a) for a in drpo.warnings] and f"    ! {text}" in report(drpo)
+
+
+def test_every_alert_kind_has_its_words_and_an_unknown_kind_is_refused():
+    assert set(TEXT) == set(KINDS)
+    with pytest.raises(ValueError, match="unknown alert kind 'bogus'"):
+        Alert("bogus")
+
+
+def test_the_result_still_reads_like_the_dict_it_was(drpo):
+    assert drpo["_w"] is drpo.w and drpo["_w_numeric"] is drpo.w_numeric and drpo["boundary"] is drpo.boundary
+    assert drpo["warnings"] == to_json(drpo)["warnings"] and drpo.get("warnings") == drpo["warnings"]
+    assert drpo.get("no such field", "absent") == "absent"
+    with pytest.raises(KeyError):
+        drpo["no such field"]
+    renamed = analyze(dsl.load("ppo"))
+    renamed["name"] = "ppo (ε = 0.2)"          # as drpo-lab labels its rows
+    assert renamed.name == "ppo (ε = 0.2)" and to_json(renamed)["name"] == "ppo (ε = 0.2)"
