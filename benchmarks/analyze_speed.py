@@ -4,7 +4,7 @@ nesting, high powers, huge constants, chained bindings, a 4 KB sum; issue 19: ma
 clips, nested min/max, long sums of exp/log, r^127, long binding chains, many thresholds).
 Prints JSON. Targets: <= 1.5 s per shipped objective cold and <= 6 s for the library (issue 3);
 every pathological objective <= 2 s cold and never > 5 s, with exit 0 (issue 8); the hang guard
-(dsl.budgets.HANG_SECONDS) never fires: the work budgets (dsl.budgets.BUDGET) bound every run
+(openrlhf_drpo.analysis.budgets.HANG_SECONDS) never fires: the work budgets (openrlhf_drpo.analysis.budgets.BUDGET) bound every run
 (issue 19). Each time is the median wall time; cpu_s (the child's user + system time) is given
 beside it, since on a shared machine wall time also counts other processes.
 
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import dsl
+from openrlhf_drpo import lang
 
 
 AGAINST = None     # --against DIR
@@ -87,7 +87,7 @@ PATHOLOGICAL = {
     "chained_bindings_40": "\n".join(["b0 = r"] + [f"b{i} = b{i - 1}*b{i - 1}" for i in range(1, 40)] + ["b39*A"]),
     "sum_of_89_clips_4kb": " + ".join(f"min(r*A, clip(r, {1 - i / 1000:.3f}, {1 + i / 1000:.3f})*A)"
                                       for i in range(1, 90)),
-    # issue 19: what the work budgets (dsl.budgets.BUDGET) must cut early, not a clock
+    # issue 19: what the work budgets (openrlhf_drpo.analysis.budgets.BUDGET) must cut early, not a clock
     "mu_clips_12": " + ".join(f"min(r*A, clip(r, 1 - {i / 100:g}*μ, 1 + {i / 50:g}*μ)*A)" for i in range(1, 13)),
     "mu_clips_nested_8": "min(" * 8 + "r*A" + "".join(f", clip(r, 1 - {i / 20:g}*μ, 1 + {i / 10:g})*A)"
                                                       for i in range(1, 9)),
@@ -129,7 +129,7 @@ def main():
     beside = Path(sys.executable).parent / "drpo-analyze"
     exe = str(beside) if beside.exists() else shutil.which("drpo-analyze")
     exe = exe or sys.exit("drpo-analyze is not installed (bash scripts/setup.sh)")
-    names = dsl.shipped_names()
+    names = lang.shipped_names()
     wall([exe, "surrogate"])    # warm the OS file cache and Lark's grammar cache once
     per = {n: timed([exe, n, "--json"], args.repeat) for n in names}
     library = timed([exe, *names, "--json"], args.repeat)

@@ -8,29 +8,13 @@ import json
 import os
 import sys
 
-from dsl import DslError, load
-
-
-def _overrides(pairs: list[str]) -> dict[str, str]:
-    """NAME=VALUE pairs; naming one parameter twice, in any spelling, is an error."""
-    from dsl.objective import param_key
-    out, seen = {}, {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip():
-            raise DslError("expected name=value", "--set", 1, 1, pair, "e.g. --set delta=0.2")
-        key = param_key(name.strip())
-        if key in seen:
-            raise DslError(f"'{name.strip()}' is set twice: {seen[key]} and {pair}", "--set", 1, 1, pair,
-                           "keep one of them")
-        seen[key] = pair
-        out[name.strip()] = value
-    return out
+from openrlhf_drpo.lang import DslError, load
+from openrlhf_drpo.lang.objective import parse_overrides
 
 
 def _load_all(specs, overrides):
     """Each objective takes the overrides naming its parameters; a name no objective has is an error."""
-    from dsl.objective import param_key
+    from openrlhf_drpo.lang.objective import param_key
     objs = [load(spec) for spec in specs]
     used = set()
     for i, obj in enumerate(objs):
@@ -93,13 +77,13 @@ def analyze_main(argv: list[str] | None = None) -> int:
     if args.equiv:
         return _equiv(ap, args)
     try:
-        objs = _load_all(args.objectives, _overrides(args.set))
+        objs = _load_all(args.objectives, parse_overrides(args.set))
         if args.emit_torch:
-            from dsl.codegen import torch_source
+            from openrlhf_drpo.core.codegen import torch_source
             print("\n\n".join(torch_source(o) for o in objs))
             return 0
-        from dsl.analysis import analyze
-        from dsl.report import comparison, report, to_json
+        from openrlhf_drpo.analysis.orchestrator import analyze
+        from openrlhf_drpo.analysis.report import comparison, report, to_json
         results = []
         for obj in objs:
             try:
@@ -123,7 +107,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
         if len(results) > 1:
             print("\n" + comparison(results))
     if args.plot is not None:
-        from dsl.plot import plot
+        from openrlhf_drpo.analysis.plot import plot
         try:
             plot(results, args.plot)
         except OSError as e:
@@ -143,8 +127,8 @@ def _equiv(ap, args) -> int:
     if len(args.objectives) != 2 or args.plot or args.emit_torch:
         ap.error("--equiv compares exactly two objectives (FILE_OR_NAME FILE_OR_NAME), without --plot or --emit-torch")
     try:
-        a, b = _load_all(args.objectives, _overrides(args.set))
-        from dsl.equiv import equivalence
+        a, b = _load_all(args.objectives, parse_overrides(args.set))
+        from openrlhf_drpo.analysis.equiv import equivalence
         res = equivalence(a, b, args.seq_len, args.rho)
     except DslError as e:
         if args.traceback:
@@ -161,7 +145,7 @@ def _equiv(ap, args) -> int:
     if args.json:
         print(json.dumps(res, indent=2, ensure_ascii=False))
     else:
-        from dsl.equiv_report import equivalence_report
+        from openrlhf_drpo.analysis.equiv_report import equivalence_report
         print(equivalence_report(res))
     return 0 if res["equivalent"] else 1
 

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES
 
-import dsl
-from dsl.analysis import analysis_view, analyze
-from dsl.walks import derivative, evaluate
-from dsl.report import report, to_json
+from openrlhf_drpo import lang
+from openrlhf_drpo.analysis.orchestrator import analysis_view, analyze
+from openrlhf_drpo.lang.walks import derivative, evaluate
+from openrlhf_drpo.analysis.report import report, to_json
 
 GOLDEN = Path(__file__).parent / "golden"
 BEYOND, CROSS, JUMP, BEFORE = "w = 0 beyond", "crosses 0", "jumps across 0", "w = 0 before"
@@ -222,7 +222,7 @@ CLAIMS = {
 
 
 def _analyse(name, text):
-    return analyze(dsl.parse(text + "\n", path=f"{name}.dsl"))
+    return analyze(lang.parse(text + "\n", path=f"{name}.dsl"))
 
 
 def _boundaries(out, side, sign):
@@ -303,8 +303,8 @@ ON_POLICY_PEAKS = [
 
 @pytest.mark.parametrize("text, w", ON_POLICY_PEAKS)
 def test_the_on_policy_interval_reaches_extremes_between_sampled_magnitudes_and_mus(text, w):
-    from dsl.extremes import on_policy
-    obj = dsl.parse(text + "\n")
+    from openrlhf_drpo.analysis.extremes import on_policy
+    obj = lang.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):
         lo, hi = facts[adv]["w"]
@@ -312,7 +312,7 @@ def test_the_on_policy_interval_reaches_extremes_between_sampled_magnitudes_and_
 
 
 def test_the_table_has_at_least_25_objectives_beyond_the_library():
-    assert len(TABLE) >= 25 and not {t[0] for t in TABLE} & set(dsl.shipped_names())
+    assert len(TABLE) >= 25 and not {t[0] for t in TABLE} & set(lang.shipped_names())
 
 
 @given(st.one_of(RESEARCH_OBJECTIVES, OBJECTIVES))
@@ -334,8 +334,8 @@ def test_every_claim_about_a_random_sequence_or_mismatch_objective_holds_where_i
 
 def _claims_hold_on_fresh_points(text):
     try:
-        obj = dsl.parse(f"δ = 0.3\n{text}")
-    except dsl.DslError:        # the generic strategy can write objectives that do not depend on π
+        obj = lang.parse(f"δ = 0.3\n{text}")
+    except lang.DslError:        # the generic strategy can write objectives that do not depend on π
         return
     res = analyze(obj)
     out = to_json(res)

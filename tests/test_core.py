@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-import dsl
+from openrlhf_drpo import lang
 from openrlhf_drpo.core import loss as core_loss
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 
@@ -130,7 +130,7 @@ def counting_backend(monkeypatch):
 
 def test_every_objective_in_one_process_runs_compiled_and_a_new_length_adds_no_graph(counting_backend):
     graphs, runs = counting_backend
-    names = [n for n in dsl.shipped_names() if not dsl.load(n).reads_rollout()][:12]
+    names = [n for n in lang.shipped_names() if not lang.load(n).reads_rollout()][:12]
     assert len(names) == 12
     # each objective: the usual call, then one of a batch of 1, a given norm and given weights (all
     # three, over the objectives), then new sequence lengths; 24 graphs in all, past a shared

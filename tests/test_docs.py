@@ -22,8 +22,7 @@ import sys
 
 import pytest
 
-import dsl
-import objectives
+from openrlhf_drpo import lang, objectives
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -97,7 +96,7 @@ def rewrite(page, old, new):
 def test_each_example_in_the_docs_runs_and_shows_its_real_output(page, info, text, line, following, tmp_path):
     kind, cwd = info[0], workdir(page, tmp_path)
     if kind == "dsl":
-        dsl.parse(text)         # raises its located error if the example is wrong
+        lang.parse(text)         # raises its located error if the example is wrong
     elif kind == "python":
         proc = run([sys.executable, "-c", text], cwd)
         assert proc.returncode == 0, proc.stderr
@@ -142,3 +141,10 @@ def test_the_readme_is_at_most_250_lines():
     # the front page is for a newcomer: reference tables and every detail belong on docs/ pages
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 250, f"README.md has {lines} lines: move reference material to a docs/ page"
+
+
+def test_every_function_of_the_language_is_documented():
+    from openrlhf_drpo.lang.operations import FUNCTIONS
+    page = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
+    missing = [name for name in FUNCTIONS if not re.search(rf"`{name}[`(]|\b{name}\b", page)]
+    assert not missing, f"docs/language.md does not describe: {missing}"

@@ -12,17 +12,17 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from strategies import OBJECTIVES
 
-import dsl
-from dsl.analysis import analyze
-from dsl.report import to_json
-from dsl.equiv import equivalence
-from dsl.ir import Node, num, postorder
-from dsl.walks import evaluate
+from openrlhf_drpo import lang
+from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.report import to_json
+from openrlhf_drpo.analysis.equiv import equivalence
+from openrlhf_drpo.lang.ir import Node, num, postorder
+from openrlhf_drpo.lang.walks import evaluate
 
 
 def _obj(spec):
     """A shipped name, or the text of an objective."""
-    return dsl.load(spec) if "\n" not in spec else dsl.parse(spec, "<test>")
+    return lang.load(spec) if "\n" not in spec else lang.parse(spec, "<test>")
 
 
 def _cli(*args, cwd=None):
@@ -66,7 +66,7 @@ def test_objectives_rewritten_by_algebra_are_equivalent(a, b, proven):
 def test_a_sequence_objective_is_compared_on_the_uniform_response_and_says_so():
     res = equivalence(_obj("seq_mean(r)*A\n"), _obj("r*A\n"), seq_len=3)
     assert res["scope"]["sequence"] and res["scope"]["seq_len"] == 3
-    from dsl.equiv_report import equivalence_report
+    from openrlhf_drpo.analysis.equiv_report import equivalence_report
     assert "compared on a response whose |y| = 3 tokens share r, μ and A" in equivalence_report(res)
 
 
@@ -109,7 +109,7 @@ def test_an_options_difference_is_not_equivalent_and_is_reported_as_such(a, b, o
     res = equivalence(_obj(a), _obj(b))
     assert not res["equivalent"] and res["gradient_equivalent"]
     assert [o["option"] for o in res["options"]] == [option]
-    from dsl.equiv_report import equivalence_report
+    from openrlhf_drpo.analysis.equiv_report import equivalence_report
     text = equivalence_report(res)
     assert text.startswith("not equivalent") and f"options    differ: @{option} = " in text
 
@@ -178,8 +178,8 @@ def _perturbed(expr: Node, eps) -> Node:
 
 def _random_objective(text):
     try:
-        return dsl.parse(f"δ = 0.3\n{text}")
-    except dsl.DslError:        # the strategy can write objectives that do not depend on π
+        return lang.parse(f"δ = 0.3\n{text}")
+    except lang.DslError:        # the strategy can write objectives that do not depend on π
         return None
 
 
@@ -239,7 +239,7 @@ ADMISSIBLE = [
 
 @pytest.mark.parametrize("name, at_one, bounded, pos, neg, symmetric", ADMISSIBLE, ids=[a[0] for a in ADMISSIBLE])
 def test_the_admissibility_block_matches_the_hand_derivation(name, at_one, bounded, pos, neg, symmetric):
-    out = to_json(analyze(dsl.load(name)))
+    out = to_json(analyze(lang.load(name)))
     adm = json.loads(json.dumps(out["admissibility"]))       # it is JSON
     assert adm["w_at_1"]["value"] is at_one and adm["bounded"]["value"] is bounded
     for adv, (zero, infinity) in (("positive", pos), ("negative", neg)):
@@ -253,8 +253,8 @@ def test_the_admissibility_block_matches_the_hand_derivation(name, at_one, bound
     assert adm["symmetric_log_r"]["value"] is symmetric
     if not symmetric:   # the example is a true asymmetry, by the IR's scalar rules
         x = next(b["example"] for b in adm["symmetric_log_r"]["by_sign"].values() if b["example"])
-        obj = dsl.load(name)
-        from dsl.walks import derivative
+        obj = lang.load(name)
+        from openrlhf_drpo.lang.walks import derivative
         dl, params = derivative(obj.expr), {k: float(v) for k, v in obj.params.items()}
         w = [evaluate(dl, {"r": r, "mu": x["mu"], "pi": x["mu"] * r, "A": x["A"], **params}) / x["A"]
              for r in (x["r"], 1 / x["r"])]
@@ -263,7 +263,7 @@ def test_the_admissibility_block_matches_the_hand_derivation(name, at_one, bound
 
 @pytest.mark.parametrize("name, status", [("surrogate", "derived"), ("drpo", "derived"), ("kl", "numeric")])
 def test_w_at_one_is_derived_where_sympy_shows_it(name, status):
-    assert analyze(dsl.load(name))["admissibility"]["w_at_1"]["status"] == status
+    assert analyze(lang.load(name))["admissibility"]["w_at_1"]["status"] == status
 
 
 def test_the_report_has_the_admissibility_block():
@@ -312,8 +312,8 @@ def test_sequence_equivalence_holds_on_the_uniform_response_it_states(a, b, ever
 def test_a_mismatch_factor_is_compared_over_rho_not_only_where_it_is_1(a, b):
     # at ρ = π_old/π_rollout = 1 (--rho's default) each factor is 1 and the two agree; the
     # rollout engine's mismatch is part of the domain, so they are not equivalent
-    res = equivalence(dsl.load(a), dsl.load(b))
+    res = equivalence(lang.load(a), lang.load(b))
     assert not res["equivalent"] and res["numeric"]["witness"]["rho"] != 1.0
     assert res["numeric"]["rhos"] and 1.0 in res["numeric"]["rhos"]
-    same = equivalence(dsl.load(a), dsl.load(a))
+    same = equivalence(lang.load(a), lang.load(a))
     assert same["equivalent"] and len(same["numeric"]["rhos"]) >= 7

@@ -15,14 +15,14 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from strategies import OBJECTIVES
 
-import dsl
-from dsl import DslError
-from dsl.analysis import analyze
+from openrlhf_drpo import lang
+from openrlhf_drpo.lang import DslError
+from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
 from openrlhf_drpo.core import METRIC_KEYS
 
-SHIPPED = dsl.shipped_names()
+SHIPPED = lang.shipped_names()
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 _WEIGHTS: dict = {}
 
@@ -33,7 +33,7 @@ SEQ_LEN = 4       # tokens per response where the analysis of a sequence objecti
 def weight_fn(name, rho=1.0):
     """The analysis's vectorized w(r, μ, A) for a shipped objective (cached per name and ρ)."""
     if (name, rho) not in _WEIGHTS:
-        _WEIGHTS[name, rho] = analyze(dsl.load(name), seq_len=SEQ_LEN, rho=rho).w
+        _WEIGHTS[name, rho] = analyze(lang.load(name), seq_len=SEQ_LEN, rho=rho).w
     return _WEIGHTS[name, rho]
 
 
@@ -45,8 +45,8 @@ def token_level(name) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def analyze_scope(name):
-    from dsl.analysis import analysis_view
-    return analysis_view(dsl.load(name))[1]
+    from openrlhf_drpo.analysis.orchestrator import analysis_view
+    return analysis_view(lang.load(name))[1]
 
 
 def uniform_responses(new, old, A, mask):
@@ -439,10 +439,10 @@ def test_emit_torch_prints_readable_code_that_runs():
 @given(OBJECTIVES, st.integers(0, 10_000))
 def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(text, seed):
     try:
-        obj = dsl.parse(f"δ = 0.3\n{text}")
+        obj = lang.parse(f"δ = 0.3\n{text}")
     except DslError:
         return          # e.g. no dependence on the policy: rejected before any tensor exists
-    from dsl.walks import evaluate
+    from openrlhf_drpo.lang.walks import evaluate
     new, old, A, mask = batch(seed, B=3, T=5)
     if seed % 2:        # a clamped ratio: the eager code's other branch
         new[0, 0] = old[0, 0] + 25
@@ -481,7 +481,7 @@ ATOM_OBJECTIVES = [
 
 @pytest.mark.parametrize("text", ATOM_OBJECTIVES, ids=["erf_gate", "atan_gate", "softsign_gate", "mixed"])
 def test_objectives_on_the_smooth_atoms_have_the_analysed_gradient_fused_or_plain(text):
-    obj = dsl.parse(text + "\n")
+    obj = lang.parse(text + "\n")
     w = analyze(obj).w
     for seed, extreme, clamped in ((0, False, False), (7, True, False), (3, False, True)):
         new, old, A, mask = batch(seed, B=8, T=16, extreme=extreme)
@@ -514,7 +514,7 @@ def test_compiled_fused_kernel_compiles_once_for_every_sequence_length_and_equal
     # one graph; without it dynamo compiles a static graph, then again for the second length.
     from torch._dynamo.utils import counters
     if name == "smooth_atoms":     # erf, atan and softsign in one objective
-        name = dsl.parse(ATOM_OBJECTIVES[-1] + "\n")
+        name = lang.parse(ATOM_OBJECTIVES[-1] + "\n")
     torch._dynamo.reset()
     counters.clear()
     compiled = ObjectiveLoss(name, aggregate=aggregate, compile=True)
@@ -589,7 +589,7 @@ def test_the_in_place_eager_path_never_writes_into_its_inputs(text, clamped):
     grads = []
     for fused in (True, False):
         lp = new.clone().requires_grad_()
-        ObjectiveLoss(dsl.parse(text + "\n", "t.dsl"), fused=fused)(lp, old, A, action_mask=mask)[0].backward()
+        ObjectiveLoss(lang.parse(text + "\n", "t.dsl"), fused=fused)(lp, old, A, action_mask=mask)[0].backward()
         grads.append(lp.grad)
     assert all(torch.equal(a, b) for a, b in zip(copies, (new, old, A, mask)))
     assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)

@@ -1,4 +1,4 @@
-"""Every row of the operation table (dsl.operations.OPS), one by one: its SymPy, Python,
+"""Every row of the operation table (openrlhf_drpo.lang.operations.OPS), one by one: its SymPy, Python,
 numpy and torch lowerings give one value at every special double (±0, ±1e-300, ±1e300, ±inf,
 NaN, ...), each documented difference asserted as what it is; its derivative rule equals
 sympy.diff and torch's autograd; and it declares every property the parser, the analysis and
@@ -13,11 +13,11 @@ import pytest
 import sympy as sp
 import torch
 
-import dsl
-from dsl.codegen import KERNELS, torch_source
-from dsl.ir import ONE, ZERO, Node, num
-from dsl.operations import FUNCTIONS, OPS, Op
-from dsl.walks import NonLocal, derivative, evaluate, to_sympy
+from openrlhf_drpo import lang
+from openrlhf_drpo.core.codegen import KERNELS, torch_source
+from openrlhf_drpo.lang.ir import ONE, ZERO, Node, num
+from openrlhf_drpo.lang.operations import FUNCTIONS, OPS, Op
+from openrlhf_drpo.lang.walks import NonLocal, derivative, evaluate, to_sympy
 
 NAN, INF = math.nan, math.inf
 SPECIAL = [0.0, -0.0, 1e-300, -1e-300, 1e-8, 0.3, -0.3, 1.0, -1.0, 2.5, -2.5, 6.0, -6.0, 27.0, -27.0, 40.0,
@@ -271,7 +271,7 @@ def test_a_condition_has_no_derivative_and_is_refused_where_one_is_asked_for(nam
 def _reductions():
     """The reductions' torch helpers, from the source generated for an objective that uses them."""
     namespace = {"torch": torch, "math": math}
-    exec(torch_source(dsl.parse("(seq_sum(r) + seq_mean(r) + seq_max(r) + seq_min(r))*A")), namespace)
+    exec(torch_source(lang.parse("(seq_sum(r) + seq_mean(r) + seq_max(r) + seq_min(r))*A")), namespace)
     return namespace
 
 
@@ -324,5 +324,5 @@ def test_the_functions_a_user_calls_are_the_callable_rows_each_with_its_signatur
     for name in FUNCTIONS:
         sig = OPS[name].signature
         assert sig.startswith(f"{name}(") and FUNCTIONS[name] == OPS[name].arity
-        with pytest.raises(dsl.DslError, match=rf"hint: write {sig.replace('(', '[(]').replace(')', '[)]')}"):
-            dsl.parse(f"r*A*{name}()")
+        with pytest.raises(lang.DslError, match=rf"hint: write {sig.replace('(', '[(]').replace(')', '[)]')}"):
+            lang.parse(f"r*A*{name}()")

@@ -1,23 +1,23 @@
-"""The analysis result is a declared structure (dsl.result.Analysis): the JSON and the report
-iterate its declarations, each warning is a record (dsl.alerts) that dsl.alert_text words, and
+"""The analysis result is a declared structure (openrlhf_drpo.analysis.result.Analysis): the JSON and the report
+iterate its declarations, each warning is a record (analysis.alerts) that analysis.alert_text words, and
 the result still reads like the dict analyze() returned before."""
 from dataclasses import fields
 
 import pytest
 import sympy as sp
 
-import dsl
-import dsl.report as report_module
-from dsl.alert_text import TEXT, alert_text
-from dsl.alerts import KINDS, Alert
-from dsl.analysis import analyze
-from dsl.report import LINES, report, to_json
-from dsl.result import Analysis
+from openrlhf_drpo import lang
+import openrlhf_drpo.analysis.report as report_module
+from openrlhf_drpo.analysis.alert_text import TEXT, alert_text
+from openrlhf_drpo.analysis.alerts import KINDS, Alert
+from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.report import LINES, report, to_json
+from openrlhf_drpo.analysis.result import Analysis
 
 
 @pytest.fixture(scope="module")
 def drpo():
-    return analyze(dsl.load("drpo"))
+    return analyze(lang.load("drpo"))
 
 
 def test_the_json_is_each_declared_field_under_its_name_in_declaration_order(drpo):
@@ -39,7 +39,7 @@ def test_every_report_line_is_a_declared_fields_and_every_evidence_a_claim(drpo)
 
 def test_a_declared_line_the_report_lacks_fails_instead_of_vanishing(drpo, monkeypatch):
     monkeypatch.setattr(report_module, "LINES", {k: v for k, v in LINES.items() if k != "smooth"})
-    with pytest.raises(TypeError, match=r"dsl.result declares report lines .*'smooth'.*, dsl.report has"):
+    with pytest.raises(TypeError, match=r"analysis.result declares report lines .*'smooth'.*, analysis.report has"):
         report(drpo)
 
 
@@ -65,6 +65,6 @@ def test_the_result_still_reads_like_the_dict_it_was(drpo):
     assert drpo.get("no such field", "absent") == "absent"
     with pytest.raises(KeyError):
         drpo["no such field"]
-    renamed = analyze(dsl.load("ppo"))
+    renamed = analyze(lang.load("ppo"))
     renamed["name"] = "ppo (ε = 0.2)"          # as drpo-lab labels its rows
     assert renamed.name == "ppo (ε = 0.2)" and to_json(renamed)["name"] == "ppo (ε = 0.2)"

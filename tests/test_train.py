@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-import dsl
-from dsl.analysis import analyze
+from openrlhf_drpo import lang
+from openrlhf_drpo.analysis.orchestrator import analyze
 
 VOCAB = ["<pad>", "<s>", "</s>", "<unk>"] + [str(i) for i in range(10)] + list("+-*/=()x? ") + \
     ["What", "is", "the", "answer", "boxed", "{", "}"]
@@ -118,7 +118,7 @@ def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_mod
     assert all(np.isfinite(status[k]) for k in METRIC_KEYS)
     assert "policy_loss" in status and "ppo_clip_ratio" in status
     # the loss's gradient inside the real training step equals the analysis's weight
-    w = analyze(dsl.load("drpo", params={"delta": "0.2"}))["_w"]
+    w = analyze(lang.load("drpo", params={"delta": "0.2"}))["_w"]
     assert len(calls) == 4       # 2 experiences x 4 samples, micro-batches of 2
     for lp, old, adv, mask, grad, kw in calls:
         r = torch.exp(lp - old)
@@ -228,7 +228,7 @@ def _record_ray_start(tmp_path, address):
 ])
 def test_cpu_mode_auto_asks_the_ray_cluster_and_says_which_mode_and_why(ray_clusters, no_ray_cluster, monkeypatch,
                                                                         tmp_path, choice, env, line):
-    from openrlhf_drpo.hosts.openrlhf.train import decide_cpu_mode
+    from openrlhf_drpo.hosts.openrlhf.launch import decide_cpu_mode
     if torch.cuda.is_available() and env == {} and choice == "auto":       # this machine's GPUs, with no cluster
         n = torch.cuda.device_count()
         line = f"GPU mode: {n} CUDA device{'s' * (n != 1)} on this machine and no Ray cluster (--drpo.cpu_mode auto)"

@@ -42,9 +42,9 @@ def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_
     assert summary["hooked"] and summary["control_differs"] and summary["located_error"] and summary["no_openrlhf"]
     assert summary["config_params"] and summary["malformed_refused"]     # loss_mode="dsl:drpo?delta=0.3"
     assert summary["by_path"] and summary["refused"], summary["refusals"]
-    import dsl
+    from openrlhf_drpo import lang
     # every shipped objective but those on the rollout policy, which verl's policy loss never receives
-    usable = {f"dsl:{n}" for n in dsl.shipped_names() if not dsl.load(n).reads_rollout()}
+    usable = {f"dsl:{n}" for n in lang.shipped_names() if not lang.load(n).reads_rollout()}
     assert usable <= set(summary["registered"]) and "dsl:icepop" not in summary["registered"]
 
 

@@ -101,7 +101,7 @@ def main():
         mine = adapter.register(ours, name=f"{ours}@{theirs}:{fused}", fused=fused, **params)
         forms = [(mine, True)]
         if theirs in VERL_FORM:
-            from dsl import parse
+            from openrlhf_drpo.lang import parse
             text = adapter.register(parse(VERL_FORM[theirs], f"<verl {theirs}>"), name=f"verl_{theirs}:{fused}",
                                     fused=fused)
             # the shipped one: the value where it is the same form; verl's form: both
@@ -131,7 +131,7 @@ def main():
     control_differs = not torch.allclose(run(control, old, logp, A, mask, "token-mean", cfg, None)[1],
                                          run("vanilla", old, logp, A, mask, "token-mean", cfg, None)[1], rtol=1e-12, atol=0)
     # a bad objective stops at registration with its located error
-    from dsl import DslError, parse
+    from openrlhf_drpo.lang import DslError, parse
     try:
         adapter.register(parse("δ = 1\nr*A - x\n", "bad.dsl"))
         located = None

@@ -1,6 +1,6 @@
 """The host-neutral loss core: a compiled objective as a torch loss, knowing no training framework.
 
-    loss_fn = CompiledLoss("drpo", delta=0.2)     # shipped name, path or dsl.Objective
+    loss_fn = CompiledLoss("drpo", delta=0.2)     # shipped name, path or lang.Objective
     loss, metrics = loss_fn(log_probs, old_log_probs, advantages, mask)
     loss.backward(); metrics.floats()             # {"drpo_w_mean": ..., ...}: one host sync
 
@@ -21,12 +21,13 @@ from fractions import Fraction
 import torch
 from torch import nn
 
-import dsl
-from dsl.codegen import compile_objective
-from dsl.parser import OPTIONS, Objective
+from openrlhf_drpo import lang
+from openrlhf_drpo.core.codegen import compile_objective
+from openrlhf_drpo.lang.objective import OPTIONS, Objective
 from openrlhf_drpo.core.boundary import check_inputs
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, kernel,
                                         mul_sum, per_token)
+from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
 from openrlhf_drpo.core.values import FILTERED, METRICS, Aggregation, LossMetrics, LossOutput
 
 
@@ -43,16 +44,8 @@ class CompiledLoss(nn.Module):
                  **overrides):
         super().__init__()
         who = type(self).__name__
-        if not isinstance(fused, bool):
-            raise TypeError(f"{who}: fused must be True or False, got {fused!r}")
-        if not (isinstance(compile, bool) or compile == "auto"):
-            raise TypeError(f"{who}: compile must be True, False or 'auto', got {compile!r}")
-        for name, value in overrides.items():
-            # a tensor or array would be read at its own precision (float32 0.2 is 0.200000003)
-            if name not in OPTIONS and (isinstance(value, bool) or not isinstance(value, (int, float, str, Fraction))):
-                raise TypeError(f"{who}: parameter {name}={value!r} must be a Python number or a numeric "
-                                f"string, not {type(value).__name__}; pass float(...) of it")
-        obj = objective if isinstance(objective, Objective) else dsl.load(objective)
+        _check_arguments(who, fused, compile, overrides)
+        obj = objective if isinstance(objective, Objective) else lang.load(objective)
         options = {k: overrides.pop(k) for k in list(overrides) if k in OPTIONS}
         self.objective = obj.with_overrides(overrides, options, where=who) if (overrides or options) else obj
         self._value, self._value_and_grad, self._value_and_grad_eager, self.source = compile_objective(self.objective)
@@ -135,63 +128,24 @@ class CompiledLoss(nn.Module):
         with torch.no_grad():
             fields = METRICS
             if self._value.filtered is not None:     # in the same tensor: still one host sync
-                filtered = self._filtered_fraction(log_probs, anchor, advantages, old, rollout, mask != 0)
+                filtered = filtered_fraction(self._value, log_probs, anchor, advantages, old, rollout, mask != 0)
                 stats, fields = torch.cat([stats, filtered.to(stats.dtype).reshape(1)]), METRICS + (FILTERED,)
             self.metrics = LossMetrics(stats, fields)
             if self.track_extremes:
-                self.extremes = self._extremes(log_probs, anchor, advantages, mask != 0, old, rollout, mode)
+                self.extremes = lab_extremes(self._value_and_grad, log_probs, anchor, advantages, mask != 0, old, rollout,
+                                             mode)
         return LossOutput(loss, self.metrics)
-
-    def _filtered_fraction(self, logp, anchor, A, old, rollout, keep):
-        """The fraction the objective's filters drop (dsl.codegen.filters), at their own
-        granularity as OpenRLHF's is_filter_ratio: of unmasked tokens, or, when a filter reads a
-        whole response, of non-empty responses (a response counts once all its tokens are dropped)."""
-        dtype = compute_dtype(logp)     # as the loss's
-        clean = lambda x: x if x is None else torch.where(keep, x.detach().to(dtype), 0.0)   # noqa: E731
-        dropped = self._value.filtered(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep) != 0
-        if self._value.filtered_per_response:
-            present = keep.any(-1)
-            gone = (dropped | ~keep).all(-1) & present
-            return gone.sum() / present.sum().clamp(min=1)
-        return (dropped & keep).sum() / keep.sum().clamp(min=1)
-
-    def _extremes(self, logp, anchor, A, keep, old, rollout, mode) -> dict:
-        """What drpo-lab logs per optimizer step, over unmasked tokens: the range of r and the
-        largest per-token |∂ℓ/∂log π|/|A| (over A ≠ 0), with μ at that token. A second,
-        plain evaluation of the generated code: only the lab pays for it."""
-        if not keep.any():
-            return {}
-        logp, anchor, A, old, rollout = (x if x is None else x.detach().float() for x in (logp, anchor, A, old, rollout))
-        coef = aggregation_coef(keep.to(logp.dtype), mode)[0]
-        _, grad, _, r, _, mu, _ = per_token(self._value_and_grad, logp, anchor, A, old, rollout, keep, coef)
-        weighted = keep & (A != 0)
-        weight = torch.where(weighted, grad.abs() / torch.where(weighted, A.abs(), 1.0), -1.0).flatten()
-        i = int(weight.argmax())
-        out = {"ratio_min": r[keep].min().item(), "ratio_max": r[keep].max().item()}
-        if weight[i] >= 0:
-            out.update(max_token_weight=weight[i].item(), mu_at_max_token_weight=mu.flatten()[i].item())
-        return out
 
     def _fused(self, logp, mode: str, mask, norm, weights):
         """The autograd Function around the (possibly compiled) kernel, built once per mode and,
         compiled, once per call signature (dtypes, device, which optional inputs are given): each
-        has a code object, and so a compile cache, of its own. Dynamo keeps at most
-        recompile_limit (8) graphs per code object, and one shared kernel ran every objective
-        after the third uncompiled; now only shapes vary within a cache (0/1-sized dimensions are
-        specialized: a batch of 1 adds a graph, a new sequence length none)."""
+        has a code object, and so a compile cache, of its own (see fused_kernel)."""
         use = self.compile is True or (self.compile == "auto" and logp.is_cuda)
         key = (mode,) if not use else (mode, compute_dtype(logp), mask.dtype, logp.device.type, norm is None,
                                         weights is None)
         if (use, key) not in self._kernels:
-            if use:
-                name = re.sub(r"\W", "_", f"_kernel_{self.objective.name}_{len(self._kernels)}")
-                # the function itself is compiled, not a partial of it: dynamo would compile the
-                # wrapper that calls a partial, whose code every objective shares
-                own = _own_code(kernel, name)
-                bind = lambda f: functools.partial(f, self._value_and_grad, mode, dot=mul_sum)   # noqa: E731
-                run = _fallback_warned(bind(torch.compile(own, **COMPILE_OPTIONS)), bind(own), self.objective.name)
-            else:
-                run = functools.partial(eager_kernel, self._value_and_grad_eager, self._value_and_grad, mode)
+            run = fused_kernel(self._value_and_grad, self._value_and_grad_eager, mode, use,
+                               f"_kernel_{self.objective.name}_{len(self._kernels)}", self.objective.name)
             self._kernels[use, key] = fused_function(run, type(self).__name__)
         return self._kernels[use, key]
 
@@ -228,3 +182,29 @@ def _fallback_warned(compiled, eager, objective: str):
                 config.fail_on_recompile_limit_hit = before
         return state["fn"](*args)
     return run
+
+
+def _check_arguments(who: str, fused, compile, overrides: dict) -> None:
+    if not isinstance(fused, bool):
+        raise TypeError(f"{who}: fused must be True or False, got {fused!r}")
+    if not (isinstance(compile, bool) or compile == "auto"):
+        raise TypeError(f"{who}: compile must be True, False or 'auto', got {compile!r}")
+    for name, value in overrides.items():
+        # a tensor or array would be read at its own precision (float32 0.2 is 0.200000003)
+        if name not in OPTIONS and (isinstance(value, bool) or not isinstance(value, (int, float, str, Fraction))):
+            raise TypeError(f"{who}: parameter {name}={value!r} must be a Python number or a numeric "
+                            f"string, not {type(value).__name__}; pass float(...) of it")
+
+
+def fused_kernel(value_and_grad, value_and_grad_eager, mode: str, compiled: bool, code_name: str, objective: str):
+    """The kernel for one mode: eager (CPU), or compiled with a code object of its own. Dynamo
+    keeps at most recompile_limit (8) graphs per code object, and one shared kernel ran every
+    objective after the third uncompiled; now only shapes vary within a cache (0/1-sized
+    dimensions are specialized: a batch of 1 adds a graph, a new sequence length none)."""
+    if not compiled:
+        return functools.partial(eager_kernel, value_and_grad_eager, value_and_grad, mode)
+    # the function itself is compiled, not a partial of it: dynamo would compile the wrapper
+    # that calls a partial, whose code every objective shares
+    own = _own_code(kernel, re.sub(r"\W", "_", code_name))
+    bind = lambda f: functools.partial(f, value_and_grad, mode, dot=mul_sum)   # noqa: E731
+    return _fallback_warned(bind(torch.compile(own, **COMPILE_OPTIONS)), bind(own), objective)

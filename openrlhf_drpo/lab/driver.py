@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import threading
 import time
+
+from openrlhf_drpo.lab.results import aggregate, curves, markdown, plot, summarize
 
 # Off-policyness. updates: each rollout (8 prompts x 4 samples) is cut into that many
 # mini-batches, one optimizer step each, all measured against the same rollout policy.
@@ -46,18 +46,11 @@ PRESETS = {
                              "update already sees r != 1; one update per rollout"},
 }
 ROLLOUT_PROMPTS, SAMPLES = 8, 4
-FINAL_STEPS = 5
-# A run has collapsed when, over its last FINAL_STEPS steps, responses are mostly target words
-# (mean target fraction >= 0.5) yet hold at most 2 distinct ones (mean reward <= 2/8): the
-# policy found the targets and then narrowed onto one or two of them.
-COLLAPSE_FRACTION, COLLAPSE_REWARD = 0.5, 2 / 8
-RESULT_KEYS = ("objective", "params", "seed", "preset", "final_reward", "reward_auc", "max_grad_norm",
-               "max_token_weight", "mismatch", "collapsed", "dead_steps", "wall_s")
-SUMMARY_KEYS = ("final_reward", "reward_auc", "max_grad_norm", "max_token_weight", "mismatch")
+
 
 
 def parse_spec(text: str):
-    """`name` or `name:k=v,k=v` -> (name, {k: v}); the objective itself is checked by dsl.load."""
+    """`name` or `name:k=v,k=v` -> (name, {k: v}); the objective itself is checked by lang.load."""
     name, _, rest = text.partition(":")
     params = {}
     for item in filter(None, rest.split(",")):
@@ -67,55 +60,6 @@ def parse_spec(text: str):
                              f"(got {item!r})")
         params[key.strip()] = value.strip()
     return name, params
-
-
-def collapsed(steps: list[dict]) -> bool:
-    tail = steps[-FINAL_STEPS:]
-    if not tail:
-        return False
-    fraction = statistics.mean(s.get("target_fraction", 0.0) for s in tail)
-    return fraction >= COLLAPSE_FRACTION and statistics.mean(s["reward"] for s in tail) <= COLLAPSE_REWARD
-
-
-def _finite(xs) -> list[float]:
-    return [x for x in xs if x is not None and math.isfinite(x)]
-
-
-def _mean_or_none(xs):
-    return statistics.mean(xs) if xs else None
-
-
-def summarize(steps: list[dict], updates: list[dict]) -> dict:
-    """A run's row from its per-step log (OpenRLHF's) and per-update log (the step log)."""
-    rewards = [s["reward"] for s in steps]
-    per_step = {}
-    for u in updates:
-        per_step.setdefault(u["step"], []).append(u)
-    return {
-        "final_reward": statistics.mean(rewards[-FINAL_STEPS:]) if rewards else None,
-        "reward_auc": statistics.mean(rewards) if rewards else None,
-        "max_grad_norm": max(_finite(u.get("grad_norm") for u in updates), default=None),
-        "max_token_weight": max(_finite(u.get("max_token_weight") for u in updates), default=None),
-        "mismatch": _mean_or_none(_finite(curves(steps, updates)["mismatch"])),
-        "collapsed": collapsed(steps),
-        "dead_steps": sum(all(u["dead"] for u in us) for us in per_step.values()),
-    }
-
-
-def curves(steps: list[dict], updates: list[dict]) -> dict:
-    """Per step: reward, the largest grad norm and token weight over its updates, and the
-    engine/trainer mismatch: max |log r| on its first update, where π is still the trainer's
-    copy of the rollout policy."""
-    out = {"step": [s["step"] for s in steps], "reward": [s["reward"] for s in steps]}
-    by_step = {}
-    for u in updates:
-        by_step.setdefault(u["step"], []).append(u)
-    for key in ("grad_norm", "max_token_weight"):
-        out[key] = [max(_finite(u.get(key) for u in by_step.get(s, [])), default=None) for s in out["step"]]
-    first = {s: us[0] for s, us in by_step.items() if us and us[0]["update"] == 0}
-    out["mismatch"] = [max(abs(math.log(first[s]["ratio_max"])), abs(math.log(first[s]["ratio_min"])))
-                       if s in first and "ratio_min" in first[s] else None for s in out["step"]]
-    return out
 
 
 def _label(name, params) -> str:
@@ -138,11 +82,11 @@ def _show(text: str, step: int, last: bool = False) -> None:
 
 def plan(specs, args) -> list[dict]:
     """Every objective x seed, each with its folder, compiled-objective spec and log paths."""
-    import dsl
+    from openrlhf_drpo import lang
     from openrlhf_drpo.hosts.openrlhf.train import objective_spec
     runs = []
     for name, params in specs:
-        spec = objective_spec(dsl.load(name).with_overrides(params, {"anchor": "rollout"}, where="drpo-lab"))
+        spec = objective_spec(lang.load(name).with_overrides(params, {"anchor": "rollout"}, where="drpo-lab"))
         for seed in range(args.seeds):
             folder = os.path.abspath(os.path.join(args.out, "runs", _slug(name, params, seed)))
             runs.append({"name": name, "params": params, "seed": seed, "label": f"{_label(name, params)} seed {seed}",
@@ -240,127 +184,19 @@ def collect(run, args) -> dict:
 
 # ---------------------------------------------------------------- seeds aggregated
 
-def interval(xs: list[float]) -> dict:
-    """Mean and its two-sided 95% Student-t interval, mean +- t(0.975, n-1) s / sqrt(n), over the
-    finite values; with one value, no interval (None)."""
-    xs = _finite(xs)
-    if not xs:
-        return {"mean": None, "ci95": None}
-    mean = statistics.mean(xs)
-    if len(xs) < 2:
-        return {"mean": mean, "ci95": None}
-    from scipy.stats import t
-    half = float(t.ppf(0.975, len(xs) - 1)) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return {"mean": mean, "ci95": [mean - half, mean + half]}
-
-
-def aggregate(rows: list[dict]) -> list[dict]:
-    """One summary row per objective (in the order first seen): each measure's mean and 95% t
-    interval over the seeds, and how many seeds collapsed; then `rank` by final reward."""
-    groups = {}
-    for r in rows:
-        groups.setdefault(r["objective"], []).append(r)
-    out = [{"objective": name, "params": rs[0]["params"], "preset": rs[0]["preset"], "seeds": len(rs),
-            **{k: interval([r[k] for r in rs]) for k in SUMMARY_KEYS},
-            "collapsed": f"{sum(bool(r['collapsed']) for r in rs)} of {len(rs)}"} for name, rs in groups.items()]
-    for row, rank in zip(out, ranks([r["final_reward"] for r in out])):
-        row["rank"] = rank
-    return out
-
-
-def ranks(cells: list[dict]) -> list[int]:
-    """Ranks by mean, highest first, that separate only what the intervals separate: walking
-    down the means, an objective whose interval overlaps any interval of the current group
-    joins it (same rank); the next rank starts only past a gap. No interval: its mean alone."""
-    order = sorted(range(len(cells)), key=lambda i: -(cells[i]["mean"] if cells[i]["mean"] is not None else -math.inf))
-    span = lambda c: c["ci95"] or [c["mean"], c["mean"]]  # noqa: E731
-    out, group, rank = [0] * len(cells), [], 0
-    for i in order:
-        if cells[i]["mean"] is None:
-            out[i] = None
-            continue
-        lo_hi = span(cells[i])
-        if not group or not any(lo_hi[1] >= span(cells[j])[0] and span(cells[j])[1] >= lo_hi[0] for j in group):
-            rank, group = rank + 1, []
-        group.append(i)
-        out[i] = rank
-    return out
-
-
-def _cell(c: dict) -> str:
-    if c["mean"] is None:
-        return "-"
-    return f"{c['mean']:.3g}" + (f" [{c['ci95'][0]:.3g}, {c['ci95'][1]:.3g}]" if c["ci95"] else "")
-
 
 def analysis_lines(specs) -> str:
     """Each objective's analysis, one line: what to compare the measurements against."""
-    import dsl
-    from dsl.analysis import analyze
-    from dsl.report import comparison
+    from openrlhf_drpo import lang
+    from openrlhf_drpo.analysis.orchestrator import analyze
+    from openrlhf_drpo.analysis.report import comparison
     results = []
     for name, params in specs:
-        res = analyze(dsl.load(name).with_overrides(params, where="drpo-lab"))
+        res = analyze(lang.load(name).with_overrides(params, where="drpo-lab"))
         res["name"] = _label(name, params)
         results.append(res)
     warnings = [f"  {r['name']}: {w}" for r in results for w in r.get("warnings", [])]
     return comparison(results) + ("\nwarnings\n" + "\n".join(warnings) if warnings else "")
-
-
-def markdown(rows: list[dict], summary: list[dict]) -> str:
-    """The summary (mean [95% t interval] over seeds, ranked) above the per-run table."""
-    head = ["rank", "objective", "seeds", *SUMMARY_KEYS, "collapsed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(summary, key=lambda r: (r["rank"] is None, r["rank"] or 0, -(r["final_reward"]["mean"] or 0))):
-        lines.append("| " + " | ".join([str(r["rank"]), r["objective"], str(r["seeds"]),
-                                         *[_cell(r[k]) for k in SUMMARY_KEYS], r["collapsed"]]) + " |")
-    cols = [k for k in RESULT_KEYS if k != "params"]
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def plot(runs: list[dict], path: str) -> None:
-    """Per objective, the mean over seeds at each step and its 95% t band (on log axes, of the
-    log values)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    panels = [("reward", "reward (distinct targets / 8)", False), ("grad_norm", "grad norm before clipping (max)", True),
-              ("max_token_weight", "max |∂ℓ/∂log π| / |A| (per step)", True),
-              ("mismatch", "engine/trainer mismatch: max |log r|, first update", False)]
-    by_objective = {}
-    for run in runs:
-        by_objective.setdefault(run["row"]["objective"], []).append(run["curves"])
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    for ax, (key, title, log) in zip(axes.flat, panels):
-        for i, (name, cs) in enumerate(by_objective.items()):       # one colour per objective in every panel
-            steps = sorted({s for c in cs for s in c["step"]})
-            values = [[dict(zip(c["step"], c[key])).get(s) for c in cs] for s in steps]
-            if log:     # a log axis: the interval of log10 values, so the mean is a geometric mean
-                values = [[math.log10(v) if v is not None and v > 0 else None for v in vs] for vs in values]
-            cells = [interval(vs) for vs in values]
-            if log:
-                cells = [{"mean": None if c["mean"] is None else 10 ** c["mean"],
-                          "ci95": c["ci95"] and [10 ** c["ci95"][0], 10 ** c["ci95"][1]]} for c in cells]
-            points = [(s, c) for s, c in zip(steps, cells) if c["mean"] is not None]
-            if not points:
-                continue
-            xs = [s for s, _ in points]
-            ax.plot(xs, [c["mean"] for _, c in points], color=f"C{i % 10}", label=f"{name} ({len(cs)} seeds)")
-            band = [(s, c["ci95"]) for s, c in points if c["ci95"]]
-            if band:
-                ax.fill_between([s for s, _ in band], [b[0] for _, b in band], [b[1] for _, b in band],
-                                color=f"C{i % 10}", alpha=0.2)
-        ax.set_title(title + (" (geometric mean)" if log else " (mean)"), fontsize=10)
-        ax.set_xlabel("step")
-        if log and ax.has_data():
-            ax.set_yscale("log")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--preset mismatch rounds the engine's weights in CPU mode's vLLM worker; on GPUs, run it with "
                 "CUDA_VISIBLE_DEVICES= (CPU mode)")
     specs = [parse_spec(t) for t in args.objectives]
-    from dsl import DslError
+    from openrlhf_drpo.lang import DslError
     try:
         predicted = analysis_lines(specs)      # checks every objective before anything runs
         runs = plan(specs, args)

@@ -37,7 +37,7 @@ def _absent(*args, **kwargs):
     raise RuntimeError(_FLASH_ATTN)
 
 
-class _FlashAttnShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class FlashAttnShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """OpenRLHF imports four names from flash_attn at module level (openrlhf.models); this
     provides exactly those modules, last on sys.meta_path so a real install always wins.
     Anything else (flash_attn.ops, which OpenRLHF tries and falls back from) stays absent."""
@@ -61,10 +61,10 @@ class _FlashAttnShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install_flash_attn_shim() -> None:
-    if any(isinstance(f, _FlashAttnShim) for f in sys.meta_path):
+    if any(isinstance(f, FlashAttnShim) for f in sys.meta_path):
         return
     if importlib.util.find_spec("flash_attn") is None:
-        sys.meta_path.append(_FlashAttnShim())
+        sys.meta_path.append(FlashAttnShim())
 
 
 # ---------------------------------------------------------------- the driver

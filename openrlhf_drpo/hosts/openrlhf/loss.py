@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from dsl.parser import Objective
+from openrlhf_drpo.lang.parser import Objective
 from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss  # noqa: F401  (METRIC_KEYS: the names it logs)
 
 OPENRLHF_VERSION = "0.11.2"
@@ -26,11 +26,11 @@ def _importing_openrlhf():
     (DeepSpeed, which it imports, else prints on stdout that it fell back to the CPU). Afterwards
     os.environ (also what DeepSpeed's import set in it), sys.meta_path and sys.modules are as they
     were: building a loss changes nothing process-wide (the stubs OpenRLHF bound stay bound)."""
-    from openrlhf_drpo.hosts.openrlhf.cpu_mode import _FlashAttnShim
+    from openrlhf_drpo.hosts.openrlhf.cpu_mode import FlashAttnShim
     environ = dict(os.environ)
     shim = None     # drpo-train's processes have theirs already; a real flash_attn needs none
-    if not any(isinstance(f, _FlashAttnShim) for f in sys.meta_path) and not importlib.util.find_spec("flash_attn"):
-        shim = _FlashAttnShim()
+    if not any(isinstance(f, FlashAttnShim) for f in sys.meta_path) and not importlib.util.find_spec("flash_attn"):
+        shim = FlashAttnShim()
         sys.meta_path.append(shim)
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -75,7 +75,7 @@ def openrlhf_loss_module():
 class ObjectiveLoss(CompiledLoss):
     """A policy loss compiled from an objective file, called as OpenRLHF's PolicyLoss.
 
-        loss_fn = ObjectiveLoss("drpo", delta=0.2)   # shipped name, path or dsl.Objective
+        loss_fn = ObjectiveLoss("drpo", delta=0.2)   # shipped name, path or lang.Objective
         loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio = loss_fn(
             log_probs, old_log_probs, advantages, action_mask=mask, rollout_log_probs=None,
             dp_size=1, batch_num_tokens=None, global_batch_size=None)

@@ -9,9 +9,9 @@ keep their meaning when the objective replaces PolicyLoss.
 """
 from __future__ import annotations
 
-import dsl
-from dsl.ir import num
-from dsl.printing import render
+from openrlhf_drpo import lang
+from openrlhf_drpo.lang.ir import num
+from openrlhf_drpo.lang.printing import render
 from fractions import Fraction
 
 # π_old/π_rollout as PolicyLoss computes it: exp of the log-prob difference (no exp/log round trip)
@@ -96,10 +96,10 @@ def policy_loss_text(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_
     return "\n".join(lines) + "\n"
 
 
-def compose(obj: dsl.Objective, factor: str) -> dsl.Objective:
+def compose(obj: lang.Objective, factor: str) -> lang.Objective:
     """`factor · objective`, as one objective (its own text, parameters and options kept)."""
     *head, last = obj.canonical().split("\n")
     text = "\n".join([f"# {obj.name}, times OpenRLHF's train/rollout IS correction", *head, f"{factor}*({last})"])
-    composed = dsl.parse(text, f"{obj.path} × IS correction")
+    composed = lang.parse(text, f"{obj.path} × IS correction")
     composed.name = obj.name
     return composed

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import importlib
 import json
 import os
 import runpy
-import socket
 import sys
 
+from openrlhf_drpo.hosts.openrlhf.launch import CPU_MODES, cpu_mode_for, pre_parse, preflight
+
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
-CPU_MODES = ("auto", "on", "off")
+
+
 
 
 class _Stop(Exception):
@@ -55,87 +56,6 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                             "a cluster, CPU mode exactly when no CUDA device is visible")
 
 
-def _pre_parse(argv: list[str]):
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto")
-    pre.add_argument("--drpo.plugin", default=None)
-    pre.add_argument("--drpo.plugin_config", default=None)
-    return pre.parse_known_args(argv)[0]
-
-
-def ray_cluster() -> tuple[str, str] | None:
-    """The Ray cluster OpenRLHF's `ray.init()` (no address) joins, and where its address comes
-    from; None where it starts a Ray of its own. Ray 2.55 reads RAY_ADDRESS, else the address
-    the last `ray start` on this machine recorded (services.get_ray_address_from_environment)."""
-    address = os.environ.get("RAY_ADDRESS", "")
-    if address:
-        return None if address == "local" else (address, "RAY_ADDRESS")
-    from ray._private.utils import get_ray_address_file, read_ray_address
-    recorded = read_ray_address()
-    return (recorded, f"recorded by `ray start` in {get_ray_address_file(None)}") if recorded else None
-
-
-def _cluster_gpus(address: str, where: str) -> float:
-    """The cluster's GPU count: connect, read its resources, disconnect. A port nobody listens
-    on is refused here at once, where ray.init would retry for minutes."""
-    import logging
-
-    import ray
-    unreachable = (f"drpo-train: error: no Ray cluster answers at {address} ({where}): start it, point RAY_ADDRESS "
-                   f"at one that runs, or use --drpo.cpu_mode on to train on this machine's CPU with a local Ray")
-    if address != "auto":       # "auto": any cluster running on this machine, which ray.init finds itself
-        host, _, port = address.split("://")[-1].rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except (OSError, ValueError):
-            raise SystemExit(unreachable) from None
-    try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    except ConnectionError:
-        raise SystemExit(unreachable) from None
-    try:
-        return ray.cluster_resources().get("GPU", 0)
-    finally:
-        ray.shutdown()
-
-
-def decide_cpu_mode(choice: str) -> tuple[bool, str]:
-    """`--drpo.cpu_mode auto|on|off`: whether this run is CPU mode, and the line saying which
-    and why. auto never trains on this machine's CPU while a Ray cluster is set up: a job
-    submitted from a node without a GPU runs on the cluster's GPUs, or stops if it has none."""
-    cluster = ray_cluster()
-    if choice == "on":
-        replaced = f": a local Ray on this machine replaces the Ray cluster at {cluster[0]} ({cluster[1]})" \
-            if cluster else ""
-        return True, f"openrlhf-drpo: CPU mode (--drpo.cpu_mode on){replaced}"
-    if choice == "off":
-        return False, "openrlhf-drpo: GPU mode (--drpo.cpu_mode off)"
-    if cluster is None:
-        import torch
-        if not torch.cuda.is_available():
-            return True, "openrlhf-drpo: CPU mode: no CUDA device and no Ray cluster (--drpo.cpu_mode auto)"
-        n = torch.cuda.device_count()
-        return False, (f"openrlhf-drpo: GPU mode: {n} CUDA device{'s' * (n != 1)} on this machine and no Ray "
-                       "cluster (--drpo.cpu_mode auto)")
-    gpus = _cluster_gpus(*cluster)
-    if not gpus:
-        raise SystemExit(f"drpo-train: error: the Ray cluster at {cluster[0]} ({cluster[1]}) has no GPU, and "
-                         "--drpo.cpu_mode auto does not train on this machine's CPU while a cluster is set up: use a "
-                         "cluster with GPUs, or --drpo.cpu_mode on to train on this machine's CPU with a local Ray")
-    return False, (f"openrlhf-drpo: GPU mode: the Ray cluster at {cluster[0]} ({cluster[1]}) has {gpus:g} "
-                   f"GPU{'s' * (gpus != 1)} (--drpo.cpu_mode auto)")
-
-
-def _cpu_mode(argv: list[str]) -> bool:
-    """Decided first, and said on the first line: before OpenRLHF's modules are imported, as
-    DeepSpeed picks its accelerator at import."""
-    choice = getattr(_pre_parse(argv), "drpo.cpu_mode")
-    if {"-h", "--help"} & set(argv):     # asks no cluster and says nothing: help is all it prints
-        import torch
-        return choice == "on" or (choice == "auto" and not torch.cuda.is_available())
-    cpu, line = decide_cpu_mode(choice)
-    print(line, flush=True)
-    return cpu
 
 
 # the hooks a plugin may define, each replacing the OpenRLHF class it is named for: (module, name)
@@ -146,7 +66,7 @@ PLUGIN_HOOKS = {"trainer": ("openrlhf.trainer.ppo_trainer", "PPOTrainer"),
 def _plugin(argv: list[str]):
     """(the plugin module named by --drpo.plugin, its config), or None: imported by name, so
     drpo-train knows no plugin (drpo-lab plugs in here, through PLUGIN_HOOKS)."""
-    pre = _pre_parse(argv)
+    pre = pre_parse(argv)
     name, path = getattr(pre, "drpo.plugin"), getattr(pre, "drpo.plugin_config")
     if name is None:
         return None
@@ -164,43 +84,6 @@ def _patch(stack: contextlib.ExitStack, owner, name: str, value) -> None:
     stack.callback(setattr, owner, name, original)
 
 
-def _looks_local(path: str) -> bool:
-    # a model-hub id is NAME or ORG/NAME; anything else is a path on this machine
-    return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
-
-
-def preflight(ns, cpu: bool) -> None:
-    """Turn OpenRLHF's hangs and deep crashes into clear errors, before Ray starts."""
-    def fail(msg):
-        raise SystemExit(f"drpo-train: error: {msg}")
-
-    g = functools.partial(getattr, ns)
-    paths = lambda key: [p for p in (g(key) or "").split(",") if p]   # noqa: E731  (flags take a,b lists)
-    for key in ("actor.model_name_or_path", "reward.model_name_or_path", "critic.model_name_or_path"):
-        for path in paths(key):
-            if _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
-                fail(f"--{key} {path}: no such file or directory")
-    for path in paths("data.prompt_dataset"):
-        if (_looks_local(path) or path.endswith((".jsonl", ".json", ".parquet", ".csv"))) \
-                and not os.path.exists(os.path.expanduser(path)):
-            fail(f"--data.prompt_dataset {path}: no such file or directory")
-    if not g("reward.model_name_or_path") and not g("reward.remote_url") and not g("train.agent_func_path"):
-        fail("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
-             "openrlhf_drpo/hosts/openrlhf/reward.py) or --reward.model_name_or_path")
-    for url in paths("reward.remote_url"):
-        if url.endswith(".py") and not url.startswith(("http://", "https://")) and not os.path.exists(url):
-            fail(f"--reward.remote_url {url}: no such file")
-    if cpu:
-        return
-    import torch
-    from openrlhf_drpo.hosts.openrlhf.cpu_mode import gpus_requested
-    wanted, present = gpus_requested(ns), torch.cuda.device_count()
-    if ray_cluster() is None and wanted > present:
-        fail(f"this run asks Ray for {wanted} GPUs and this machine has {present}: lower --actor.num_gpus_per_node, "
-             f"--vllm.num_engines and the other *.num_gpus_per_node flags, start a Ray cluster with more GPUs "
-             f"(ray start), or use --drpo.cpu_mode on")
-
-
 # OpenRLHF 0.11.2's defaults for --algo.advantage.is_correction_{level,mode,gating,threshold}
 _IS_DEFAULTS = {"level": "off", "mode": "mask", "gating": "ratio", "threshold": [0.5, 5.0]}
 
@@ -208,14 +91,14 @@ _IS_DEFAULTS = {"level": "off", "mode": "mask", "gating": "ratio", "threshold": 
 def prepare_objective(args: argparse.Namespace):
     """Parse, check and compile the objective named in the (flat) args; returns the spec every
     actor rebuilds it from, and the objective. Raises DslError or SystemExit with a clear message."""
-    from dsl import load
-    from openrlhf_drpo.cli import _overrides
+    from openrlhf_drpo.lang import load
+    from openrlhf_drpo.lang.objective import parse_overrides
 
     spec_name = getattr(args, "drpo.objective")
     if not spec_name:
         raise SystemExit("drpo-train: error: --drpo.objective FILE_OR_NAME is required")
     options = {"anchor": getattr(args, "drpo.anchor")} if getattr(args, "drpo.anchor") else {}
-    obj = load(spec_name).with_overrides(_overrides(getattr(args, "drpo.set")), options, where="--drpo.set")
+    obj = load(spec_name).with_overrides(parse_overrides(getattr(args, "drpo.set")), options, where="--drpo.set")
     # OpenRLHF applies its train/rollout IS correction inside PolicyLoss, which the objective
     # replaces: the same factor is composed with the objective instead, so the flags keep
     # their meaning (tests/test_sequence.py holds ppo composed so to PolicyLoss itself).
@@ -258,8 +141,8 @@ def objective_spec(obj) -> dict:
 
 def _report(obj, args) -> None:
     """Print the analysis at start-up and save it beside the run's logs."""
-    from dsl.analysis import analyze
-    from dsl.report import report, to_json
+    from openrlhf_drpo.analysis.orchestrator import analyze
+    from openrlhf_drpo.analysis.report import report, to_json
     res = analyze(obj)
     text = report(res)
     print(text, flush=True)
@@ -343,7 +226,7 @@ def openrlhf_args(argv: list[str]):
 
     def stop(*a, **k):      # train() asks first thing: stop right there
         raise _Stop()
-    with _patched_openrlhf(_ship_spec, _cpu_mode(argv)), contextlib.ExitStack() as stack:
+    with _patched_openrlhf(_ship_spec, cpu_mode_for(argv)), contextlib.ExitStack() as stack:
         _patch(stack, config, "hierarchize", hierarchize)
         _patch(stack, ray, "is_initialized", stop)
         try:
@@ -374,12 +257,12 @@ def _ship_spec(ns, cpu: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dsl import DslError
+    from openrlhf_drpo.lang import DslError
     from openrlhf_drpo.hosts.openrlhf import cpu_mode
     argv = sys.argv[1:] if argv is None else argv
     traceback = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
-    cpu = _cpu_mode(argv)
+    cpu = cpu_mode_for(argv)
     if cpu:
         os.environ.update(cpu_mode.driver_environment())
         cpu_mode.check_versions()

@@ -1,0 +1,171 @@
+"""Admissibility: the properties the 2026 gate papers derive by hand for each new gate
+(smooth-gate, DGPO, REAL): w(1) = 1, boundedness, the two tails of w and its symmetry in
+log r, each with how it is known: 'derived' (SymPy, confirmed by the IR's float rules) or
+'numeric' (the IR's float rules alone, on the samples stated)."""
+from __future__ import annotations
+
+import math
+
+from openrlhf_drpo.analysis.arbiter import MUS
+from openrlhf_drpo.analysis.budgets import check_budget, size
+from openrlhf_drpo.analysis.events import UNDERFLOW
+from openrlhf_drpo.analysis.symbolic import SIGNS
+
+TAIL_R = (1e-12, 1e12, 221)     # log-spaced: r → 0 at fixed μ; r → 1/μ along π = 1 as μ → 0
+SYMMETRY_T = 400                # values of t = log r per μ for w(e^t) = w(e^−t)
+
+
+def admissibility(ctx, arb, res) -> dict:
+    """Each property with how it is known: 'derived' (SymPy, confirmed by the IR's float
+    rules) or 'numeric' (the IR's float rules alone, on the samples stated)."""
+    return {"w_at_1": _w_at_1(ctx, res), "bounded": {"value": res["bounded"], "range": res["weight_range"],
+                                                       "status": "the range's (weight_range; arbiter.range)"},
+            "tails": _tails(arb), "symmetric_log_r": _symmetric(ctx, arb, res)}
+
+
+def _derived_weight(ctx, res, sign):
+    """The derived one-line w at parameter values with A = sign·a, or None."""
+    if res["weight"] is None or res["arbiter"]["weight"]["status"] != "confirmed":
+        return None
+    values = {ctx.param_syms[k]: v for k, v in ctx.param_vals.items()}
+    return res["weight"].subs(values).subs(ctx.A, sign * ctx.a)
+
+
+def _w_at_1(ctx, res) -> dict:
+    facts = res["on_policy"]
+    numeric = all(f["status"] == "ok" and abs(f["w"][0] - 1) <= 1e-9 and abs(f["w"][1] - 1) <= 1e-9
+                  for f in facts.values())
+
+    def derived():
+        for sign in (1, -1):
+            w = _derived_weight(ctx, res, sign)
+            if w is None:
+                return False
+            at_1 = w.subs(ctx.r, 1)
+            check_budget("simplify", size(at_1))
+            if ctx.sp.simplify(at_1) != 1:
+                return False
+        return True
+    proven = numeric and ctx.guarded("w at r = 1", derived, False)
+    return {"value": numeric, "status": "derived" if proven else "numeric",
+            "w": {adv: f["w"] for adv, f in facts.items()}}
+
+
+def _tails(arb) -> dict:
+    """Per sign of A, how w behaves as r → 0 (at each μ of the arbiter's MUS) and as r → 1/μ
+    with π = 1 and μ → 0 (r → ∞), at each |A| the arbiter samples: classified from log|w|
+    against log r along TAIL_R (numeric, the IR's float rules)."""
+    import numpy as np
+    rs = np.geomspace(*TAIL_R)
+    lower, upper = rs[rs < 0.1][::-1], rs[rs > 10]
+    out = {}
+    for adv, sign in SIGNS:
+        found = {"zero": [], "infinity": []}
+        for mag in arb.magnitudes:
+            for mu in MUS:
+                found["zero"].append(_classify(lower, arb.w(lower, mu, sign * mag)))
+            found["infinity"].append(_classify(upper, arb.w(upper, 1 / upper, sign * mag)))
+        out[adv] = {k: _merge_tails(v) for k, v in found.items()}
+    return {"by_sign": out, "status": "numeric",
+            "samples": {"r": list(TAIL_R), "mu": list(MUS), "magnitudes": list(arb.magnitudes)}}
+
+
+def _classify(x, w) -> dict:
+    """x runs toward the limit (0 or ∞). The local slope of log|w| against log x says how
+    w goes: ~0 with w settling (a constant), a steady −p (polynomial decay of order p), ever
+    steeper (exponential); exact zeros after values near a double's underflow are a decay,
+    after ordinary values a cut."""
+    import numpy as np
+    finite = np.isfinite(w)
+    u = np.abs(np.log(x))       # grows toward the limit
+    if not finite[-5:].all():
+        if finite.any():
+            k = np.nonzero(finite)[0][-1]
+            if k > 5 and abs(w[k]) > 1e3 * max(1.0, abs(w[0])):
+                return {"kind": "grows", "order": None, "sign": int(np.sign(w[k])), "past": float(x[k])}
+        return {"kind": "undefined"}
+    if (w[-5:] == 0).all():
+        nz = np.nonzero(w != 0)[0]
+        if nz.size and abs(w[nz[-1]]) < UNDERFLOW:
+            return {"kind": "decays exponentially", "order": None, "underflows": float(x[nz[-1]])}
+        return {"kind": "is 0 (cut off)", "order": None}
+    tail = slice(len(x) - 30, len(x))       # the last ~1.5 decades of r
+    with np.errstate(divide="ignore"):
+        lw = np.log(np.abs(w))
+    slope = np.diff(lw[tail]) / np.diff(u[tail])
+    end = float(w[-1])
+    if not np.isfinite(slope).all() or len(set(np.sign(w[tail]))) > 1:
+        return {"kind": "changes sign", "order": None}
+    if np.abs(slope).max() < 1e-3:
+        return {"kind": "tends to a constant", "value": end}
+    if abs(slope[-1]) > 5 and abs(slope[-1]) > 3 * abs(slope[0]):      # ever steeper: e^(∓c·r) or e^(∓c/r)
+        return {"kind": "decays exponentially" if slope[-1] < 0 else "grows", "order": None,
+                "sign": int(np.sign(end)), **({} if slope[-1] < 0 else {"note": "faster than any power"})}
+    p = -float(slope[-5:].mean())
+    if abs(p) < 0.05:
+        return {"kind": "tends to a constant", "value": end, "note": "slowly (a logarithmic factor)"}
+    return {"kind": "decays polynomially" if p > 0 else "grows", "order": round(abs(p), 2),
+            "sign": int(np.sign(end)), "steady": bool(np.ptp(slope) <= 0.05 * max(1.0, abs(p)))}
+
+
+def _merge_tails(found) -> dict:
+    """One description over μ and |A|: a shared kind, with the span of its order or limit."""
+    kinds = sorted({f["kind"] for f in found})
+    if len(kinds) > 1:
+        return {"kind": "varies", "kinds": kinds}
+    out = {"kind": kinds[0]}
+    if kinds[0] == "tends to a constant":
+        vals = [f["value"] for f in found]
+        out["value"] = [min(vals), max(vals)]
+    orders = [f["order"] for f in found if f.get("order") is not None]
+    if orders:
+        out["order"] = [min(orders), max(orders)]
+        out["steady"] = all(f.get("steady", True) for f in found)
+    signs = {f.get("sign") for f in found if f.get("sign")}
+    out["sign"] = signs.pop() if len(signs) == 1 else None
+    notes = sorted({f["note"] for f in found if f.get("note")})
+    # where a double gives out first along the path: w overflows (ℓ with it) or underflows to 0
+    for key, text in (("past", "not a finite double past r ≈ {:.3g}"), ("underflows", "underflows to 0 past r ≈ {:.3g}")):
+        xs = [f[key] for f in found if key in f]
+        if xs:
+            notes.append(text.format(min(xs, key=lambda x: abs(math.log(x)))))
+    out["note"] = "; ".join(notes) if notes else None
+    return out
+
+
+def _symmetric(ctx, arb, res) -> dict:
+    """w(e^t) = w(e^−t) for each sign of A, wherever both ratios lie in the domain (e^t ≤ 1/μ),
+    on the arbiter's μ and |A|; derived as well where SymPy reduces the difference of the
+    one-line w to 0."""
+    import numpy as np
+    by = {}
+    for adv, sign in SIGNS:
+        worst, gap = None, 0.0
+        for mu in MUS[:-1]:           # at μ = 1 no r > 1 is in the domain
+            t = np.linspace(0, -np.log(mu), SYMMETRY_T + 1)[1:]
+            for mag in arb.magnitudes:
+                a, b = arb.w(np.exp(t), mu, sign * mag), arb.w(np.exp(-t), mu, sign * mag)
+                with np.errstate(invalid="ignore"):
+                    rel = np.abs(a - b) / np.fmax(1.0, np.fmax(np.abs(a), np.abs(b)))
+                rel = np.where(np.isnan(a) != np.isnan(b), np.inf, np.nan_to_num(rel, nan=0.0))
+                k = int(np.argmax(rel))
+                if rel[k] > max(gap, 1e-6):       # the example is the largest difference
+                    gap = float(rel[k])
+                    worst = {"mu": float(mu), "A": float(sign * mag), "r": float(np.exp(t[k])),
+                             "w": [None if np.isnan(x) else float(x) for x in (a[k], b[k])]}   # None: undefined
+        by[adv] = {"value": worst is None, "example": worst}
+
+    def derived():
+        for sign in (1, -1):
+            w = _derived_weight(ctx, res, sign)
+            if w is None or w.has(ctx.sp.Piecewise):
+                return False
+            x = ctx.sp.Symbol("x", real=True)
+            gap = w.subs(ctx.r, ctx.sp.exp(x)) - w.subs(ctx.r, ctx.sp.exp(-x))
+            check_budget("simplify", size(gap))
+            if ctx.sp.simplify(gap) != 0:
+                return False
+        return True
+    value = all(b["value"] for b in by.values())
+    proven = value and ctx.guarded("symmetry in log r", derived, False)
+    return {"value": value, "by_sign": by, "status": "derived" if proven else "numeric"}

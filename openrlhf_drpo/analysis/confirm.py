@@ -1,0 +1,128 @@
+"""Where the symbolic derivation and the numeric arbiter meet: each symbolic claim (the
+weight, the boundaries and their reachability, the range, continuity) is checked against
+what the arbiter found with the IR's float rules. A confirmed claim is printed as derived;
+one the arbiter contradicts is replaced by the numeric finding and flagged."""
+from __future__ import annotations
+
+from openrlhf_drpo.analysis.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
+from openrlhf_drpo.analysis.events import boundary_at, changes_sign_at, describe
+from openrlhf_drpo.analysis.mathtext import math_text
+
+
+def _probe_mus():
+    import numpy as np
+    return np.unique(np.concatenate([np.logspace(-6, 0, 2000), np.linspace(1e-3, 1, 2000)]))
+
+
+PROBE_MUS = _probe_mus()
+
+
+def check_weight(arb, w_symbolic) -> dict:
+    """The derived weight against the IR's own derivative at every grid point where both are
+    defined, except next to a jump, where the two may round a threshold differently."""
+    np = arb.np
+    with np.errstate(all="ignore"):
+        ws = np.asarray(w_symbolic(arb.R, arb.mu, arb.sign * arb.mag), dtype=float)
+        ws = np.broadcast_to(ws, arb.R.shape)
+        both = arb.valid & ~arb.near_event
+        bad = both & ~(np.abs(ws - arb.W) <= 1e-6 * np.maximum(1.0, np.abs(arb.W)))
+    checked = int(both.sum())
+    if not checked:
+        return {"status": "unconfirmed", "points": 0}
+    if not bad.any():
+        return {"status": "confirmed", "points": checked}
+    i, j = (int(x[0]) for x in np.nonzero(bad))
+    mu, r = float(arb.mu[i, 0]), float(arb.R[i, j])
+    return {"status": "disagrees", "points": checked, "bad_points": int(bad.sum()),
+            "example": {"mu": mu, "pi": mu * r, "A": float(arb.sign[i, 0] * arb.mag[i, 0]),
+                        "derived": float(ws[i, j]), "numeric": float(arb.W[i, j])}}
+
+
+def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
+    """candidates[adv]: [(r_expr, pi_expr(), g, explicit)] from the symbolic path, where g(r, μ, A)
+    is 0 on the candidate. A candidate is a boundary if the arbiter finds w changing sign (or
+    entering an interval of 0) on it; a closed-form one it never meets inside the domain is
+    probed outside (π > 1 or μ → 0): a sign change there makes it an unreachable boundary,
+    none makes it no boundary at all. Sign changes no candidate accounts for are reported
+    as the numeric finding."""
+    np = arb.np
+    boundary, notes = {}, []
+    for adv, sign in SIGNS:
+        events = facts[adv]["events"]
+        used = np.zeros(len(events), dtype=bool)
+        out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
+        for r_expr, pi_expr, g, explicit in candidates[adv]:
+            if any(_same_place(r_expr, x) for x in out["r"]):
+                continue
+            hit = boundary_at(arb, g, events)
+            where = ""
+            if hit.any():
+                kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
+                where = describe([events[i] for i in np.nonzero(hit)[0]])   # the located points, for the geometry
+                used |= hit
+                reachable = True
+            elif explicit is not None:
+                # a zero the grid's rows did not meet: probed on its own curve r*(μ) at many μ,
+                # since it may be a boundary only in a narrow band of μ, or only outside the domain,
+                # and at every |A| and μ the arbiter sampled (either side of the objective's own
+                # thresholds on them: the region a candidate's conditions allow)
+                mags = np.unique(np.concatenate([MAGNITUDES, arb.magnitudes] +
+                                                [DENSE_MAGNITUDES] * (len(arb.magnitudes) > 1)))
+                mus = np.unique(np.concatenate([PROBE_MUS, arb.mu[:, 0]]))
+                A = np.repeat(sign * mags, mus.size)
+                mu = np.tile(mus, mags.size)
+                with np.errstate(all="ignore"):
+                    r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
+                changed, defined, kind = changes_sign_at(arb, r_star, mu, A)
+                if changed.any():
+                    kinds = sorted(set(kind[changed]))     # each label from probing the boundary itself
+                    reachable = bool((changed & (mu * r_star <= 1)).any())
+                elif (r_star > 0).any() and not defined[r_star > 0].any():
+                    kinds, reachable = ["unconfirmed"], False    # ℓ is not a finite double there: kept, flagged
+                else:
+                    touches = boundary_at(arb, g, [{**t, "lo": t["r"], "hi": t["r"]} for t in facts[adv]["touches"]])
+                    why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
+                           "is where w touches 0 without changing sign" if touches.any() else
+                           "is not a sign change of w (checked numerically)")
+                    note = (f"the symbolic zero r = {math_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
+                            "not a boundary")
+                    if note not in notes:
+                        notes.append(note)
+                    continue
+            else:
+                continue        # an edge where w might have jumped, and does not
+            for key, v in (("r", r_expr), ("pi", pi_expr()), ("kind", ", ".join(kinds)), ("reachable", reachable),
+                           ("where", where)):
+                out[key].append(v)
+        rest = [e for e, u in zip(events, used) if not u]
+        for kind in sorted({e["kind"] for e in rest}):
+            for side in (True, False):      # r > 1, r < 1: separate boundaries
+                group = [e for e in rest if e["kind"] == kind and (e["r"] > 1) == side]
+                if group:
+                    out["numeric"].append({"where": describe(group), "kind": kind})
+        boundary[adv] = out
+    return boundary, notes
+
+
+def _same_place(a, b) -> bool:
+    """One candidate twice: the same r*, or implicit equations h = 0 and −h = 0."""
+    if a == b:
+        return True
+    import sympy as sp
+    return isinstance(a, sp.Eq) and isinstance(b, sp.Eq) and sp.expand(a.lhs - a.rhs + b.lhs - b.rhs) == 0
+
+
+def compare_range(claim, numeric) -> tuple[list, bool]:
+    """(the range to print, whether the claim held): sides agree when both are unbounded or
+    both finite within 1e-3 relative (two grids, one of them snapped to exact values)."""
+    if numeric is None:
+        return claim, claim is None
+    agree = all((c is None and n is None) or (c is not None and n is not None and
+                                              abs(c - n) <= 1e-3 * max(1.0, abs(n)))
+                for c, n in zip(claim or [None, None], numeric))
+    if not agree:
+        return numeric, False
+    # agreeing sides: the more extreme of the two samples (the claim's are snapped to exact
+    # corner values; the arbiter's include where w touches 0 between grid points)
+    lo, hi = (None if c is None else f(c, n) for c, n, f in zip(claim, numeric, (min, max)))
+    return [lo, hi], True

@@ -1,0 +1,138 @@
+"""What an objective does to each token's gradient: the symbolic derivation (analysis.symbolic)
+and the numeric arbiter (analysis.arbiter, analysis.events, analysis.extremes), joined where each claim
+is confirmed (analysis.confirm), with what each claim rests on (analysis.claims), the admissibility
+properties (analysis.admissibility) and the warnings (analysis.alerts). Every step is bounded by work
+budgets, never by the clock (analysis.budgets)."""
+from __future__ import annotations
+
+from openrlhf_drpo.analysis import budgets
+from openrlhf_drpo.analysis.admissibility import admissibility
+from openrlhf_drpo.analysis.alerts import domain_alerts, on_policy_alerts, result_alerts
+from openrlhf_drpo.analysis.arbiter import Arbiter
+from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
+from openrlhf_drpo.analysis.claims import claims as claim_evidence
+from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries
+from openrlhf_drpo.analysis.context import Ctx
+from openrlhf_drpo.analysis.events import facts as grid_facts
+from openrlhf_drpo.analysis.extremes import on_policy
+from openrlhf_drpo.lang.ir import tree_size
+from openrlhf_drpo.lang.objective import Objective
+from openrlhf_drpo.analysis.result import Analysis
+from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
+from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
+from openrlhf_drpo.analysis.view import analysis_view, mismatch_range
+
+
+def analyze(obj: Objective, seq_len=1, rho=1) -> Analysis:
+    """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them): each
+    step adds to `result` the fields the next ones read, and the typed result is built last."""
+    original = obj
+    obj, scope = analysis_view(obj, seq_len, rho)
+    ctx = Ctx(obj)
+    arb = Arbiter(obj, ctx.dl)        # ∂ℓ/∂r derived once, for every numeric check
+    facts = grid_facts(arb)
+    result = {
+        "name": obj.name, "path": obj.path, "description": obj.description,
+        "params": {k: float(v) for k, v in obj.params.items()},
+        "options": dict(obj.options),
+        "objective": original.canonical().splitlines()[-1],
+        "scope": scope,
+    }
+    if scope["rho_name"]:
+        scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"], ctx.dl)
+    claims = _derivation(ctx, arb, facts)
+    result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
+    result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
+    result["on_policy"] = on_policy(obj, ctx.dl)
+    if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):
+        result["geometry"] = "other"    # w ≡ 1 off policy only (a mask at r = 1): not the plain surrogate
+    _widen(facts, result["on_policy"])
+    weight_range, range_held = compare_range(claims["range"], facts["range"])
+    result["weight_range"] = weight_range or [None, None]
+    result["bounded"] = None if weight_range is None else None not in weight_range     # None: unknown
+    result["smooth"] = facts["continuous"] and not any(f["jumps"] for f in result["on_policy"].values())
+    result["self_check"] = self_check(obj, claims["w"])
+    kinds = [k for b in claims["boundary"].values() for k in b["kind"]]
+    result["arbiter"] = {
+        "points": facts["points"], "magnitudes": list(arb.magnitudes), "weight": claims["weight_check"],
+        "boundary": ("numeric" if any(b["numeric"] for b in claims["boundary"].values()) else
+                     "unconfirmed" if any("unconfirmed" in k for k in kinds) else "confirmed"),
+        "range": "confirmed" if range_held else "disagrees", "range_derived": claims["range"],
+        "smooth": "numeric",        # continuity is the arbiter's alone: jumps judged against w's local scale
+        "poles": any(facts[adv]["poles"] for adv, _ in SIGNS),
+    }
+    result["claims"] = claim_evidence(ctx, arb, result, facts)
+    result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False])
+                          + domain_alerts(facts) + on_policy_alerts(result["on_policy"]))
+    result["admissibility"] = admissibility(ctx, arb, result)
+    result["notes"] = ctx.notes
+    result["hang_guard"] = ctx.guard
+    result["w"], result["w_numeric"] = claims["w"], arb.w
+    return Analysis(**result)
+
+
+def _derivation(ctx, arb, facts) -> dict:
+    """The derivation's claims, or, where SymPy is not tried (past a budget) or gives out, the
+    numeric arbiter's alone, with a note that says why."""
+    claims, why = None, None
+    if (size := tree_size(ctx.dl)) > SYMBOLIC_SIZE:
+        why = f"∂ℓ/∂r has {size:,} operations written out; SymPy is tried up to {SYMBOLIC_SIZE:,}"
+    elif (power := highest_power(ctx.dl)) > SYMBOLIC_POWER:
+        why = f"∂ℓ/∂r has the power ^{power:g}; SymPy is tried up to ^{SYMBOLIC_POWER}"
+    elif (n := branches(ctx.dl)) > BUDGET["branches"]:
+        why = f"∂ℓ/∂r has {n} branch points (min, max, clip, masks, comparisons); SymPy is tried up to {BUDGET['branches']}"
+    else:
+        try:
+            with time_limit(budgets.HANG_SECONDS):
+                claims = _derived(ctx, arb, facts)
+        except Timeout:
+            ctx.hang("the derivation")
+            why = f"the hang guard fired at {budgets.HANG_SECONDS:g} s of CPU time"
+        except RecursionError:
+            why = "the expression is too deeply nested for SymPy"
+        except Unsettled as e:
+            why = f"settling one case's conditions took {e}"
+    if why:
+        ctx.notes.append(f"the weight is not derived symbolically ({why}): every finding below is the "
+                         "numeric arbiter's")
+    if claims is None:
+        boundary, notes = confirm_boundaries(ctx, arb, facts, {adv: [] for adv, _ in SIGNS})
+        claims = {"weight": None, "cases": [], "boundary": boundary, "range": facts["range"],
+                  "exact_range": [False, False], "w": arb.w,
+                  "geometry": numeric_geometry(arb, boundary), "weight_check": {"status": "not derived"}}
+        ctx.notes += notes
+    return claims
+
+
+def _widen(facts, on_policy_facts):
+    """r = 1 is not on the arbiter's grid (it has its own check): its w belongs in the range."""
+    rng = facts["range"]
+    for f in on_policy_facts.values():
+        lo, hi = f["w"]
+        if rng is not None and lo is not None:
+            rng[0] = None if rng[0] is None else min(rng[0], lo)
+            rng[1] = None if rng[1] is None else max(rng[1], hi)
+
+
+def _derived(ctx, arb, facts) -> dict:
+    """The derivation's claims, each boundary already confirmed or dropped by the arbiter."""
+    cases, candidates, entangled = derive(ctx)
+    w = case_dispatch(ctx, cases)
+    boundary, notes = confirm_boundaries(ctx, arb, facts, candidates)
+    ctx.notes += notes
+    num = Numeric(ctx, w, cases, entangled)
+    sampled, exact = num.weight_range()
+    weight = full_weight(ctx, cases)
+    # the one-line w is printed too: checked like the cases (for a smooth objective it is
+    # derived on its own, with the parameters symbolic)
+    values = {ctx.param_syms[k]: v for k, v in ctx.param_vals.items()}
+    checks = [check_weight(arb, w)]
+    try:
+        whole = numpy_fn([ctx.r, ctx.mu, ctx.A], weight.subs(values))
+        checks.append(check_weight(arb, whole))
+    except NotImplementedError:     # a function numpy lacks (LambertW): the cases' check stands
+        pass
+    worst = next((c for c in checks if c["status"] == "disagrees"), checks[0])
+    return {"weight": weight, "cases": cases, "boundary": boundary, "range": sampled,
+            "exact_range": exact, "w": w, "geometry": geometry(ctx, cases, boundary, entangled),
+            "weight_check": worst}

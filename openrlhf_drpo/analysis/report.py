@@ -1,0 +1,331 @@
+"""Human-readable output of an analysis: the report (each declared field's line, analysis.result),
+the JSON form, the comparison table, the plot, and the equivalence report."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from openrlhf_drpo.analysis.alert_text import alert_text
+from openrlhf_drpo.analysis.mathtext import clip_text, fmt, magnitudes, math_text
+from openrlhf_drpo.lang.names import display_name
+from openrlhf_drpo.analysis.result import Analysis
+
+_GEOMETRY = {
+    "none": "w ≡ 1: the plain surrogate, no trust region",
+    "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
+    "binary-tv": "boundaries are fixed values of |π − μ| (DPPO/DRPO-like)",
+    "two-level": "w takes two constant values switching at r = 1",
+    "advantage-entangled": "a boundary or the weight depends on |A|",
+    "other": "none of the named geometries",
+}
+
+
+# what w does at a boundary, as the arbiter saw it
+_KIND = {"crosses 0": "crosses 0", "jumps across 0": "jumps across 0", "w = 0 beyond": "is 0 beyond it",
+         "w = 0 before": "is 0 before it (nearer r = 1)",
+         "unconfirmed": "is unconfirmed there (ℓ is not a finite double)"}
+
+
+def _kinds(kind: str) -> str:
+    return " or ".join(_KIND[k] for k in kind.split(", "))
+
+
+def _status(claim) -> str:
+    """How a claim is known (analysis.claims): proven, found at located points, or
+    unconfirmed, with the evidence it rests on."""
+    return f"{claim['status']}: {claim['evidence']}"
+
+
+def _on_policy(facts) -> str:
+    parts = []
+    for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
+        f = facts[adv]
+        lo, hi = f["w"]
+        value = ("undefined" if f["status"] == "undefined" else fmt(lo) if fmt(lo) == fmt(hi)
+                 else f"from {fmt(lo)} to {fmt(hi)} (with μ, |A|)")
+        parts.append(f"{value} for {sign}")
+    return ", ".join(parts)
+
+
+_BOUNDED = {True: "bounded", False: "unbounded", None: "not a finite double where sampled"}
+
+
+def _range(res) -> str:
+    if res.bounded is None:
+        return "unknown"
+    lo, hi = res.weight_range
+    return f"[{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]"
+
+
+# ------------------------------------------------------------------ the report, line by line
+# Each declared field's report line (analysis.result's `line`), in the order the report prints them:
+# render(result, evidence) -> lines, where evidence is the claim the field declares it rests on.
+LINES: dict = {}
+
+
+def line(name):
+    def register(render):
+        LINES[name] = render
+        return render
+    return register
+
+
+@line("title")
+def _title(res, evidence):
+    title = res.description.splitlines()[0] if res.description else res.name
+    return [f"{res.name} — {title}", f"  file       {res.path}"]
+
+
+@line("objective")
+def _objective(res, evidence):
+    return [f"  objective  {res.objective}    (maximized; the loss is its negative)"]
+
+
+@line("params")
+def _params(res, evidence):
+    return [f"  params     {', '.join(f'{display_name(k)} = {v:g}' for k, v in res.params.items()) or 'none'}"]
+
+
+@line("options")
+def _options(res, evidence):
+    return ["  options    " + ", ".join(f"@{k} = {v}" for k, v in res.options.items())]
+
+
+@line("scope")
+def _scope_lines(res, evidence):
+    return _scope(res.scope)
+
+
+@line("weight")
+def _weight(res, evidence):
+    return ["", "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π", f"    w = {_weight_text(res)}"]
+
+
+@line("cases")
+def _cases(res, evidence):
+    lines = ["", "  cases"] + ["    (not derived: see notes)"] * (not res.cases)
+    for c in res.cases:
+        sign = "A > 0" if c["advantage"] == "positive" else "A < 0"
+        r_side = ("r > 1" if (c["advantage"] == "positive") == (c["direction"] == "diverging") else "r < 1")
+        lines.append(f"    {sign}, {c['direction']:<10} ({r_side})   w = {clip_text(math_text(c['weight'], weight=True))}")
+    return lines
+
+
+@line("boundary")
+def _boundary(res, evidence):
+    lines = ["", "  trust-region boundary (w = 0)"]
+    for adv in ("positive", "negative"):
+        b = res.boundary[adv]
+        sign = "A > 0" if adv == "positive" else "A < 0"
+        if not b["r"] and not b["numeric"]:
+            c = evidence[adv]
+            what = "none: w = 0 everywhere" if c["claim"] == "w ≡ 0" else "none"
+            lines.append(f"    {sign}   {what} ({_status(c)})")
+        for r_, pi_, kind, ok, how in zip(b["r"], b["pi"], b["kind"], b["reachable"], res.claims["reachable"][adv]):
+            reach = "reachable" if ok else f"unreachable in 0 < μ, π ≤ 1, {_status(how)}"
+            lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach}; w {_kinds(kind)})")
+        for x in b["numeric"]:
+            lines.append(f"    {sign}   {x['where']}    (found numerically, not derived; w {_kinds(x['kind'])})")
+    return lines
+
+
+@line("range")
+def _range_line(res, evidence):
+    return ["", f"  range      w ∈ {_range(res)}  ({_BOUNDED[res.bounded]}; {_status(evidence)})"]
+
+
+@line("smooth")
+def _smooth_line(res, evidence):
+    return [f"  smooth     {_smooth(res)} ({_status(evidence)})"]
+
+
+@line("geometry")
+def _geometry(res, evidence):
+    return [f"  geometry   {res.geometry}: {_GEOMETRY[res.geometry]}"]
+
+
+@line("on_policy")
+def _on_policy_line(res, evidence):
+    return [f"  on policy  w(r = 1) {_on_policy(res.on_policy)}"]
+
+
+@line("self_check")
+def _self_check(res, evidence):
+    sc = res.self_check
+    return [f"  self-check {sc['status'] if sc['status'] != 'failed' else 'FAILED'}: w·A matches finite differences "
+            f"of the objective at {sc['points']} random points (max rel. error {sc['max_rel_error']:.1e})"
+            + (": too few points where the objective is a finite double" if sc["status"] == "unconfirmed" else "")]
+
+
+@line("arbiter")
+def _arbiter_line(res, evidence):
+    return [f"  arbiter    {_arbiter(res.arbiter)}"]
+
+
+@line("admissibility")
+def _admissibility_lines(res, evidence):
+    return _admissibility(res.admissibility)
+
+
+@line("warnings")
+def _warnings(res, evidence):
+    return ["", "  warnings"] + [f"    ! {alert_text(a)}" for a in res.warnings] if res.warnings else []
+
+
+@line("notes")
+def _notes(res, evidence):
+    return ["", "  notes"] + [f"    - {n}" for n in res.notes] if res.notes else []
+
+
+def _lines_shown() -> dict:
+    """Each report line's declared field, checked against LINES: a field whose line the report
+    lacks, or a line no field declares, fails here."""
+    shown = {f.metadata["line"]: f for f in fields(Analysis) if f.metadata["line"]}
+    if shown.keys() != LINES.keys():
+        raise TypeError(f"analysis.result declares report lines {sorted(shown)}, analysis.report has {sorted(LINES)}")
+    return shown
+
+
+def report(res: Analysis) -> str:
+    shown = _lines_shown()
+    out = []
+    for name, render in LINES.items():
+        evidence = shown[name].metadata["evidence"]
+        out += render(res, res.claims[evidence] if evidence else None)
+    return "\n".join(out)
+
+
+def to_json(res: Analysis) -> dict:
+    """The JSON form: each declared field under its JSON name, in declaration order."""
+    out = {}
+    for f in fields(Analysis):
+        name, encode = f.metadata["json"], f.metadata["encode"]
+        if name:
+            value = getattr(res, f.name)
+            out[name] = encode(value) if encode else value
+    return out
+
+
+def _admissibility(adm) -> list[str]:
+    """The properties gate papers derive by hand (analysis.admissibility), each with how it is known."""
+    w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
+    how = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
+    lo, hi = adm["bounded"]["range"]
+    bounded = {True: f"yes: w ∈ [{fmt(lo)}, {fmt(hi)}]", None: "unknown"}.get(
+        adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]")
+    at_one = ("yes, for both signs of A" if w1["value"] else
+              "no: " + ", ".join(f"{fmt(w[0]) if fmt(w[0]) == fmt(w[1]) else f'{fmt(w[0])} to {fmt(w[1])}'} for "
+                                 f"{'A > 0' if adv == 'positive' else 'A < 0'}" for adv, w in w1["w"].items()))
+    sides = [(adv, "A > 0" if adv == "positive" else "A < 0") for adv in ("positive", "negative")]
+    if sym["value"]:
+        symmetric = "yes, for both signs of A"
+    else:
+        parts = []
+        for adv, text in sides:
+            x = sym["by_sign"][adv]["example"]
+            parts.append(f"{text} yes" if x is None else
+                         f"{text} no (μ = {x['mu']:g}, |A| = {abs(x['A']):g}: w({x['r']:.4g}) = {_value(x['w'][0])}, "
+                         f"w(1/{x['r']:.4g}) = {_value(x['w'][1])})")
+        symmetric = "; ".join(parts)
+    smp = tails["samples"]
+    return [
+        "", "  admissibility",
+        f"    w(1) = 1            {at_one} ({how[w1['status']]}: r = 1 at μ ∈ [1e-6, 1], |A| ∈ [1e-3, 1e3])",
+        f"    bounded             {bounded}",
+        "    tail r → 0          " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['zero'])}" for a, t in sides),
+        "    tail r → 1/μ        " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['infinity'])}" for a, t in sides)
+        + " (π = 1, μ → 0)",
+        f"    symmetric in log r  {symmetric} ({how[sym['status']]}: w(e^t) against w(e^−t) inside the domain)",
+        f"    (tails numeric: log|w| against log r, r from {smp['r'][0]:g} to 0.1 at μ ∈ "
+        f"{{{', '.join(f'{m:g}' for m in smp['mu'])}}}, and along π = 1 from r = 10 to {smp['r'][1]:g}; "
+        f"|A| ∈ {{{magnitudes(smp['magnitudes'])}}})",
+    ]
+
+
+def _value(x) -> str:
+    return "undefined" if x is None else fmt(x)
+
+
+def _tail(t) -> str:
+    kind = t["kind"]
+    if kind == "varies":
+        return "varies with μ or |A| (" + ", ".join(t["kinds"]) + ")"
+    order = ""
+    if t.get("order"):
+        lo, hi = t["order"]
+        order = f" (order {lo:g})" if lo == hi else f" (order {lo:g} to {hi:g})"
+        order = order[:-1] + (", drifting: a logarithmic factor)" if not t.get("steady", True) else ")")
+    note = f", {t['note']}" if t.get("note") else ""
+    if kind == "tends to a constant":
+        lo, hi = t["value"]
+        value = fmt(lo) if fmt(lo) == fmt(hi) else f"from {fmt(lo)} to {fmt(hi)} (with μ or |A|)"
+        return f"tends to a constant, {value}{note}"
+    if kind == "grows":
+        to = {1: "+∞", -1: "−∞"}.get(t.get("sign"), "±∞")
+        return f"grows to {to}{order}{note}"
+    return f"{kind}{order}{note}"
+
+
+def _scope(scope) -> list[str]:
+    """What a sequence or mismatch objective's analysis stands for (openrlhf_drpo.analysis.view.analysis_view)."""
+    out = []
+    if scope["sequence"]:
+        out += [f"  sequence   analysed on a response whose tokens share r, μ and A (|y| = {scope['seq_len']:g}; "
+                "--seq-len): there seq_mean(x) = seq_max(x) = seq_min(x) = x",
+                "             and seq_sum(x) = |y|·x, r is the response's ratio (GSPO's s), and each token's gradient is "
+                "w·r·A times its aggregation weight, as for a token; on other responses it also depends on the rest "
+                "of the response"]
+    if scope["rho_name"]:
+        m = scope["mismatch_range"]
+        lo, hi = m["w"]
+        kept = ("w = 0 for every ρ" if m["kept"] is None else
+                "nonzero over the whole grid" if m["kept"] == [m["grid"][0], m["grid"][1]] else
+                f"nonzero only for ρ ∈ [{fmt(m['kept'][0])}, {fmt(m['kept'][1])}]")
+        out += [f"  mismatch   ρ = π_old/π_rollout, held at {scope['rho']:g} above (--rho); on policy (r = 1), over "
+                f"ρ ∈ [{fmt(m['grid'][0])}, {fmt(m['grid'][1])}], μ ∈ [1e-6, 1], A = ±1:",
+                f"             w ∈ [{fmt(lo)}, {fmt(hi)}], {kept} (numeric: {m['grid'][2]} values of ρ, "
+                "not derived)"]
+    return out
+
+
+def _weight_text(res) -> str:
+    if res.weight is None:
+        return "(not derived symbolically: see notes; every finding below is the numeric arbiter's)"
+    flag = {"disagrees": "   (DISAGREES with the numeric arbiter: see warnings)",
+            "unconfirmed": "   (unconfirmed: w is nowhere a finite double on the grid)"}
+    return clip_text(math_text(res.weight, weight=True)) + flag.get(res.arbiter["weight"]["status"], "")
+
+
+def _smooth(res) -> str:
+    if res.smooth:
+        return "yes: w is continuous in r wherever it is defined"
+    return "no: w has a pole" if res.arbiter["poles"] else "no: w jumps (hard mask or clip)"
+
+
+def _arbiter(a) -> str:
+    """One line: which claims the numeric arbiter confirmed, on how many points."""
+    status = {"weight": a["weight"]["status"], "boundaries": a["boundary"], "range": a["range"],
+              "continuity": a["smooth"]}
+    said = {"confirmed": "confirmed", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
+            "unconfirmed": "unconfirmed", "not derived": "not derived"}
+    mags = (f"|A| ∈ {{{magnitudes(a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
+            else "|A| = 1 (w is the same at |A| = 0.001 and 1000)")
+    return (", ".join(f"{k} {said[v]}" for k, v in status.items())
+            + f", by the IR's float rules on {a['points']:,} grid points over (μ, π), both signs of A, {mags}")
+
+
+def comparison(results: list) -> str:
+    """One row per objective, side by side."""
+    head = ["objective", "w range", "boundary A>0 (π)", "boundary A<0 (π)", "smooth", "bounded", "geometry"]
+    rows = [head]
+    for res in results:
+        def side(adv):
+            pis = res.boundary[adv]["pi"]
+            if not pis:
+                return "none"
+            text = ", ".join(math_text(p) for p in pis)
+            return text if res.reachable[adv] else f"{text} (unreachable)"
+        rows.append([res.name, _range(res), side("positive"), side("negative"),
+                     "yes" if res.smooth else "no", {True: "yes", False: "no", None: "unknown"}[res.bounded], res.geometry])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]])

@@ -1,0 +1,117 @@
+"""The analysis result, a declared structure: each field is declared once, with its JSON name,
+the report line that shows it and the claim that is its evidence, and analysis.report's to_json and
+report iterate these declarations. A field the JSON has but the analysis does not compute (the
+symbols, the formulas as text) is derived from the others when the result is built."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Callable
+
+from openrlhf_drpo.analysis.alert_text import alert_text
+from openrlhf_drpo.analysis.mathtext import math_text
+
+
+def declared(json=None, line=None, evidence=None, encode=None, derive=None):
+    """A field of the result. json: its name in the JSON (None: not in it), where its order in
+    the class is its order in the JSON; line: the name of the report line that shows it
+    (openrlhf_drpo.analysis.report.LINES); evidence: the key in `claims` of what the claim it makes rests on;
+    encode: its JSON form where that is not the value itself; derive: how a field the
+    analysis does not compute follows from the others."""
+    meta = {"json": json, "line": line, "evidence": evidence, "encode": encode, "derive": derive}
+    return field(default=None, init=derive is None, repr=False, compare=False, metadata=meta)
+
+
+# ------------------------------------------------------------------ JSON forms: SymPy strings that
+# sympify reads back over r, mu, A and the parameters
+def _sympy(e) -> str:
+    import sympy as sp
+    return sp.sstr(e)
+
+
+def _cases(cases) -> list:
+    return [{"advantage": c["advantage"], "direction": c["direction"], "weight": _sympy(c["weight"])} for c in cases]
+
+
+def _boundary(boundary) -> dict:
+    return {adv: {"r": [_sympy(e) for e in b["r"]], "pi": [_sympy(e) for e in b["pi"]], "kind": b["kind"],
+                  "reachable": b["reachable"], "numeric": b["numeric"], "where": b["where"]}
+            for adv, b in boundary.items()}
+
+
+def _floats(values) -> list:
+    return [None if v is None else float(v) for v in values]
+
+
+def _texts(alerts) -> list[str]:
+    return [alert_text(a) for a in alerts]
+
+
+def _formulas(res) -> dict:
+    """The same formulas as the report prints them (readable math, never SymPy's calls)."""
+    return {"weight": None if res.weight is None else math_text(res.weight, weight=True),
+            "cases": [math_text(c["weight"], weight=True) for c in res.cases],
+            "boundary": {adv: {"r": [math_text(e) for e in b["r"]], "pi": [math_text(e) for e in b["pi"]]}
+                         for adv, b in res.boundary.items()}}
+
+
+@dataclass
+class Analysis:
+    """What drpo-analyze derives for one objective (openrlhf_drpo.analysis.orchestrator.analyze)."""
+    name: str = declared(json="name", line="title")
+    path: str = declared()
+    description: str = declared()
+    params: dict = declared(json="params", line="params")
+    options: dict = declared(json="options", line="options")
+    # names SymPy would read as its own (E, I, N, S, O, Q, beta, gamma, pi, ...) read back as
+    # symbols with sympy.sympify(text, locals={n: sympy.Symbol(n) for n in symbols})
+    symbols: list = declared(json="symbols", derive=lambda res: ["r", "mu", "A", *res.params])
+    scope: dict = declared(json="scope", line="scope")
+    objective: str = declared(json="objective", line="objective")
+    weight: object = declared(json="weight", line="weight", encode=_sympy)
+    cases: list = declared(json="cases", line="cases", encode=_cases)
+    boundary: dict = declared(json="boundary", line="boundary", evidence="boundary", encode=_boundary)
+    reachable: dict = declared(json="reachable", evidence="reachable")
+    # per claim: "proven" (symbolic), "found" (located points), "unconfirmed" (the evidence given)
+    claims: dict = declared(json="claims")
+    weight_range: list = declared(json="weight_range", line="range", evidence="bounded", encode=_floats)
+    bounded: bool = declared(json="bounded", evidence="bounded")
+    smooth: bool = declared(json="smooth", line="smooth", evidence="smooth")
+    geometry: str = declared(json="geometry", line="geometry")
+    on_policy: dict = declared(json="on_policy", line="on_policy")
+    arbiter: dict = declared(json="arbiter", line="arbiter")
+    warnings: list = declared(json="warnings", line="warnings", encode=_texts)    # analysis.alerts' records
+    self_check: dict = declared(json="self_check", line="self_check")
+    admissibility: dict = declared(json="admissibility", line="admissibility")
+    notes: list = declared(json="notes", line="notes")
+    hang_guard: dict = declared(json="hang_guard")
+    text: dict = declared(json="text", derive=_formulas)
+    w: Callable = declared()            # vectorized w(r, μ, A) as derived, for callers' own checks
+    w_numeric: Callable = declared()    # the same by the IR's float rules (nan where undefined): the plot's
+
+    def __post_init__(self):
+        for f in fields(self):
+            if f.metadata["derive"]:
+                setattr(self, f.name, f.metadata["derive"](self))
+
+    # ---- dict-style access, as analyze() returned a dict before: kept for a release. It gives
+    # what the dict held: the warnings as text, w and w_numeric as "_w" and "_w_numeric".
+    _DICT_NAMES = {"_w": "w", "_w_numeric": "w_numeric"}
+
+    def __getitem__(self, key):
+        name = self._DICT_NAMES.get(key, key)
+        if name not in {f.name for f in fields(self)}:
+            raise KeyError(key)
+        value = getattr(self, name)
+        return _texts(value) if name == "warnings" else value
+
+    def __setitem__(self, key, value):
+        name = self._DICT_NAMES.get(key, key)
+        if name not in {f.name for f in fields(self)}:
+            raise KeyError(key)
+        setattr(self, name, value)
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default

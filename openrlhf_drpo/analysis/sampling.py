@@ -1,0 +1,262 @@
+"""Numeric helpers for the symbolic side: a vectorized evaluator of the SymPy expressions
+the derivation produces, the derived weight assembled from its four cases, its sampled
+range and continuity (the claims the arbiter then checks), and the finite-difference
+self-check of a weight against the objective's own float rules."""
+from __future__ import annotations
+
+import functools
+
+from openrlhf_drpo.analysis.budgets import BUDGET, size
+
+# ------------------------------------------------------------------ numerics
+def numpy_fn(args, expr):
+    """A vectorized evaluator for the small expressions the analysis produces. SymPy's
+    lambdify would do, but its first call imports printer modules for ~0.3 s."""
+    import numpy as np
+    import sympy as sp
+    unary = _unary_functions(sp)
+    rel = {sp.Lt: np.less, sp.Le: np.less_equal, sp.Gt: np.greater, sp.Ge: np.greater_equal,
+           sp.Eq: np.equal, sp.Ne: np.not_equal}
+
+    def ev(e, env):
+        if e in env:
+            return env[e]
+        if e is sp.true or e is sp.false:
+            return bool(e)
+        if e in (sp.zoo, sp.nan, sp.I) or (e.is_number and e.is_extended_real is False):
+            return np.nan           # complex, or undefined: not a real value of w
+        if e.is_Number or e.is_NumberSymbol:      # 2/5, 1e200, E, pi, oo
+            return float(e)
+        if e.is_Add:
+            return mark(sum(ev(a, env) for a in e.args))
+        if e.is_Mul:
+            out = 1.0
+            for a in e.args:
+                out = mark(out * ev(a, env))
+            return out
+        if e.is_Pow:
+            return mark(np.power(ev(e.base, env), ev(e.exp, env)))
+        if e.func in unary:
+            return mark(unary[e.func](ev(e.args[0], env)))
+        if isinstance(e, (sp.Min, sp.Max)):
+            return functools.reduce(np.minimum if isinstance(e, sp.Min) else np.maximum, [ev(a, env) for a in e.args])
+        if e.func in rel:
+            return rel[e.func](ev(e.lhs, env), ev(e.rhs, env))
+        if isinstance(e, sp.And):     # functools.reduce broadcasts operands of different shapes
+            return functools.reduce(np.logical_and, [ev(a, env) for a in e.args])
+        if isinstance(e, sp.Or):
+            return functools.reduce(np.logical_or, [ev(a, env) for a in e.args])
+        if isinstance(e, sp.Not):
+            return np.logical_not(ev(e.args[0], env))
+        if isinstance(e, sp.ITE):
+            return np.where(ev(e.args[0], env), ev(e.args[1], env), ev(e.args[2], env))
+        if isinstance(e, sp.Piecewise):
+            conds = [ev(c, env) for _, c in e.args]
+            vals = [ev(x, env) for x, _ in e.args]
+            shape = np.broadcast_shapes(*(np.shape(x) for x in conds + vals), *(np.shape(v) for v in env.values()))
+            conds = [np.broadcast_to(c, shape) for c in conds]
+            vals = [np.broadcast_to(v, shape) for v in vals]
+            return np.select(conds, vals, default=np.nan)
+        raise NotImplementedError(e.func)   # e.g. LambertW: callers fall back to SymPy
+
+    marks = []
+
+    def mark(x):
+        marks.append(~np.isfinite(x))
+        return x
+
+    def run(values):
+        marks.clear()
+        # a bare Symbol is a Boolean to SymPy too: w = r is a number
+        boolean = isinstance(expr, sp.logic.boolalg.Boolean) and not isinstance(expr, sp.Symbol)
+        out = np.asarray(ev(expr, dict(zip(args, values))), dtype=bool if boolean else float)
+        return out, functools.reduce(np.logical_or, marks, False)
+
+    def f(*values):
+        with np.errstate(all="ignore"):
+            values = [np.asarray(v, dtype=float) for v in values]
+            out, left = run(values)
+            # Where an intermediate left the doubles (e^(r/2) past r ≈ 1419 over a product that
+            # has not), evaluate again in extended precision: a right formula must not read 0
+            # or nan where the objective's own float rules give a finite w.
+            if out.dtype == float and np.any(left):
+                shape = np.broadcast_shapes(out.shape, np.shape(left), *(v.shape for v in values))
+                out, left = np.array(np.broadcast_to(out, shape)), np.broadcast_to(left, shape)
+                out[left] = run([np.broadcast_to(v, shape)[left].astype(np.longdouble) for v in values])[0]
+            return out
+    return f
+
+
+
+@functools.lru_cache(maxsize=1)
+def _unary_functions(sp):
+    """SymPy function -> numpy lowering, from the OPS rows whose SymPy lowering is one
+    function application (log, exp, Abs, sign, erf, atan, ...): one place per op."""
+    from openrlhf_drpo.lang.operations import OPS
+    x, out = sp.Symbol("x"), {}
+    for op in OPS.values():
+        if op.arity == (1, 1) and op.args_kind == "num" and not op.reduce:
+            e = op.sympy(sp, x)
+            if isinstance(e, sp.Function) and e.args == (x,):
+                out[e.func] = eval(f"lambda x: {op.np('x')}", {"np": __import__("numpy"), "math": __import__("math")})
+    return out
+
+
+class Numeric:
+    """Range and continuity of w over 0 < μ ≤ 1, 0 < π ≤ 1, by dense sampling, with exact
+    values snapped from the domain's corners where a piece's formula reaches them."""
+
+    def __init__(self, ctx, w, cases, entangled):
+        import numpy as np
+        self.np, self.ctx, self.cases, self.entangled = np, ctx, cases, entangled
+        self.f = w
+
+    def _grid(self, smallest):
+        np = self.np
+        axis = np.unique(np.concatenate([np.logspace(np.log10(smallest), 0, 90), np.linspace(0.01, 1, 60)]))
+        mu, pi = np.meshgrid(axis, axis, indexing="ij")
+        return mu.ravel(), pi.ravel()
+
+    def _values(self, smallest):
+        np = self.np
+        mu, pi = self._grid(smallest)
+        # |A| is sampled too when w depends on it, and refined along with μ
+        k = -np.log10(smallest) / 2
+        # (with the arbiter's quarter decades, every other one: a band such as 2 ≤ |A| ≤ 20 lies between
+        # the wide grid's own 13 values)
+        from openrlhf_drpo.analysis.arbiter import DENSE_MAGNITUDES
+        mags = np.union1d(np.logspace(-k, k, 13), DENSE_MAGNITUDES[::2]) if self.entangled else np.array([1.0])
+        vals = []
+        with np.errstate(all="ignore"):
+            for sign in (1.0, -1.0):
+                for m in mags:
+                    v = np.broadcast_to(np.asarray(self.f(pi / mu, mu, sign * m), dtype=float), mu.shape)
+                    vals.append(v[np.isfinite(v)])
+        return np.concatenate(vals)
+
+    def weight_range(self):
+        coarse, fine = self._values(1e-6), self._values(1e-16)     # as far as the arbiter looks (r to 1e-16)
+        if not coarse.size or not fine.size:    # w is nowhere a finite double (e.g. 1e400·r·A)
+            return None, [False, False]
+        lo_c, hi_c, lo_f, hi_f = coarse.min(), coarse.max(), fine.min(), fine.max()
+        # A side that keeps growing as the grid approaches the domain's edge is unbounded.
+        lo = None if lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) or abs(lo_f) > 1e8 else lo_f
+        hi = None if hi_f > hi_c + 1e-3 * max(1.0, abs(hi_c)) or abs(hi_f) > 1e8 else hi_f
+        at_corners = self._at_corners()
+        candidates = [float(v) for _, _, v in at_corners if v is not None and v.is_number and v.is_finite and v.is_real]
+        tails, seen = self._tail_values(at_corners), []
+
+        def limits():       # each limit taken once, on first demand; a later search replays the kept ones
+            yield from seen
+            for c in tails:
+                seen.append(c)
+                yield c
+        exact = [True, True]
+        out = []
+        for k, v in enumerate((lo, hi)):
+            if v is None:
+                out.append(None)
+                continue
+            snap = [c for c in candidates if abs(c - v) <= 1e-5 * max(1.0, abs(c))]
+            if not snap:        # limits cost SymPy time: taken only until one explains the extreme
+                hit = next((c for c in limits() if abs(c - v) <= 1e-5 * max(1.0, abs(c))), None)
+                snap = [] if hit is None else [hit]
+            if snap:
+                out.append(snap[0])
+            else:
+                exact[k] = False
+                out.append(float(f"{v:.6g}"))
+        return out, exact
+
+    def _at_corners(self):
+        """(piece formula over μ and π, corner, its value there or None) for every piece and
+        corner of the closed (μ, π) square: each substitution once, for the exact values and
+        the limits alike."""
+        ctx = self.ctx
+        return [(e, corner, ctx.limited("evaluating a corner", lambda: e.subs(corner))) for e, corner in self._corners()]
+
+    def _tail_values(self, at_corners):
+        """Limits at the corners r → ∞ (μ → 0) and r → 0 (π → 0) where substituting reads ∞ − ∞
+        or e^(−∞): 1/(4r² − 8r + 5) and e^(−(r − 1)²) tend to 0 there. Within budgets: a limit
+        is taken of a formula up to BUDGET["limit"] nodes, and at most BUDGET["limits"] of them."""
+        ctx, sp, done, taken = self.ctx, self.ctx.sp, set(), 0
+        for e, corner, v in at_corners:
+            if (corner[ctx.pi] == 1 and corner[ctx.mu] == 1) or (e, corner[ctx.mu]) in done:
+                continue
+            done.add((e, corner[ctx.mu]))
+            if v is None or not v.is_number or v.is_finite:
+                continue        # a finite value is an exact candidate already
+            x = ctx.mu if corner[ctx.mu] == 0 else ctx.pi
+            f = e.subs({y: c for y, c in corner.items() if y != x})
+            if size(f) > BUDGET["limit"] or taken >= BUDGET["limits"]:
+                continue        # left to the sampled range
+            taken += 1
+            v = ctx.limited("a limit at a corner", lambda: sp.limit(f, x, 0, "+"), None)
+            if v is not None and v.is_number and v.is_finite and v.is_real:
+                yield float(v)
+
+    def _corners(self):
+        """(piece formula over μ and π, corner) for every piece and corner of the closed square."""
+        ctx, sp = self.ctx, self.ctx.sp
+        if self.entangled:
+            return
+        for case in self.cases:
+            s = case["_s"]
+            for expr, _ in case["_pieces"]:
+                e = sp.expand(expr.subs(ctx.t, s * (ctx.pi / ctx.mu - 1)))
+                for m0, p0 in ((0, 1), (1, 0), (1, 1)):
+                    yield e, {ctx.mu: m0, ctx.pi: p0}
+
+
+def case_dispatch(ctx, cases):
+    """Vectorized w(r, μ, A) assembled from the four case weights: what the numeric checks
+    (range, continuity, the finite-difference self-check) evaluate, so they test the
+    reported cases themselves."""
+    import numpy as np
+    fns = [(1 if c["advantage"] == "positive" else -1, c["direction"],
+            numpy_fn([ctx.r, ctx.mu, ctx.A], c["weight"])) for c in cases]
+
+    def w(r, mu, A):
+        r, mu, A = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (r, mu, A)))
+        out = np.full(r.shape, np.nan)
+        for sign, direction, f in fns:
+            moving_away = sign * (r - 1) > 0
+            m = (sign * A > 0) & (moving_away if direction == "diverging" else ~moving_away)
+            if m.any():
+                with np.errstate(all="ignore"):
+                    out[m] = np.broadcast_to(np.asarray(f(r[m], mu[m], A[m]), dtype=float), r[m].shape)
+        return out
+    return w
+
+
+# ------------------------------------------------------------------ self-check
+def self_check(obj, w, n=64, seed=0) -> dict:
+    """Central finite differences of the objective in r against w·A at random points.
+    The objective is evaluated by the IR's own float rules (never SymPy), with stop-
+    gradients held at their base-point values; points that straddle a kink are skipped."""
+    import numpy as np
+    from openrlhf_drpo.lang.walks import numpy_plan
+    params = {k: float(v) for k, v in obj.params.items()}
+    rng = np.random.default_rng(seed)
+    mu, pi = rng.uniform(0.02, 1.0, size=(2, 8 * n))
+    A = rng.choice([-1.0, 1.0], 8 * n) * rng.uniform(0.1, 3.0, 8 * n)
+    r = pi / mu
+    h = 1e-6 * np.maximum(r, 1.0)
+    run, frozen = numpy_plan(obj.expr), {}
+
+    def ell(x):
+        return np.broadcast_to(run({"r": x, "mu": mu, "pi": mu * x, "A": A, **params}, frozen)[0], x.shape)
+    f0 = ell(r)         # fills the stop-gradient values first
+    fp, fm = ell(r + h), ell(r - h)
+    with np.errstate(all="ignore"):
+        expected = np.broadcast_to(np.asarray(w(r, mu, A), dtype=float), r.shape) * A
+        fwd, bwd = (fp - f0) / h, (f0 - fm) / h
+        ok = np.isfinite(fwd) & np.isfinite(bwd) & np.isfinite(expected)
+        ok &= np.abs(fwd - bwd) <= 1e-3 * np.maximum(1.0, np.abs(fwd))      # a kink lies within h: skip
+        ok &= np.cumsum(ok) <= n
+        err = np.abs((fwd + bwd) / 2 - expected) / np.maximum(1.0, np.abs(expected))
+    checked = int(ok.sum())
+    worst = float(err[ok].max()) if checked else 0.0
+    # too few finite points (an objective that overflows doubles, say) confirms nothing
+    status = "failed" if worst >= 1e-4 else "passed" if checked >= n // 2 else "unconfirmed"
+    return {"points": checked, "max_rel_error": worst, "passed": status == "passed", "status": status}

@@ -1,0 +1,381 @@
+"""IR -> torch source. The same IR and the same derivative rules as the analysis.
+
+Three functions are generated per objective:
+  objective(logp, anchor, A, old, rollout, m) -> ℓ per token (autograd differentiates it: the plain path)
+  objective_and_grad(logp, anchor, A, old, rollout, m, coef) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ,
+      keep) in one pass (the fused path; the ratio, the unclamped log-ratio, μ and where the
+      ratio clamp is inactive are returned for the loss's metrics)
+  objective_and_grad_eager(...) -> the same, written for eager CPU execution
+Inputs: logp = log π (current policy), anchor = log μ, A = advantages, old and rollout the
+trainer's and the engine's log-probs (π_old, π_rollout; None where unused), m the bool mask,
+coef the aggregation weight of each token, all [B, T].
+r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
+
+A sequence reduction (seq_mean, ...) of the policy makes a token's gradient depend on its
+whole response. Then objective_and_grad is derived in reverse mode from the same rules, and
+its gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is the same one.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+from openrlhf_drpo.lang.ir import ONE, Node, mul
+from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS, is_literal
+from openrlhf_drpo.lang.operations import OPS
+from openrlhf_drpo.lang.parser import Objective
+from openrlhf_drpo.lang.printing import render
+from openrlhf_drpo.core.reverse_mode import reverse_gradient
+from openrlhf_drpo.core.rewrites import filters, rewrite_logs, select_masks
+from openrlhf_drpo.lang.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
+
+CLAMP = 20.0
+
+
+def _var(name):
+    return Node("var", value=name)
+
+
+# d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
+# (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
+# clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
+GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "log_ratio": _var("keep")}
+UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": _var("r"), "log_ratio": Node("num", value=1)}
+
+
+# ---------------------------------------------------------------- the kernels' own lowering table
+@dataclass(frozen=True)
+class Kernel:
+    """How the emitter may treat an operation's torch text (its row's `torch`) beyond writing
+    it: every operation has an entry in KERNELS, checked when this module is imported."""
+    reuses_args: bool = False       # the torch text names an argument twice: bind it first
+    inplace: str = ""               # torch method updating its first argument in place (add_, ...)
+    # how a fresh second argument is updated in place, bit for bit ((a, b) -> source), if it can be
+    inplace_second: Callable | None = None
+    # the eager kernel's lowering of a boolean op, with booleans as 0/1 floats (comparisons
+    # into a float tensor are ~4x faster on CPU than into bool): ((code, fresh), ...) -> (code, fresh)
+    floats: Callable | None = None
+    view: bool = False              # the result shares its argument's storage (sg's .detach(), a reduction's expand)
+
+
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _f_cmp(name):
+    def lower(a, b):
+        if is_literal(a[0]) or (b[1] and not a[1]):     # the tensor (a fresh one, if any) goes first
+            a, b, name_ = b, a, _MIRROR[name]
+        else:
+            name_ = name
+        if a[1]:
+            return f"{a[0]}.{name_}_({b[0]})", True
+        return f"torch.{name_}({a[0]}, {b[0]}, out=torch.empty_like(logp))", True
+    return lower
+
+
+def _f_fresh_first(a, b):
+    return (b, a) if b[1] and not a[1] else (a, b)
+
+
+def _f_and(a, b):
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.mul_({b[0]})" if a[1] else f"({a[0]} * {b[0]})"), True
+
+
+def _f_or(a, b):       # 0/1 values: a + b, clamped to 1
+    a, b = _f_fresh_first(a, b)
+    return (f"{a[0]}.add_({b[0]})" if a[1] else f"({a[0]} + {b[0]})") + ".clamp_(max=1.0)", True
+
+
+def _f_not(a):
+    return (f"{a[0]}.neg_().add_(1.0)" if a[1] else f"(1.0 - {a[0]})"), True
+
+
+KERNELS = {
+    "add": Kernel(inplace="add_", inplace_second=lambda a, b: f"{b}.add_({a})"),
+    "sub": Kernel(inplace="sub_", inplace_second=lambda a, b: f"{b}.neg_().add_({a})"),    # IEEE: a - b is a + (-b)
+    "mul": Kernel(inplace="mul_", inplace_second=lambda a, b: f"{b}.mul_({a})"),
+    "div": Kernel(inplace="div_"), "neg": Kernel(inplace="neg_"), "pow": Kernel(inplace="pow_"),
+    **{k: Kernel(inplace=f"{k}_") for k in ("log", "exp", "sqrt", "abs", "sign", "erf", "atan")},
+    "derf": Kernel(), "softsign": Kernel(reuses_args=True),
+    **{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")},
+    "sg": Kernel(view=True),
+    "ind": Kernel(floats=lambda c: c),
+    "select": Kernel(floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
+    **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
+    "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
+    **{f"seq_{k}": Kernel(view=True) for k in ("sum", "mean", "max", "min")},
+}
+if KERNELS.keys() != OPS.keys() or any(OPS[k].kind == "bool" and not KERNELS[k].floats for k in OPS):
+    raise TypeError(f"openrlhf_drpo.core.codegen.KERNELS must have one entry per operation, a boolean one with `floats`: "
+                    f"missing {sorted(OPS.keys() - KERNELS.keys())}, unknown {sorted(KERNELS.keys() - OPS.keys())}")
+
+
+class _Emitter:
+    """Emits statements with common-subexpression elimination: a subtree used twice gets
+    a name; constant subtrees are folded to a float (parameters are listed in the header).
+    With `inplace`, an op whose argument is a fresh temporary (an unnamed op result) updates
+    it in place: the fused function runs without autograd, and on CPU each fresh 1 MB
+    tensor costs page faults. Every tensor in it has the inputs' shape, so none broadcasts.
+    With `floats`, booleans are 0/1 float tensors (each op's `floats` lowering)."""
+
+    def __init__(self, params, outputs, inplace=False, floats=False):
+        self.params = params
+        self.constant = constant_nodes(*outputs)
+        self.inplace = inplace
+        self.floats = floats
+        self.lines: list[str] = []
+        self.names: dict[Node, str] = {}
+        self.owned: set[str] = set()       # named temporaries that own their storage
+        self.uses: dict[Node, int] = {}
+
+    def count(self, n: Node):
+        self.uses[n] = self.uses.get(n, 0) + 1
+        if self.uses[n] == 1 and n not in self.constant:
+            for a in n.args:
+                self.count(a)
+                if KERNELS[n.op].reuses_args:   # torch.where(a <= b, a, b) evaluates a and b once
+                    self.count(a)
+
+    def expr(self, n: Node) -> tuple[str, bool]:
+        """(source, whether it is a fresh temporary that no other code reads)."""
+        if n in self.names:
+            return self.names[n], False
+        if n in self.constant:
+            v = evaluate(n, self.params)
+            if OPS.get(n.op) and OPS[n.op].kind == "bool":
+                return repr(float(bool(v)) if self.floats else bool(v)), False
+            return repr(float(v)), False
+        if n.op == "var":
+            return n.value, False
+        op, kernel = OPS[n.op], KERNELS[n.op]
+        args = [self.expr(a) for a in n.args]
+        codes = [c for c, _ in args]
+        fresh = op.kind == "num" and not kernel.view       # comparisons give bool
+        if self.floats and kernel.floats:
+            code, fresh = kernel.floats(*args)
+        elif self.inplace and kernel.inplace and args[0][1]:
+            code = f"{codes[0]}.{kernel.inplace}({', '.join(codes[1:])})"
+        elif self.inplace and kernel.inplace_second and args[1][1]:
+            code = kernel.inplace_second(*codes)
+        else:
+            code = op.torch(*codes)
+        if self.uses.get(n, 0) > 1 and n.args:
+            name = f"t{len(self.names)}"
+            self.lines.append(f"    {name} = {code}  # {render(n)}")
+            self.names[n] = name
+            if fresh:
+                self.owned.add(name)
+            return name, False
+        return code, fresh
+
+
+_INPUTS = {"logp", "anchor", "A", "old", "rollout"}
+
+
+def _emit(outputs, params, inplace=False, floats=False, borrow=()):
+    """(statements, one expression per output) computing `outputs`. With `inplace`, each
+    returned tensor is a buffer of its own, except that the outputs numbered in `borrow` may be
+    an input itself (the caller only reads those: no copy)."""
+    em = _Emitter({k: float(v) for k, v in params.items()}, outputs, inplace, floats)
+    for n in outputs:
+        em.count(n)
+    results = []
+    for i, n in enumerate(outputs):
+        code, fresh = em.expr(n)
+        if n in em.constant:      # a constant output (e.g. ∂ℓ/∂log π ≡ 0 somewhere) still has the inputs' shape
+            code = f"torch.full_like(logp, {code})"
+        elif inplace and code in em.owned:      # returned once as it is, then copied
+            em.owned.discard(code)
+        elif inplace and i in borrow and code in _INPUTS:
+            pass
+        elif inplace and not fresh:   # the caller may overwrite every returned tensor
+            code = f"{code}.clone()"
+        results.append(code)
+    return em.lines, results
+
+
+def _used(nodes, extra=()) -> set:
+    used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
+    return used | ({"r", "keep"} if "dr" in used else set())
+
+
+def _prelude(used, unclamped=False) -> list[str]:
+    """Only the built-ins the expressions use are computed (raw = logp − anchor comes first)."""
+    out = []
+    if unclamped:
+        out += ["    log_ratio = raw"] * bool(used & {"log_ratio"}) + ["    r = torch.exp(raw)"] * ("r" in used)
+    else:
+        if used & {"r", "log_ratio", "keep"}:
+            out.append(f"    log_ratio = torch.clamp(raw, -{CLAMP}, {CLAMP})")
+        if "r" in used:
+            out.append("    r = torch.exp(log_ratio)")
+        if "keep" in used:
+            # d clamp(raw)/d raw: 1 where the clamp is inactive, else 0, by float ops in place
+            # (several times faster than comparisons on CPU)
+            out.append("    keep = (raw - log_ratio).sign_().abs_().neg_().add_(1.0)")
+        if "dr" in used:
+            out.append("    dr = r * keep")
+    if "pi" in used:
+        out.append("    pi = torch.exp(logp)")
+    if "mu" in used:
+        out.append("    mu = torch.exp(anchor)")
+    for name, tensor in (("pi_old", "old"), ("pi_rollout", "rollout")):
+        if name in used:
+            out.append(f"    {name} = torch.exp({tensor})")
+    if "seq_len" in used:
+        out.append("    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)")
+    if "mf" in used:
+        out.append("    mf = m.to(dtype)")
+    return out
+
+
+def _tuple(codes) -> str:
+    return codes[0] if len(codes) == 1 else "(" + ", ".join(codes) + ")"
+
+
+def _function(name, doc, outputs, params) -> str:
+    used = _used(outputs)
+    head = ["    dtype = logp.dtype"] + ["    raw = logp - anchor"] * bool(used & {"r", "log_ratio", "raw", "keep"})
+    lines, results = _emit(outputs, params)
+    return "\n".join([f"def {name}(logp, anchor, A, old=None, rollout=None, m=None):", f'    """{doc}"""'] + head + _prelude(used) + lines
+                     + [f"    return {_tuple(results)}"])
+
+
+
+
+def _reads_clamped_ratio(value: Node) -> bool:
+    """Whether the objective reads r or log(r), which are clamped. One that does not (GSPO,
+    GMPO: log π − log μ) has no numerical stop at |log r| = 20: the metrics' keep is 1 (a zero
+    gradient there is the objective's own, a boundary), and their r (in w = (∂ℓ/∂log π)/(r·A),
+    the largest ratio, |π − μ|) is the unclamped exp(log π − log μ)."""
+    return bool(_used([value]) & {"r", "log_ratio"})
+
+
+
+def _fused_functions(value, params, kept) -> str:
+    """objective_and_grad (for torch.compile) and objective_and_grad_eager (run eagerly: booleans
+    as floats, and a branch on the data, which a compiled graph should not have)."""
+    extra = ("r", "raw", "mu", "keep")
+    head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
+    grad = derivative(value, GRAD_SEEDS)
+    outputs = [value, grad] + [kept] * (kept is not None)
+
+    raw_only = not _reads_clamped_ratio(value)
+
+    def returned(results, keep="1.0" if raw_only else "keep"):   # 0 where the ratio clamp is active or a filter drops
+        if kept is None:
+            return _tuple(results + [*extra[:-1], keep])
+        return _tuple(results[:2] + [*extra[:-1], results[2] if keep == "1.0" else f"{keep} * {results[2]}"])
+    lines, results = _emit(outputs, params, inplace=True)
+    compiled = [*head, *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
+    fast_grad = derivative(value, UNCLAMPED_SEEDS)
+    fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
+    # the eager kernel only reads ∂ℓ/∂log π (GPG's is A itself: a copy would cost more than its loss)
+    fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True, borrow=(1,))
+    fast = [*_prelude(_used(fast_outputs, extra[:-1]), unclamped=True), *fast_lines,
+            f"    return {returned(fast_results, '1.0')}"]
+    lines, results = _emit(outputs, params, inplace=True, floats=True, borrow=(1,))
+    clamped = [*_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
+    # the branch only where the two differ (an objective that never reads the clamped ratio,
+    # as GPG, takes the same code either way: no pass over raw, no host sync)
+    eager = [*head, *clamped] if clamped == fast else [
+        *head,
+        "    lo, hi = torch.aminmax(raw)   # (a non-empty batch)",
+        f"    if -{CLAMP} <= lo.item() and hi.item() <= {CLAMP}:   # no ratio is clamped: dr = r, keep = 1",
+        *("    " + line for line in fast), *clamped]
+    doc = ("ℓ and ∂ℓ/∂log π in one pass, sharing subexpressions (the fused path); r, the\n"
+           "    unclamped log-ratio, μ and keep (0 where the ratio clamp is active or a filter drops\n"
+           "    the token) come back too, for the loss's metrics. Each returned tensor is a buffer of\n"
+           "    its own that the caller may overwrite, except keep.")
+    eager_doc = ("objective_and_grad, run eagerly (CPU): booleans are 0/1 floats (a comparison into\n"
+                 "    a float tensor is ~4x faster than into bool), and the usual batch, where no ratio\n"
+                 "    is clamped, takes a branch where ℓ and ∂ℓ/∂log π share their products (where\n"
+                 "    that code differs).\n"
+                 "    ∂ℓ/∂log π may be an input itself (the caller only reads it).")
+    return "\n".join([
+        f"def objective_and_grad({_SIG}):", f'    """{doc}"""', *compiled, "", "",
+        f"def objective_and_grad_eager({_SIG}):", f'    """{eager_doc}"""', *eager])
+
+
+_SIG = "logp, anchor, A, old=None, rollout=None, m=None, coef=None"
+
+
+
+def _reverse_functions(value, params, kept) -> str:
+    """objective_and_grad for an objective with a reduction of the policy: its gradient is
+    that of Σ coef·ℓ, computed plainly (no in-place updates: reductions broadcast)."""
+    # raw comes back as its response's mean: the move's direction is the response's (its
+    # masked mean over tokens is unchanged, so ppo_kl is too)
+    extra = ("r", "_seq_mean(raw, m, logp)", "mu", "keep")
+    grad = reverse_gradient(value, GRAD_SEEDS)
+    lines, results = _emit([value, grad] + [kept] * (kept is not None), params)
+    used = _used([value, grad], ("r", "raw", "mu", "keep"))
+    raw_only = not _reads_clamped_ratio(value)
+    if kept is not None:
+        results, extra = results[:2], (*extra[:-1], results[2] if raw_only else f"keep * {results[2]}")
+    else:
+        extra = (*extra[:-1], "1.0" if raw_only else "keep")
+    doc = ("ℓ and d(Σ coef·ℓ)/d(log π) (the aggregation weight coef is inside: a reduction\n"
+           "    spreads each token's gradient over its response), r, the response's mean log-ratio, μ, keep.")
+    return "\n".join([
+        f"def objective_and_grad({_SIG}):", f'    """{doc}"""', "    dtype = logp.dtype",
+        "    raw = logp - anchor", *_prelude(used, raw_only), *lines,
+        f"    return {_tuple([f'torch.broadcast_to({c}, logp.shape)' for c in results] + list(extra))}", "",
+        "",
+        "objective_and_grad.includes_coef = True",
+        "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
+
+
+def torch_source(obj: Objective) -> str:
+    """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
+    value = select_masks(rewrite_logs(obj.expr))
+    found = filters(value)
+    kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
+    try:
+        derivative(value, GRAD_SEEDS)
+        fused = _fused_functions(value, obj.params, kept)
+    except NonLocal:
+        fused = _reverse_functions(value, obj.params, kept)
+    reduces = any(map(reads_whole_response, value.walk()))
+    params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
+    header = [
+        f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
+        f"# parameters: {params}; @anchor = {obj.options['anchor']}; @aggregate = {obj.options['aggregate']}",
+        "# logp = log π (current policy), anchor = log μ, A = advantages, old/rollout = log π_old/log π_rollout,",
+        "# m = the mask (reductions read only its tokens), coef = the aggregation weight; all [batch, tokens].",
+        f"# r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
+        "import math" if reduces else None,
+        "import torch",
+        TORCH_REDUCTIONS if reduces else None,
+        "",
+    ]
+    return "\n".join(h for h in header if h is not None) + "\n".join([
+        _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
+                  [value], obj.params),
+        "",
+        "",
+        fused,
+        # the loss's eager kernel flattens tokens, which a reduction over each response cannot take
+        f"objective_and_grad.reduces = {reduces}",
+        "",
+        "",
+        *([_function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
+                     [Node("sub", (ONE, kept))], obj.params)] if kept is not None
+          else ["filtered = None   # the objective has no filter (a [...] factor not involving π)"]),
+        f"filtered_per_response = {any(reads_whole_response(n) for f in found for n in f.walk())}",
+    ]) + "\n"
+
+
+def compile_objective(obj: Objective):
+    """(objective, objective_and_grad, objective_and_grad_eager, source): the functions as
+    callables; objective.filtered is the filter function (or None) and .filtered_per_response
+    whether a filter reads a whole response."""
+    import torch
+    source = torch_source(obj)
+    namespace = {"torch": torch}
+    exec(compile(source, f"<objective {obj.name}>", "exec"), namespace)
+    plain = namespace["objective"]
+    plain.filtered, plain.filtered_per_response = namespace["filtered"], namespace["filtered_per_response"]
+    return plain, namespace["objective_and_grad"], namespace["objective_and_grad_eager"], source

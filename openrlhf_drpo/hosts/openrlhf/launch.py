@@ -1,0 +1,132 @@
+"""Where drpo-train runs, decided before OpenRLHF is imported: CPU or GPU mode (from the Ray
+cluster that OpenRLHF's ray.init() would join and its GPUs, else this machine's CUDA), and the
+pre-flight checks that turn OpenRLHF's hangs and deep crashes into clear errors."""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import socket
+
+
+CPU_MODES = ("auto", "on", "off")
+
+
+def pre_parse(argv: list[str]):
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto")
+    pre.add_argument("--drpo.plugin", default=None)
+    pre.add_argument("--drpo.plugin_config", default=None)
+    return pre.parse_known_args(argv)[0]
+
+
+def ray_cluster() -> tuple[str, str] | None:
+    """The Ray cluster OpenRLHF's `ray.init()` (no address) joins, and where its address comes
+    from; None where it starts a Ray of its own. Ray 2.55 reads RAY_ADDRESS, else the address
+    the last `ray start` on this machine recorded (services.get_ray_address_from_environment)."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address:
+        return None if address == "local" else (address, "RAY_ADDRESS")
+    from ray._private.utils import get_ray_address_file, read_ray_address
+    recorded = read_ray_address()
+    return (recorded, f"recorded by `ray start` in {get_ray_address_file(None)}") if recorded else None
+
+
+def _cluster_gpus(address: str, where: str) -> float:
+    """The cluster's GPU count: connect, read its resources, disconnect. A port nobody listens
+    on is refused here at once, where ray.init would retry for minutes."""
+    import logging
+
+    import ray
+    unreachable = (f"drpo-train: error: no Ray cluster answers at {address} ({where}): start it, point RAY_ADDRESS "
+                   f"at one that runs, or use --drpo.cpu_mode on to train on this machine's CPU with a local Ray")
+    if address != "auto":       # "auto": any cluster running on this machine, which ray.init finds itself
+        host, _, port = address.split("://")[-1].rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError):
+            raise SystemExit(unreachable) from None
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except ConnectionError:
+        raise SystemExit(unreachable) from None
+    try:
+        return ray.cluster_resources().get("GPU", 0)
+    finally:
+        ray.shutdown()
+
+
+def decide_cpu_mode(choice: str) -> tuple[bool, str]:
+    """`--drpo.cpu_mode auto|on|off`: whether this run is CPU mode, and the line saying which
+    and why. auto never trains on this machine's CPU while a Ray cluster is set up: a job
+    submitted from a node without a GPU runs on the cluster's GPUs, or stops if it has none."""
+    cluster = ray_cluster()
+    if choice == "on":
+        replaced = f": a local Ray on this machine replaces the Ray cluster at {cluster[0]} ({cluster[1]})" \
+            if cluster else ""
+        return True, f"openrlhf-drpo: CPU mode (--drpo.cpu_mode on){replaced}"
+    if choice == "off":
+        return False, "openrlhf-drpo: GPU mode (--drpo.cpu_mode off)"
+    if cluster is None:
+        import torch
+        if not torch.cuda.is_available():
+            return True, "openrlhf-drpo: CPU mode: no CUDA device and no Ray cluster (--drpo.cpu_mode auto)"
+        n = torch.cuda.device_count()
+        return False, (f"openrlhf-drpo: GPU mode: {n} CUDA device{'s' * (n != 1)} on this machine and no Ray "
+                       "cluster (--drpo.cpu_mode auto)")
+    gpus = _cluster_gpus(*cluster)
+    if not gpus:
+        raise SystemExit(f"drpo-train: error: the Ray cluster at {cluster[0]} ({cluster[1]}) has no GPU, and "
+                         "--drpo.cpu_mode auto does not train on this machine's CPU while a cluster is set up: use a "
+                         "cluster with GPUs, or --drpo.cpu_mode on to train on this machine's CPU with a local Ray")
+    return False, (f"openrlhf-drpo: GPU mode: the Ray cluster at {cluster[0]} ({cluster[1]}) has {gpus:g} "
+                   f"GPU{'s' * (gpus != 1)} (--drpo.cpu_mode auto)")
+
+
+def cpu_mode_for(argv: list[str]) -> bool:
+    """Decided first, and said on the first line: before OpenRLHF's modules are imported, as
+    DeepSpeed picks its accelerator at import."""
+    choice = getattr(pre_parse(argv), "drpo.cpu_mode")
+    if {"-h", "--help"} & set(argv):     # asks no cluster and says nothing: help is all it prints
+        import torch
+        return choice == "on" or (choice == "auto" and not torch.cuda.is_available())
+    cpu, line = decide_cpu_mode(choice)
+    print(line, flush=True)
+    return cpu
+
+
+def looks_local(path: str) -> bool:
+    # a model-hub id is NAME or ORG/NAME; anything else is a path on this machine
+    return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
+
+
+def preflight(ns, cpu: bool) -> None:
+    """Turn OpenRLHF's hangs and deep crashes into clear errors, before Ray starts."""
+    def fail(msg):
+        raise SystemExit(f"drpo-train: error: {msg}")
+
+    g = functools.partial(getattr, ns)
+    paths = lambda key: [p for p in (g(key) or "").split(",") if p]   # noqa: E731  (flags take a,b lists)
+    for key in ("actor.model_name_or_path", "reward.model_name_or_path", "critic.model_name_or_path"):
+        for path in paths(key):
+            if looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+                fail(f"--{key} {path}: no such file or directory")
+    for path in paths("data.prompt_dataset"):
+        if (looks_local(path) or path.endswith((".jsonl", ".json", ".parquet", ".csv"))) \
+                and not os.path.exists(os.path.expanduser(path)):
+            fail(f"--data.prompt_dataset {path}: no such file or directory")
+    if not g("reward.model_name_or_path") and not g("reward.remote_url") and not g("train.agent_func_path"):
+        fail("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
+             "openrlhf_drpo/hosts/openrlhf/reward.py) or --reward.model_name_or_path")
+    for url in paths("reward.remote_url"):
+        if url.endswith(".py") and not url.startswith(("http://", "https://")) and not os.path.exists(url):
+            fail(f"--reward.remote_url {url}: no such file")
+    if cpu:
+        return
+    import torch
+    from openrlhf_drpo.hosts.openrlhf.cpu_mode import gpus_requested
+    wanted, present = gpus_requested(ns), torch.cuda.device_count()
+    if ray_cluster() is None and wanted > present:
+        fail(f"this run asks Ray for {wanted} GPUs and this machine has {present}: lower --actor.num_gpus_per_node, "
+             f"--vllm.num_engines and the other *.num_gpus_per_node flags, start a Ray cluster with more GPUs "
+             f"(ray start), or use --drpo.cpu_mode on")

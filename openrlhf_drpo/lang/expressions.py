@@ -1,0 +1,155 @@
+"""One expression: Lark's tree -> IR, in the scope of its file (built-ins, parameters and
+bindings, each binding resolved once), calls checked against the operation rows; and the
+checks of the result: numbers and conditions where each belongs, and a dependence on the
+policy that has a gradient."""
+from __future__ import annotations
+
+import math
+import unicodedata
+from fractions import Fraction
+
+from openrlhf_drpo.lang.ir import Node, Pos, num, postorder
+from openrlhf_drpo.lang.names import BUILTINS, canonical_name, display_name
+from openrlhf_drpo.lang.operations import FUNCTIONS, OPS, passes_no_gradient
+from openrlhf_drpo.lang.printing import render
+from openrlhf_drpo.lang.source import Source, did_you_mean, lookalike
+
+# Reductions wider than one response: refused by name, with the reason (an update's tokens are
+# split across micro-batches and ranks, so a batch statistic would silently change with them).
+BATCH_WIDE = ("mean", "sum", "std", "var", "median", "quantile", "percentile", "topk", "top_k", "kthvalue",
+              "rank", "softmax", "logsumexp", "whiten", "normalize", "batch_mean", "batch_sum", "batch_max",
+              "batch_min", "batch_std", "group_mean", "group_std", "argmax", "argmin", "cumsum", "cummax")
+
+
+def superscript(text: str) -> int:
+    """⁻¹² -> -12."""
+    return int(unicodedata.normalize("NFKC", text.replace("⁻", "-").replace("⁺", "")))
+
+
+class Expressions:
+    """Lark subtrees -> IR in one file's scope. `resolved` holds each binding used, built once
+    (a binding used twice is one shared Node)."""
+
+    def __init__(self, src: Source, params: dict, bindings: dict):
+        self.src, self.params, self.bindings = src, params, bindings
+        self.resolved: dict[str, Node] = {}
+
+    def number(self, tok) -> Fraction:
+        # float() first: Fraction("1e99999999") would build a 10^99999999-digit integer
+        if not math.isfinite(float(tok.value)):
+            raise self.src.error(f"the number '{tok.value}' is not finite in double precision",
+                                 self.src.pos(tok.start_pos), "write a number below 1.8e308")
+        return Fraction(tok.value)
+
+    def build(self, t, stack=()) -> Node:
+        pos = self.src.meta_pos(t)
+        kids = [c for c in t.children if hasattr(c, "data")]
+        rec = lambda c: self.build(c, stack)    # noqa: E731
+        d = t.data
+        if d == "number":
+            return Node("num", value=self.number(t.children[0]), pos=pos)
+        if d == "name":
+            return self._name(t.children[0], stack)
+        if d == "call":
+            return self._call(t, [rec(c) for c in kids])
+        if d == "implicit":
+            return self._implicit(t, rec)
+        if d == "sup":
+            return Node("pow", (rec(kids[0]), num(superscript(t.children[1].value))), pos=pos)
+        if d == "pos":
+            return rec(kids[0])
+        if d == "abs":
+            return Node("abs", (rec(kids[0]),), pos=pos)
+        if d == "indicator":
+            return Node("ind", (rec(kids[0]),), pos=pos)
+        op = d.rstrip("_")
+        return Node(op, tuple(rec(c) for c in kids), pos=pos)
+
+    def _name(self, tok, stack) -> Node:
+        name, pos = canonical_name(tok.value), self.src.pos(tok.start_pos)
+        if name in BUILTINS:
+            return Node("var", value=name, pos=pos)
+        if name in self.params:
+            return Node("param", value=name, pos=pos)
+        if name in self.bindings:
+            if name in stack:
+                raise self.src.error(f"'{tok.value}' is defined in terms of itself", pos)
+            if name not in self.resolved:
+                self.resolved[name] = self.build(self.bindings[name], stack + (name,))
+            return self.resolved[name]
+        if name in FUNCTIONS:
+            raise self.src.error(f"'{tok.value}' is a function; call it as {tok.value}(...)", pos)
+        known = list(BUILTINS) + list(self.params) + list(self.bindings)
+        raise self.src.error(f"unknown name '{tok.value}'", pos,
+                             f"declare it as a parameter on its own line, e.g. '{tok.value} = 0.1'"
+                             f"{lookalike(tok.value, [display_name(k) for k in known]) or did_you_mean(name, known)}")
+
+    def _call(self, t, args) -> Node:
+        tok = t.children[0]
+        raw, name, pos = tok.value, canonical_name(tok.value), self.src.pos(tok.start_pos)
+        if name not in FUNCTIONS:
+            if name in BATCH_WIDE:
+                raise self.src.error(f"'{raw}' would reduce over the whole batch; only reductions over one "
+                                     "response's tokens are in the language", pos,
+                                     "a batch statistic changes with how the batch is split into micro-batches "
+                                     "and ranks; use seq_mean, seq_sum, seq_max, seq_min or seq_len, or compute "
+                                     "it into the advantages")
+            if name in BUILTINS or name in self.params or name in self.bindings:
+                raise self.src.error(f"'{raw}' is not a function", pos, f"to multiply, write {raw}*(...)")
+            raise self.src.error(f"unknown function '{raw}'", pos,
+                                 f"functions are: {', '.join(FUNCTIONS)}{did_you_mean(name, FUNCTIONS)}")
+        lo, hi = FUNCTIONS[name]
+        if len(args) < lo or (hi is not None and len(args) > hi):
+            want = f"{lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
+            raise self.src.error(f"{name}() takes {want} argument{'s' if want != '1' else ''}, got {len(args)}",
+                                 pos, f"write {OPS[name].signature}")
+        return Node(name, tuple(args), pos=pos)
+
+    def _implicit(self, t, rec) -> Node:
+        num_tok = t.children[0]
+        rest = [c for c in t.children[1:]]
+        operand = rest[0]
+        op_pos = self.src.meta_pos(operand) if hasattr(operand, "data") else self.src.pos(operand.start_pos)
+        if self.src.norm[num_tok.end_pos].isspace():
+            raise self.src.error("implicit multiplication needs the number directly before its factor",
+                                 op_pos, f"write {num_tok.value}*... or remove the space")
+        base = rec(operand)
+        tail = rest[1:]
+        if tail and getattr(tail[0], "type", "") == "SUPERSCRIPT":
+            base = Node("pow", (base, num(superscript(tail[0].value))), pos=op_pos)
+        elif tail:
+            base = Node("pow", (base, rec(tail[-1])), pos=op_pos)
+        return Node("mul", (Node("num", value=self.number(num_tok), pos=self.src.pos(num_tok.start_pos)), base),
+                    pos=self.src.pos(num_tok.start_pos))
+
+
+# ------------------------------------------------------------------ checks of the result
+def check_kind(src: Source, root: Node, want: str):
+    """Numbers where numbers belong, conditions inside [...], and/or/not."""
+    seen, stack = set(), [(root, want)]
+    while stack:            # each (node, expected kind) once, without recursion
+        n, want = stack.pop()
+        if (n, want) in seen:
+            continue
+        seen.add((n, want))
+        kind = "num" if n.op in ("num", "var", "param") else OPS[n.op].kind
+        if kind != want:
+            if want == "num":
+                raise src.error(f"the condition '{render(n)}' is used as a number", n.pos,
+                                f"write [{render(n)}] for its 0/1 indicator")
+            raise src.error(f"expected a condition, found the number '{render(n)}'", n.pos,
+                            "conditions use < <= > >= == != and, or, not; e.g. [r > 1]")
+        if n.op in OPS:
+            stack.extend((a, OPS[n.op].args_kind) for a in n.args)
+
+
+def check_policy(src: Source, expr: Node, pos: Pos):
+    """r or π reaches the objective through something with a nonzero derivative."""
+    live = set()
+    for n in postorder(expr):
+        if (n.op == "var" and n.value in ("r", "pi")) or (
+                any(a in live for a in n.args) and not passes_no_gradient(n.op)):
+            live.add(n)
+    if expr not in live:
+        raise src.error("the objective does not depend on the policy", pos,
+                        "use r or π outside sg(...), [...] and sign(...); otherwise its gradient is zero")

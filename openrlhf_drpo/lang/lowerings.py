@@ -1,0 +1,116 @@
+"""Lowerings that take more than one expression to write, named by the operation rows
+(lang.operations): torch text for min, max, clip and [c]·x, numpy text for reductions of
+many arguments and for erf, and Python floats that follow IEEE as torch does."""
+from __future__ import annotations
+
+import math
+
+TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)     # erf′(x) = 2/√π·e^(−x²)
+
+
+# ---------------------------------------------------------------- torch text
+def is_literal(code: str) -> bool:
+    """Whether generated source text is a number (a folded constant), not a tensor."""
+    try:
+        float(code)
+        return True
+    except ValueError:
+        return False
+
+
+def torch_extreme(cmp):
+    pick, bound = (min, "max") if cmp == "<=" else (max, "min")
+
+    def lower(*a):
+        out = a[-1]
+        for x in reversed(a[:-1]):
+            rest = out
+            if is_literal(x) and is_literal(rest):    # clip's inner max of two constants
+                out = repr(pick(float(x), float(rest)))
+            elif is_literal(rest):   # one pass (where() is ~20x slower on CPU); a tie passes x's gradient
+                out = f"torch.clamp({x}, {bound}={rest})"
+            else:   # nested where: the first argument attaining the extreme wins, as in the IR rule
+                out = f"torch.where({x} {cmp} {rest}, {x}, {rest})"
+        return out
+    return lower
+
+
+def torch_select(c, x):
+    if c in ("True", "False"):         # a condition of constants, folded
+        return f"({x} * {float(c == 'True')})"
+    if is_literal(x):                  # torch.where of two floats would be float32
+        return f"(({c}).to(dtype) * {x})"
+    return f"torch.where({c}, {x}, 0.0)"
+
+
+def torch_clip(x, lo, hi):
+    if is_literal(lo) and is_literal(hi):
+        return f"torch.clamp({x}, {lo}, {hi})"
+    # tensor bounds: min(max(x, lo), hi) with the derivative rule's tie-breaking
+    return torch_extreme("<=")(torch_extreme(">=")(x, lo), hi)
+
+
+# The torch functions the reduction rows' text calls (_seq_sum(x, m, logp), ...), over the
+# tokens m selects (selected, never multiplied: a masked NaN stays out). An empty response
+# reduces to 0. core.codegen emits them only where an objective uses them.
+TORCH_REDUCTIONS = '''
+def _selected(x, m, other, like):
+    return torch.where(m, torch.as_tensor(x, dtype=like.dtype, device=like.device), other)
+
+
+def _seq_sum(x, m, like):
+    return _selected(x, m, 0.0, like).sum(-1, keepdim=True).expand_as(like)
+
+
+def _seq_mean(x, m, like):
+    n = m.sum(-1, keepdim=True).clamp(min=1)
+    return (_selected(x, m, 0.0, like).sum(-1, keepdim=True) / n).expand_as(like)
+
+
+def _seq_extreme(x, m, like, pick, empty):
+    if like.shape[-1] == 0:             # no token: 0, still attached to x's graph
+        return _seq_sum(x, m, like)
+    top = pick(_selected(x, m, empty, like), -1, keepdim=True)
+    return torch.where(m.any(-1, keepdim=True), top, 0.0).expand_as(like)
+
+
+def _seq_max(x, m, like):
+    return _seq_extreme(x, m, like, torch.amax, -math.inf)
+
+
+def _seq_min(x, m, like):
+    return _seq_extreme(x, m, like, torch.amin, math.inf)
+'''
+
+
+# ---------------------------------------------------------------- numpy text
+def np_reduce(name):
+    # min/max of any number of arguments: a reduce, not nested calls, which Python's parser
+    # refuses past 200 levels
+    return lambda *a: f"np.{name}({a[0]}, {a[1]})" if len(a) == 2 else f"_reduce(np.{name}, ({', '.join(a)}))"
+
+
+def np_erf(a):
+    # numpy has no erf, and the analysis imports neither torch nor scipy: math.erf per element
+    # (correctly rounded to ~1 ulp, erf(±inf) = ±1, erf(nan) = nan, as torch.erf)
+    return f"np.asarray(np.frompyfunc(math.erf, 1, 1)({a}), dtype=float)"
+
+
+# ---------------------------------------------------------------- Python floats
+def py_min(*a):
+    return min(a)
+
+
+def py_max(*a):
+    return max(a)
+
+
+def py_pow(a, b):
+    # IEEE pow, as torch and numpy: a negative base to a fractional power is NaN (Python's
+    # ** would return a complex number, which no real-valued consumer can take)
+    out = a ** b
+    return math.nan if isinstance(out, complex) else out
+
+
+def py_sign(x):
+    return 1.0 if x > 0 else -1.0 if x < 0 else 0.0

@@ -1,0 +1,161 @@
+"""The generic walks over the IR, each driven by the operation rows (lang.operations):
+differentiation, Python floats, numpy plans, SymPy, and the view of a sequence objective
+on a response whose tokens share their values."""
+from __future__ import annotations
+
+import functools
+import math
+from fractions import Fraction
+
+from openrlhf_drpo.lang.ir import ONE, ZERO, Node, div, is_num, mul, postorder
+from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
+
+
+def constant_nodes(*roots: Node) -> set:
+    """The sub-expressions without r, π, μ or A (variables), each found once. A sequence
+    reduction is never constant: seq_mean(2) is 2, or 0 on an empty response."""
+    out = set()
+    for root in roots:
+        for n in postorder(root):
+            if n.op != "var" and not (n.op in OPS and OPS[n.op].reduce) and all(a in out for a in n.args):
+                out.add(n)
+    return out
+
+
+# ---------------------------------------------------------------- differentiation
+R_SEEDS = {"r": ONE, "pi": Node("var", value="mu")}
+
+
+def derivative(n: Node, seeds: dict | None = None) -> Node:
+    """The derivative of n given the leaves' derivatives (`seeds`, name -> Node). The
+    default is ∂/∂r with μ and A constant (μ is fixed during the update), so dπ/dr = μ;
+    the torch compiler passes seeds for ∂/∂log π. Both use the same rules from OPS."""
+    seeds = R_SEEDS if seeds is None else seeds
+    memo: dict = {}
+    for m in postorder(n):      # children first: each shared node is differentiated once
+        if m.op == "num" or m.op == "param":
+            memo[m] = ZERO
+        elif m.op == "var":
+            memo[m] = seeds.get(m.value, ZERO)
+        elif passes_no_gradient(m.op):
+            memo[m] = ZERO      # sg, sign, [..] never look inside; a bare condition is refused below
+        elif OPS[m.op].gradient == "reduction":
+            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response
+            memo[m] = ZERO if memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0) else None
+        elif any(memo[a] is None for a in m.args):
+            memo[m] = None
+        else:
+            memo[m] = OPS[m.op].gradient(m, [memo[a] for a in m.args])
+    if n.op in OPS and OPS[n.op].gradient == "none":
+        raise ValueError(f"a condition ({n.op}) has no derivative; it may only appear inside [...]")
+    if memo[n] is None:
+        raise NonLocal("a sequence reduction of the policy has no per-token derivative: a token's gradient "
+                       "depends on its whole response (core.codegen differentiates it in reverse mode)")
+    return memo[n]
+
+
+class NonLocal(ValueError):
+    """derivative() of an objective whose policy gradient passes through a sequence reduction."""
+
+
+# ---------------------------------------------------------------- lowering
+def evaluate(n: Node, env: dict, frozen: dict | None = None) -> float:
+    """Python-float value of n; env maps var/param names to floats. With `frozen`, each
+    sg(...) keeps the first value it was evaluated at (for finite differences)."""
+    memo: dict = {}
+    for m in postorder(n):      # children first, each shared node once
+        if m.op == "num":
+            memo[m] = float(m.value)
+        elif m.op in ("var", "param"):
+            memo[m] = env[m.value]
+        elif frozen is not None and m.op == "sg":
+            memo[m] = frozen.setdefault(m, memo[m.args[0]])
+        else:
+            memo[m] = OPS[m.op].py(*(memo[a] for a in m.args))
+    return memo[n]
+
+
+@functools.lru_cache(maxsize=64)
+def numpy_plan(*roots: Node):
+    """roots' values over float64 arrays, as one function of env, its evaluation order fixed
+    once: the numeric checks evaluate one expression thousands of times. With `frozen` (a
+    dict, filled on the first call), each sg(...) keeps its first values, for finite
+    differences. The plan is straight-line Python compiled once: a loop over a 1,500-node plan
+    cost ~2 ms a call in interpretation alone, most of the arbiter's time on large objectives."""
+    import numpy as np
+    order, index = [], {}
+    for root in roots:          # shared nodes of several roots are evaluated once
+        for m in postorder(root):
+            if m not in index:
+                index[m] = len(order)
+                order.append(m)
+    names = {"np": np, "math": math, "_reduce": functools.reduce}
+    lines = ["def run(env, frozen=None):", "    with np.errstate(all='ignore'):"]
+    for i, m in enumerate(order):
+        args = [f"v{index[a]}" for a in m.args]
+        if m.op == "num":
+            names[f"c{i}"] = _to_float(m.value)
+            value = f"c{i}"
+        elif m.op in ("var", "param"):
+            value = f"env[{m.value!r}]"
+        elif m.op == "sg":
+            value = f"{args[0]} if frozen is None else frozen.setdefault({i}, {args[0]})"
+        else:
+            value = OPS[m.op].np(*args)
+        lines.append(f"        v{i} = {value}")
+    lines.append(f"    return [{', '.join(f'v{index[root]}' for root in roots)}]")
+    exec(compile("\n".join(lines), "<numpy_plan>", "exec"), names)
+    return names["run"]
+
+
+def _to_float(v: Fraction) -> float:
+    try:
+        return float(v)
+    except OverflowError:       # 10^400 as a double, as torch would hold it
+        return math.copysign(math.inf, v)
+
+
+def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
+    """Lower to SymPy. env maps names to SymPy objects; `hook(expr)` post-processes every
+    lowered node (the analysis settles conditions there). Relations are built unevaluated:
+    deciding them is the hook's job. Shared subtrees are lowered once, children first."""
+    memo = {} if memo is None else memo
+    for m in postorder(n):
+        if m in memo:
+            continue
+        if m.op == "num":
+            out = sp.Rational(m.value.numerator, m.value.denominator)
+        elif m.op in ("var", "param"):
+            out = env[m.value]
+        else:
+            out = OPS[m.op].sympy(sp, *(memo[a] for a in m.args))
+        memo[m] = hook(out) if hook else out
+    return memo[n]
+
+
+def reads_whole_response(n: Node) -> bool:
+    """A reduction over the response, or its length: a value that needs the whole response."""
+    return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
+
+
+def uniform_view(n: Node, anchor: str, rho: str) -> Node:
+    """The objective on one response whose tokens all share r, μ and A, in r, μ, A and two
+    parameters: each reduction is its value there (seq_mean(x) = x, seq_sum(x) = |y|·x, with
+    |y| the parameter seq_len), and the policy μ is not is μ times the train/rollout ratio ρ
+    (the parameter named `rho`): π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
+    @anchor = old. A token-level objective that names neither policy is returned as it is."""
+    mu, length, ratio = Node("var", value="mu"), Node("param", value="seq_len"), Node("param", value=rho)
+    other = {"old": ("pi_rollout", div(mu, ratio)), "rollout": ("pi_old", mul(mu, ratio))}[anchor]
+    new: dict = {}
+    for m in postorder(n):
+        if m.op == "var" and m.value == f"pi_{anchor}":
+            new[m] = mu
+        elif m.op == "var" and m.value == other[0]:
+            new[m] = other[1]
+        elif m.op == "var" and m.value == "seq_len":
+            new[m] = length
+        elif m.op in OPS and OPS[m.op].reduce:
+            new[m] = OPS[m.op].uniform(new[m.args[0]], length)
+        else:
+            new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
+    return new[n]

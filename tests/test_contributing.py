@@ -1,0 +1,158 @@
+"""docs/contributing.md's recipes, followed on a throwaway example in a temporary copy of the
+repository with the page's own blocks: a toy atom, a toy host and a toy report field are each
+picked up by everything the page says picks them up, and each check fails before its edit."""
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "contributing.md"
+
+
+def block(label: str) -> str:
+    """The text of the page's fenced block whose info string ends with `label`."""
+    found = re.findall(r"^```\w+ " + re.escape(label) + r"\n(.*?)^```$", PAGE.read_text(encoding="utf-8"),
+                       re.S | re.M)
+    assert len(found) == 1, label
+    return found[0]
+
+
+def insert(path: pathlib.Path, text: str, before: str = None, after: str = None) -> None:
+    """`text` on its own lines before the first line containing `before` (or after the first
+    containing `after`; at the end with neither)."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    anchor = before or after
+    if anchor is None:
+        index = len(lines)
+    else:
+        index = next(i for i, line in enumerate(lines) if anchor in line) + (after is not None)
+    lines[index:index] = text.rstrip("\n").split("\n")
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory):
+    """The package, its docs and the tests the recipes name, in a temporary folder."""
+    dest = tmp_path_factory.mktemp("repo")
+    for part in ("openrlhf_drpo", "docs", "tests"):
+        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "golden"))
+    for part in ("README.md", "setup.cfg"):
+        shutil.copy(ROOT / part, dest / part)
+    return dest
+
+
+def run(copy, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=600,
+                          env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
+
+
+def pytest_in(copy, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=copy,
+                          capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
+
+
+ATOM = """
+import json, torch
+from openrlhf_drpo import lang
+from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.report import to_json
+from openrlhf_drpo.core import CompiledLoss
+obj = lang.parse("cube(r)*A/3", "toy.dsl")
+res = to_json(analyze(obj))
+g = torch.Generator().manual_seed(0)
+logp = -torch.rand(3, 5, generator=g, dtype=torch.float64)
+old, A = logp - 0.1 * torch.randn(3, 5, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64)
+grads = []
+for fused in (True, False):
+    x = logp.clone().requires_grad_()
+    CompiledLoss(obj, fused=fused)(x, old, A)[0].backward()
+    grads.append(x.grad)
+r = torch.exp(logp - old)
+hand = -(A * r**3) / 15       # d(−mean of r³A/3)/d log π = −r³·A/15 over 15 tokens
+print(json.dumps({"weight": res["weight"], "claim": res["claims"]["smooth"]["status"],
+                  "fused": torch.allclose(grads[0], hand, rtol=1e-12), "plain": torch.allclose(grads[1], hand, rtol=1e-12)}))
+"""
+
+
+def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_is_documented(copy):
+    assert "unknown function 'cube'" in run(copy, ATOM).stderr          # before: not in the language
+    docs_check = ("tests/test_docs.py", "-k", "every_function_of_the_language_is_documented")
+    insert(copy / "openrlhf_drpo/lang/operations.py", block("atom-row"), before="# x/(1 + |x|): nan at ±inf")
+    insert(copy / "openrlhf_drpo/core/codegen.py", block("atom-kernel"),
+           before='**{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")}')
+    proc = run(copy, ATOM)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out == {"weight": "r**2", "claim": "proven", "fused": True, "plain": True}, out
+    assert "passed" in (p := pytest_in(copy, "tests/test_operations.py", "-k", "cube")).stdout and p.returncode == 0, \
+        p.stdout[-3000:]
+    undocumented = pytest_in(copy, *docs_check)
+    assert undocumented.returncode == 1 and "cube" in undocumented.stdout, undocumented.stdout[-2000:]
+    insert(copy / "docs/language.md", block("atom-doc"), after="- `softsign(x)`:")
+    assert pytest_in(copy, *docs_check).returncode == 0
+
+
+HOST = """
+import torch
+from openrlhf_drpo.hosts.toy import ToyLoss
+from openrlhf_drpo.core import Aggregation, CompiledLoss
+g = torch.Generator().manual_seed(1)
+logp = -torch.rand(2, 4, generator=g, dtype=torch.float64)
+old, A = logp - 0.2, torch.randn(2, 4, generator=g, dtype=torch.float64)
+mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+loss, floats = ToyLoss("drpo", delta=0.2).step(logp, old, A, mask, 11.0)
+ref, _ = CompiledLoss("drpo", delta=0.2)(logp, old, A, mask, aggregation=Aggregation("token-mean", norm=11.0))
+assert torch.equal(loss, ref) and set(floats) >= {"drpo_w_mean", "drpo_ratio_max"}, (loss, ref, floats)
+try:
+    ToyLoss("tis_ppo")
+except ValueError as e:
+    print(e)
+"""
+
+
+def test_a_host_added_as_the_page_says_takes_its_layer_and_equals_the_core(copy):
+    (copy / "openrlhf_drpo/hosts/toy.py").write_text(block("host-module"), encoding="utf-8")
+    layers = ("tests/test_layers.py",)
+    assert pytest_in(copy, *layers).returncode == 1         # before: the new module has no place
+    insert(copy / "tests/test_layers.py", block("host-layer"), before='    "hosts.verl",')
+    proc = pytest_in(copy, *layers)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    proc = run(copy, HOST)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == ("ToyLoss: objective 'tis_ppo' uses π_rollout, but the toy host gives none: "
+                                   "the toy host keeps no rollout log-probs")
+
+
+FIELD = """
+import json
+from openrlhf_drpo import lang
+from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.report import report, to_json
+res = analyze(lang.load("drpo"))
+print(json.dumps({"json": to_json(res).get("operations"),
+                  "line": [l for l in report(res).splitlines() if l.startswith("  operations")]}))
+"""
+
+
+def test_a_report_field_added_as_the_page_says_reaches_the_json_and_the_report(copy):
+    declare = copy / "openrlhf_drpo/analysis/result.py"
+    insert(declare, block("field-declare"), before='    notes: list = declared(json="notes", line="notes")')
+    proc = run(copy, FIELD)
+    assert "declares report lines" in proc.stderr, proc.stderr[-2000:]   # before its line exists: an error
+    insert(copy / "openrlhf_drpo/analysis/report.py", block("field-line"))
+    insert(copy / "openrlhf_drpo/analysis/orchestrator.py", block("field-compute"), after='result["smooth"] = ')
+    proc = run(copy, FIELD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # drpo's ∂ℓ/∂r = A − |A|·μ·2(r − 1)/(2δ), 16 operations written out
+    assert json.loads(proc.stdout) == {"json": 16, "line": ["  operations 16 in ∂ℓ/∂r, written out"]}, proc.stdout
+    pinned = copy / "tests/test_result.py"
+    assert pytest_in(copy, str(pinned.relative_to(copy))).returncode == 1     # the pinned field list catches it
+    old = '        "self_check", "admissibility", "notes", "hang_guard", "text"]'
+    pinned.write_text(pinned.read_text(encoding="utf-8").replace(old, block("field-test").rstrip("\n")), encoding="utf-8")
+    proc = pytest_in(copy, "tests/test_result.py")
+    assert proc.returncode == 0, proc.stdout[-3000:]
