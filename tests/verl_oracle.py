@@ -165,7 +165,7 @@ def main():
         except ValueError as e:
             refusals[what] = str(e).splitlines()[0]
     # a path alone (no parameters) is resolved from loss_mode too
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "objectives", "spo.dsl")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "openrlhf_drpo", "objectives", "spo.dsl")
     by_path = torch.equal(run(f"dsl:{path}", old, logp, A, mask, "token-mean", cfg, None)[1],
                           run("dsl:spo", old, logp, A, mask, "token-mean", cfg, None)[1])
     import importlib.util
