@@ -77,6 +77,8 @@ def test_drpo_train_runs_the_whole_pipeline_on_cpu_and_logs_the_objectives_metri
     out, log, steps, _ = synced_run
     assert log.splitlines()[0] == "openrlhf-drpo: CPU mode: no CUDA device and no Ray cluster (--drpo.cpu_mode auto)"
     assert "Traceback" not in log
+    # the policy trained with its log-probs taken from the hidden states (the default)
+    assert "openrlhf-drpo: log-probs from the hidden states, 512 tokens at a time (--drpo.chunked_logprobs on)" in log
     assert len(steps) == STEPS
     for step in steps:
         for key in ("drpo_w_mean", "drpo_past_boundary_diverging", "drpo_past_boundary_converging",

@@ -2,7 +2,8 @@
 
 Subclassing the Ray actor class itself raises, so this subclasses the class underneath
 (`__ray_actor_class__`), lets OpenRLHF build its model and trainer, then installs the
-compiled objective where ActorPPOTrainer calls its policy loss."""
+compiled objective where ActorPPOTrainer calls its policy loss, and (--drpo.chunked_logprobs)
+the forward that scores log-probs from hidden states in chunks (logprobs.py)."""
 from __future__ import annotations
 
 import functools
@@ -12,7 +13,7 @@ import math
 import ray
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from openrlhf_drpo.hosts.openrlhf import cpu_mode
+from openrlhf_drpo.hosts.openrlhf import cpu_mode, logprobs
 
 
 def build_loss(spec):
@@ -99,6 +100,9 @@ class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
 
     def init_model_from_pretrained(self, strategy, *args, **kwargs):
         out = super().init_model_from_pretrained(strategy, *args, **kwargs)
+        drpo = strategy.args.drpo
+        if getattr(drpo, "chunked_logprobs", "on") == "on":
+            strategy.print(logprobs.install(self.actor, getattr(drpo, "logprob_chunk", logprobs.CHUNK)))
         self.drpo_loss = install_objective(self.trainer, strategy.args.drpo.spec,
                                            getattr(strategy.args.drpo, "step_log", None))
         strategy.print(f"openrlhf-drpo: policy loss is {self.drpo_loss!r}")

@@ -1,6 +1,7 @@
 """drpo-train: OpenRLHF's own train_ppo_ray command line, unchanged, plus --drpo.* flags.
 
     drpo-train --drpo.objective FILE_OR_NAME [--drpo.set NAME=VALUE]... [--drpo.anchor old|rollout]
+               [--drpo.chunked_logprobs on|off] [--drpo.logprob_chunk TOKENS]
                [--drpo.cpu_mode auto|on|off] <any openrlhf.cli.train_ppo_ray flags>
 
 OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1) add the
@@ -32,7 +33,14 @@ class _Stop(Exception):
     """Raised to stop OpenRLHF's CLI right after it validated its args (openrlhf_args)."""
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a number of tokens (1 or more), not {text!r}")
+    return int(text)
+
+
 def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
+    from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK
     group = parser.add_argument_group("openrlhf-drpo: train with a compiled objective")
     group.add_argument("--drpo.objective", metavar="FILE_OR_NAME", default=None,
                        help="objective file (.dsl) or shipped name (drpo, ppo, spo, ...) replacing PolicyLoss")
@@ -49,6 +57,11 @@ def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                             "openrlhf_drpo.lab.pipe)")
     group.add_argument("--drpo.plugin_config", metavar="FILE", default=None,
                        help="a JSON file the plugin's hooks receive as `config` (and the trainer reads)")
+    group.add_argument("--drpo.chunked_logprobs", choices=["on", "off"], default="on",
+                       help="the policy's log-probs (and entropy) from its hidden states, a chunk of tokens at a "
+                            "time, never forming the [batch, length, vocab] logits (off: OpenRLHF's full logits)")
+    group.add_argument("--drpo.logprob_chunk", type=_positive, default=CHUNK, metavar="TOKENS",
+                       help="tokens per chunk of --drpo.chunked_logprobs")
     group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
                             "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "

@@ -1,0 +1,168 @@
+"""Log-probs without the [B, T, V] logits: drpo-train's policy actor (issue 30, item 3).
+
+OpenRLHF 0.11.2's Actor.forward forms the whole logits tensor (prompt included), casts it to
+fp32 and takes log-softmax: at a 150k vocabulary that tensor and its gradient are most of a
+training step's memory. `install` gives one Actor a forward in which, for the duration of each
+call, the model's LM head scores the hidden states of the positions whose next token is an
+action, `chunk` tokens at a time: the label's log-prob (and the entropy) per token, in fp32 as
+OpenRLHF computes them. The backward recomputes each chunk's logits.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 512     # tokens per chunk: at V = 152k, 300 MiB of fp32 logits
+
+
+def _logits(hidden, weight, bias, temperature):
+    """One chunk's logits exactly as Actor.forward forms them: the head in the model's dtype,
+    then fp32, then divided by the temperature."""
+    z = F.linear(hidden, weight, bias).float()
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
+class ChunkedLogProbs(torch.autograd.Function):
+    """(hidden [N, H], weight [V, H], bias [V] | None, labels [N]) -> fp32 log p(label) [N] and
+    entropy [N] (empty unless asked for), never holding more than `chunk` rows of logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk, with_entropy):
+        logp, lse = (hidden.new_empty(labels.shape, dtype=torch.float32) for _ in range(2))
+        ent = hidden.new_empty(labels.shape if with_entropy else (0,), dtype=torch.float32)
+        for s in range(0, len(labels), chunk):
+            z = _logits(hidden[s:s + chunk], weight, bias, temperature)
+            lse[s:s + chunk] = torch.logsumexp(z, -1)
+            logp[s:s + chunk] = z.gather(-1, labels[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
+            if with_entropy:        # as openrlhf.models.utils.compute_entropy
+                ent[s:s + chunk] = lse[s:s + chunk] - (torch.softmax(z, -1) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.set_materialize_grads(False)     # an output the loss does not use has no gradient to compute
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # the head's gradient sums over every chunk: in fp32, cast once at the end
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        for s in range(0, len(labels), ctx.chunk):
+            h, rows = hidden[s:s + ctx.chunk], slice(s, s + ctx.chunk)
+            log_q = _logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None])    # log-softmax
+            q = log_q.exp()
+            # d log q_y/dz = onehot(y) - q;  d entropy/dz = -q * (log q + entropy)
+            if g_logp is None:
+                dz = torch.zeros_like(q)
+            else:
+                dz = q * -g_logp[rows, None]
+                dz.scatter_add_(-1, labels[rows, None], g_logp[rows, None])
+            if g_ent is not None:
+                dz -= q.mul_(log_q.add_(ent[rows, None])).mul_(g_ent[rows, None])
+            del q, log_q
+            # through the temperature and the fp32 cast, back into the head's dtype, as autograd does
+            dz = (dz / ctx.temperature if ctx.temperature != 1.0 else dz).to(weight.dtype)
+            if need_h:
+                grad_h[rows] = dz @ weight
+            if need_w:
+                grad_w += dz.T @ h
+            if need_b:
+                grad_b += dz.sum(0)
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+
+
+def token_logprobs(hidden, weight, bias, labels, temperature=1.0, chunk=CHUNK, entropy=False):
+    """hidden [..., H] and labels [...] -> (log p(label), entropy or None), each [...] in fp32."""
+    shape = labels.shape
+    logp, ent = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, labels.reshape(-1),
+                                      float(temperature), int(chunk), bool(entropy))
+    return logp.view(shape), (ent.view(shape) if entropy else None)
+
+
+def unsupported(actor) -> str | None:
+    """Why this Actor keeps OpenRLHF's path, or None. Packing and ring attention (flash-attn
+    only) and vision-language inputs take other routes through Actor.forward that no CPU run
+    can exercise; a head other than a plain Linear (LoRA on it, a quantized layer) is not a
+    weight this module can multiply by."""
+    if getattr(actor, "packing_samples", False):
+        return "--ds.packing_samples"
+    if getattr(actor, "is_vlm", False):
+        return "a vision-language model"
+    model = getattr(actor.model, "module", actor.model)        # inside DeepSpeed's engine
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear:
+        return f"the model's LM head is {type(head).__module__}.{type(head).__qualname__}, not torch.nn.Linear"
+    return None
+
+
+def install(actor, chunk: int = CHUNK) -> str:
+    """Give this OpenRLHF Actor the chunked forward where it can take it; returns the one line
+    saying which path its log-probs take."""
+    why = unsupported(actor)
+    if why is not None:
+        return f"openrlhf-drpo: log-probs from OpenRLHF's full logits: {why} (--drpo.chunked_logprobs on)"
+    actor.drpo_chunk = chunk
+    actor.forward = types.MethodType(forward, actor)
+    return f"openrlhf-drpo: log-probs from the hidden states, {chunk} tokens at a time (--drpo.chunked_logprobs on)"
+
+
+def forward(actor, sequences, action_mask=None, attention_mask=None, return_output=False, return_logprobs=False,
+            return_entropy=False, **others):
+    """Actor.forward (OpenRLHF 0.11.2), its unpacked text-only path, with the log-probs (and
+    entropy) of the positions it returns scored in chunks. `output.entropy` covers those
+    positions: [B, A] where OpenRLHF's is [B, T-1], of which ActorPPOTrainer reads the last A.
+    Asked for logits, or for a route it does not take, it is OpenRLHF's forward."""
+    def openrlhf():
+        return type(actor).forward(actor, sequences, action_mask, attention_mask, return_output=return_output,
+                                   return_logprobs=return_logprobs, return_entropy=return_entropy, **others)
+    if actor.drpo_chunk is None or (action_mask is None and not return_logprobs) \
+            or others.get("ring_attn_group") is not None \
+            or set(others) - {"allgather_logits", "ring_attn_group", "packed_seq_lens"}:
+        return openrlhf()
+    seqlen = sequences.shape[1]
+    n = seqlen - 1 if action_mask is None else min(action_mask.shape[1], seqlen - 1)
+    # position t predicts token t + 1: the last n predictions, from the positions before the last
+    labels = sequences[:, -n:]
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(attention_mask == 0, 1)
+    model = getattr(actor.model, "module", actor.model)
+    head = model.get_output_embeddings()
+    scored = []
+
+    def score(hidden):      # the head's forward for this call: inside the model's, as DeepSpeed expects
+        logp, ent = token_logprobs(hidden[:, -n - 1:-1], head.weight, head.bias, labels, actor.temperature,
+                                   actor.drpo_chunk, return_entropy)
+        scores = torch.stack([logp, ent], -1) if return_entropy else logp[..., None]
+        scored.append((scores, scores._version))
+        return scores
+    own = head.__dict__.get("forward")
+    head.forward = score
+    try:
+        output = actor.model(sequences, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+    # What the model returns must be the head's output untouched: ZeRO-3 hands back a detached alias
+    # (its backward hook gathers the head's weight, so that alias is what training must use), while
+    # a soft cap or a scale makes new values, or changes these in place (the version counter).
+    returned = output["logits"]
+    if not scored or returned.data_ptr() != scored[-1][0].data_ptr() or returned.shape != scored[-1][0].shape \
+            or returned._version != scored[-1][1]:
+        print(f"openrlhf-drpo: {type(model).__name__} transforms its LM head's output; log-probs from OpenRLHF's "
+              "full logits from now on", flush=True)
+        actor.drpo_chunk = None
+        return openrlhf()
+    output = type(output)(**{k: v for k, v in output.items() if k != "logits"})     # no logits were formed
+    log_probs = returned[..., 0]
+    if return_entropy:
+        setattr(output, "entropy", returned[..., 1])
+    if action_mask is not None:
+        log_probs = log_probs * action_mask.float()
+    return (log_probs, output) if return_output else log_probs
