@@ -355,21 +355,29 @@ def _edge_batch(seed, clamped=True):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped, dtype):
     """Loss and gradient bit for bit, also when backward's incoming gradient is not 1 (DeepSpeed
-    divides the loss by the accumulation steps); the metrics (finished in Python there) to rounding."""
-    from openrlhf_drpo.core.kernels import eager_kernel, fused_function, kernel as exact_kernel
+    divides the loss by the accumulation steps); the metrics (finished in Python there) to rounding.
+    The sync-free kernels (loss_kernel forward, grad_kernel backward recomputing the gradient) too."""
+    from openrlhf_drpo.core.kernels import (eager_kernel, fused_function, grad_kernel, kernel as exact_kernel,
+                                            loss_kernel, recomputing_function)
     new, old, A, mask = (x.to(dtype) for x in _edge_batch(5, clamped))
     loss_fn = ObjectiveLoss(name)
-    eager = functools.partial(eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode)
-    exact = functools.partial(exact_kernel, loss_fn._value_and_grad, mode)
+    clamp = "r" not in loss_fn.names
+    eager = functools.partial(eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode,
+                              clamp_ratio=clamp)
+    exact = functools.partial(exact_kernel, loss_fn._value_and_grad, mode, clamp_ratio=clamp)
+    sync_free = recomputing_function(functools.partial(loss_kernel, loss_fn._value_and_grad, mode, clamp_ratio=clamp),
+                                     functools.partial(grad_kernel, loss_fn._value_and_grad, mode),
+                                     lambda mask, ok: None)
     results = []
-    for kernel in (eager, exact):
+    for function in (fused_function(eager), fused_function(exact), sync_free):
         lp = new.clone().requires_grad_()
-        loss, stats = fused_function(kernel).apply(lp, old, A, mask, None, old, old - 0.1 * A)
+        loss, stats = function.apply(lp, old, A, mask, None, old, old - 0.1 * A)
         (loss / 3).backward()
         results.append((loss.detach(), lp.grad, stats))
-    (l0, g0, s0), (l1, g1, s1) = results
-    assert torch.isfinite(s0).all() and torch.equal(l0, l1) and torch.equal(g0, g1)
-    assert torch.allclose(s0, s1, rtol=1e-14 if dtype == torch.float64 else 1e-6, atol=0)
+    (l0, g0, s0), *others = results
+    for l1, g1, s1 in others:
+        assert torch.isfinite(s0).all() and torch.equal(l0, l1) and torch.equal(g0, g1)
+        assert torch.allclose(s0, s1, rtol=1e-14 if dtype == torch.float64 else 1e-6, atol=0)
 
 
 def test_rollout_anchor_uses_the_inference_engines_log_probs():
@@ -529,8 +537,9 @@ def test_compiled_fused_kernel_compiles_once_for_every_sequence_length_and_equal
             out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
         for a, b in zip(*out):
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-14), T
-    assert counters["stats"]["unique_graphs"] == 1, (lengths, dict(counters["stats"]))
-    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
+    # one graph for the forward kernel and one for the backward (which recomputes the gradient)
+    assert counters["stats"]["unique_graphs"] == 2, (lengths, dict(counters["stats"]))
+    assert counters["frames"]["ok"] == 2, dict(counters["frames"])
 
 
 @pytest.mark.parametrize("kwargs, message", [
