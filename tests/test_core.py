@@ -86,15 +86,18 @@ def test_masks_of_zeros_and_ones_in_any_dtype_give_the_same_loss(mask):
     assert torch.equal(loss, reference)
 
 
+@pytest.mark.parametrize("sync_free", [False, True], ids=["eager", "sync_free"])
 @pytest.mark.parametrize("name", ["drpo", "ppo", "gspo"])
-def test_a_second_derivative_through_the_fused_loss_is_an_error_and_the_plain_path_gives_it(name):
+def test_a_second_derivative_through_the_fused_loss_is_an_error_and_the_plain_path_gives_it(name, sync_free):
     logp, old, adv = _inputs(B=2, T=4, seed=1)
+    loss_fn = CompiledLoss(name)
+    loss_fn.sync_free = sync_free
     # beside another differentiable term, whose own second derivative alone would come back
-    fused = CompiledLoss(name)(logp, old, adv)[0] + logp.square().sum()
+    fused = loss_fn(logp, old, adv)[0] + logp.square().sum()
     (g,) = torch.autograd.grad(fused, logp, create_graph=False)        # once: fine
     with pytest.raises(RuntimeError, match="CompiledLoss: the fused loss is differentiable once; for "
                                            r"create_graph=True \(second derivatives\) build it with fused=False"):
-        torch.autograd.grad(CompiledLoss(name)(logp, old, adv)[0] + logp.square().sum(), logp, create_graph=True)
+        torch.autograd.grad(loss_fn(logp, old, adv)[0] + logp.square().sum(), logp, create_graph=True)
     # the plain path's Hessian-vector product equals the finite difference of its gradient
     plain = CompiledLoss(name, fused=False)
     logp64, old64, adv64 = (x.detach().double() for x in (logp, old, adv))

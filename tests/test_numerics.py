@@ -10,7 +10,7 @@ is not held to a relative error it cannot have):
 - bf16 log-probs (computed in fp32, the gradient returned in bf16): 2^-8 + 1e-5, half a bf16 unit
   in the last place of the largest gradient (the gradient's own rounding; measured 3.7e-3);
   the loss (fp32) 1e-5.
-Every loss, gradient and metric is finite."""
+The metrics to 1e-5 relative (1e-6 absolute). Every loss, gradient and metric is finite."""
 import math
 
 import pytest
@@ -137,8 +137,9 @@ def test_metrics_are_finite_and_equal_their_float64_values_at_log_ratios_to_800(
     """'Meaningful': each metric equals its float64 value, where the metrics' ratio is
     exp(clamp(log π − log μ, ±20)) for every objective (kernels.RATIO_RANGE), as OpenRLHF clamps
     the ratio; so w = (∂ℓ/∂log π)/(r·A) is finite at any finite log-ratio where ∂ℓ/∂log π is.
-    Before, an objective that never reads r (GSPO, GMPO, PSPO) gave w = 3.5e28 at a log-ratio of
-    -90 in fp32, inf at -110 and NaN at -800. Every loss and gradient is finite too, except that
+    Before, an objective that never reads r (GSPO, GMPO, PSPO, ...) took it unclamped: one token
+    at a log-ratio of -90 made GSPO's w_mean 1e28-1e33 in fp32, one at -110 inf, one at -800 inf
+    or NaN. Every loss and gradient is finite too, except that
     KPOP, OPSM and PSPO overflow themselves (their unclamped e^90 in fp32): for them the responses
     at |log-ratio| >= 90 are left out (in_range)."""
     new, old, A, mask = far_batch()
