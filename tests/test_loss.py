@@ -221,8 +221,8 @@ def test_drpo_matches_the_hand_written_objective(fused):
     assert torch.allclose(out[0][1], out[1][1], rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
-@pytest.mark.parametrize("name", ["drpo", "ppo", "cispo", "dppo_binary_kl", "mask_kl"])
+@pytest.mark.parametrize("fused", [True, False, "sync_free"], ids=["fused", "plain", "sync_free"])
+@pytest.mark.parametrize("name", ["drpo", "ppo", "cispo", "dppo_binary_kl", "mask_kl", "gspo"])
 def test_masked_slots_never_influence_the_loss_or_gradient_even_when_nan_or_inf(name, fused):
     new, old, A, mask = batch(13)
     results = []
@@ -234,7 +234,8 @@ def test_masked_slots_never_influence_the_loss_or_gradient_even_when_nan_or_inf(
             o[bad] = float("inf")
             a[bad] = -float("inf")
         lp = n.requires_grad_()
-        loss_fn = ObjectiveLoss(name, fused=fused)
+        loss_fn = ObjectiveLoss(name, fused=bool(fused))
+        loss_fn.sync_free = fused == "sync_free"        # the kernels CUDA runs
         loss, clip_ratio, ppo_kl, *_ = loss_fn(lp, o, a, action_mask=mask)
         (grad,) = torch.autograd.grad(loss, lp)
         results.append((loss.detach(), grad, clip_ratio, {k: v for k, v in loss_fn.metrics.logged().items() if k != "drpo_ratio_max"}))
@@ -559,12 +560,13 @@ def test_a_parameter_given_twice_in_two_spellings_is_refused():
         ObjectiveLoss("drpo", δ=0.3, delta=0.5)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("fused", [True, False, "sync_free"], ids=["fused", "plain", "sync_free"])
 @pytest.mark.parametrize("aggregate", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("shape", [(2, 3), (2, 0)], ids=["all-masked", "zero-length"])
 def test_a_batch_with_no_token_contributes_zero_loss_and_no_gradient(fused, aggregate, shape):
     # OpenRLHF's own PolicyLoss gives 0/0 = NaN here; a NaN would poison the whole step
-    fn = ObjectiveLoss("drpo", fused=fused, aggregate=aggregate)
+    fn = ObjectiveLoss("drpo", fused=bool(fused), aggregate=aggregate)
+    fn.sync_free = fused == "sync_free"         # the kernels CUDA runs
     lp = torch.randn(shape, requires_grad=True)
     out = fn(lp, torch.randn(shape), torch.randn(shape), action_mask=torch.zeros(shape, dtype=torch.bool))
     out[0].backward()
