@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import statistics
 import os
@@ -55,10 +56,12 @@ def side_by_side(pairs, reps):
     return out
 
 
-def trl_pairs(B, T):
-    from trl import GRPOTrainer
+def trl_harnesses(B, T, device="cpu", seed=0):
+    """(TRL's GRPOTrainer, ours, their inputs): two stand-ins for a trainer that _compute_loss runs
+    on (TRL's loss code: loss_type dapo, ε 0.2/0.28; ours with grpo_clip_higher), whose model
+    forward hands back the same log-probs as a fresh leaf (`.lp`) every call, on `device`."""
     from openrlhf_drpo.trl import ObjectiveGRPOTrainer, TrlObjectiveLoss
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g) * 3
     new = old + 0.1 * torch.randn(B, T, generator=g)
     mask = (torch.arange(T) < torch.randint(T // 4, T + 1, (B, 1), generator=g)).long()
@@ -66,6 +69,8 @@ def trl_pairs(B, T):
               "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
               "advantages": torch.randn(B, generator=g), "old_per_token_logps": old,
               "num_items_in_batch": mask.sum().float()}
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    new = new.to(device)
 
     def harness():
         h = types.SimpleNamespace(
@@ -80,13 +85,20 @@ def trl_pairs(B, T):
 
         def logps(model, *args, **kwargs):     # the model's forward, left out: the same leaf every call
             h.lp = new.clone().requires_grad_()
-            return h.lp, torch.zeros(B, T), None
+            return h.lp, torch.zeros(B, T, device=device), None
         h._get_per_token_logps_and_entropies = logps
         return h
 
     theirs, ours = harness(), harness()
     ours.objective_loss = TrlObjectiveLoss("grpo_clip_higher")
     ours._normalization = types.MethodType(ObjectiveGRPOTrainer._normalization, ours)
+    return theirs, ours, inputs
+
+
+def trl_pairs(B, T):
+    from trl import GRPOTrainer
+    from openrlhf_drpo.trl import ObjectiveGRPOTrainer
+    theirs, ours, inputs = trl_harnesses(B, T)
 
     def step(trainer_cls, h):
         return lambda: trainer_cls._compute_loss(h, None, inputs).backward()
@@ -131,12 +143,13 @@ def verl_pairs(B, T):
 def measure(B, T, reps):
     """{tokens, threads, trl, verl}: the TRL pairs here, the verl ones in .venv-verl."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        result = {"tokens": [B, T], "threads": 1, "clock": "thread CPU time",
-                  "trl": side_by_side(trl_pairs(B, T), reps)}
-    finally:
-        torch.set_num_threads(threads)
+    result = {"tokens": [B, T], "threads": 1, "clock": "thread CPU time", "trl": {"skipped": "trl is not installed"}}
+    if importlib.util.find_spec("trl") is not None:
+        torch.set_num_threads(1)
+        try:
+            result["trl"] = side_by_side(trl_pairs(B, T), reps)
+        finally:
+            torch.set_num_threads(threads)
     venv = Path(os.environ.get("VERL_VENV", ROOT / ".venv-verl")) / "bin" / "python"     # as tests/test_verl.py
     if not venv.exists():
         result["verl"] = {"skipped": f"{venv} is missing (verl cannot share this environment; "

@@ -86,15 +86,18 @@ def test_masks_of_zeros_and_ones_in_any_dtype_give_the_same_loss(mask):
     assert torch.equal(loss, reference)
 
 
+@pytest.mark.parametrize("sync_free", [False, True], ids=["eager", "sync_free"])
 @pytest.mark.parametrize("name", ["drpo", "ppo", "gspo"])
-def test_a_second_derivative_through_the_fused_loss_is_an_error_and_the_plain_path_gives_it(name):
+def test_a_second_derivative_through_the_fused_loss_is_an_error_and_the_plain_path_gives_it(name, sync_free):
     logp, old, adv = _inputs(B=2, T=4, seed=1)
+    loss_fn = CompiledLoss(name)
+    loss_fn.sync_free = sync_free
     # beside another differentiable term, whose own second derivative alone would come back
-    fused = CompiledLoss(name)(logp, old, adv)[0] + logp.square().sum()
+    fused = loss_fn(logp, old, adv)[0] + logp.square().sum()
     (g,) = torch.autograd.grad(fused, logp, create_graph=False)        # once: fine
     with pytest.raises(RuntimeError, match="CompiledLoss: the fused loss is differentiable once; for "
                                            r"create_graph=True \(second derivatives\) build it with fused=False"):
-        torch.autograd.grad(CompiledLoss(name)(logp, old, adv)[0] + logp.square().sum(), logp, create_graph=True)
+        torch.autograd.grad(loss_fn(logp, old, adv)[0] + logp.square().sum(), logp, create_graph=True)
     # the plain path's Hessian-vector product equals the finite difference of its gradient
     plain = CompiledLoss(name, fused=False)
     logp64, old64, adv64 = (x.detach().double() for x in (logp, old, adv))
@@ -133,8 +136,9 @@ def test_every_objective_in_one_process_runs_compiled_and_a_new_length_adds_no_g
     names = [n for n in lang.shipped_names() if not lang.load(n).reads_rollout()][:12]
     assert len(names) == 12
     # each objective: the usual call, then one of a batch of 1, a given norm and given weights (all
-    # three, over the objectives), then new sequence lengths; 24 graphs in all, past a shared
-    # cache's 8, so that a kernel shared by the objectives would run some of them uncompiled
+    # three, over the objectives), then new sequence lengths; 24 forward graphs in all (and as many
+    # backward ones), past a shared cache's 8, so that a kernel shared by the objectives would run
+    # some of them uncompiled
     extras = [(1, 8, {}), (4, 8, {"norm": 7.0}), (4, 8, {"weights": torch.rand(4, 8)})]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="objective ")      # no fallback warning either
@@ -144,10 +148,11 @@ def test_every_objective_in_one_process_runs_compiled_and_a_new_length_adds_no_g
                 before, compiled = len(runs), len(graphs)
                 logp, old, adv = _inputs(B, T)
                 loss_fn(logp, old, adv, aggregation=Aggregation(**kw))[0].backward()
-                assert len(runs) == before + 1, (name, B, T, kw)      # this call ran a compiled graph
-                if T != 8:      # a new sequence length: the dynamic graph takes it
+                # this call ran two compiled graphs: forward's and backward's
+                assert len(runs) == before + 2 and runs[-2] != runs[-1], (name, B, T, kw)
+                if T != 8:      # a new sequence length: the dynamic graphs take it
                     assert len(graphs) == compiled, (name, T)
-    assert len(graphs) == 2 * len(names)
+    assert len(graphs) == 2 * 2 * len(names)
 
 
 def test_a_kernel_past_dynamos_recompile_limit_warns_once_naming_the_objective_and_stays_exact(counting_backend):
@@ -160,3 +165,76 @@ def test_a_kernel_past_dynamos_recompile_limit_warns_once_naming_the_objective_a
             expected, _ = eager(logp, old, adv)
             assert torch.allclose(loss, expected, rtol=1e-6)
     assert len([w for w in seen if "recompile limit" in str(w.message)]) == 1
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Records what would make the host wait for a CUDA device, on any device: reading a value
+    (.item(), .tolist(), bool(), int(), float(), .numpy()), and, below it (SyncOps), the ops that
+    do (_local_scalar_dense), whose output size depends on the data (nonzero, masked_select, ...),
+    or that copy a Python value onto the device (lift_fresh: torch.tensor / as_tensor of a number)."""
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class SyncOps(torch.utils._python_dispatch.TorchDispatchMode):
+    OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "lift_fresh", "repeat_interleave"}
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name.split("::")[-1] in self.OPS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def host_syncs(loss_fn, logp, old, adv, mask, **kw):
+    """What forward and backward of loss_fn did that would sync with a CUDA host."""
+    with HostReads() as reads, SyncOps(reads.seen):
+        loss, metrics = loss_fn(logp, old, adv, mask, rollout_log_probs=old - 0.1, **kw)
+        loss.backward()
+        metrics.logged()        # views: still tensors
+    return reads.seen
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("name", lang.shipped_names())
+def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(name, fused):
+    """Every shipped objective, fused (the kernels CUDA runs, uncompiled) or plain, with a global
+    normalizer and host weights: nothing reads a value on the host, and the metrics stay tensors.
+    A bool mask: a mask of other dtypes is also checked for 0 and 1, in the kernel's pass, read on
+    the CPU, an asynchronous device assert on CUDA (boundary.refuse_bad_mask)."""
+    logp, old, adv = _inputs(B=3, T=7)
+    mask = torch.rand(3, 7, generator=torch.Generator().manual_seed(3)) > 0.3
+    loss_fn = CompiledLoss(name, fused=fused)
+    loss_fn.sync_free = True
+    for agg in (Aggregation(), Aggregation(norm=9.0, weights=torch.rand(3, 7))):
+        assert host_syncs(loss_fn, logp, old, adv, mask, aggregation=agg) == [], agg
+
+
+def test_the_cpu_eager_kernel_reads_its_metrics_on_the_host_once():
+    """The recorder above sees a sync where there is one: the CPU's default eager kernel (a
+    measured CPU speed-up) reads its sums once a call; its generated code branches on the ratio
+    clamp (two reads)."""
+    logp, old, adv = _inputs(B=3, T=7)
+    assert sorted(host_syncs(CompiledLoss("ppo"), logp, old, adv, torch.ones(3, 7, dtype=torch.bool))) == \
+        ["aten._local_scalar_dense.default", "aten._local_scalar_dense.default", "aten.lift_fresh.default",
+         "item", "item", "tolist"]
+
+
+def test_the_sync_free_kernels_refuse_a_mask_that_is_not_zero_or_one_as_the_boundary_does():
+    logp, old, adv = _inputs()
+    loss_fn = CompiledLoss("drpo")
+    loss_fn.sync_free = True
+    with pytest.raises(ValueError, match=r"^CompiledLoss: mask holds values other than 0 and 1 \(0\.5\): it selects"):
+        loss_fn(logp, old, adv, torch.full((3, 5), 0.5))
+    assert loss_fn(logp, old, adv, torch.ones(3, 5))[0].isfinite()

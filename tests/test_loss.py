@@ -221,8 +221,8 @@ def test_drpo_matches_the_hand_written_objective(fused):
     assert torch.allclose(out[0][1], out[1][1], rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
-@pytest.mark.parametrize("name", ["drpo", "ppo", "cispo", "dppo_binary_kl", "mask_kl"])
+@pytest.mark.parametrize("fused", [True, False, "sync_free"], ids=["fused", "plain", "sync_free"])
+@pytest.mark.parametrize("name", ["drpo", "ppo", "cispo", "dppo_binary_kl", "mask_kl", "gspo"])
 def test_masked_slots_never_influence_the_loss_or_gradient_even_when_nan_or_inf(name, fused):
     new, old, A, mask = batch(13)
     results = []
@@ -234,7 +234,8 @@ def test_masked_slots_never_influence_the_loss_or_gradient_even_when_nan_or_inf(
             o[bad] = float("inf")
             a[bad] = -float("inf")
         lp = n.requires_grad_()
-        loss_fn = ObjectiveLoss(name, fused=fused)
+        loss_fn = ObjectiveLoss(name, fused=bool(fused))
+        loss_fn.sync_free = fused == "sync_free"        # the kernels CUDA runs
         loss, clip_ratio, ppo_kl, *_ = loss_fn(lp, o, a, action_mask=mask)
         (grad,) = torch.autograd.grad(loss, lp)
         results.append((loss.detach(), grad, clip_ratio, {k: v for k, v in loss_fn.metrics.logged().items() if k != "drpo_ratio_max"}))
@@ -355,21 +356,29 @@ def _edge_batch(seed, clamped=True):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped, dtype):
     """Loss and gradient bit for bit, also when backward's incoming gradient is not 1 (DeepSpeed
-    divides the loss by the accumulation steps); the metrics (finished in Python there) to rounding."""
-    from openrlhf_drpo.core.kernels import eager_kernel, fused_function, kernel as exact_kernel
+    divides the loss by the accumulation steps); the metrics (finished in Python there) to rounding.
+    The sync-free kernels (loss_kernel forward, grad_kernel backward recomputing the gradient) too."""
+    from openrlhf_drpo.core.kernels import (eager_kernel, fused_function, grad_kernel, kernel as exact_kernel,
+                                            loss_kernel, recomputing_function)
     new, old, A, mask = (x.to(dtype) for x in _edge_batch(5, clamped))
     loss_fn = ObjectiveLoss(name)
-    eager = functools.partial(eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode)
-    exact = functools.partial(exact_kernel, loss_fn._value_and_grad, mode)
+    clamp = "r" not in loss_fn.names
+    eager = functools.partial(eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode,
+                              clamp_ratio=clamp)
+    exact = functools.partial(exact_kernel, loss_fn._value_and_grad, mode, clamp_ratio=clamp)
+    sync_free = recomputing_function(functools.partial(loss_kernel, loss_fn._value_and_grad, mode, clamp_ratio=clamp),
+                                     functools.partial(grad_kernel, loss_fn._value_and_grad, mode),
+                                     lambda mask, ok: None)
     results = []
-    for kernel in (eager, exact):
+    for function in (fused_function(eager), fused_function(exact), sync_free):
         lp = new.clone().requires_grad_()
-        loss, stats = fused_function(kernel).apply(lp, old, A, mask, None, old, old - 0.1 * A)
+        loss, stats = function.apply(lp, old, A, mask, None, old, old - 0.1 * A)
         (loss / 3).backward()
         results.append((loss.detach(), lp.grad, stats))
-    (l0, g0, s0), (l1, g1, s1) = results
-    assert torch.isfinite(s0).all() and torch.equal(l0, l1) and torch.equal(g0, g1)
-    assert torch.allclose(s0, s1, rtol=1e-14 if dtype == torch.float64 else 1e-6, atol=0)
+    (l0, g0, s0), *others = results
+    for l1, g1, s1 in others:
+        assert torch.isfinite(s0).all() and torch.equal(l0, l1) and torch.equal(g0, g1)
+        assert torch.allclose(s0, s1, rtol=1e-14 if dtype == torch.float64 else 1e-6, atol=0)
 
 
 def test_rollout_anchor_uses_the_inference_engines_log_probs():
@@ -529,8 +538,9 @@ def test_compiled_fused_kernel_compiles_once_for_every_sequence_length_and_equal
             out.append((res[0].detach(), torch.autograd.grad(res[0], lp)[0], res[1], res[2]))
         for a, b in zip(*out):
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-14), T
-    assert counters["stats"]["unique_graphs"] == 1, (lengths, dict(counters["stats"]))
-    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
+    # one graph for the forward kernel and one for the backward (which recomputes the gradient)
+    assert counters["stats"]["unique_graphs"] == 2, (lengths, dict(counters["stats"]))
+    assert counters["frames"]["ok"] == 2, dict(counters["frames"])
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -550,12 +560,13 @@ def test_a_parameter_given_twice_in_two_spellings_is_refused():
         ObjectiveLoss("drpo", δ=0.3, delta=0.5)
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("fused", [True, False, "sync_free"], ids=["fused", "plain", "sync_free"])
 @pytest.mark.parametrize("aggregate", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("shape", [(2, 3), (2, 0)], ids=["all-masked", "zero-length"])
 def test_a_batch_with_no_token_contributes_zero_loss_and_no_gradient(fused, aggregate, shape):
     # OpenRLHF's own PolicyLoss gives 0/0 = NaN here; a NaN would poison the whole step
-    fn = ObjectiveLoss("drpo", fused=fused, aggregate=aggregate)
+    fn = ObjectiveLoss("drpo", fused=bool(fused), aggregate=aggregate)
+    fn.sync_free = fused == "sync_free"         # the kernels CUDA runs
     lp = torch.randn(shape, requires_grad=True)
     out = fn(lp, torch.randn(shape), torch.randn(shape), action_mask=torch.zeros(shape, dtype=torch.bool))
     out[0].backward()

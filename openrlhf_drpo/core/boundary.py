@@ -4,12 +4,13 @@ from __future__ import annotations
 import torch
 
 
-def check_inputs(who: str, names: dict, tensors: dict) -> None:
+def check_inputs(who: str, names: dict, tensors: dict, mask_values: bool = True) -> None:
     """The tensor boundary: every per-token input is a tensor of log_probs' shape [batch, tokens]
     on its device, floating point (the mask: bool, integer or floating, holding 0 and 1 only),
     or a message naming the tensor, its shape and the fix. `names` maps each argument to the
     host's name for it (ObjectiveLoss calls the mask action_mask). Metadata only, except the
-    mask's values: read on the CPU; on CUDA an asynchronous device assert (no host sync)."""
+    mask's values, which mask_values=False leaves to the caller (the sync-free kernels check them
+    in the pass that reads the mask: refuse_bad_mask)."""
     def fail(msg):
         raise ValueError(f"{who}: {msg}")
     name = lambda key: names.get(key, key)   # noqa: E731
@@ -42,11 +43,25 @@ def check_inputs(who: str, names: dict, tensors: dict) -> None:
         return
     if mask.is_complex():
         fail(f"{name('mask')} is {mask.dtype}: pass a bool or 0/1 mask")
-    bad = (mask != 0) & (mask != 1)
-    msg = (f"{name('mask')} holds values other than 0 and 1{{}}: it selects tokens (1 = a response token, "
-           f"0 = padding); pass per-token weights as Aggregation(weights=...), or ({name('mask')} != 0) "
+    if mask_values:
+        refuse_bad_mask(who, names, mask, binary(mask))
+
+
+def binary(mask):
+    """Whether the mask holds 0 and 1 only, a 0-d bool tensor (None for a bool mask)."""
+    return None if mask.dtype == torch.bool else ((mask == 0) | (mask == 1)).all()
+
+
+def refuse_bad_mask(who: str, names: dict, mask, ok) -> None:
+    """The error for a mask holding values other than 0 and 1, where `ok` (binary(mask)) is
+    false: read on the CPU; on CUDA an asynchronous device assert (no host sync)."""
+    if ok is None:
+        return
+    name = names.get("mask", "mask")
+    msg = (f"{who}: {name} holds values other than 0 and 1{{}}: it selects tokens (1 = a response token, "
+           f"0 = padding); pass per-token weights as Aggregation(weights=...), or ({name} != 0) "
            "to keep every token whose entry is not 0")
     if mask.is_cuda:
-        torch._assert_async(~bad.any(), msg.format(""))
-    elif bad.any():
-        fail(msg.format(f" ({mask[bad][0].item()!r})"))
+        torch._assert_async(ok, msg.format(""))
+    elif not ok:
+        raise ValueError(msg.format(f" ({mask[(mask != 0) & (mask != 1)][0].item()!r})"))

@@ -1,12 +1,22 @@
-"""The fused kernels: the aggregated loss, its gradient per token and the metric sums in one pass
-(`kernel`, which torch.compile fuses; `eager_kernel`, for eager CPU execution), and the autograd
-Function around either (`fused_function`)."""
+"""The fused kernels: the aggregated loss, its gradient per token and the metric sums in one pass.
+Two paths: the sync-free one (`loss_kernel` forward, `grad_kernel` backward, in the autograd
+Function `recomputing_function`), which CUDA always takes, compiled by torch.compile or not; and,
+uncompiled on the CPU, `eager_kernel` (one host sync a call, a measured CPU speed-up) in
+`fused_function`, which saves the gradient. `kernel` is the exact reference both are held to."""
 from __future__ import annotations
 
 import functools
 import math
 
 import torch
+
+from openrlhf_drpo.core.codegen import CLAMP
+from openrlhf_drpo.core.boundary import binary
+
+# The metrics' ratio r is OpenRLHF's, exp(clamp(log π − log μ, ±20)), for every objective: an
+# objective that never reads r (GSPO: log π − log μ) gets it unclamped from the generated code, where
+# one token at log-ratio −110 would make w = (∂ℓ/∂log π)/(r·A) infinite in fp32.
+RATIO_RANGE = (math.exp(-CLAMP), math.exp(CLAMP))
 
 
 def aggregation_coef(m, mode):
@@ -51,18 +61,25 @@ def per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef):
     return value, grad, grad * coef, r, raw, mu, inside
 
 
-def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
-            dot=_dot):
-    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π (scale None: already applied)
-    and the metric sums, in one function that torch.compile turns into a couple of fused
-    loops. Every per-token quantity is selected by the mask before it is reduced, so masked
-    slots never leak. With dot=_dot, loss and gradient equal eager_kernel's bit for bit."""
+def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio):
+    """The mask, the aggregation's coef and count, and the generated function's per-token results
+    (per_token), with the metrics' ratio in RATIO_RANGE where the generated one is unclamped."""
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
     m = keep.to(logp.dtype)
     coef, count = aggregation_coef(m, mode)
     if weights is not None:
         coef = coef * weights      # a host's per-token weights (verl's rollout IS weights): in the sum, not the count
     value, grad, total, r, raw, mu, inside = per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef)
+    if clamp_ratio:
+        r = r.clamp(*RATIO_RANGE)
+    return keep, m, coef, count, value, grad, total, r, raw, mu, inside
+
+
+def _loss_and_stats(terms, A, norm, dot):
+    """(loss, scale, stats): the aggregated loss -Σ c·ℓ·scale, the gradient's scale (-1/count or
+    -1/norm) and the metrics (_stats). Every per-token quantity is selected by the mask before it
+    is reduced, so masked slots never leak."""
+    keep, m, coef, count, value, grad, total, r, raw, mu, inside = terms
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
     nonzero_A = torch.sign(A).abs()
     w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
@@ -76,7 +93,44 @@ def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, r
     sums = torch.stack([dot(sel(w), nonzero_A), nonzero_A.sum(), s.sum(), dot(s, s),
                         dot(sel((r - 1).abs()), sel(mu)),     # |π − μ| = μ·|r − 1|, r clamped as in the loss
                         _max(sel(r)), dot(sel(raw), m), m.sum()])
-    return dot(sel(value), coef) * scale, sel(total) * scale, None, _stats(sums)
+    return dot(sel(value), coef) * scale, scale, _stats(sums)
+
+
+def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
+           dot=_dot, clamp_ratio=False):
+    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π (scale None: already applied)
+    and the metric sums, in one function. With dot=_dot, loss and gradient equal eager_kernel's
+    bit for bit, and loss_kernel's and grad_kernel's (uncompiled) too."""
+    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio)
+    loss, scale, stats = _loss_and_stats(terms, A, norm, dot)
+    keep, total = terms[0], terms[6]
+    return loss, torch.where(keep, total, 0.0) * scale, None, stats
+
+
+def _widened(*xs):
+    """xs in the compute dtype of the first (compute_dtype); compiled, the casts fuse into the loads."""
+    dtype = compute_dtype(xs[0])
+    return [x if x is None else x.to(dtype) for x in xs]
+
+
+def loss_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
+                dot=_dot, clamp_ratio=False):
+    """The sync-free forward: (loss, scale, stats) as kernel's and whether the mask holds 0 and 1
+    only (binary), from inputs in their own dtypes, keeping no per-token tensor (torch.compile
+    turns it into reductions that read each input once)."""
+    logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
+    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio)
+    return (*_loss_and_stats(terms, A, norm, dot), binary(action_mask))
+
+
+def grad_kernel(value_and_grad, mode, logp, anchor, A, action_mask, scale, g, old=None, rollout=None, weights=None):
+    """The sync-free backward: g·(kernel's gradient), recomputed from the inputs in one pass and
+    written once, in log π's dtype (the product in kernel's and backward's order: equal bit for bit)."""
+    dtype = logp.dtype
+    logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
+    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, False)
+    keep, total = terms[0], terms[6]
+    return (torch.where(keep, total, 0.0) * scale * g).to(dtype)
 
 
 def _max(x):
@@ -94,7 +148,7 @@ def _stats(sums):
 
 
 def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None,
-                  rollout=None, weights=None):
+                 rollout=None, weights=None, clamp_ratio=False):
     """kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
     comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: masked slots
     are multiplied by 0 rather than selected, each metric is computed in place in a buffer the
@@ -103,7 +157,8 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     every per-token value is finite; if any result is not (a masked slot held NaN or inf, or
     the objective is not finite somewhere), kernel recomputes it. test_loss holds the two to
     each other. Tokens are flat, except for an objective with a reduction over each response."""
-    exact = functools.partial(kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights)
+    exact = functools.partial(kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights,
+                              clamp_ratio=clamp_ratio)
     if not logp.numel():      # [B, 0]
         return exact()
     m = _float_mask(action_mask, logp.dtype)
@@ -126,6 +181,8 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
         grad = scratch = torch.div(total, grad, out=grad)     # as _per_token; free once w is computed
         spare = torch.empty_like(m)
     loss, log_ratio = _dot(value, coef) * scale, _dot(raw, m)
+    if clamp_ratio:
+        r.clamp_(*RATIO_RANGE)
     masked_r = r.mul_(m)
     ratio_max = masked_r.amax()
     abs_pi_mu = _dot(torch.sub(masked_r, m, out=spare).abs_(), mu)   # |π − μ|·m = μ·|r·m − m|, as m is 0 or 1
@@ -160,6 +217,8 @@ def compute_dtype(logp):
 
 
 def fused_function(kernel, who="CompiledLoss"):
+    """The fused loss around kernel or eager_kernel (bound to an objective and a mode): the CPU's
+    uncompiled path, where a second pass over the objective costs more than keeping its gradient."""
     class Fused(torch.autograd.Function):
         """Forward computes the loss and its gradient together and keeps only the gradient:
         backward is one multiply, and no intermediate of the objective stays alive."""
@@ -174,21 +233,50 @@ def fused_function(kernel, who="CompiledLoss"):
             loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
                                               wide(old), wide(rollout), wide(weights))
             ctx.save_for_backward(grad)
-            ctx.dtype, ctx.scale, ctx.who = logp.dtype, scale, who
+            ctx.dtype, ctx.scale = logp.dtype, scale
             ctx.mark_non_differentiable(stats)
             return loss, stats
 
         @staticmethod
         def backward(ctx, g, _):
-            # The saved gradient is a constant to autograd: a second derivative through it
-            # (create_graph=True: a gradient penalty, a Hessian-vector product) would silently
-            # lack the objective's own term, even beside other differentiable terms. Grad mode is
-            # on here exactly when the caller asked for a graph of the gradient.
-            if torch.is_grad_enabled():
-                raise RuntimeError(f"{ctx.who}: the fused loss is differentiable once; for create_graph=True "
-                                   "(second derivatives) build it with fused=False")
+            _once(who)
             (grad,) = ctx.saved_tensors
             # g·((grad·coef)·scale), the order kernel's compiled product gives: equal bit for bit
             grad = g * grad if ctx.scale is None else torch.mul(grad, ctx.scale).mul_(g)
             return grad.to(ctx.dtype), None, None, None, None, None, None, None
     return Fused
+
+
+def _once(who):
+    # The gradient is a constant to autograd: a second derivative through it (create_graph=True:
+    # a gradient penalty, a Hessian-vector product) would silently lack the objective's own term,
+    # even beside other differentiable terms. Grad mode is on in backward exactly when the caller
+    # asked for a graph of the gradient.
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{who}: the fused loss is differentiable once; for create_graph=True "
+                           "(second derivatives) build it with fused=False")
+
+
+def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
+    """The sync-free fused loss around loss_kernel and grad_kernel (bound to an objective and a
+    mode; compiled or not; refuse_mask(mask, ok) is boundary.refuse_bad_mask bound to the host's
+    names). It keeps no per-token tensor between forward and backward: it saves its inputs, which
+    are alive anyway, and backward recomputes the gradient, as torch.compile's own partitioner does
+    for a hand-written loss. So the peak is the gradient alone, in log π's dtype, and each pass
+    reads the inputs once (a saved fp32 gradient would hold 2-3x that)."""
+    class Recomputing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None):
+            loss, scale, stats, ok = forward(logp.detach(), anchor, A, mask, norm, old, rollout, weights)
+            refuse_mask(mask, ok)
+            ctx.save_for_backward(logp.detach(), anchor, A, mask, scale, old, rollout, weights)
+            ctx.mark_non_differentiable(stats)
+            ctx.set_materialize_grads(False)     # (no zeros for the metrics' gradient, which is never read)
+            return loss, stats
+
+        @staticmethod
+        def backward(ctx, g, _):
+            _once(who)
+            logp, anchor, A, mask, scale, old, rollout, weights = ctx.saved_tensors
+            return backward(logp, anchor, A, mask, scale, g, old, rollout, weights), None, None, None, None, None, None, None
+    return Recomputing

@@ -1,6 +1,6 @@
 """The host-neutral loss core: a compiled objective as a torch loss, knowing no training framework.
 
-    loss_fn = CompiledLoss("drpo", delta=0.2)     # shipped name, path or lang.Objective
+    loss_fn = CompiledLoss("drpo", delta=0.2)     # shipped name, path or an Objective
     loss, metrics = loss_fn(log_probs, old_log_probs, advantages, mask)
     loss.backward(); metrics.floats()             # {"drpo_w_mean": ..., ...}: one host sync
 
@@ -24,9 +24,9 @@ from torch import nn
 from openrlhf_drpo import lang
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.lang.objective import OPTIONS, Objective
-from openrlhf_drpo.core.boundary import check_inputs
-from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, kernel,
-                                        mul_sum, per_token)
+from openrlhf_drpo.core.boundary import binary, check_inputs, refuse_bad_mask
+from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
+                                        loss_kernel, mul_sum, per_token, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
 from openrlhf_drpo.core.values import FILTERED, METRICS, Aggregation, LossMetrics, LossOutput
 
@@ -59,7 +59,11 @@ class CompiledLoss(nn.Module):
         self.uses_rollout = self.objective.reads_rollout()
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: LossMetrics | None = None     # the last call's
-        self.track_extremes = False        # drpo-lab: fill self.extremes on every call
+        self.track_extremes = False        # drpo-lab: fill self.extremes on every call (it reads them on the host)
+        # On CUDA no path syncs with the host; on the CPU the uncompiled fused kernel is the eager one,
+        # which reads its metrics on the host once a call (a measured speed-up). True: the CUDA path
+        # on every device (tests hold it sync-free on the CPU).
+        self.sync_free = False
         self.extremes: dict[str, float] = {}
 
     def inputs(self) -> dict:
@@ -92,7 +96,10 @@ class CompiledLoss(nn.Module):
         weights = agg.weights
         check_inputs(type(self).__name__, self.argument_names,
                      {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages, "mask": mask,
-                      "rollout_log_probs": rollout_log_probs, "weights": weights})
+                      "rollout_log_probs": rollout_log_probs, "weights": weights}, mask_values=False)
+        compiled, sync_free = self._path(log_probs)
+        if mask is not None and not sync_free:     # (the sync-free kernels check it in their pass over it)
+            refuse_bad_mask(type(self).__name__, self.argument_names, mask, binary(mask))
         if rollout_log_probs is None:
             self.refuse_missing({"rollout_log_probs": "no rollout log-probs were given" + self.rollout_hint})
         mode = agg.mode or self.aggregate
@@ -104,25 +111,13 @@ class CompiledLoss(nn.Module):
         rollout = rollout_log_probs.detach() if "pi_rollout" in self.names else None
         if mask is None:
             mask = torch.ones_like(log_probs, dtype=torch.bool)
-        # the global normalizer, as a tensor so a compiled kernel does not specialize on it
-        # (in the kernel's precision: a bf16 count of 1234 would read 1232)
-        norm = agg.norm
-        if norm is not None:
-            norm = torch.as_tensor(norm, dtype=compute_dtype(log_probs), device=log_probs.device)
-        fused = self._fused(log_probs, mode, mask, norm, weights if self.fused else None)
+        norm = _normalizer(agg.norm, log_probs)
+        fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights)
         else:
             anchor, advantages = anchor.detach(), advantages.detach()
-            keep = mask != 0
-            clean = lambda x: x if x is None else torch.where(keep, x, 0.0)   # noqa: E731  select, don't multiply
-            per_token = -self._value(clean(log_probs), clean(anchor), clean(advantages), clean(old), clean(rollout),
-                                     keep)
-            coef, count = aggregation_coef(keep.to(per_token.dtype), mode)
-            if weights is not None:
-                coef = coef * clean(weights.detach())
-            loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if norm is None else norm)
-            loss = torch.where(keep.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
+            loss = plain_loss(self._value, log_probs, anchor, advantages, old, rollout, mask, mode, norm, weights)
             with torch.no_grad():
                 stats = fused.apply(log_probs.detach(), anchor, advantages, mask, norm, old, rollout)[1]
         with torch.no_grad():
@@ -136,52 +131,80 @@ class CompiledLoss(nn.Module):
                                              mode)
         return LossOutput(loss, self.metrics)
 
-    def _fused(self, logp, mode: str, mask, norm, weights):
-        """The autograd Function around the (possibly compiled) kernel, built once per mode and,
-        compiled, once per call signature (dtypes, device, which optional inputs are given): each
-        has a code object, and so a compile cache, of its own (see fused_kernel)."""
-        use = self.compile is True or (self.compile == "auto" and logp.is_cuda)
-        key = (mode,) if not use else (mode, compute_dtype(logp), mask.dtype, logp.device.type, norm is None,
-                                        weights is None)
-        if (use, key) not in self._kernels:
-            run = fused_kernel(self._value_and_grad, self._value_and_grad_eager, mode, use,
-                               f"_kernel_{self.objective.name}_{len(self._kernels)}", self.objective.name)
-            self._kernels[use, key] = fused_function(run, type(self).__name__)
-        return self._kernels[use, key]
+    def _path(self, logp) -> tuple[bool, bool]:
+        """(compiled, sync_free): torch.compile's kernels ("auto": on CUDA), and the sync-free
+        kernels (always on CUDA and compiled; self.sync_free: on every device) rather than the
+        CPU's eager kernel."""
+        compiled = self.compile is True or (self.compile == "auto" and logp.is_cuda)
+        return compiled, compiled or logp.is_cuda or self.sync_free
+
+    def _fused(self, use: bool, sync_free: bool, logp, mode: str, mask, norm, weights):
+        """The autograd Function around the kernels (build_kernels), built once per mode and,
+        compiled, once per call signature (dtypes, device, which optional inputs are given)."""
+        key = (mode,) if not use else (mode, logp.dtype, mask.dtype, logp.device.type, norm is None, weights is None)
+        if (use, sync_free, key) not in self._kernels:
+            self._kernels[use, sync_free, key] = build_kernels(self, mode, use, sync_free,
+                                                               f"{self.objective.name}_{len(self._kernels)}")
+        return self._kernels[use, sync_free, key]
 
 
-COMPILE_OPTIONS = {"dynamic": True}     # torch.compile's, for every compiled kernel
+def build_kernels(loss: CompiledLoss, mode: str, use: bool, sync_free: bool, tag: str):
+    """The autograd Function for one call signature. Compiled, each kernel has code objects, and
+    so compile caches, of its own (its forward's and its backward's): dynamo keeps at most
+    recompile_limit (8) graphs per code object, and one shared kernel ran every objective after
+    the third uncompiled; now only shapes vary within a cache (0/1-sized dimensions are
+    specialized: a batch of 1 adds a graph, a new sequence length none). Without CUDA or
+    compile=True (or sync_free), the CPU's eager kernel."""
+    who = type(loss).__name__
+    # an objective that never reads r gets its metrics' ratio clamped (kernels.RATIO_RANGE)
+    clamp = "r" not in loss.names
+    if not sync_free:
+        return fused_function(functools.partial(eager_kernel, loss._value_and_grad_eager, loss._value_and_grad,
+                                                mode, clamp_ratio=clamp), who)
+    forward, backward = loss_kernel, grad_kernel
+    if use:
+        # each function itself is compiled, not a partial of it: dynamo would compile the
+        # wrapper that calls a partial, whose code every objective shares
+        forward, backward = _compiled_or_warned(
+            *[_own_code(f, re.sub(r"\W", "_", f"_{f.__name__}_{tag}")) for f in (forward, backward)],
+            loss.objective.name)
+    # compiled, a product's sum is fused into the loop (a dot is a separate BLAS call)
+    forward = functools.partial(forward, loss._value_and_grad, mode, clamp_ratio=clamp,
+                                **({"dot": mul_sum} if use else {}))
+    backward = functools.partial(backward, loss._value_and_grad, mode)
+    refuse = functools.partial(refuse_bad_mask, who, loss.argument_names)
+    return recomputing_function(forward, backward, refuse, who)
 
 
-def _own_code(fn, name):
-    """fn with a code object of its own (named `name`): dynamo keeps its graphs per code object."""
-    code = fn.__code__.replace(co_name=name)
-    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-    out.__kwdefaults__ = fn.__kwdefaults__
-    return out
+# torch.compile's, for every compiled kernel. Inductor stores a per-token value that several sums
+# read (or that reads several inputs) rather than recompute it: a buffer the size of the gradient
+# written and read back, in a kernel bound by memory. Ours are such sums: inlined, the forward
+# writes no per-token tensor (ppo, drpo: none; a sequence objective's reductions still store some).
+COMPILE_OPTIONS = {"dynamic": True, "options": {"realize_opcount_threshold": 300, "realize_reads_threshold": 64,
+                                                "realize_acc_reads_threshold": 64}}
 
 
-def _fallback_warned(compiled, eager, objective: str):
-    """compiled(...), or eager(...) with one warning naming the objective once dynamo would fall
-    back silently (its recompile limit reached: more shapes than a cache holds)."""
-    state = {"fn": compiled}
+def _normalizer(norm, logp):
+    """The global normalizer as a 0-d tensor, so that a compiled kernel does not specialize on it,
+    in the kernel's precision (a bf16 count of 1234 would read 1232); torch.full, not
+    torch.as_tensor: a number copied to the GPU waits for the GPU to drain."""
+    dtype = compute_dtype(logp)
+    if isinstance(norm, torch.Tensor):
+        return norm.to(device=logp.device, dtype=dtype)
+    return None if norm is None else torch.full((), float(norm), dtype=dtype, device=logp.device)
 
-    def run(*args):
-        if state["fn"] is compiled:
-            # set and restored around the call (config.patch costs ~140 µs a call, this ~9)
-            config, before = torch._dynamo.config, torch._dynamo.config.fail_on_recompile_limit_hit
-            config.fail_on_recompile_limit_hit = True
-            try:
-                return compiled(*args)
-            except torch._dynamo.exc.FailOnRecompileLimitHit:
-                warnings.warn(f"objective '{objective}': torch.compile reached its recompile limit "
-                              f"({torch._dynamo.config.recompile_limit} graphs for this call signature); its "
-                              "fused kernel runs uncompiled from now on", RuntimeWarning, stacklevel=4)
-                state["fn"] = eager
-            finally:
-                config.fail_on_recompile_limit_hit = before
-        return state["fn"](*args)
-    return run
+
+def plain_loss(value, logp, anchor, A, old, rollout, mask, mode, norm, weights):
+    """The plain path: the generated per-token objective under autograd, aggregated as the fused
+    kernels are (the reference they are held to)."""
+    keep = mask != 0
+    clean = lambda x: x if x is None else torch.where(keep, x, 0.0)   # noqa: E731  select, don't multiply
+    per_token = -value(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep)
+    coef, count = aggregation_coef(keep.to(per_token.dtype), mode)
+    if weights is not None:
+        coef = coef * clean(weights.detach())
+    loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if norm is None else norm)
+    return torch.where(keep.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
 
 
 def _check_arguments(who: str, fused, compile, overrides: dict) -> None:
@@ -196,15 +219,37 @@ def _check_arguments(who: str, fused, compile, overrides: dict) -> None:
                             f"string, not {type(value).__name__}; pass float(...) of it")
 
 
-def fused_kernel(value_and_grad, value_and_grad_eager, mode: str, compiled: bool, code_name: str, objective: str):
-    """The kernel for one mode: eager (CPU), or compiled with a code object of its own. Dynamo
-    keeps at most recompile_limit (8) graphs per code object, and one shared kernel ran every
-    objective after the third uncompiled; now only shapes vary within a cache (0/1-sized
-    dimensions are specialized: a batch of 1 adds a graph, a new sequence length none)."""
-    if not compiled:
-        return functools.partial(eager_kernel, value_and_grad_eager, value_and_grad, mode)
-    # the function itself is compiled, not a partial of it: dynamo would compile the wrapper
-    # that calls a partial, whose code every objective shares
-    own = _own_code(kernel, re.sub(r"\W", "_", code_name))
-    bind = lambda f: functools.partial(f, value_and_grad, mode, dot=mul_sum)   # noqa: E731
-    return _fallback_warned(bind(torch.compile(own, **COMPILE_OPTIONS)), bind(own), objective)
+def _own_code(fn, name):
+    """fn with a code object of its own (named `name`): dynamo keeps its graphs per code object."""
+    code = fn.__code__.replace(co_name=name)
+    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
+def _compiled_or_warned(forward, backward, objective: str):
+    """forward and backward compiled, each falling back to itself uncompiled, both together, with
+    one warning naming the objective, once dynamo would fall back silently (its recompile limit
+    reached: more shapes than a cache holds). Backward takes the shapes forward took, so only
+    forward is watched (the watch costs ~7 µs a call)."""
+    state = {"compiled": True}
+    compiled_forward, compiled_backward = (torch.compile(f, **COMPILE_OPTIONS) for f in (forward, backward))
+
+    def run_forward(*args, **kwargs):
+        if state["compiled"]:
+            config, before = torch._dynamo.config, torch._dynamo.config.fail_on_recompile_limit_hit
+            config.fail_on_recompile_limit_hit = True
+            try:
+                return compiled_forward(*args, **kwargs)
+            except torch._dynamo.exc.FailOnRecompileLimitHit:
+                warnings.warn(f"objective '{objective}': torch.compile reached its recompile limit "
+                              f"({torch._dynamo.config.recompile_limit} graphs for this call signature); its "
+                              "fused kernel runs uncompiled from now on", RuntimeWarning, stacklevel=4)
+                state["compiled"] = False
+            finally:
+                config.fail_on_recompile_limit_hit = before
+        return forward(*args, **kwargs)
+
+    def run_backward(*args, **kwargs):
+        return (compiled_backward if state["compiled"] else backward)(*args, **kwargs)
+    return run_forward, run_backward
