@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from openrlhf_drpo.lab import driver as lab, results, task as labtask, toytask
+from openrlhf_drpo.lab import driver as lab, results as lab_results, task as labtask, toytask
 
 
 @pytest.mark.parametrize("response, reward", [("", 0), ("w0 w1 w2", 0), ("w127 w127 w127 w127", 1 / 8),
@@ -42,7 +42,7 @@ def _steps(rewards, fractions):
     ([], [], False),
 ])
 def test_the_collapse_rule(rewards, fractions, expected):
-    assert results.collapsed(_steps(rewards, fractions)) is expected
+    assert lab_results.collapsed(_steps(rewards, fractions)) is expected
 
 
 def test_a_run_is_summarized_from_its_step_and_update_logs():
@@ -50,25 +50,25 @@ def test_a_run_is_summarized_from_its_step_and_update_logs():
     updates = [{"step": s, "update": u, "grad_norm": float(s * 10 + u), "max_token_weight": 1.0 + u,
                 "ratio_min": 0.5, "ratio_max": 2.0, "dead": s == 3} for s in range(1, 8) for u in range(2)]
     updates[0]["grad_norm"] = float("nan")
-    row = results.summarize(steps, updates)
+    row = lab_results.summarize(steps, updates)
     assert row["final_reward"] == pytest.approx(0.5) and row["reward_auc"] == pytest.approx(0.4)
     assert row["max_grad_norm"] == 71.0 and row["max_token_weight"] == 2.0
     assert row["dead_steps"] == 1 and row["collapsed"] is False
-    c = results.curves(steps, updates)
+    c = lab_results.curves(steps, updates)
     assert c["grad_norm"] == [11.0, 21.0, 31.0, 41.0, 51.0, 61.0, 71.0]
     assert c["mismatch"] == [pytest.approx(math.log(2))] * 7
 
 
 def test_the_interval_is_students_t_over_the_seeds():
     # [1, 2, 3]: mean 2, s = 1, t(0.975, 2) = 4.302653: 2 +- 4.302653 / sqrt(3)
-    cell = results.interval([1.0, 2.0, 3.0])
+    cell = lab_results.interval([1.0, 2.0, 3.0])
     assert cell["mean"] == 2.0 and cell["ci95"] == pytest.approx([2 - 2.484138, 2 + 2.484138], abs=1e-6)
     # [0.5, 0.7]: mean 0.6, s = 0.141421, t(0.975, 1) = 12.706205: 0.6 +- 1.270620
-    assert results.interval([0.5, 0.7])["ci95"] == pytest.approx([0.6 - 1.270620, 0.6 + 1.270620], abs=1e-6)
-    assert results.interval([4.0, 4.0, 4.0]) == {"mean": 4.0, "ci95": [4.0, 4.0]}
-    assert results.interval([0.3]) == {"mean": 0.3, "ci95": None}                # one seed: no interval
-    assert results.interval([None, float("nan")]) == {"mean": None, "ci95": None}
-    assert results.interval([1.0, None, 3.0])["mean"] == 2.0                      # what was not measured is left out
+    assert lab_results.interval([0.5, 0.7])["ci95"] == pytest.approx([0.6 - 1.270620, 0.6 + 1.270620], abs=1e-6)
+    assert lab_results.interval([4.0, 4.0, 4.0]) == {"mean": 4.0, "ci95": [4.0, 4.0]}
+    assert lab_results.interval([0.3]) == {"mean": 0.3, "ci95": None}                # one seed: no interval
+    assert lab_results.interval([None, float("nan")]) == {"mean": None, "ci95": None}
+    assert lab_results.interval([1.0, None, 3.0])["mean"] == 2.0                      # what was not measured is left out
 
 
 def test_the_4_bit_engine_rounds_each_group_of_32_weights_to_16_levels():
@@ -103,7 +103,7 @@ def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_
     rows = [_row("a", 0, 0.70), _row("a", 1, 0.72), _row("a", 2, 0.74),        # a: 0.72 [0.670, 0.770]
             _row("b", 0, 0.60), _row("b", 1, 0.70), _row("b", 2, 0.80),        # b: 0.70, overlaps a
             _row("c", 0, 0.10, True), _row("c", 1, 0.12, True), _row("c", 2, 0.14)]   # c: 0.12, below both
-    summary = results.aggregate(rows)
+    summary = lab_results.aggregate(rows)
     assert [s["objective"] for s in summary] == ["a", "b", "c"] and [s["seeds"] for s in summary] == [3, 3, 3]
     a = summary[0]
     assert a["final_reward"]["mean"] == pytest.approx(0.72)
@@ -111,7 +111,7 @@ def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_
                                                        0.72 + 4.302653 * 0.02 / 3 ** 0.5], abs=1e-6)
     assert a["max_grad_norm"]["mean"] == 2.0 and summary[2]["collapsed"] == "2 of 3"
     assert [s["rank"] for s in summary] == [1, 1, 2]
-    table = results.markdown(rows, summary)
+    table = lab_results.markdown(rows, summary)
     assert "| 1 | a | 3 | 0.72 [0.67, 0.77]" in table and "| 2 | c | 3 |" in table and "2 of 3" in table
 
 
@@ -123,7 +123,7 @@ def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_
 ])
 def test_ranks_separate_only_non_overlapping_intervals(cells, expected):
     cells = [{"mean": m, "ci95": None if lo is None else [lo, hi]} for m, lo, hi in cells]
-    assert results.ranks(cells) == expected
+    assert lab_results.ranks(cells) == expected
 
 
 @pytest.mark.parametrize("text, expected", [("drpo", ("drpo", {})), ("drpo:delta=0.2", ("drpo", {"delta": "0.2"})),
@@ -207,7 +207,7 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
     rows, summary = results["runs"], results["summary"]
     assert [(r["objective"], r["seed"]) for r in rows] == [("ppo", 0), ("ppo", 1), ("drpo delta=0.2", 0),
                                                            ("drpo delta=0.2", 1)]
-    assert all(tuple(r) == results.RESULT_KEYS and r["preset"] == "mild" for r in rows)
+    assert all(tuple(r) == lab_results.RESULT_KEYS and r["preset"] == "mild" for r in rows)
     for r in rows:
         assert 0 <= r["final_reward"] <= 1 and r["max_grad_norm"] > 0 and r["max_token_weight"] > 0
         assert r["mismatch"] > 0 and isinstance(r["collapsed"], bool) and r["dead_steps"] in range(steps + 1)
@@ -215,7 +215,7 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
     assert [s["objective"] for s in summary] == ["ppo", "drpo delta=0.2"] and all(s["seeds"] == 2 for s in summary)
     for s in summary:
         mine = [r["final_reward"] for r in rows if r["objective"] == s["objective"]]
-        assert s["final_reward"] == results.interval(mine) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
+        assert s["final_reward"] == lab_results.interval(mine) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
     assert (out / "results.md").read_text().startswith("| rank | objective | seeds |")
     assert (out / "curves.png").stat().st_size > 10_000
     # runs dealt round-robin: each pipeline trained its two runs one after the other
@@ -251,7 +251,7 @@ def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch
     log = _metrics(out, "drpo-delta0.2-s0")
     assert [s["engine_weights"] for s in log] == [0, 2, 2, 4]     # weights reach the engine after steps 2 and 4
     updates = [json.loads(x) for x in (out / "runs" / "drpo-delta0.2-s0" / "steps.jsonl").read_text().splitlines()]
-    c = results.curves(log, updates)
+    c = lab_results.curves(log, updates)
     # rollouts of steps 1 and 3 come from the trainer's current weights, those of 2 and 4 from one step before
     fresh = [m for m, s in zip(c["mismatch"], c["step"]) if s in (1, 3)]
     stale = [m for m, s in zip(c["mismatch"], c["step"]) if s in (2, 4)]

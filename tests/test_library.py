@@ -341,11 +341,13 @@ def test_library_objectives_that_openrlhf_ships_equal_its_policy_loss(name, peer
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
-def test_metrics_take_the_raw_ratio_where_the_objective_does(fused):
+def test_metrics_of_an_objective_on_the_raw_ratio_keep_its_weight_and_the_clamps_largest_ratio(fused):
     # PSPO's weight is 0.9 at every token, past ±20 too (its ratio is the raw exp(log π − log μ)):
-    # the metrics' r must be that ratio, not the clamped one (w read 2e15 with it)
+    # w_mean must read 0.9 (it read 2e15 once with the clamped ratio in w), over the tokens within
+    # the clamp; the largest ratio is the loss's clamp's (finite at any log-ratio: issue 30)
     new, old, rollout, A, mask = library_batch(0)
+    assert ((new - old)[mask].abs() > 20).any()
     loss_fn = ObjectiveLoss("pspo", fused=fused)
     loss_fn(new.clone().requires_grad_(), old, A, action_mask=mask, rollout_log_probs=rollout)
     assert torch.isclose(loss_fn.metrics.logged()["drpo_w_mean"], torch.tensor(0.9, dtype=torch.float64), rtol=1e-12)
-    assert loss_fn.metrics.logged()["drpo_ratio_max"] == torch.exp(new - old)[mask].max()
+    assert loss_fn.metrics.logged()["drpo_ratio_max"] == torch.exp((new - old).clamp(-20, 20))[mask].max()

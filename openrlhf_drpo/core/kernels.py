@@ -75,7 +75,7 @@ def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, wei
     return keep, m, coef, count, value, grad, total, r, raw, mu, inside
 
 
-def _loss_and_stats(terms, A, norm, dot):
+def _loss_and_stats(terms, A, norm, dot, log_ratio=None):
     """(loss, scale, stats): the aggregated loss -Σ c·ℓ·scale, the gradient's scale (-1/count or
     -1/norm) and the metrics (_stats). Every per-token quantity is selected by the mask before it
     is reduced, so masked slots never leak."""
@@ -90,7 +90,13 @@ def _loss_and_stats(terms, A, norm, dot):
     s = torch.where(keep, (1 - torch.relu(torch.sign(w))) * inside * torch.sign(raw * A), 0.0)
     nonzero_A = torch.where(keep, nonzero_A, 0.0)
     sel = functools.partial(torch.where, keep, other=0.0)
-    sums = torch.stack([dot(sel(w), nonzero_A), nonzero_A.sum(), s.sum(), dot(s, s),
+    # w_mean's tokens: A ≠ 0 and, for an objective on the raw ratio (log_ratio given), that ratio
+    # within the loss's clamp: beyond it w = ∂ℓ/∂log π over an e^±800 that no double holds (the
+    # others' w is 0 there, as the clamp applies it). The token's own log-ratio: a sequence
+    # objective's raw is its response's mean.
+    within = keep if log_ratio is None else (log_ratio.abs() <= CLAMP) & keep
+    has_w = torch.where(within, nonzero_A, 0.0)
+    sums = torch.stack([dot(torch.where(within, w, 0.0), has_w), has_w.sum(), s.sum(), dot(s, s),
                         dot(sel((r - 1).abs()), sel(mu)),     # |π − μ| = μ·|r − 1|, r clamped as in the loss
                         _max(sel(r)), dot(sel(raw), m), m.sum()])
     return dot(sel(value), coef) * scale, scale, _stats(sums)
@@ -102,7 +108,7 @@ def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, r
     and the metric sums, in one function. With dot=_dot, loss and gradient equal eager_kernel's
     bit for bit, and loss_kernel's and grad_kernel's (uncompiled) too."""
     terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio)
-    loss, scale, stats = _loss_and_stats(terms, A, norm, dot)
+    loss, scale, stats = _loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None)
     keep, total = terms[0], terms[6]
     return loss, torch.where(keep, total, 0.0) * scale, None, stats
 
@@ -120,7 +126,7 @@ def loss_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=No
     turns it into reductions that read each input once)."""
     logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
     terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio)
-    return (*_loss_and_stats(terms, A, norm, dot), binary(action_mask))
+    return (*_loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None), binary(action_mask))
 
 
 def grad_kernel(value_and_grad, mode, logp, anchor, A, action_mask, scale, g, old=None, rollout=None, weights=None):
@@ -189,20 +195,27 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     a = torch.mul(A, m, out=mu)       # masked advantages: the metrics below need no other mask
     w = torch.eq(a, 0, out=spare).addcmul_(masked_r, a)      # r·A, or 1 where A = 0 (or masked)
     w = torch.div(grad, w, out=w)                             # w = (∂ℓ/∂log π)/(r·A)
+    # w_mean's tokens: A ≠ 0 and, for an objective on the raw ratio, that ratio within the clamp
+    # (kernel says why; the token's own log-ratio, as there)
+    outside = torch.gt((logp - anchor).abs().reshape(raw.shape), CLAMP) if clamp_ratio else None
     direction = torch.mul(raw, a, out=scratch).sign_()
     has_w = a.ne_(0)
-    w_sum, w_count = _dot(w, has_w), has_w.sum()
+    # probe: non-finite wherever some ∂ℓ/∂log π is, masked or not (w = grad/den, times 0 or 1),
+    # so that the check below falls back to kernel, which selects
+    w_sum = probe = _dot(w, has_w)
+    if outside is not None and outside.any():
+        has_w.masked_fill_(outside, 0.0)
+        w_sum = _dot(torch.where(outside, 0.0, w), has_w)
+    w_count = has_w.sum()
     stopped = w.le_(0)              # see kernel: Σ stopped·direction, Σ stopped·|direction|
     if not isinstance(inside, float):        # some ratio is clamped
         stopped.mul_(inside)
     toward, total_stopped = _dot(stopped, direction), _dot(stopped, direction.abs_())
-    # a non-finite ∂ℓ/∂log π anywhere (masked or not) makes w_sum non-finite: w = grad/den
-    # and the dot multiplies it by 0 or 1
     values = torch.stack([loss, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio,
-                          tokens]).tolist()
+                          tokens, probe]).tolist()
     if not all(map(math.isfinite, values)):
         return exact()
-    _, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio, tokens = values
+    _, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio, tokens, _ = values
     n = max(tokens, 1)
     stats = torch.tensor([w_sum / max(w_count, 1), (total_stopped + toward) / 2 / n, (total_stopped - toward) / 2 / n,
                           abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=logp.dtype, device=logp.device)
