@@ -621,7 +621,10 @@ except ModuleNotFoundError:
     after = False
 print(json.dumps({{"environ": {{k: [environ.get(k), os.environ.get(k)] for k in {{*environ, *os.environ}}
                                 if environ.get(k) != os.environ.get(k)}},
-                  "meta_path": [repr(f) for f in sys.meta_path if f not in meta_path] +
+                  # six and botocore's vendored six add their own finder when imported on the way: ours
+                  # (a class of openrlhf_drpo) may not stay, and none that was there may go
+                  "meta_path": [repr(f) for f in sys.meta_path if f not in meta_path
+                                and type(f).__module__.startswith("openrlhf_drpo")] +
                                [repr(f) for f in meta_path if f not in sys.meta_path],
                   "flash_attn importable": [flash_attn, after]}}))
 """
