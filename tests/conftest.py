@@ -16,6 +16,20 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+# The suite runs on two workers (`pytest -n 2`, pytest-xdist): each file stays whole on one worker
+# (its module fixtures run once), and the files that start Ray, vLLM and DeepSpeed share one worker
+# and go first, so that no two pipelines share the two cores and the light files fill the other.
+PROCESSES = ("test_pipeline.py", "test_lab.py", "test_train.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("processes" if name in PROCESSES else name))
+    items.sort(key=lambda item: item.path.name not in PROCESSES)
+
+
 def _tree_status(root):
     import subprocess
     proc = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all"],
