@@ -274,6 +274,9 @@ def _scope(scope) -> list[str]:
                 "             and seq_sum(x) = |y|·x, r is the response's ratio (GSPO's s), and each token's gradient is "
                 "w·r·A times its aggregation weight, as for a token; on other responses it also depends on the rest "
                 "of the response"]
+    if scope.get("held"):
+        out += ["  held       the language's third version is analysed at a stated point only (its full analysis is "
+                "not done yet): " + "; ".join(scope["held"])]
     if scope["rho_name"]:
         m = scope["mismatch_range"]
         lo, hi = m["w"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from openrlhf_drpo.lang.objective import Objective
+from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.walks import numpy_plan, reads_whole_response, uniform_view
 
 
@@ -20,19 +21,41 @@ def analysis_view(obj: Objective, seq_len=1, rho=1) -> tuple[Objective, dict]:
     sequence = any(map(reads_whole_response, obj.expr.walk()))
     other = {"old": "pi_rollout", "rollout": "pi_old"}[obj.options["anchor"]]
     scope = {"sequence": sequence, "seq_len": seq_len if sequence else None,
-             "mismatch": other in names, "rho": rho if other in names else None, "rho_name": None}
-    if not sequence and not names & {"pi_old", "pi_rollout"}:
+             "mismatch": other in names, "rho": rho if other in names else None, "rho_name": None,
+             "held": held_points(obj)}
+    if not sequence and not names & {"pi_old", "pi_rollout", *V3_INPUTS}:
         return obj, scope
     rho_name = "rho" if "rho" not in obj.params else "rho_mismatch"
     expr = uniform_view(obj.expr, obj.options["anchor"], rho_name)
     used = {n.value for n in expr.walk() if n.op == "param"}
     params = dict(obj.params)
-    for name, value in (("seq_len", seq_len), (rho_name, rho)):
+    for name, value in (("seq_len", seq_len), (rho_name, rho), ("H", HELD_ENTROPY)):
         if name in used:
             params[name] = Fraction(value)
     scope["rho_name"] = rho_name if rho_name in used else None
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope
+
+
+V3_INPUTS = ("pi_ref", "H", "sum_pi_sq")
+HELD_ENTROPY = 1        # nats: where H is held (a parameter of the view)
+# What uniform_view holds for the language's third version, where the objective reads it. The
+# analysis of these constructs is provisional (issue 29): its claims hold at these points only.
+_HELD = {
+    "pi_ref": "π_ref = μ (the reference is the behaviour policy)",
+    "H": f"H = {HELD_ENTROPY} nat, a parameter (its own gradient channel is not analysed yet)",
+    "sum_pi_sq": "Σ_v π_v² = π² + (1 − π)² (the rest of the mass on one other token), without gradient",
+    "prefix": "prefix reductions at the response's last token (prefix_sum(x) = |y|·x)",
+    "group": "group reductions over a group of this one response (group_sum(x) = group_mean(x) = x, "
+             "group_std(x) = 0, group_count(x) = 1)",
+    "batch": "batch reductions over a batch of this response alone (its |y| tokens, or the one response)",
+}
+
+
+def held_points(obj: Objective) -> list[str]:
+    """What the analysis holds fixed for the third version's inputs and reductions in obj."""
+    read = obj.names() | {OPS[n.op].over for n in obj.expr.walk() if n.op in OPS and OPS[n.op].reduce}
+    return [text for key, text in _HELD.items() if key in read]
 
 
 MISMATCH_GRID = (1e-4, 1e4, 801)      # ρ = π_old/π_rollout, log-spaced

@@ -7,7 +7,8 @@ import functools
 import math
 from fractions import Fraction
 
-from openrlhf_drpo.lang.ir import ONE, ZERO, Node, div, is_num, mul, postorder
+from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, div, is_num, mul, num, postorder, power, sub
+from openrlhf_drpo.lang.levels import argument_level, levels
 from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
 
 
@@ -40,8 +41,10 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
         elif passes_no_gradient(m.op):
             memo[m] = ZERO      # sg, sign, [..] never look inside; a bare condition is refused below
         elif OPS[m.op].gradient == "reduction":
-            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response
-            memo[m] = ZERO if memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0) else None
+            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response;
+            # a count reads no value at all
+            constant = OPS[m.op].reduce == "count" or (memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0))
+            memo[m] = ZERO if constant else None
         elif any(memo[a] is None for a in m.args):
             memo[m] = None
         else:
@@ -49,13 +52,14 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
     if n.op in OPS and OPS[n.op].gradient == "none":
         raise ValueError(f"a condition ({n.op}) has no derivative; it may only appear inside [...]")
     if memo[n] is None:
-        raise NonLocal("a sequence reduction of the policy has no per-token derivative: a token's gradient "
-                       "depends on its whole response (core.codegen differentiates it in reverse mode)")
+        raise NonLocal("a reduction of the policy has no per-token derivative: a token's gradient depends on "
+                       "other tokens, of its response, its group or the batch (core.codegen differentiates it "
+                       "in reverse mode)")
     return memo[n]
 
 
 class NonLocal(ValueError):
-    """derivative() of an objective whose policy gradient passes through a sequence reduction."""
+    """derivative() of an objective whose policy gradient passes through a reduction."""
 
 
 # ---------------------------------------------------------------- lowering
@@ -134,28 +138,42 @@ def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
 
 
 def reads_whole_response(n: Node) -> bool:
-    """A reduction over the response, or its length: a value that needs the whole response."""
+    """A reduction (of a response, a prefix, a group or the batch), or a response's length: a
+    value that needs more than its own token."""
     return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
 
 
+def held_count(over: str, level: str, length: Node) -> Node:
+    """How many elements a reduction reduces at uniform_view's point: its response's |y| tokens
+    (a prefix at the response's last token, a suffix at its first), a group of this one response,
+    a batch of this response alone (its |y| tokens, or the one response)."""
+    if over in ("response", "prefix", "suffix") or (over == "batch" and level == "token"):
+        return length
+    return ONE
+
+
 def uniform_view(n: Node, anchor: str, rho: str) -> Node:
-    """The objective on one response whose tokens all share r, μ and A, in r, μ, A and two
-    parameters: each reduction is its value there (seq_mean(x) = x, seq_sum(x) = |y|·x, with
-    |y| the parameter seq_len), and the policy μ is not is μ times the train/rollout ratio ρ
-    (the parameter named `rho`): π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
-    @anchor = old. A token-level objective that names neither policy is returned as it is."""
+    """The objective on one response whose tokens all share r, μ and A, in r, μ, A and
+    parameters: each reduction is its value there (seq_mean(x) = x, seq_sum(x) = |y|·x, with |y|
+    the parameter seq_len; prefix reductions at the response's last token; a group of this one
+    response; a batch of this response alone: held_count), and the policy μ is not is μ times the
+    train/rollout ratio ρ (the parameter named `rho`): π_old = μ·ρ under @anchor = rollout,
+    π_rollout = μ/ρ under @anchor = old. The third version's inputs are held at a stated point:
+    π_ref = μ, H the parameter H, Σ_v π_v² = sg(π² + (1 − π)²) (the rest of the mass on one other
+    token). A token-level objective that names none of these is returned as it is."""
     mu, length, ratio = Node("var", value="mu"), Node("param", value="seq_len"), Node("param", value=rho)
+    pi = Node("var", value="pi")
     other = {"old": ("pi_rollout", div(mu, ratio)), "rollout": ("pi_old", mul(mu, ratio))}[anchor]
+    held = {f"pi_{anchor}": mu, other[0]: other[1], "seq_len": length, "pi_ref": mu, "H": Node("param", value="H"),
+            "sum_pi_sq": Node("sg", (add(power(pi, num(2)), power(sub(ONE, pi), num(2))),))}
+    level = levels(n)
     new: dict = {}
     for m in postorder(n):
-        if m.op == "var" and m.value == f"pi_{anchor}":
-            new[m] = mu
-        elif m.op == "var" and m.value == other[0]:
-            new[m] = other[1]
-        elif m.op == "var" and m.value == "seq_len":
-            new[m] = length
+        if m.op == "var" and m.value in held:
+            new[m] = held[m.value]
         elif m.op in OPS and OPS[m.op].reduce:
-            new[m] = OPS[m.op].uniform(new[m.args[0]], length)
+            count = held_count(OPS[m.op].over, argument_level(m, level), length)
+            new[m] = OPS[m.op].uniform(new[m.args[0]], count)
         else:
             new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
     return new[n]
