@@ -23,7 +23,8 @@ def drpo():
 def test_the_json_is_each_declared_field_under_its_name_in_declaration_order(drpo):
     declared = [f.metadata["json"] for f in fields(Analysis) if f.metadata["json"]]
     assert list(to_json(drpo)) == declared == [
-        "name", "params", "options", "symbols", "scope", "objective", "weight", "cases", "boundary", "reachable",
+        "name", "params", "options", "symbols", "scope", "objective", "locality", "weight", "cases", "boundary",
+        "reachable",
         "claims", "weight_range", "bounded", "smooth", "geometry", "on_policy", "arbiter", "warnings",
         "self_check", "admissibility", "notes", "hang_guard", "text"]
     assert to_json(drpo)["symbols"] == ["r", "mu", "A", "delta"] == drpo.symbols      # derived when built

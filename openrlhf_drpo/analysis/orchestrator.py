@@ -20,7 +20,7 @@ from openrlhf_drpo.lang.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
-from openrlhf_drpo.analysis.view import analysis_view, mismatch_range
+from openrlhf_drpo.analysis.view import analysis_view, locality_of, mismatch_range
 
 
 def analyze(obj: Objective, seq_len=1, rho=1) -> Analysis:
@@ -37,6 +37,7 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> Analysis:
         "options": dict(obj.options),
         "objective": original.canonical().splitlines()[-1],
         "scope": scope,
+        "locality": locality_of(original),
     }
     if scope["rho_name"]:
         scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"], ctx.dl)

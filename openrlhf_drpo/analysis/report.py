@@ -95,6 +95,31 @@ def _scope_lines(res, evidence):
     return _scope(res.scope)
 
 
+# what each locality means for a host: what a token's loss reads, and what a loss call must hold
+_ACROSS = {"token": "at its own token only", "response": "across its response", "group": "across its prompt's group",
+           "batch": "across the whole optimizer batch"}
+_WHOLE = {"token": "a host may split the batch anywhere, even a response into chunks of tokens",
+          "response": "each loss call must hold whole responses (a host that splits a response into chunks "
+                      "of tokens cannot run it)",
+          "group": "each loss call must hold whole groups (the compiled loss reduces over what one call holds)",
+          "batch": "one loss call must hold the rank's whole optimizer batch (sums all-reduced across ranks)"}
+_KEPT = {"groups": ("group", "whole groups"), "batch": ("batch", "the rank's whole batch")}
+
+
+@line("locality")
+def _locality(res, evidence):
+    loc = res.locality
+    width, through = loc["width"], loc["gradient"]
+    text = f"  locality   {width}: a token's loss reads the current policy {_ACROSS[width]}"
+    if through != width:
+        text += f" (there under sg only: its gradient stays {_ACROSS[through]})"
+    wider = [_KEPT[k][1] for k in loc["kept_whole"] if _KEPT[k][0] != width]
+    if wider and width == "token":
+        return [text + "; a statistic of fixed inputs in it needs " + " and ".join(wider) + " in each loss call"]
+    text += f"; {_WHOLE[width]}"
+    return [text + "".join(f", and a statistic of fixed inputs needs {w}" for w in wider)]
+
+
 @line("weight")
 def _weight(res, evidence):
     return ["", "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π", f"    w = {_weight_text(res)}"]

@@ -67,6 +67,9 @@ class Analysis:
     symbols: list = declared(json="symbols", derive=lambda res: ["r", "mu", "A", *res.params])
     scope: dict = declared(json="scope", line="scope")
     objective: str = declared(json="objective", line="objective")
+    # token | response | group | batch, the widest a gradient reaches and what a loss call must hold
+    # whole (lang.levels): a chunked or fused host can run only some objectives
+    locality: dict = declared(json="locality", line="locality")
     weight: object = declared(json="weight", line="weight", encode=_sympy)
     cases: list = declared(json="cases", line="cases", encode=_cases)
     boundary: dict = declared(json="boundary", line="boundary", evidence="boundary", encode=_boundary)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from openrlhf_drpo.lang.levels import WIDTHS, kept_whole, locality, reductions
 from openrlhf_drpo.lang.objective import Objective
 from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.walks import numpy_plan, reads_whole_response, uniform_view
@@ -35,6 +36,17 @@ def analysis_view(obj: Objective, seq_len=1, rho=1) -> tuple[Objective, dict]:
     scope["rho_name"] = rho_name if rho_name in used else None
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope
+
+
+def locality_of(obj: Objective) -> dict:
+    """Which tokens' gradients depend on which (lang.levels): `width`, the widest reduction a value
+    of the current policy passes through, under sg too (token, response, group or batch);
+    `gradient`, the widest one a gradient passes through (narrower where the wide one reads the
+    policy under sg only); `kept_whole`, what one loss call must hold whole for the compiled
+    loss to be exact (groups, the batch: statistics of fixed inputs too)."""
+    through = [r.width for r in reductions(obj.expr) if r.gradient]
+    return {"width": locality(obj.expr), "gradient": max(through, key=WIDTHS.index, default="token"),
+            "kept_whole": list(kept_whole(obj.expr))}
 
 
 V3_INPUTS = ("pi_ref", "H", "sum_pi_sq")
