@@ -17,7 +17,7 @@ LAYERS = [
     "core.rewrites", "core.reverse_mode", "core.codegen", "core.values", "core.boundary", "core.kernels",
     "core.measures", "core.loss",
     "core",
-    "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.view", "analysis.arbiter",
+    "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.held", "analysis.view", "analysis.arbiter",
     "analysis.extremes", "analysis.events", "analysis.sampling", "analysis.intervals", "analysis.settling",
     "analysis.zeros", "analysis.symbolic", "analysis.confirm", "analysis.alerts", "analysis.alert_text",
     "analysis.claims", "analysis.admissibility", "analysis.equiv", "analysis.result", "analysis.orchestrator",

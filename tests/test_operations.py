@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -276,14 +277,12 @@ def _reductions():
     return namespace
 
 
-def _at_held_point(name, level, values, mask):
-    """The row's torch text on one response (a group of one, a batch of one), at the token where
-    uniform_view holds it: the last for a prefix, the first for a suffix, every one otherwise."""
+def _reduced(name, level, values, mask):
+    """The row's torch text on one response (a group of one, a batch of one)."""
     op = OPS[name]
     code = op.torch("v", level) if op.over in ("group", "batch") else op.torch("v")
-    got = eval(code, {**_reductions(), "v": values, "m": mask, "logp": values, "group": torch.zeros(1, dtype=torch.long),
-                      "pg": None})
-    return got[0, {"prefix": -1, "suffix": 0}[op.over]:][:1] if op.over in ("prefix", "suffix") else got[0]
+    return eval(code, {**_reductions(), "v": values, "m": mask, "logp": values, "group": torch.zeros(1, dtype=torch.long),
+                       "pg": None})[0]
 
 
 # a group or batch reduction reads its argument's level: each is checked at both
@@ -293,16 +292,20 @@ LEVELED = [(k, level) for k, op in OPS.items() if op.reduce
 
 @pytest.mark.parametrize("name, level", LEVELED)
 def test_a_reduction_where_all_it_reduces_is_equal_is_its_rows_uniform_value(name, level):
+    """At every position p of a response of |y| = 3 equal tokens (a group of G = 1, a batch of N = 1),
+    the torch text gives the row's uniform value with uniform_view's count (held_count)."""
     op = OPS[name]
     length = 3
     for x in SPECIAL:
         values = torch.full((1, length), x, dtype=torch.float64)
         mask = torch.ones(1, length, dtype=torch.bool)
-        got = _at_held_point(name, level, values, mask)
-        n = held_count(op.over, level, Node("var", value="n"))
-        want = evaluate(op.uniform(Node("var", value="x"), n), {"x": x, "n": float(length)})
-        assert all(same(float(g), want) for g in got), (name, x, got, want)
-        empty = _at_held_point(name, level, values, torch.zeros_like(mask))
+        got = _reduced(name, level, values, mask)
+        for p in range(1, length + 1):
+            point = {k: Node("num", value=Fraction(v)) for k, v in
+                     (("seq_len", length), ("position", p), ("group_size", 1), ("batch_size", 1))}
+            want = evaluate(op.uniform(Node("var", value="x"), held_count(op.over, level, point)), {"x": x})
+            assert same(float(got[p - 1]), want), (name, x, p, got, want)
+        empty = _reduced(name, level, values, torch.zeros_like(mask))
         assert not empty.any()      # an empty response reduces to 0
     for lowering in (lambda: op.sympy(sp, sp.Symbol("x")), lambda: op.py(1.0), lambda: op.np("x")):
         with pytest.raises(ValueError, match=f"{name} has no per-token value: rewrite reductions first"):

@@ -23,11 +23,13 @@ from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry
 from openrlhf_drpo.analysis.view import analysis_view, locality_of, mismatch_range
 
 
-def analyze(obj: Objective, seq_len=1, rho=1) -> Analysis:
-    """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them): each
-    step adds to `result` the fields the next ones read, and the typed result is built last."""
+def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
+    """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
+    uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
+    analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
+    read, and the typed result is built last."""
     original = obj
-    obj, scope = analysis_view(obj, seq_len, rho)
+    obj, scope = analysis_view(obj, seq_len, rho, **point)
     ctx = Ctx(obj)
     arb = Arbiter(obj, ctx.dl)        # ∂ℓ/∂r derived once, for every numeric check
     facts = grid_facts(arb)

@@ -300,8 +300,10 @@ def _scope(scope) -> list[str]:
                 "w·r·A times its aggregation weight, as for a token; on other responses it also depends on the rest "
                 "of the response"]
     if scope.get("held"):
-        out += ["  held       the language's third version is analysed at a stated point only (its full analysis is "
-                "not done yet): " + "; ".join(scope["held"])]
+        out += ["  held       the third version's constructs are analysed on a uniform batch (N responses in groups "
+                "of G, each of |y| tokens that share r, μ and A), and the claims below hold there only:"]
+        out += [f"             - {h['text']}" for h in scope["held"]]
+        out += [f"             {scope['exact']}"]
     if scope["rho_name"]:
         m = scope["mismatch_range"]
         lo, hi = m["w"]

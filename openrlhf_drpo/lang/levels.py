@@ -51,7 +51,8 @@ class Reduction:
     over: str          # what it reads (lang.operations.OVER)
     level: str         # argument_level: 'token' or 'response'
     policy: bool       # its argument reads the current policy (π, r, H or Σ_v π_v²), even under sg
-    gradient: bool     # a gradient passes through it: its argument depends on π, r or H outside sg
+    gradient: bool     # a gradient passes through it: its argument depends on π, r or H outside sg, and
+                       # it is not itself under sg (sg(group_mean(r)) reads the policy, passes no gradient)
 
     @property
     def width(self) -> str:
@@ -73,12 +74,22 @@ def reductions(root: Node) -> list[Reduction]:
                 policy.add(n)
             if any(a in live for a in n.args) and not passes_no_gradient(n.op) and not counts:
                 live.add(n)
+    # the nodes the objective's gradient reaches: not below sg, a condition or a count
+    reached, stack = {root}, [root]
+    while stack:
+        n = stack.pop()
+        if n.op in OPS and (passes_no_gradient(n.op) or OPS[n.op].reduce == "count"):
+            continue
+        for a in n.args:
+            if a not in reached:
+                reached.add(a)
+                stack.append(a)
     out = []
     for n in root.walk():
         if n.op in OPS and OPS[n.op].reduce:
             reads = OPS[n.op].reduce != "count"
             out.append(Reduction(n, OPS[n.op].over, argument_level(n, level), reads and n.args[0] in policy,
-                                 reads and n.args[0] in live))
+                                 reads and n.args[0] in live and n in reached))
     return out
 
 

@@ -143,36 +143,50 @@ def reads_whole_response(n: Node) -> bool:
     return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
 
 
-def held_count(over: str, level: str, length: Node) -> Node:
-    """How many elements a reduction reduces at uniform_view's point: its response's |y| tokens
-    (a prefix at the response's last token, a suffix at its first), a group of this one response,
-    a batch of this response alone (its |y| tokens, or the one response)."""
-    if over in ("response", "prefix", "suffix") or (over == "batch" and level == "token"):
-        return length
-    return ONE
+# The parameters uniform_view writes for what it holds (analysis.view renames one a file already uses)
+VIEW_NAMES = {"seq_len": "seq_len", "position": "p", "group_size": "G", "batch_size": "N", "rho": "rho",
+              "rho_ref": "rho_ref", "H": "H"}
 
 
-def uniform_view(n: Node, anchor: str, rho: str) -> Node:
-    """The objective on one response whose tokens all share r, μ and A, in r, μ, A and
-    parameters: each reduction is its value there (seq_mean(x) = x, seq_sum(x) = |y|·x, with |y|
-    the parameter seq_len; prefix reductions at the response's last token; a group of this one
-    response; a batch of this response alone: held_count), and the policy μ is not is μ times the
-    train/rollout ratio ρ (the parameter named `rho`): π_old = μ·ρ under @anchor = rollout,
-    π_rollout = μ/ρ under @anchor = old. The third version's inputs are held at a stated point:
-    π_ref = μ, H the parameter H, Σ_v π_v² = sg(π² + (1 − π)²) (the rest of the mass on one other
-    token). A token-level objective that names none of these is returned as it is."""
-    mu, length, ratio = Node("var", value="mu"), Node("param", value="seq_len"), Node("param", value=rho)
-    pi = Node("var", value="pi")
-    other = {"old": ("pi_rollout", div(mu, ratio)), "rollout": ("pi_old", mul(mu, ratio))}[anchor]
-    held = {f"pi_{anchor}": mu, other[0]: other[1], "seq_len": length, "pi_ref": mu, "H": Node("param", value="H"),
-            "sum_pi_sq": Node("sg", (add(power(pi, num(2)), power(sub(ONE, pi), num(2))),))}
+def held_count(over: str, level: str, point: dict) -> Node:
+    """How many elements a reduction reduces at uniform_view's point (`point`: the parameters
+    seq_len |y|, position p, group_size G and batch_size N, as Nodes): its response's |y| tokens;
+    a prefix at position p its first p, a suffix its last |y| − p + 1; a group its G responses,
+    position by position too (each has |y| tokens); the batch its N responses, or their N·|y| tokens."""
+    if over == "response":
+        return point["seq_len"]
+    if over == "prefix":
+        return point["position"]
+    if over == "suffix":
+        return add(sub(point["seq_len"], point["position"]), ONE)
+    if over == "group":
+        return point["group_size"]
+    return mul(point["batch_size"], point["seq_len"]) if level == "token" else point["batch_size"]
+
+
+def uniform_view(n: Node, anchor: str, names: dict | None = None) -> Node:
+    """The objective on a uniform batch, in r, μ, A and parameters (`names`, VIEW_NAMES by
+    default): N responses in groups of G, each of |y| tokens, every token sharing r, μ, A and the
+    held inputs, seen at position p of its response. Each reduction is its value there
+    (seq_mean(x) = x, seq_sum(x) = |y|·x, prefix_sum(x) = p·x, group_sum(x) = G·x, group_std(x) =
+    0, group_count(x) = G, batch_sum(x) = N·|y|·x or N·x: held_count). The policy μ is not is μ
+    times the train/rollout ratio ρ: π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
+    @anchor = old; π_ref = μ·ρ_ref (so π_ref/π = ρ_ref/r); H is a parameter; Σ_v π_v² =
+    sg(π² + (1 − π)²) (the rest of the mass on one other token). A token-level objective that
+    names none of these is returned as it is."""
+    names = {**VIEW_NAMES, **(names or {})}
+    point = {k: Node("param", value=v) for k, v in names.items()}
+    mu, pi = Node("var", value="mu"), Node("var", value="pi")
+    other = {"old": ("pi_rollout", div(mu, point["rho"])), "rollout": ("pi_old", mul(mu, point["rho"]))}[anchor]
+    held = {f"pi_{anchor}": mu, other[0]: other[1], "seq_len": point["seq_len"], "pi_ref": mul(mu, point["rho_ref"]),
+            "H": point["H"], "sum_pi_sq": Node("sg", (add(power(pi, num(2)), power(sub(ONE, pi), num(2))),))}
     level = levels(n)
     new: dict = {}
     for m in postorder(n):
         if m.op == "var" and m.value in held:
             new[m] = held[m.value]
         elif m.op in OPS and OPS[m.op].reduce:
-            count = held_count(OPS[m.op].over, argument_level(m, level), length)
+            count = held_count(OPS[m.op].over, argument_level(m, level), point)
             new[m] = OPS[m.op].uniform(new[m.args[0]], count)
         else:
             new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
