@@ -23,6 +23,11 @@ def test_the_entropy_alone_is_an_objective_with_a_gradient():
     assert lang.parse("0.01*H").names() == {"H"}
 
 
+def test_a_name_for_a_reduction_of_numbers_is_a_binding_not_a_parameter():
+    obj = lang.parse("p = 0.5\nt = prefix_sum(1)\nexp(clip(log(r), -0.1*t^p, 0.1*t^p))*A")
+    assert obj.params == {"p": 0.5} and "t" in obj.bindings and obj.bindings["t"].op == "prefix_sum"
+
+
 ERRORS = [
     # a name of an earlier file that is now a built-in
     ("H = 0.1\nr*A - H*(r - 1)^2", 1, 1,
@@ -126,7 +131,8 @@ def test_a_group_or_batch_reduction_reads_its_arguments_level():
 @pytest.mark.parametrize("text, view", [
     ("exp(prefix_sum(log(r)))*A", "exp(seq_len * log(r)) * A"),
     ("r*(A - group_mean(A)) + group_std(r) + group_count(A)", "r * (A - A) + 0 + 1"),
-    ("r*A*batch_mean(A) + batch_sum(seq_mean(r))", "r * A * A + r"),
+    ("r*A*batch_mean(A) + batch_sum(seq_mean(r))", "r * A * A + 1"),           # a batch statistic on policy
+    ("sg(min(r, batch_sum(sg(r))/batch_count(A)))*A*log(π)", "sg(min(r, seq_len * sg(1) / seq_len)) * A * log(π)"),
     ("r*A - exp(log(π_ref) - log(π)) + 0.1*H + sum_pi_sq", "r * A - exp(log(μ) - log(π)) + 0.1 * H + sg(π^2 + (1 - π)^2)"),
 ])
 def test_the_analysis_holds_the_third_version_at_a_stated_point(text, view):

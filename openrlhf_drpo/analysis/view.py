@@ -48,7 +48,8 @@ _HELD = {
     "prefix": "prefix reductions at the response's last token (prefix_sum(x) = |y|·x)",
     "group": "group reductions over a group of this one response (group_sum(x) = group_mean(x) = x, "
              "group_std(x) = 0, group_count(x) = 1)",
-    "batch": "batch reductions over a batch of this response alone (its |y| tokens, or the one response)",
+    "batch": "batch reductions held on policy (r = 1, π = μ: one token does not move a batch statistic) over |y| "
+             "tokens, or one response, like this one",
 }
 
 

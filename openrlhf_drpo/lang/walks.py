@@ -41,10 +41,8 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
         elif passes_no_gradient(m.op):
             memo[m] = ZERO      # sg, sign, [..] never look inside; a bare condition is refused below
         elif OPS[m.op].gradient == "reduction":
-            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response;
-            # a count reads no value at all
-            constant = OPS[m.op].reduce == "count" or (memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0))
-            memo[m] = ZERO if constant else None
+            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response
+            memo[m] = ZERO if memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0) else None
         elif any(memo[a] is None for a in m.args):
             memo[m] = None
         else:
@@ -160,7 +158,8 @@ def uniform_view(n: Node, anchor: str, rho: str) -> Node:
     train/rollout ratio ρ (the parameter named `rho`): π_old = μ·ρ under @anchor = rollout,
     π_rollout = μ/ρ under @anchor = old. The third version's inputs are held at a stated point:
     π_ref = μ, H the parameter H, Σ_v π_v² = sg(π² + (1 − π)²) (the rest of the mass on one other
-    token). A token-level objective that names none of these is returned as it is."""
+    token), and a batch statistic at its on-policy value (r = 1, π = μ). A token-level objective
+    that names none of these is returned as it is."""
     mu, length, ratio = Node("var", value="mu"), Node("param", value="seq_len"), Node("param", value=rho)
     pi = Node("var", value="pi")
     other = {"old": ("pi_rollout", div(mu, ratio)), "rollout": ("pi_old", mul(mu, ratio))}[anchor]
@@ -173,7 +172,20 @@ def uniform_view(n: Node, anchor: str, rho: str) -> Node:
             new[m] = held[m.value]
         elif m.op in OPS and OPS[m.op].reduce:
             count = held_count(OPS[m.op].over, argument_level(m, level), length)
-            new[m] = OPS[m.op].uniform(new[m.args[0]], count)
+            # a batch statistic does not move with one token's ratio: held on policy (r = 1)
+            x = _on_policy(new[m.args[0]]) if OPS[m.op].over == "batch" else new[m.args[0]]
+            new[m] = OPS[m.op].uniform(x, count)
+        else:
+            new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
+    return new[n]
+
+
+def _on_policy(n: Node) -> Node:
+    """n at r = 1, π = μ."""
+    new: dict = {}
+    for m in postorder(n):
+        if m.op == "var" and m.value in ("r", "pi"):
+            new[m] = ONE if m.value == "r" else Node("var", value="mu")
         else:
             new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
     return new[n]
