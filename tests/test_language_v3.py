@@ -23,6 +23,11 @@ def test_the_entropy_alone_is_an_objective_with_a_gradient():
     assert lang.parse("0.01*H").names() == {"H"}
 
 
+def test_a_name_for_a_reduction_of_numbers_is_a_binding_not_a_parameter():
+    obj = lang.parse("p = 0.5\nt = prefix_sum(1)\nexp(clip(log(r), -0.1*t^p, 0.1*t^p))*A")
+    assert obj.params == {"p": 0.5} and "t" in obj.bindings and obj.bindings["t"].op == "prefix_sum"
+
+
 ERRORS = [
     # a name of an earlier file that is now a built-in
     ("H = 0.1\nr*A - H*(r - 1)^2", 1, 1,
@@ -130,6 +135,7 @@ def test_a_group_or_batch_reduction_reads_its_arguments_level():
     ("exp(prefix_sum(log(r)))*A", "exp(p * log(r)) * A"),
     ("r*(A - group_mean(A)) + group_std(r) + group_count(A)", "r * (A - A) + 0 + G"),
     ("r*A*batch_mean(A) + batch_sum(seq_mean(r)) + batch_count(r)", "r * A * A + N * r + N * seq_len"),
+    ("sg(min(r, batch_sum(sg(r))/batch_count(A)))*A*log(π)", "sg(min(r, N * seq_len * sg(r) / (N * seq_len))) * A * log(π)"),
     ("r*A - exp(log(π_ref) - log(π)) + 0.1*H + sum_pi_sq",
      "r * A - exp(log(μ * ρ_ref) - log(π)) + 0.1 * H + sg(π^2 + (1 - π)^2)"),
 ])

@@ -72,13 +72,13 @@ def reductions(root: Node) -> list[Reduction]:
             counts = OPS[n.op].reduce == "count"       # a count reads no value
             if any(a in policy for a in n.args) and not counts:
                 policy.add(n)
-            if any(a in live for a in n.args) and not passes_no_gradient(n.op) and not counts:
+            if any(a in live for a in n.args) and not passes_no_gradient(n.op):
                 live.add(n)
     # the nodes the objective's gradient reaches: not below sg, a condition or a count
     reached, stack = {root}, [root]
     while stack:
         n = stack.pop()
-        if n.op in OPS and (passes_no_gradient(n.op) or OPS[n.op].reduce == "count"):
+        if n.op in OPS and passes_no_gradient(n.op):
             continue
         for a in n.args:
             if a not in reached:
@@ -106,3 +106,9 @@ def kept_whole(root: Node) -> tuple[str, ...]:
     every reduction over what its call holds, fixed inputs' statistics included)."""
     overs = {r.over for r in reductions(root)}
     return tuple(k for k, over in (("groups", "group"), ("batch", "batch")) if over in overs)
+
+
+def third_version(root: Node) -> bool:
+    """Whether the objective reads π_ref, H or Σ_v π_v², or has a prefix, group or batch reduction."""
+    return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq")) or
+               (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch")) for n in root.walk())

@@ -55,7 +55,10 @@ def torch_clip(x, lo, hi):
 # group or batch reduces to 0. core.codegen emits them only where an objective uses them.
 TORCH_REDUCTIONS = '''
 def _selected(x, m, other, like):
-    return torch.where(m, torch.as_tensor(x, dtype=like.dtype, device=like.device), other)
+    # a folded constant (prefix_sum(1)) is filled on the device: as_tensor of a number is a host copy
+    x = torch.full_like(like, x) if isinstance(x, (int, float)) else torch.as_tensor(x, dtype=like.dtype,
+                                                                                    device=like.device)
+    return torch.where(m, x, other)
 
 
 def _seq_sum(x, m, like):

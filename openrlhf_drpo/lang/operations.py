@@ -318,5 +318,6 @@ REDUCTIONS = tuple(k for k, op in OPS.items() if op.reduce)
 
 
 def passes_no_gradient(op: str) -> bool:
-    """sg, sign, [...] and the conditions: nothing below them is differentiated."""
-    return OPS[op].gradient in ("zero", "none")
+    """sg, sign, [...], the conditions and the counts (group_count, batch_count: they read no
+    value): nothing below them is differentiated."""
+    return OPS[op].gradient in ("zero", "none") or OPS[op].reduce == "count"

@@ -41,10 +41,8 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
         elif passes_no_gradient(m.op):
             memo[m] = ZERO      # sg, sign, [..] never look inside; a bare condition is refused below
         elif OPS[m.op].gradient == "reduction":
-            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response;
-            # a count reads no value at all
-            constant = OPS[m.op].reduce == "count" or (memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0))
-            memo[m] = ZERO if constant else None
+            # seq_mean(A) is a constant; seq_mean(log r) moves with every token of its response
+            memo[m] = ZERO if memo[m.args[0]] is not None and is_num(memo[m.args[0]], 0) else None
         elif any(memo[a] is None for a in m.args):
             memo[m] = None
         else:
