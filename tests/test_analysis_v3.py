@@ -3,19 +3,23 @@ weight on a uniform batch (N responses in groups of G, |y| tokens, position p) w
 and the statistics a file names held at stated points; the entropy's own gradient channel; and
 every claim with its evidence.
 
-The per-token gradient is checked against autograd through the operation rows' torch text and
-lang.lowerings' reduction helpers: the code core.codegen's plain path runs. (CompiledLoss does not
-take π_ref, H, Σπ² or groups yet on this branch: torch_objective below runs that code directly.)"""
+The per-token gradient on a uniform batch is checked against autograd through the operation rows'
+torch text and lang.lowerings' reduction helpers (the code core.codegen's plain path runs, with the
+uniform batch's groups by index); the channels of H and π_ref against autograd through
+CompiledLoss's plain path itself."""
 import functools
 import math
 from fractions import Fraction
 
 import numpy as np
 import pytest
+import sympy as sp
 import torch
 
 from openrlhf_drpo import lang
 from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.sampling import numpy_fn
+from openrlhf_drpo.core import CompiledLoss
 from openrlhf_drpo.analysis.report import report, to_json
 from openrlhf_drpo.lang.ir import postorder
 from openrlhf_drpo.lang.levels import argument_level, levels
@@ -134,3 +138,137 @@ def test_on_a_uniform_batch_each_tokens_gradient_is_the_derived_weight(text, hel
         at = grad[:-1, p - 1] if by_position else grad[m]
         assert torch.allclose(at, torch.full_like(at, expected), rtol=1e-9, atol=1e-15), (p, at, expected)
     assert torch.all(grad[~m] == 0)
+
+
+# ---------------------------------------------------------------- the channels of H and π_ref
+def at_tokens(e, **values):
+    """The analysis's SymPy formula e at arrays of r, μ, A, H and q (the names it reads)."""
+    names = {s.name: s for s in e.free_symbols}
+    keys = [k for k in values if k in names]
+    return np.asarray(numpy_fn([names[k] for k in keys], e)(*(values[k] for k in keys)), dtype=float) + 0 * values["r"]
+
+
+def random_tokens(seed=0, B=4, T=7):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    mask = torch.arange(T)[None, :] < torch.tensor([7, 3, 5, 6])[:, None]
+    return dict(logp=old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64), old=old,
+                A=torch.randn(B, T, generator=g, dtype=torch.float64) * 2,
+                ref=old + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64),
+                H=torch.rand(B, T, generator=g, dtype=torch.float64) * 3, mask=mask)
+
+
+ENTROPY_FORMS = [ENTROPY_BONUS, ENTROPY_CLIP, "r*A*exp(-0.1*H) + 0.01*H - 0.05*(H - 1)^2"]
+
+
+@pytest.mark.parametrize("text", ENTROPY_FORMS)
+def test_the_entropy_channel_is_autograds_gradient_in_h_through_the_compiled_loss(text):
+    """w_H(r, μ, A, H) at each unmasked token is −n·∂loss/∂H of CompiledLoss's plain path (the
+    loss is minus the token mean of ℓ over n tokens) at random r, A and H: H stays a symbol in
+    w_H, so one formula holds at every H."""
+    obj = lang.parse(text, "h.dsl")
+    channel = analyze(obj).entropy
+    assert channel["check"]["status"] == "confirmed" and channel["check"]["points"] == 64
+    t = random_tokens()
+    H = t["H"].clone().requires_grad_()
+    loss, _ = CompiledLoss(obj, fused=False)(t["logp"], t["old"], t["A"], t["mask"], entropy=H)
+    (grad,) = torch.autograd.grad(loss, H)
+    m, n = t["mask"], int(t["mask"].sum())
+    r, mu = torch.exp(t["logp"] - t["old"])[m].numpy(), torch.exp(t["old"])[m].numpy()
+    expected = at_tokens(channel["w_H"], r=r, mu=mu, A=t["A"][m].numpy(), H=t["H"][m].numpy())
+    assert np.allclose(-n * grad[m].numpy(), expected, rtol=1e-9, atol=1e-12)
+    assert torch.all(grad[~m] == 0)
+
+
+# the objective, and ∂ℓ_ref/∂log π of the terms that read π_ref, in q = π_ref/π (β = 0.04)
+PPO = "min(r*A, clip(r, 0.8, 1.2)*A)"
+REFERENCE_FORMS = [
+    (f"{PPO} - β*(π_ref/π - log(π_ref/π) - 1)", "-β * (π_ref / π - log(π_ref / π) - 1)", "(q - 1)/25"),    # k3
+    (f"{PPO} - β*log(π/π_ref)", "-β * log(π / π_ref)", "-1/25"),                                       # k1
+    (f"{PPO} - β/2*log(π/π_ref)^2", "-β / 2 * log(π / π_ref)^2", "log(q)/25"),                         # k2
+    ("r*A*(π_ref/π)^β", "r * A * (π_ref / π)^β", "24*A*q**(1/25)*r/25"),       # inside a product: the whole ℓ
+]
+
+
+@pytest.mark.parametrize("text, terms, grad", REFERENCE_FORMS)
+def test_the_reference_terms_gradient_reads_in_pi_ref_over_pi_and_is_autograds(text, terms, grad):
+    """The report names the terms that read π_ref and their ∂ℓ_ref/∂log π in q = π_ref/π (k3's
+    β·(q − 1)); that formula is −n·∂loss/∂log π of CompiledLoss's plain path on those terms alone,
+    at random π, μ, π_ref and A."""
+    res = analyze(lang.parse(f"β = 0.04\n{text}", "ref.dsl"))
+    out = to_json(res)["reference"]
+    assert (out["terms"], out["grad_log_pi"], out["check"]["status"]) == (terms, grad, "confirmed")
+    assert f"    ∂ℓ_ref/∂log π = {to_json(res)['text']['reference']}" in report(res)
+    t = random_tokens(1)
+    logp = t["logp"].clone().requires_grad_()
+    loss, _ = CompiledLoss(lang.parse(f"β = 0.04\n{terms}", "terms.dsl"), fused=False)(
+        logp, t["old"], t["A"], t["mask"], ref_log_probs=t["ref"])
+    (g,) = torch.autograd.grad(loss, logp)
+    m, n = t["mask"], int(t["mask"].sum())
+    q, r = torch.exp(t["ref"] - t["logp"])[m].numpy(), torch.exp(t["logp"] - t["old"])[m].numpy()
+    expected = at_tokens(res.reference["grad"], r=r, mu=torch.exp(t["old"])[m].numpy(), A=t["A"][m].numpy(), q=q)
+    assert np.allclose(-n * g[m].numpy(), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_a_channel_finite_differences_cannot_check_is_unconfirmed_not_confirmed():
+    """exp(10⁴·H) is a finite double only for H < 0.07: too few of the sampled H ∈ [0, 5]."""
+    res = analyze(lang.parse("r*A + exp(10000*H)", "steep.dsl"))
+    assert res.entropy["check"]["status"] == "unconfirmed" and res.entropy["check"]["points"] < 32
+    assert "    (unconfirmed: central finite differences of ℓ in H" in report(res)
+    assert "too few points where ℓ is a finite double)" in report(res)
+
+
+TTB = "ε = 0.2\ness = sg(batch_sum(r)^2/(batch_count(r)*batch_sum(r^2)))\nmin(r*A, clip(r, 1 - ε*ess, 1 + ε*ess)*A)"
+# what the report says for each construct: the lines that matter, each as the report prints it
+REPORT_LINES = [
+    (ENTROPY_BONUS, {}, [
+        "  locality   token: a token's loss reads the current policy at its own token only; a host may split the "
+        "batch anywhere, even a response into chunks of tokens",
+        "             - H = 1 nat (--set H=X), the entropy at the token",
+        "  entropy channel  w_H = ∂ℓ/∂H, so that ∇ℓ = w·r·A·∇log π + w_H·∇H (H's own gradient, beside w's)",
+        "    w_H = 0.01"]),
+    (K3, {}, [
+        "             - π_ref = ρ_ref·μ, ρ_ref = π_ref/μ held at 1 (--set rho_ref=X): the reference terms read π_ref/π "
+        "= ρ_ref/r",
+        "  reference  the terms that read π_ref, -β * (π_ref / π - log(π_ref / π) - 1), give w·r·A the part "
+        "∂ℓ_ref/∂log π (π_ref fixed), in q = π_ref/π",
+        "    ∂ℓ_ref/∂log π = (q − 1)/25"]),
+    (TTB, {}, [
+        "  locality   batch: a token's loss reads the current policy across the whole optimizer batch (there under "
+        "sg only: its gradient stays at its own token only); one loss call must hold the rank's whole optimizer "
+        "batch (sums all-reduced across ranks)",
+        "             - ess = sg(batch_sum(r)^2 / (batch_count(r) * batch_sum(r^2))) held as a parameter at 1 (its "
+        "value on the uniform batch: 1; --set ess=X): no gradient passes through it",
+        "    A > 0   r: 1.2    π: 6·μ/5    (reachable; w is 0 beyond it)"]),
+    (TTB, {"ess": Fraction(1, 2)}, [       # the boundary moves with the held ESS: 1 + ε·ess
+        "    A > 0   r: 1.1    π: 11·μ/10    (reachable; w is 0 beyond it)",
+        "    A < 0   r: 0.9    π: 9·μ/10    (reachable; w is 0 beyond it)"]),
+]
+
+
+@pytest.mark.parametrize("text, held, lines", REPORT_LINES, ids=["entropy", "k3", "batch-ess", "batch-ess-held"])
+def test_the_report_says_what_each_construct_is_analysed_as(text, held, lines):
+    got = report(analyze(lang.parse(text, "v3.dsl"), held=held)).splitlines()
+    assert [line for line in lines if line not in got] == []
+
+
+@pytest.mark.parametrize("text, said", [
+    (TTB, "w, its cases and its boundaries below are evaluated at the held ess = 1: numbers there, not functions "
+          "of them"),
+    (ENTROPY_CLIP, "w, its cases and its boundaries below are evaluated at the held H = 1"),
+    (K3, "w, its cases and its boundaries below are evaluated at the held ρ_ref = 1"),
+])
+def test_a_weight_that_reads_a_held_value_says_it_is_evaluated_there(text, said):
+    assert said in to_json(analyze(lang.parse(text, "v3.dsl")))["scope"]["exact"]
+
+
+def test_a_weight_that_reads_no_held_value_does_not_say_so():
+    assert "evaluated at the held" not in to_json(analyze(lang.parse(ENTROPY_BONUS, "v3.dsl")))["scope"]["exact"]
+
+
+def test_the_json_holds_both_channels_after_the_weight_and_only_where_read():
+    out = to_json(analyze(lang.parse(f"β = 0.04\n{PPO} + 0.01*H - β*log(π/π_ref)", "both.dsl")))
+    keys = list(out)
+    assert keys[keys.index("weight"):keys.index("cases") + 1] == ["weight", "entropy", "reference", "cases"]
+    assert (out["entropy"]["w_H"], out["text"]["w_H"], out["reference"]["grad_log_pi"]) == ("1/100", "0.01", "-1/25")
+    assert {"entropy", "reference"} & set(to_json(analyze(lang.parse(PPO, "ppo.dsl")))) == set()

@@ -19,7 +19,7 @@ LAYERS = [
     "core",
     "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.held", "analysis.view", "analysis.arbiter",
     "analysis.extremes", "analysis.events", "analysis.sampling", "analysis.intervals", "analysis.settling",
-    "analysis.zeros", "analysis.symbolic", "analysis.confirm", "analysis.alerts", "analysis.alert_text",
+    "analysis.zeros", "analysis.symbolic", "analysis.channels", "analysis.confirm", "analysis.alerts", "analysis.alert_text",
     "analysis.claims", "analysis.admissibility", "analysis.equiv", "analysis.result", "analysis.orchestrator",
     "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis",
     "objectives",

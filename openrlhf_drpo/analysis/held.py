@@ -100,9 +100,10 @@ def statements(obj, point: dict, stats: dict, values: dict) -> list[dict]:
     return [{"name": n, "value": v, "text": t} for n, v, t in out]
 
 
-def exactness(obj, locality: dict, moved: list[str]) -> str:
+def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = ()) -> str:
     """What the weight is on the uniform batch, and what the analysis does not claim there.
-    `moved`: the statistics held away from their uniform value."""
+    `moved`: the statistics held away from their uniform value; `in_weight`: the held values
+    ∂ℓ/∂r reads ('ess = 1'), at which w and its boundaries are evaluated."""
     prefix = any(r.gradient and r.over == "prefix" for r in reductions(obj.expr))
     wide = {"token": "", "response": "its response", "group": "its group", "batch": "the batch"}[locality["gradient"]]
     text = ("there each token's gradient is w·r·A (plus w_H·∇H where it reads H) times its aggregation weight, "
@@ -115,6 +116,9 @@ def exactness(obj, locality: dict, moved: list[str]) -> str:
     if moved:
         text += (f"; {', '.join(map(display_name, moved))} held away from its value on the uniform batch: no "
                  "uniform batch has it, and w is the token's weight given that value")
+    if in_weight:
+        text += (f"; w, its cases and its boundaries below are evaluated at the held {', '.join(in_weight)}: numbers "
+                 "there, not functions of them (they move with them: --set and the batch's shape give others)")
     if wide:
         text += f"; away from the uniform batch a token's gradient also depends on the rest of {wide}: not analysed"
     return text

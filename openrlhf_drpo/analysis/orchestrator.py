@@ -10,6 +10,7 @@ from openrlhf_drpo.analysis.admissibility import admissibility
 from openrlhf_drpo.analysis.alerts import domain_alerts, on_policy_alerts, result_alerts
 from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
+from openrlhf_drpo.analysis.channels import entropy_channel, reference_channel
 from openrlhf_drpo.analysis.claims import claims as claim_evidence
 from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries
 from openrlhf_drpo.analysis.context import Ctx
@@ -20,7 +21,7 @@ from openrlhf_drpo.lang.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
-from openrlhf_drpo.analysis.view import analysis_view, locality_of, mismatch_range
+from openrlhf_drpo.analysis.view import analysis_view, locality_of, mismatch_range, names_of_view
 
 
 def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
@@ -45,6 +46,9 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
         scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"], ctx.dl)
     claims = _derivation(ctx, arb, facts)
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
+    names = names_of_view(original)
+    result["entropy"] = entropy_channel(ctx, names["H"])
+    result["reference"] = reference_channel(ctx, names["rho_ref"], original)
     result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
     result["on_policy"] = on_policy(obj, ctx.dl)
     if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):

@@ -125,6 +125,32 @@ def _weight(res, evidence):
     return ["", "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π", f"    w = {_weight_text(res)}"]
 
 
+@line("entropy")
+def _entropy(res, evidence):
+    return ["", "  entropy channel  w_H = ∂ℓ/∂H, so that ∇ℓ = w·r·A·∇log π + w_H·∇H (H's own gradient, beside w's)",
+            f"    w_H = {_formula(res.entropy['w_H'])}", _checked(res.entropy["check"])]
+
+
+@line("reference")
+def _reference(res, evidence):
+    ref = res.reference
+    return ["", f"  reference  the terms that read π_ref, {ref['terms']}, give w·r·A the part ∂ℓ_ref/∂log π "
+            "(π_ref fixed), in q = π_ref/π", f"    ∂ℓ_ref/∂log π = {_formula(ref['grad'])}", _checked(ref["check"])]
+
+
+def _formula(e) -> str:
+    return "(not derived: see notes)" if e is None else clip_text(math_text(e, weight=True))
+
+
+def _checked(c) -> str:
+    """How a channel's formula is known (analysis.channels): finite differences confirm it, or not."""
+    if c["status"] == "not derived":
+        return "    (nothing to check)"
+    said = "DISAGREES" if c["status"] == "disagrees" else c["status"]
+    too_few = "; too few points where ℓ is a finite double" if c["status"] == "unconfirmed" else ""
+    return f"    ({said}: {c['method']}, at {c['points']} random points, max rel. error {c['max_rel_error']:.1e}{too_few})"
+
+
 @line("cases")
 def _cases(res, evidence):
     lines = ["", "  cases"] + ["    (not derived: see notes)"] * (not res.cases)
@@ -214,8 +240,10 @@ def report(res: Analysis) -> str:
     shown = _lines_shown()
     out = []
     for name, render in LINES.items():
-        evidence = shown[name].metadata["evidence"]
-        out += render(res, res.claims[evidence] if evidence else None)
+        meta = shown[name].metadata
+        if meta["optional"] and getattr(res, shown[name].name) is None:
+            continue
+        out += render(res, res.claims[meta["evidence"]] if meta["evidence"] else None)
     return "\n".join(out)
 
 
@@ -224,8 +252,8 @@ def to_json(res: Analysis) -> dict:
     out = {}
     for f in fields(Analysis):
         name, encode = f.metadata["json"], f.metadata["encode"]
-        if name:
-            value = getattr(res, f.name)
+        value = getattr(res, f.name)
+        if name and not (f.metadata["optional"] and value is None):
             out[name] = encode(value) if encode else value
     return out
 

@@ -8,9 +8,10 @@ from fractions import Fraction
 
 from openrlhf_drpo.analysis.held import GROUP_SIZE, HELD, exactness, holdable, statements, statistics
 from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.lang.names import display_name
 from openrlhf_drpo.lang.levels import WIDTHS, kept_whole, locality, reductions
 from openrlhf_drpo.lang.objective import Objective
-from openrlhf_drpo.lang.walks import VIEW_NAMES, numpy_plan, reads_whole_response, uniform_view
+from openrlhf_drpo.lang.walks import VIEW_NAMES, derivative, numpy_plan, reads_whole_response, uniform_view
 
 
 def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, batch_size=None, position=None,
@@ -35,9 +36,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, ba
         if held:
             _check_held(obj, held, set())
         return obj, scope
-    taken = set(obj.params) | set(obj.bindings)
-    view_names = {k: v if v not in taken else v + "_held" for k, v in VIEW_NAMES.items()}
-    view_names["rho"] = "rho" if "rho" not in obj.params else "rho_mismatch"
+    view_names = names_of_view(obj)
     point = {"seq_len": seq_len, "position": position, "group_size": group_size, "batch_size": batch_size}
     values = {view_names[k]: Fraction(v) for k, v in point.items()}
     stats = statistics(obj, obj.options["anchor"], view_names, values)
@@ -53,9 +52,18 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, ba
     scope["held"] = statements(obj, point, stats, chosen)
     if scope["held"]:
         moved = [k for k, (_, v) in stats.items() if chosen[k] != v]
-        scope["exact"] = exactness(obj, locality_of(obj), moved)
+        scope["exact"] = exactness(obj, locality_of(obj), moved, _in_weight(expr, scope["held"], view_names))
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope
+
+
+def _in_weight(expr: Node, held: list, view_names: dict) -> list[str]:
+    """The held values ∂ℓ/∂r reads, as 'name = value' (w, its cases and boundaries are numbers
+    there, not functions of them)."""
+    param = {"G": "group_size", "N": "batch_size", "p": "position", "rho_ref": "rho_ref", "H": "H"}
+    read = {n.value for n in derivative(expr).walk() if n.op == "param"}
+    return [f"{display_name(h['name'])} = {float(h['value']):g}" for h in held
+            if h["value"] is not None and view_names.get(param.get(h["name"]), h["name"]) in read]
 
 
 def _check_point(seq_len, group_size, batch_size, position):
@@ -79,9 +87,17 @@ def _check_held(obj, held: dict, allowed: set):
             raise ValueError(f"{name} = {value}: {why}")
 
 
+def names_of_view(obj: Objective) -> dict:
+    """The parameters uniform_view writes for obj (VIEW_NAMES; one the file already uses is renamed)."""
+    taken = set(obj.params) | set(obj.bindings)
+    names = {k: v if v not in taken else v + "_held" for k, v in VIEW_NAMES.items()}
+    names["rho"] = "rho" if "rho" not in obj.params else "rho_mismatch"
+    return names
+
+
 def held_names(obj: Objective) -> set[str]:
     """The values obj's analysis holds that --set may give (H, rho_ref, a statistic's binding name)."""
-    names = {k: v if v not in set(obj.params) | set(obj.bindings) else v + "_held" for k, v in VIEW_NAMES.items()}
+    names = names_of_view(obj)
     point = {names[k]: Fraction(1) for k in ("seq_len", "position", "group_size", "batch_size")}
     point[names["group_size"]] = point[names["batch_size"]] = Fraction(GROUP_SIZE)
     return holdable(obj, statistics(obj, obj.options["anchor"], names, point))
