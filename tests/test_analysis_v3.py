@@ -272,3 +272,10 @@ def test_the_json_holds_both_channels_after_the_weight_and_only_where_read():
     assert keys[keys.index("weight"):keys.index("cases") + 1] == ["weight", "entropy", "reference", "cases"]
     assert (out["entropy"]["w_H"], out["text"]["w_H"], out["reference"]["grad_log_pi"]) == ("1/100", "0.01", "-1/25")
     assert {"entropy", "reference"} & set(to_json(analyze(lang.parse(PPO, "ppo.dsl")))) == set()
+
+
+def test_a_reduction_over_the_whole_sum_makes_the_whole_objective_the_reference_term():
+    """group_mean(a + b) is a + b on the uniform batch: the view's terms are not the file's."""
+    out = to_json(analyze(lang.parse("β = 0.04\ngroup_mean(r*A - β*log(π/π_ref))", "gm.dsl")))["reference"]
+    assert (out["terms"], out["grad_log_pi"], out["check"]["status"]) == (
+        "group_mean(r * A - β * log(π / π_ref))", "(25*A*r - 1)/25", "confirmed")

@@ -60,7 +60,8 @@ def reference_channel(ctx, ref_name: str, original) -> dict | None:
     if not _reads(view.expr, ref_name):
         return None
     pairs = list(zip(_terms(view.expr), _terms(original.expr)))
-    if len(pairs) != len(_terms(original.expr)):        # the view changed the sum's shape: the whole objective
+    if len(_terms(view.expr)) != len(pairs) or len(_terms(original.expr)) != len(pairs):
+        # the view changed the sum's shape (group_mean(a + b) is a + b there): the whole objective
         pairs = [((1, view.expr), (1, original.expr))]
     chosen = [(v, o) for v, o in pairs if _reads(v[1], ref_name)]
     term = _sum([v for v, _ in chosen])
