@@ -271,6 +271,7 @@ def test_the_json_holds_both_channels_after_the_weight_and_only_where_read():
     keys = list(out)
     assert keys[keys.index("weight"):keys.index("cases") + 1] == ["weight", "entropy", "reference", "cases"]
     assert (out["entropy"]["w_H"], out["text"]["w_H"], out["reference"]["grad_log_pi"]) == ("1/100", "0.01", "-1/25")
+    assert out["symbols"] == ["r", "mu", "A", "beta", "rho_ref", "H", "q"]     # what its formulas read back over
     assert {"entropy", "reference"} & set(to_json(analyze(lang.parse(PPO, "ppo.dsl")))) == set()
 
 

@@ -23,7 +23,8 @@ def _swap(n: Node, swap: dict) -> Node:
     new: dict = {}
     for m in postorder(n):
         key = (m.op, m.value) if m.op in ("var", "param") else None
-        new[m] = swap[key] if key in swap else Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
+        rebuilt = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
+        new[m] = swap.get(key, rebuilt)
     return new[n]
 
 
@@ -143,8 +144,9 @@ def _reference_check(view, term, ref_name, g) -> dict:
 
     def ell(x):
         return run({"r": x, "mu": mu, "pi": mu * x, "A": A, **params}, frozen)[0]
-    return _compare(lambda x: r * ell(x), r, h, lambda: g(r, mu, A, q), "central finite differences of the terms in "
-                    f"log π at fixed π_ref by the IR's float rules, q = π_ref/π ∈ [{Q_RANGE[0]:g}, {Q_RANGE[1]:g}]")
+    method = ("central finite differences of the terms in log π at fixed π_ref by the IR's float rules, "
+              f"q = π_ref/π ∈ [{Q_RANGE[0]:g}, {Q_RANGE[1]:g}]")
+    return _compare(lambda x: r * ell(x), r, h, lambda: g(r, mu, A, q), method)
 
 
 def _compare(ell, x0, h, expected_fn, method) -> dict:

@@ -127,7 +127,8 @@ def _weight(res, evidence):
 
 @line("entropy")
 def _entropy(res, evidence):
-    return ["", "  entropy channel  w_H = ∂ℓ/∂H, so that ∇ℓ = w·r·A·∇log π + w_H·∇H (H's own gradient, beside w's)",
+    return ["", "  entropy channel  w_H = ∂ℓ/∂H, so that ∇ℓ = w·r·A·∇log π + w_H·∇H "
+                "(H's own gradient, beside w's)",
             f"    w_H = {_formula(res.entropy['w_H'])}", _checked(res.entropy["check"])]
 
 
@@ -135,7 +136,8 @@ def _entropy(res, evidence):
 def _reference(res, evidence):
     ref = res.reference
     return ["", f"  reference  the terms that read π_ref, {ref['terms']}, give w·r·A the part ∂ℓ_ref/∂log π "
-            "(π_ref fixed), in q = π_ref/π", f"    ∂ℓ_ref/∂log π = {_formula(ref['grad'])}", _checked(ref["check"])]
+            "(π_ref fixed), in q = π_ref/π",
+            f"    ∂ℓ_ref/∂log π = {_formula(ref['grad'])}", _checked(ref["check"])]
 
 
 def _formula(e) -> str:

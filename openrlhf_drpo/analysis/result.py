@@ -79,7 +79,9 @@ class Analysis:
     options: dict = declared(json="options", line="options")
     # names SymPy would read as its own (E, I, N, S, O, Q, beta, gamma, pi, ...) read back as
     # symbols with sympy.sympify(text, locals={n: sympy.Symbol(n) for n in symbols})
-    symbols: list = declared(json="symbols", derive=lambda res: ["r", "mu", "A", *res.params])
+    # (q = π_ref/π too, where the reference terms' formula reads it)
+    symbols: list = declared(json="symbols",
+                             derive=lambda res: ["r", "mu", "A", *res.params, *(["q"] if res.reference else [])])
     scope: dict = declared(json="scope", line="scope")
     objective: str = declared(json="objective", line="objective")
     # token | response | group | batch, the widest a gradient reaches and what a loss call must hold
