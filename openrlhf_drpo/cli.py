@@ -9,11 +9,14 @@ import os
 import sys
 
 from openrlhf_drpo.lang import DslError, load
+from openrlhf_drpo.analysis.held import GROUP_SIZE
 from openrlhf_drpo.lang.objective import parse_overrides
 
 
-def _load_all(specs, overrides):
-    """Each objective takes the overrides naming its parameters; a name no objective has is an error."""
+def _load_all(specs, overrides, held: list | None = None):
+    """Each objective takes the overrides naming its parameters; with `held` (drpo-analyze), those
+    naming a value its analysis holds (H, rho_ref, a statistic's binding: analysis.view.held_names)
+    go to held[i], its own; a name no objective has is an error."""
     from openrlhf_drpo.lang.objective import param_key
     objs = [load(spec) for spec in specs]
     used = set()
@@ -21,10 +24,34 @@ def _load_all(specs, overrides):
         mine = {k: v for k, v in overrides.items() if param_key(k) in obj.params}
         used |= set(mine)
         objs[i] = obj.with_overrides(mine, where="--set")
+    rest = {k: v for k, v in overrides.items() if k not in used}
+    if rest and held is not None:
+        from openrlhf_drpo.analysis.view import held_names
+        for obj in objs:
+            mine = {k: v for k, v in rest.items() if param_key(k) in held_names(obj)}
+            used |= set(mine)
+            held.append({param_key(k): _held_value(k, v) for k, v in mine.items()})
     unused = [k for k in overrides if k not in used]
     if unused:   # let the first objective report the unknown name with its located message
         objs[0].with_overrides({unused[0]: overrides[unused[0]]}, where="--set")
     return objs
+
+
+def _held_value(name, value):
+    """A held value from --set NAME=VALUE, a finite number the analysis can hold, as an exact Fraction."""
+    from fractions import Fraction
+
+    from openrlhf_drpo.analysis.view import held_value_error
+    text = f"{name}={value}"
+    try:
+        number = Fraction(str(value).strip())
+        why = held_value_error(name, number)
+    except (ValueError, ZeroDivisionError):
+        number, why = None, "write a decimal number such as 0.2, .5 or 1e-3"
+    if why:
+        raise DslError(f"held value '{value}' for '{name}' is not one the analysis can hold", "--set", 1,
+                       len(name) + 2, text, why)
+    return number
 
 
 def _positive(kind):
@@ -67,6 +94,13 @@ def analyze_main(argv: list[str] | None = None) -> int:
                     help="a sequence objective is analysed on a response of N tokens that share r, μ and A (default 1)")
     ap.add_argument("--rho", type=_positive(float), default=1.0, metavar="X",
                     help="the train/rollout ratio π_old/π_rollout the analysis holds (default 1: no mismatch)")
+    ap.add_argument("--group-size", type=_positive(int), default=GROUP_SIZE, metavar="G",
+                    help=f"group reductions are analysed on a group of G equal responses (default {GROUP_SIZE})")
+    ap.add_argument("--batch-size", type=_positive(int), default=None, metavar="N",
+                    help="batch reductions are analysed on a batch of N such responses, a multiple of G (default G)")
+    ap.add_argument("--position", type=_positive(int), default=None, metavar="P",
+                    help="prefix reductions are analysed at the P-th token of the response, P ≤ --seq-len "
+                         "(default: the last)")
     ap.add_argument("--equiv", action="store_true",
                     help="with two objectives: do they train identically? exit 0 equivalent, 1 not, 2 on errors")
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
@@ -74,10 +108,16 @@ def analyze_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.plot is not None:
         _check_plot_path(ap, args.plot)
+    if args.batch_size is not None and args.batch_size % args.group_size:
+        ap.error(f"--batch-size {args.batch_size} is not a multiple of --group-size {args.group_size}: the uniform "
+                 "batch holds whole groups")
+    if args.position is not None and args.position > args.seq_len:
+        ap.error(f"--position {args.position} is past the response's last token (--seq-len {args.seq_len})")
     if args.equiv:
         return _equiv(ap, args)
     try:
-        objs = _load_all(args.objectives, parse_overrides(args.set))
+        held: list = []
+        objs = _load_all(args.objectives, parse_overrides(args.set), None if args.emit_torch else held)
         if args.emit_torch:
             from openrlhf_drpo.core.codegen import torch_source
             print("\n\n".join(torch_source(o) for o in objs))
@@ -85,9 +125,10 @@ def analyze_main(argv: list[str] | None = None) -> int:
         from openrlhf_drpo.analysis.orchestrator import analyze
         from openrlhf_drpo.analysis.report import comparison, report, to_json
         results = []
-        for obj in objs:
+        point = {"group_size": args.group_size, "batch_size": args.batch_size, "position": args.position}
+        for obj, values in zip(objs, held or [{}] * len(objs)):
             try:
-                results.append(analyze(obj, args.seq_len, args.rho))
+                results.append(analyze(obj, args.seq_len, args.rho, **point, held=values))
             except Exception as e:   # a bug of ours, not bad input: say which objective, no traceback
                 if args.traceback:
                     raise

@@ -74,3 +74,18 @@ SEQUENCE_OBJECTIVES = st.one_of(
     st.tuples(_REDUCTIONS, _SEQ_LEAVES, _REDUCED).map(lambda t: f"{t[0]}(({t[1]})*({t[2]}))*A"),
     st.tuples(_REDUCED, _REDUCED).map(lambda t: f"exp(({t[0]})/8)*({t[1]})"),
 )
+
+
+# The third version: random compositions of the prefix, group and batch reductions (nested too), over
+# the new inputs, response-level values and the objectives above.
+_V3_REDUCTIONS = st.sampled_from(["prefix_sum", "prefix_mean", "group_sum", "group_mean", "group_std", "group_count",
+                                  "batch_sum", "batch_mean", "batch_count"])
+_V3_LEAVES = st.one_of(OBJECTIVES, st.sampled_from(["H", "sum_π_sq", "log(π_ref) - log(μ)", "seq_mean(r)", "seq_len",
+                                                    "sg(r)"]))
+_V3_REDUCED = st.tuples(_V3_REDUCTIONS, _V3_LEAVES).map(lambda t: f"{t[0]}({t[1]})")
+V3_OBJECTIVES = st.one_of(
+    st.tuples(_V3_LEAVES, st.sampled_from(["+", "-", "*"]), _V3_REDUCED).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
+    st.tuples(_V3_REDUCTIONS, _V3_LEAVES, _V3_REDUCED).map(lambda t: f"{t[0]}(({t[1]})*({t[2]}))*A"),
+    st.tuples(_V3_REDUCED, _V3_REDUCED).map(lambda t: f"exp(({t[0]})/8)*({t[1]})"),
+    st.tuples(_V3_REDUCED, _V3_LEAVES).map(lambda t: f"({t[1]})/(1 + ({t[0]})^2)"),
+)

@@ -12,14 +12,14 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "openrlhf_drpo"
 # (its engine, the typed result, its entry point and presentation), the shipped library, the
 # hosts, the lab, the command line
 LAYERS = [
-    "lang.errors", "lang.names", "lang.ir", "lang.lowerings", "lang.operations", "lang.walks", "lang.printing",
+    "lang.errors", "lang.names", "lang.ir", "lang.lowerings", "lang.operations", "lang.levels", "lang.walks", "lang.printing",
     "lang.source", "lang.objective", "lang.expressions", "lang.parser", "lang",
     "core.rewrites", "core.reverse_mode", "core.codegen", "core.values", "core.boundary", "core.kernels",
     "core.measures", "core.loss",
     "core",
-    "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.view", "analysis.arbiter",
+    "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.held", "analysis.view", "analysis.arbiter",
     "analysis.extremes", "analysis.events", "analysis.sampling", "analysis.intervals", "analysis.settling",
-    "analysis.zeros", "analysis.symbolic", "analysis.confirm", "analysis.alerts", "analysis.alert_text",
+    "analysis.zeros", "analysis.symbolic", "analysis.channels", "analysis.confirm", "analysis.alerts", "analysis.alert_text",
     "analysis.claims", "analysis.admissibility", "analysis.equiv", "analysis.result", "analysis.orchestrator",
     "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis",
     "objectives",

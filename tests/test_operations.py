@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -14,10 +15,11 @@ import sympy as sp
 import torch
 
 from openrlhf_drpo import lang
-from openrlhf_drpo.core.codegen import KERNELS, torch_source
+from openrlhf_drpo.core.codegen import KERNELS
 from openrlhf_drpo.lang.ir import ONE, ZERO, Node, num
+from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS
 from openrlhf_drpo.lang.operations import FUNCTIONS, OPS, Op
-from openrlhf_drpo.lang.walks import NonLocal, derivative, evaluate, to_sympy
+from openrlhf_drpo.lang.walks import NonLocal, derivative, evaluate, held_count, to_sympy
 
 NAN, INF = math.nan, math.inf
 SPECIAL = [0.0, -0.0, 1e-300, -1e-300, 1e-8, 0.3, -0.3, 1.0, -1.0, 2.5, -2.5, 6.0, -6.0, 27.0, -27.0, 40.0,
@@ -269,29 +271,50 @@ def test_a_condition_has_no_derivative_and_is_refused_where_one_is_asked_for(nam
 
 # ---------------------------------------------------------------- reductions
 def _reductions():
-    """The reductions' torch helpers, from the source generated for an objective that uses them."""
+    """The reductions' torch helpers, as generated code holds them."""
     namespace = {"torch": torch, "math": math}
-    exec(torch_source(lang.parse("(seq_sum(r) + seq_mean(r) + seq_max(r) + seq_min(r))*A")), namespace)
+    exec(TORCH_REDUCTIONS, namespace)
     return namespace
 
 
-@pytest.mark.parametrize("name", [k for k, op in OPS.items() if op.reduce])
-def test_a_reduction_on_a_response_of_equal_tokens_is_its_rows_uniform_value(name):
-    op, helpers = OPS[name], _reductions()
+def _reduced(name, level, values, mask):
+    """The row's torch text on one response (a group of one, a batch of one)."""
+    op = OPS[name]
+    code = op.torch("v", level) if op.over in ("group", "batch") else op.torch("v")
+    return eval(code, {**_reductions(), "v": values, "m": mask, "logp": values, "group": torch.zeros(1, dtype=torch.long),
+                       "pg": None})[0]
+
+
+# a group or batch reduction reads its argument's level: each is checked at both
+LEVELED = [(k, level) for k, op in OPS.items() if op.reduce
+           for level in (("token", "response") if op.over in ("group", "batch") else ("token",))]
+
+
+@pytest.mark.parametrize("name, level", LEVELED)
+def test_a_reduction_where_all_it_reduces_is_equal_is_its_rows_uniform_value(name, level):
+    """At every position p of a response of |y| = 3 equal tokens (a group of G = 1, a batch of N = 1),
+    the torch text gives the row's uniform value with uniform_view's count (held_count)."""
+    op = OPS[name]
     length = 3
     for x in SPECIAL:
         values = torch.full((1, length), x, dtype=torch.float64)
         mask = torch.ones(1, length, dtype=torch.bool)
-        got = eval(op.torch("v"), {**helpers, "v": values, "m": mask, "logp": values})
-        want = evaluate(op.uniform(Node("var", value="x"), Node("var", value="n")), {"x": x, "n": float(length)})
-        assert all(same(float(g), want) for g in got[0]), (name, x, got, want)
-        empty = eval(op.torch("v"), {**helpers, "v": values, "m": torch.zeros_like(mask), "logp": values})
+        got = _reduced(name, level, values, mask)
+        for p in range(1, length + 1):
+            point = {k: Node("num", value=Fraction(v)) for k, v in
+                     (("seq_len", length), ("position", p), ("group_size", 1), ("batch_size", 1))}
+            want = evaluate(op.uniform(Node("var", value="x"), held_count(op.over, level, point)), {"x": x})
+            assert same(float(got[p - 1]), want), (name, x, p, got, want)
+        empty = _reduced(name, level, values, torch.zeros_like(mask))
         assert not empty.any()      # an empty response reduces to 0
     for lowering in (lambda: op.sympy(sp, sp.Symbol("x")), lambda: op.py(1.0), lambda: op.np("x")):
-        with pytest.raises(ValueError, match=f"{name} has no per-token value: rewrite sequence reductions first"):
+        with pytest.raises(ValueError, match=f"{name} has no per-token value: rewrite reductions first"):
             lowering()
     assert derivative(Node(name, (Node("var", value="A"),))) is ZERO         # a constant response
-    with pytest.raises(NonLocal, match="a sequence reduction of the policy has no per-token derivative"):
+    if op.reduce == "count":        # a count reads no value: never a gradient
+        assert derivative(Node(name, (Node("var", value="r"),))) is ZERO
+        return
+    with pytest.raises(NonLocal, match="a reduction of the policy has no per-token derivative"):
         derivative(Node(name, (Node("var", value="r"),)))
 
 
@@ -320,7 +343,9 @@ def test_codegen_has_a_kernel_entry_for_every_row_and_the_eager_floats_of_every_
 
 def test_the_functions_a_user_calls_are_the_callable_rows_each_with_its_signature():
     assert list(FUNCTIONS) == ["log", "exp", "sqrt", "abs", "sign", "erf", "atan", "softsign", "min", "max",
-                               "clip", "sg", "seq_sum", "seq_mean", "seq_max", "seq_min"]
+                               "clip", "sg", "seq_sum", "seq_mean", "seq_max", "seq_min", "prefix_sum", "prefix_mean",
+                               "group_sum", "group_mean", "group_std", "group_count", "batch_sum", "batch_mean",
+                               "batch_count"]
     for name in FUNCTIONS:
         sig = OPS[name].signature
         assert sig.startswith(f"{name}(") and FUNCTIONS[name] == OPS[name].arity

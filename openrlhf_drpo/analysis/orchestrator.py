@@ -10,6 +10,7 @@ from openrlhf_drpo.analysis.admissibility import admissibility
 from openrlhf_drpo.analysis.alerts import domain_alerts, on_policy_alerts, result_alerts
 from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
+from openrlhf_drpo.analysis.channels import entropy_channel, reference_channel
 from openrlhf_drpo.analysis.claims import claims as claim_evidence
 from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries
 from openrlhf_drpo.analysis.context import Ctx
@@ -20,14 +21,16 @@ from openrlhf_drpo.lang.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
-from openrlhf_drpo.analysis.view import analysis_view, mismatch_range
+from openrlhf_drpo.analysis.view import analysis_view, locality_of, mismatch_range, names_of_view
 
 
-def analyze(obj: Objective, seq_len=1, rho=1) -> Analysis:
-    """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them): each
-    step adds to `result` the fields the next ones read, and the typed result is built last."""
+def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
+    """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
+    uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
+    analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
+    read, and the typed result is built last."""
     original = obj
-    obj, scope = analysis_view(obj, seq_len, rho)
+    obj, scope = analysis_view(obj, seq_len, rho, **point)
     ctx = Ctx(obj)
     arb = Arbiter(obj, ctx.dl)        # ∂ℓ/∂r derived once, for every numeric check
     facts = grid_facts(arb)
@@ -37,11 +40,15 @@ def analyze(obj: Objective, seq_len=1, rho=1) -> Analysis:
         "options": dict(obj.options),
         "objective": original.canonical().splitlines()[-1],
         "scope": scope,
+        "locality": locality_of(original),
     }
     if scope["rho_name"]:
         scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"], ctx.dl)
     claims = _derivation(ctx, arb, facts)
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
+    names = names_of_view(original)
+    result["entropy"] = entropy_channel(ctx, names["H"])
+    result["reference"] = reference_channel(ctx, names["rho_ref"], original)
     result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
     result["on_policy"] = on_policy(obj, ctx.dl)
     if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):

@@ -95,9 +95,62 @@ def _scope_lines(res, evidence):
     return _scope(res.scope)
 
 
+# what each locality means for a host: what a token's loss reads, and what a loss call must hold
+_ACROSS = {"token": "at its own token only", "response": "across its response", "group": "across its prompt's group",
+           "batch": "across the whole optimizer batch"}
+_WHOLE = {"token": "a host may split the batch anywhere, even a response into chunks of tokens",
+          "response": "each loss call must hold whole responses (a host that splits a response into chunks "
+                      "of tokens cannot run it)",
+          "group": "each loss call must hold whole groups (the compiled loss reduces over what one call holds)",
+          "batch": "one loss call must hold the rank's whole optimizer batch (sums all-reduced across ranks)"}
+_KEPT = {"groups": ("group", "whole groups"), "batch": ("batch", "the rank's whole batch")}
+
+
+@line("locality")
+def _locality(res, evidence):
+    loc = res.locality
+    width, through = loc["width"], loc["gradient"]
+    text = f"  locality   {width}: a token's loss reads the current policy {_ACROSS[width]}"
+    if through != width:
+        text += f" (there under sg only: its gradient stays {_ACROSS[through]})"
+    wider = [_KEPT[k][1] for k in loc["kept_whole"] if _KEPT[k][0] != width]
+    if wider and width == "token":
+        return [text + "; a statistic of fixed inputs in it needs " + " and ".join(wider) + " in each loss call"]
+    text += f"; {_WHOLE[width]}"
+    return [text + "".join(f", and a statistic of fixed inputs needs {w}" for w in wider)]
+
+
 @line("weight")
 def _weight(res, evidence):
     return ["", "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π", f"    w = {_weight_text(res)}"]
+
+
+@line("entropy")
+def _entropy(res, evidence):
+    return ["", "  entropy channel  w_H = ∂ℓ/∂H, so that ∇ℓ = w·r·A·∇log π + w_H·∇H "
+                "(H's own gradient, beside w's)",
+            f"    w_H = {_formula(res.entropy['w_H'])}", _checked(res.entropy["check"])]
+
+
+@line("reference")
+def _reference(res, evidence):
+    ref = res.reference
+    return ["", f"  reference  the terms that read π_ref, {ref['terms']}, give w·r·A the part ∂ℓ_ref/∂log π "
+            "(π_ref fixed), in q = π_ref/π",
+            f"    ∂ℓ_ref/∂log π = {_formula(ref['grad'])}", _checked(ref["check"])]
+
+
+def _formula(e) -> str:
+    return "(not derived: see notes)" if e is None else clip_text(math_text(e, weight=True))
+
+
+def _checked(c) -> str:
+    """How a channel's formula is known (analysis.channels): finite differences confirm it, or not."""
+    if c["status"] == "not derived":
+        return "    (nothing to check)"
+    said = "DISAGREES" if c["status"] == "disagrees" else c["status"]
+    too_few = "; too few points where ℓ is a finite double" if c["status"] == "unconfirmed" else ""
+    return f"    ({said}: {c['method']}, at {c['points']} random points, max rel. error {c['max_rel_error']:.1e}{too_few})"
 
 
 @line("cases")
@@ -189,8 +242,10 @@ def report(res: Analysis) -> str:
     shown = _lines_shown()
     out = []
     for name, render in LINES.items():
-        evidence = shown[name].metadata["evidence"]
-        out += render(res, res.claims[evidence] if evidence else None)
+        meta = shown[name].metadata
+        if meta["optional"] and getattr(res, shown[name].name) is None:
+            continue
+        out += render(res, res.claims[meta["evidence"]] if meta["evidence"] else None)
     return "\n".join(out)
 
 
@@ -199,8 +254,8 @@ def to_json(res: Analysis) -> dict:
     out = {}
     for f in fields(Analysis):
         name, encode = f.metadata["json"], f.metadata["encode"]
-        if name:
-            value = getattr(res, f.name)
+        value = getattr(res, f.name)
+        if name and not (f.metadata["optional"] and value is None):
             out[name] = encode(value) if encode else value
     return out
 
@@ -274,6 +329,11 @@ def _scope(scope) -> list[str]:
                 "             and seq_sum(x) = |y|·x, r is the response's ratio (GSPO's s), and each token's gradient is "
                 "w·r·A times its aggregation weight, as for a token; on other responses it also depends on the rest "
                 "of the response"]
+    if scope.get("held"):
+        out += ["  held       the third version's constructs are analysed on a uniform batch (N responses in groups "
+                "of G, each of |y| tokens that share r, μ and A), and the claims below hold there only:"]
+        out += [f"             - {h['text']}" for h in scope["held"]]
+        out += [f"             {scope['exact']}"]
     if scope["rho_name"]:
         m = scope["mismatch_range"]
         lo, hi = m["w"]

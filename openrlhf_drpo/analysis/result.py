@@ -11,13 +11,15 @@ from openrlhf_drpo.analysis.alert_text import alert_text
 from openrlhf_drpo.analysis.mathtext import math_text
 
 
-def declared(json=None, line=None, evidence=None, encode=None, derive=None):
+def declared(json=None, line=None, evidence=None, encode=None, derive=None, optional=False):
     """A field of the result. json: its name in the JSON (None: not in it), where its order in
     the class is its order in the JSON; line: the name of the report line that shows it
     (openrlhf_drpo.analysis.report.LINES); evidence: the key in `claims` of what the claim it makes rests on;
     encode: its JSON form where that is not the value itself; derive: how a field the
-    analysis does not compute follows from the others."""
-    meta = {"json": json, "line": line, "evidence": evidence, "encode": encode, "derive": derive}
+    analysis does not compute follows from the others; optional: absent from the JSON (and its
+    line from the report) where it is None, as a construct the objective does not use."""
+    meta = {"json": json, "line": line, "evidence": evidence, "encode": encode, "derive": derive,
+            "optional": optional}
     return field(default=None, init=derive is None, repr=False, compare=False, metadata=meta)
 
 
@@ -46,12 +48,25 @@ def _texts(alerts) -> list[str]:
     return [alert_text(a) for a in alerts]
 
 
+def _entropy(channel) -> dict:
+    return {"w_H": None if channel["w_H"] is None else _sympy(channel["w_H"]), "check": channel["check"]}
+
+
+def _reference(channel) -> dict:
+    return {"terms": channel["terms"], "grad_log_pi": None if channel["grad"] is None else _sympy(channel["grad"]),
+            "check": channel["check"]}
+
+
 def _formulas(res) -> dict:
     """The same formulas as the report prints them (readable math, never SymPy's calls)."""
-    return {"weight": None if res.weight is None else math_text(res.weight, weight=True),
-            "cases": [math_text(c["weight"], weight=True) for c in res.cases],
-            "boundary": {adv: {"r": [math_text(e) for e in b["r"]], "pi": [math_text(e) for e in b["pi"]]}
-                         for adv, b in res.boundary.items()}}
+    out = {"weight": None if res.weight is None else math_text(res.weight, weight=True),
+           "cases": [math_text(c["weight"], weight=True) for c in res.cases],
+           "boundary": {adv: {"r": [math_text(e) for e in b["r"]], "pi": [math_text(e) for e in b["pi"]]}
+                        for adv, b in res.boundary.items()}}
+    for key, channel, formula in (("w_H", res.entropy, "w_H"), ("reference", res.reference, "grad")):
+        if channel is not None and channel[formula] is not None:
+            out[key] = math_text(channel[formula], weight=True)
+    return out
 
 
 @dataclass
@@ -64,10 +79,19 @@ class Analysis:
     options: dict = declared(json="options", line="options")
     # names SymPy would read as its own (E, I, N, S, O, Q, beta, gamma, pi, ...) read back as
     # symbols with sympy.sympify(text, locals={n: sympy.Symbol(n) for n in symbols})
-    symbols: list = declared(json="symbols", derive=lambda res: ["r", "mu", "A", *res.params])
+    # (q = π_ref/π too, where the reference terms' formula reads it)
+    symbols: list = declared(json="symbols",
+                             derive=lambda res: ["r", "mu", "A", *res.params, *(["q"] if res.reference else [])])
     scope: dict = declared(json="scope", line="scope")
     objective: str = declared(json="objective", line="objective")
+    # token | response | group | batch, the widest a gradient reaches and what a loss call must hold
+    # whole (lang.levels): a chunked or fused host can run only some objectives
+    locality: dict = declared(json="locality", line="locality")
     weight: object = declared(json="weight", line="weight", encode=_sympy)
+    # the entropy's own gradient channel w_H = ∂ℓ/∂H, where the objective reads H (analysis.channels)
+    entropy: dict = declared(json="entropy", line="entropy", encode=_entropy, optional=True)
+    # the terms that read π_ref and their part of w·r·A, ∂ℓ_ref/∂log π in q = π_ref/π (analysis.channels)
+    reference: dict = declared(json="reference", line="reference", encode=_reference, optional=True)
     cases: list = declared(json="cases", line="cases", encode=_cases)
     boundary: dict = declared(json="boundary", line="boundary", evidence="boundary", encode=_boundary)
     reachable: dict = declared(json="reachable", evidence="reachable")

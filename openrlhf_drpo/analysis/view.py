@@ -6,33 +6,132 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from openrlhf_drpo.analysis.held import GROUP_SIZE, HELD, exactness, holdable, statements, statistics
+from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.lang.names import display_name
+from openrlhf_drpo.lang.levels import WIDTHS, kept_whole, locality, reductions
 from openrlhf_drpo.lang.objective import Objective
-from openrlhf_drpo.lang.walks import numpy_plan, reads_whole_response, uniform_view
+from openrlhf_drpo.lang.walks import VIEW_NAMES, derivative, numpy_plan, reads_whole_response, uniform_view
 
 
-def analysis_view(obj: Objective, seq_len=1, rho=1) -> tuple[Objective, dict]:
+def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, batch_size=None, position=None,
+                  held=None) -> tuple[Objective, dict]:
     """The token-level objective in r, μ and A that is analysed, and what it stands for. A
     sequence objective is studied on a response whose tokens share r, μ and A (|y| = seq_len
     tokens): each reduction is its value there, r is the response's ratio, and every token's
     gradient is exactly the w·r·A derived for it. The policy μ is not is μ·ρ or μ/ρ, with ρ =
-    π_old/π_rollout held at `rho`. Existing token-level objectives are unchanged."""
+    π_old/π_rollout held at `rho`. The third version's reductions are studied on a uniform batch
+    of `batch_size` responses (default: one group) in groups of `group_size`, at `position` (default
+    the last token); π_ref, H and each statistic a binding names (analysis.held) are held at
+    `held`'s values or their defaults. Existing token-level objectives are unchanged."""
+    batch_size = group_size if batch_size is None else batch_size
+    position = seq_len if position is None else position
+    _check_point(seq_len, group_size, batch_size, position)
     names = obj.names()
     sequence = any(map(reads_whole_response, obj.expr.walk()))
     other = {"old": "pi_rollout", "rollout": "pi_old"}[obj.options["anchor"]]
     scope = {"sequence": sequence, "seq_len": seq_len if sequence else None,
-             "mismatch": other in names, "rho": rho if other in names else None, "rho_name": None}
-    if not sequence and not names & {"pi_old", "pi_rollout"}:
+             "mismatch": other in names, "rho": rho if other in names else None, "rho_name": None, "held": []}
+    if not sequence and not names & {"pi_old", "pi_rollout", *V3_INPUTS}:
+        if held:
+            _check_held(obj, held, set())
         return obj, scope
-    rho_name = "rho" if "rho" not in obj.params else "rho_mismatch"
-    expr = uniform_view(obj.expr, obj.options["anchor"], rho_name)
+    view_names = names_of_view(obj)
+    point = {"seq_len": seq_len, "position": position, "group_size": group_size, "batch_size": batch_size}
+    values = {view_names[k]: Fraction(v) for k, v in point.items()}
+    stats = statistics(obj, obj.options["anchor"], view_names, values)
+    _check_held(obj, held or {}, holdable(obj, stats))
+    chosen = {**HELD, **{k: v for k, (_, v) in stats.items()}, **{k: Fraction(v) for k, v in (held or {}).items()}}
+    values |= {view_names["rho"]: Fraction(rho), view_names["rho_ref"]: chosen["rho_ref"], view_names["H"]: chosen["H"],
+               **{k: chosen[k] for k in stats}}
+    expr = _replace(obj.expr, {node: Node("param", value=k) for k, (node, _) in stats.items()})
+    expr = uniform_view(expr, obj.options["anchor"], view_names)
     used = {n.value for n in expr.walk() if n.op == "param"}
-    params = dict(obj.params)
-    for name, value in (("seq_len", seq_len), (rho_name, rho)):
-        if name in used:
-            params[name] = Fraction(value)
-    scope["rho_name"] = rho_name if rho_name in used else None
+    params = dict(obj.params) | {k: v for k, v in values.items() if k in used and k not in obj.params}
+    scope["rho_name"] = view_names["rho"] if view_names["rho"] in used else None
+    scope["held"] = statements(obj, point, stats, chosen)
+    if scope["held"]:
+        moved = [k for k, (_, v) in stats.items() if chosen[k] != v]
+        scope["exact"] = exactness(obj, locality_of(obj), moved, _in_weight(expr, scope["held"], view_names))
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope
+
+
+def _in_weight(expr: Node, held: list, view_names: dict) -> list[str]:
+    """The held values ∂ℓ/∂r reads, as 'name = value' (w, its cases and boundaries are numbers
+    there, not functions of them)."""
+    param = {"G": "group_size", "N": "batch_size", "p": "position", "rho_ref": "rho_ref", "H": "H"}
+    read = {n.value for n in derivative(expr).walk() if n.op == "param"}
+    return [f"{display_name(h['name'])} = {float(h['value']):g}" for h in held
+            if h["value"] is not None and view_names.get(param.get(h["name"]), h["name"]) in read]
+
+
+def _check_point(seq_len, group_size, batch_size, position):
+    for name, v in (("seq_len", seq_len), ("group_size", group_size), ("batch_size", batch_size),
+                    ("position", position)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if batch_size % group_size:
+        raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}: a uniform batch "
+                         "holds whole groups")
+    if position > seq_len:
+        raise ValueError(f"position {position} is past the response's last token (seq_len {seq_len})")
+
+
+def _check_held(obj, held: dict, allowed: set):
+    for name, value in held.items():
+        if name not in allowed:
+            can = ", ".join(sorted(allowed)) or "none"
+            raise ValueError(f"objective '{obj.name}' holds no value named '{name}' (it holds: {can})")
+        if why := held_value_error(name, value):
+            raise ValueError(f"{name} = {value}: {why}")
+
+
+def names_of_view(obj: Objective) -> dict:
+    """The parameters uniform_view writes for obj (VIEW_NAMES; one the file already uses is renamed)."""
+    taken = set(obj.params) | set(obj.bindings)
+    names = {k: v if v not in taken else v + "_held" for k, v in VIEW_NAMES.items()}
+    names["rho"] = "rho" if "rho" not in obj.params else "rho_mismatch"
+    return names
+
+
+def held_names(obj: Objective) -> set[str]:
+    """The values obj's analysis holds that --set may give (H, rho_ref, a statistic's binding name)."""
+    names = names_of_view(obj)
+    point = {names[k]: Fraction(1) for k in ("seq_len", "position", "group_size", "batch_size")}
+    point[names["group_size"]] = point[names["batch_size"]] = Fraction(GROUP_SIZE)
+    return holdable(obj, statistics(obj, obj.options["anchor"], names, point))
+
+
+def held_value_error(name: str, value) -> str | None:
+    """Why a held value is not one the analysis can hold (an entropy is ≥ 0, a ratio of
+    probabilities > 0), or None."""
+    if name == "H" and value < 0:
+        return "an entropy is at least 0"
+    if name == "rho_ref" and value <= 0:
+        return "ρ_ref = π_ref/μ is a ratio of probabilities, above 0"
+    return None
+
+
+def _replace(n: Node, swap: dict) -> Node:
+    new: dict = {}
+    for m in postorder(n):
+        new[m] = swap[m] if m in swap else Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
+    return new[n]
+
+
+def locality_of(obj: Objective) -> dict:
+    """Which tokens' gradients depend on which (lang.levels): `width`, the widest reduction a value
+    of the current policy passes through, under sg too (token, response, group or batch);
+    `gradient`, the widest one a gradient passes through (narrower where the wide one reads the
+    policy under sg only); `kept_whole`, what one loss call must hold whole for the compiled
+    loss to be exact (groups, the batch: statistics of fixed inputs too)."""
+    through = [r.width for r in reductions(obj.expr) if r.gradient]
+    return {"width": locality(obj.expr), "gradient": max(through, key=WIDTHS.index, default="token"),
+            "kept_whole": list(kept_whole(obj.expr))}
+
+
+V3_INPUTS = ("pi_ref", "H", "sum_pi_sq")
 
 
 MISMATCH_GRID = (1e-4, 1e4, 801)      # ρ = π_old/π_rollout, log-spaced

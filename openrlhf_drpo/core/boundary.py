@@ -65,3 +65,28 @@ def refuse_bad_mask(who: str, names: dict, mask, ok) -> None:
         torch._assert_async(ok, msg.format(""))
     elif not ok:
         raise ValueError(msg.format(f" ({mask[(mask != 0) & (mask != 1)][0].item()!r})"))
+
+
+def check_groups(who: str, names: dict, groups, logp) -> None:
+    """The group ids: one integer per response ([batch]) on log_probs' device, or a message
+    naming the tensor, its shape and the fix."""
+    if groups is None:
+        return
+    name, lp, batch = names.get("groups", "groups"), names.get("log_probs", "log_probs"), logp.shape[0]
+    if not isinstance(groups, torch.Tensor):
+        raise ValueError(f"{who}: {name} must be a torch.Tensor of {batch} group ids, got {type(groups).__name__}")
+    if list(groups.shape) != [batch]:
+        raise ValueError(f"{who}: {name} is {list(groups.shape)}, {lp} {list(logp.shape)}: pass one group id per "
+                         f"response, a [{batch}] tensor (the responses of one prompt share an id)")
+    if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
+        raise ValueError(f"{who}: {name} is {groups.dtype}: pass integer group ids ({name}.long())")
+    if groups.device != logp.device:
+        raise ValueError(f"{who}: {name} is on {groups.device}, {lp} on {logp.device}: move it with "
+                         f"{name}.to({lp}.device)")
+
+
+def group_representatives(groups):
+    """[batch]: for each response, the first response of its group (the row its group's sums are
+    gathered at), without a host sync (no unique: a [batch, batch] comparison)."""
+    index = torch.arange(groups.shape[0], device=groups.device)
+    return torch.where(groups[:, None] == groups[None, :], index, groups.shape[0]).amin(-1)

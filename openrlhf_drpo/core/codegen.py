@@ -11,10 +11,11 @@ trainer's and the engine's log-probs (π_old, π_rollout; None where unused), m 
 coef the aggregation weight of each token, all [B, T].
 r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
 
-A sequence reduction (seq_mean, ...) of the policy makes a token's gradient depend on its
-whole response. Then objective_and_grad is derived in reverse mode from the same rules, and
-its gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is the same one.
-"""
+A reduction (seq_mean, prefix_sum, group_mean, ...) of the policy makes a token's gradient depend
+on other tokens. Then objective_and_grad is derived in reverse mode from the same rules, and its
+gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is the same one. An objective
+of the third version (lang.levels.third_version: its inputs in `ext`) always takes it, and one
+that reads H also returns d(Σ coef·ℓ)/dH, H's own gradient channel."""
 from __future__ import annotations
 
 import functools
@@ -22,12 +23,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from openrlhf_drpo.lang.ir import ONE, Node, mul
+from openrlhf_drpo.lang.levels import third_version
 from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS, is_literal
 from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.parser import Objective
 from openrlhf_drpo.lang.printing import render
 from openrlhf_drpo.core.reverse_mode import reverse_gradient
-from openrlhf_drpo.core.rewrites import filters, rewrite_logs, select_masks
+from openrlhf_drpo.core.rewrites import annotate_levels, filters, rewrite_logs, select_masks
 from openrlhf_drpo.lang.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
@@ -105,7 +107,10 @@ KERNELS = {
     "select": Kernel(floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
     **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
     "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
-    **{f"seq_{k}": Kernel(view=True) for k in ("sum", "mean", "max", "min")},
+    # a reduction's result may share storage (an expand): never updated in place
+    **{k: Kernel(view=True) for k in ("seq_sum", "seq_mean", "seq_max", "seq_min", "prefix_sum", "prefix_mean",
+                                      "suffix_sum", "group_sum", "group_mean", "group_std", "group_count",
+                                      "batch_sum", "batch_mean", "batch_count")},
 }
 if KERNELS.keys() != OPS.keys() or any(OPS[k].kind == "bool" and not KERNELS[k].floats for k in OPS):
     raise TypeError(f"openrlhf_drpo.core.codegen.KERNELS must have one entry per operation, a boolean one with `floats`: "
@@ -159,8 +164,8 @@ class _Emitter:
             code = f"{codes[0]}.{kernel.inplace}({', '.join(codes[1:])})"
         elif self.inplace and kernel.inplace_second and args[1][1]:
             code = kernel.inplace_second(*codes)
-        else:
-            code = op.torch(*codes)
+        else:       # a group or batch reduction's text also takes its argument's level (its node's value)
+            code = op.torch(*codes) if n.value is None else op.torch(*codes, n.value)
         if self.uses.get(n, 0) > 1 and n.args:
             name = f"t{len(self.names)}"
             self.lines.append(f"    {name} = {code}  # {render(n)}")
@@ -197,7 +202,11 @@ def _emit(outputs, params, inplace=False, floats=False, borrow=()):
 
 
 def _used(nodes, extra=()) -> set:
+    """The names the expressions read: built-ins, and `group`/`pg` where a group or batch
+    reduction needs the group representatives or the process group."""
     used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
+    used |= {{"group": "group", "batch": "pg"}[OPS[m.op].over] for n in nodes for m in n.walk()
+             if m.op in OPS and OPS[m.op].over in ("group", "batch")}
     return used | ({"r", "keep"} if "dr" in used else set())
 
 
@@ -224,6 +233,10 @@ def _prelude(used, unclamped=False) -> list[str]:
     for name, tensor in (("pi_old", "old"), ("pi_rollout", "rollout")):
         if name in used:
             out.append(f"    {name} = torch.exp({tensor})")
+    # the third version's inputs come in ext (CompiledLoss.forward builds it)
+    out += [f"    {name} = ext[{name!r}]" for name in ("ref", "H", "sum_pi_sq", "group", "pg") if name in used]
+    if "pi_ref" in used:
+        out.append("    pi_ref = torch.exp(ext['ref'])")
     if "seq_len" in used:
         out.append("    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)")
     if "mf" in used:
@@ -239,10 +252,8 @@ def _function(name, doc, outputs, params) -> str:
     used = _used(outputs)
     head = ["    dtype = logp.dtype"] + ["    raw = logp - anchor"] * bool(used & {"r", "log_ratio", "raw", "keep"})
     lines, results = _emit(outputs, params)
-    return "\n".join([f"def {name}(logp, anchor, A, old=None, rollout=None, m=None):", f'    """{doc}"""'] + head + _prelude(used) + lines
+    return "\n".join([f"def {name}(logp, anchor, A, old=None, rollout=None, m=None, ext=None):", f'    """{doc}"""'] + head + _prelude(used) + lines
                      + [f"    return {_tuple(results)}"])
-
-
 
 
 def _reads_clamped_ratio(value: Node) -> bool:
@@ -253,7 +264,6 @@ def _reads_clamped_ratio(value: Node) -> bool:
     return bool(_used([value]) & {"r", "log_ratio"})
 
 
-
 def _fused_functions(value, params, kept) -> str:
     """objective_and_grad (for torch.compile) and objective_and_grad_eager (run eagerly: booleans
     as floats, and a branch on the data, which a compiled graph should not have)."""
@@ -261,7 +271,6 @@ def _fused_functions(value, params, kept) -> str:
     head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
     grad = derivative(value, GRAD_SEEDS)
     outputs = [value, grad] + [kept] * (kept is not None)
-
     raw_only = not _reads_clamped_ratio(value)
 
     def returned(results, keep="1.0" if raw_only else "keep"):   # 0 where the ratio clamp is active or a filter drops
@@ -299,45 +308,51 @@ def _fused_functions(value, params, kept) -> str:
         f"def objective_and_grad_eager({_SIG}):", f'    """{eager_doc}"""', *eager])
 
 
-_SIG = "logp, anchor, A, old=None, rollout=None, m=None, coef=None"
+_SIG = "logp, anchor, A, old=None, rollout=None, m=None, coef=None, ext=None"
 
 
-
-def _reverse_functions(value, params, kept) -> str:
-    """objective_and_grad for an objective with a reduction of the policy: its gradient is
-    that of Σ coef·ℓ, computed plainly (no in-place updates: reductions broadcast)."""
-    # raw comes back as its response's mean: the move's direction is the response's (its
-    # masked mean over tokens is unchanged, so ppo_kl is too)
-    extra = ("r", "_seq_mean(raw, m, logp)", "mu", "keep")
-    grad = reverse_gradient(value, GRAD_SEEDS)
-    lines, results = _emit([value, grad] + [kept] * (kept is not None), params)
-    used = _used([value, grad], ("r", "raw", "mu", "keep"))
+def _reverse_functions(value, params, kept, per_response, entropy) -> str:
+    """objective_and_grad for an objective with a reduction of the policy or an input of the
+    third version: its gradient is that of Σ coef·ℓ, computed plainly (no in-place updates:
+    reductions broadcast); with `entropy`, the gradient of Σ coef·ℓ with respect to H follows."""
+    # with a reduction of the policy, raw comes back as its response's mean: the move's direction
+    # is the response's (its masked mean over tokens is unchanged, so ppo_kl is too)
+    extra = ("r", "_seq_mean(raw, m, logp)" if per_response else "raw", "mu", "keep")
+    grads = [reverse_gradient(value, GRAD_SEEDS)] + [reverse_gradient(value, {"H": ONE})] * entropy
+    lines, results = _emit([value, *grads] + [kept] * (kept is not None), params)
+    used = _used([value, *grads], ("r", "raw", "mu", "keep"))
     raw_only = not _reads_clamped_ratio(value)
     if kept is not None:
-        results, extra = results[:2], (*extra[:-1], results[2] if raw_only else f"keep * {results[2]}")
+        results, extra = results[:-1], (*extra[:-1], results[-1] if raw_only else f"keep * {results[-1]}")
     else:
         extra = (*extra[:-1], "1.0" if raw_only else "keep")
+    shaped = [f"torch.broadcast_to({c}, logp.shape)" for c in results]
     doc = ("ℓ and d(Σ coef·ℓ)/d(log π) (the aggregation weight coef is inside: a reduction\n"
-           "    spreads each token's gradient over its response), r, the response's mean log-ratio, μ, keep.")
+           "    spreads each token's gradient over the tokens it reads), r, the log-ratio (the response's\n"
+           "    mean where a reduction reads the policy), μ, keep; with H, d(Σ coef·ℓ)/dH last.")
     return "\n".join([
         f"def objective_and_grad({_SIG}):", f'    """{doc}"""', "    dtype = logp.dtype",
         "    raw = logp - anchor", *_prelude(used, raw_only), *lines,
-        f"    return {_tuple([f'torch.broadcast_to({c}, logp.shape)' for c in results] + list(extra))}", "",
-        "",
+        f"    return {_tuple(shaped[:2] + list(extra) + shaped[2:])}", "", "",
         "objective_and_grad.includes_coef = True",
         "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
 
 
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
-    value = select_masks(rewrite_logs(obj.expr))
+    value = annotate_levels(select_masks(rewrite_logs(obj.expr)))
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
+    entropy, v3 = "H" in obj.names(), third_version(obj.expr)      # v3: the reverse mode, which gives H its gradient
     try:
         derivative(value, GRAD_SEEDS)
-        fused = _fused_functions(value, obj.params, kept)
+        nonlocal_ = False
     except NonLocal:
-        fused = _reverse_functions(value, obj.params, kept)
+        nonlocal_ = True
+    if nonlocal_ or v3:
+        fused = _reverse_functions(value, obj.params, kept, nonlocal_, entropy)
+    else:
+        fused = _fused_functions(value, obj.params, kept)
     reduces = any(map(reads_whole_response, value.walk()))
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
@@ -346,6 +361,8 @@ def torch_source(obj: Objective) -> str:
         "# logp = log π (current policy), anchor = log μ, A = advantages, old/rollout = log π_old/log π_rollout,",
         "# m = the mask (reductions read only its tokens), coef = the aggregation weight; all [batch, tokens].",
         f"# r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
+        "# ext: the third version's inputs, ref = log π_ref, H, sum_pi_sq, group (each response's group's first "
+        "response)\n# and pg (the batch's process group, or None)" if v3 else None,
         "import math" if reduces else None,
         "import torch",
         TORCH_REDUCTIONS if reduces else None,
@@ -358,7 +375,9 @@ def torch_source(obj: Objective) -> str:
         "",
         fused,
         # the loss's eager kernel flattens tokens, which a reduction over each response cannot take
-        f"objective_and_grad.reduces = {reduces}",
+        # (nor the third version's inputs, which come in ext)
+        f"objective_and_grad.reduces = {reduces or v3}",
+        f"objective_and_grad.third_version = {v3}",
         "",
         "",
         *([_function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",

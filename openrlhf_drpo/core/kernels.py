@@ -51,17 +51,19 @@ def mul_sum(x, y):
     return (x * y).sum()      # what inductor fuses into the loop (a dot is a separate BLAS call)
 
 
-def per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef):
+def per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext=None):
     """The generated function's results, with its gradient per token as ∂ℓ/∂log π, and the
-    gradient of Σ coef·ℓ (for an objective with a sequence reduction, which computes that one
-    itself, ∂ℓ/∂log π is that over coef: the gradient a token gets per unit of its weight)."""
-    value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A, old, rollout, keep, coef)
+    gradient of Σ coef·ℓ (for an objective with a reduction, which computes that one itself,
+    ∂ℓ/∂log π is that over coef: the gradient a token gets per unit of its weight); last, the
+    gradient of Σ coef·ℓ with respect to H where the objective reads it (else None)."""
+    value, grad, r, raw, mu, inside, *entropy = value_and_grad(logp, anchor, A, old, rollout, keep, coef, ext)
+    entropy = entropy[0] if entropy else None       # (only the reverse-mode function returns it: coef inside)
     if getattr(value_and_grad, "includes_coef", False):
-        return value, grad / torch.where(coef != 0, coef, 1.0), grad, r, raw, mu, inside
-    return value, grad, grad * coef, r, raw, mu, inside
+        return value, grad / torch.where(coef != 0, coef, 1.0), grad, r, raw, mu, inside, entropy
+    return value, grad, grad * coef, r, raw, mu, inside, entropy
 
 
-def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio):
+def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext=None):
     """The mask, the aggregation's coef and count, and the generated function's per-token results
     (per_token), with the metrics' ratio in RATIO_RANGE where the generated one is unclamped."""
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
@@ -69,17 +71,18 @@ def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, wei
     coef, count = aggregation_coef(m, mode)
     if weights is not None:
         coef = coef * weights      # a host's per-token weights (verl's rollout IS weights): in the sum, not the count
-    value, grad, total, r, raw, mu, inside = per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef)
+    value, grad, total, r, raw, mu, inside, entropy = per_token(value_and_grad, logp, anchor, A, old, rollout, keep,
+                                                                coef, ext)
     if clamp_ratio:
         r = r.clamp(*RATIO_RANGE)
-    return keep, m, coef, count, value, grad, total, r, raw, mu, inside
+    return keep, m, coef, count, value, grad, total, r, raw, mu, inside, entropy
 
 
 def _loss_and_stats(terms, A, norm, dot, log_ratio=None):
     """(loss, scale, stats): the aggregated loss -Σ c·ℓ·scale, the gradient's scale (-1/count or
     -1/norm) and the metrics (_stats). Every per-token quantity is selected by the mask before it
     is reduced, so masked slots never leak."""
-    keep, m, coef, count, value, grad, total, r, raw, mu, inside = terms
+    keep, m, coef, count, value, grad, total, r, raw, mu, inside, _ = terms
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
     nonzero_A = torch.sign(A).abs()
     w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
@@ -103,14 +106,29 @@ def _loss_and_stats(terms, A, norm, dot, log_ratio=None):
 
 
 def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
-           dot=_dot, clamp_ratio=False):
-    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π (scale None: already applied)
-    and the metric sums, in one function. With dot=_dot, loss and gradient equal eager_kernel's
-    bit for bit, and loss_kernel's and grad_kernel's (uncompiled) too."""
-    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio)
+           dot=_dot, clamp_ratio=False, ext=None):
+    """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π, the gradient with respect to H
+    (None where the objective does not read it), the scale (None: already applied) and the
+    metric sums, in one function. With dot=_dot, loss and gradient equal eager_kernel's bit for
+    bit, and loss_kernel's and grad_kernel's (uncompiled) too."""
+    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext)
     loss, scale, stats = _loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None)
-    keep, total = terms[0], terms[6]
-    return loss, torch.where(keep, total, 0.0) * scale, None, stats
+    return loss, *_gradients(terms, scale), None, stats
+
+
+def _gradients(terms, scale):
+    """The loss's gradients with respect to log π and H (None where not read), masked tokens 0."""
+    keep, total, entropy = terms[0], terms[6], terms[11]
+    return (torch.where(keep, total, 0.0) * scale,
+            None if entropy is None else torch.where(keep, entropy, 0.0) * scale)
+
+
+def third_version_inputs(ext, dtype):
+    """The third version's inputs (CompiledLoss.forward's ext) in the compute dtype: the group
+    representatives and the process group as they are."""
+    if ext is None:
+        return None
+    return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in ext.items()}
 
 
 def _widened(*xs):
@@ -120,23 +138,27 @@ def _widened(*xs):
 
 
 def loss_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
-                dot=_dot, clamp_ratio=False):
+                dot=_dot, clamp_ratio=False, ext=None):
     """The sync-free forward: (loss, scale, stats) as kernel's and whether the mask holds 0 and 1
     only (binary), from inputs in their own dtypes, keeping no per-token tensor (torch.compile
     turns it into reductions that read each input once)."""
+    ext = third_version_inputs(ext, compute_dtype(logp))
     logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
-    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio)
+    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext)
     return (*_loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None), binary(action_mask))
 
 
-def grad_kernel(value_and_grad, mode, logp, anchor, A, action_mask, scale, g, old=None, rollout=None, weights=None):
-    """The sync-free backward: g·(kernel's gradient), recomputed from the inputs in one pass and
-    written once, in log π's dtype (the product in kernel's and backward's order: equal bit for bit)."""
+def grad_kernel(value_and_grad, mode, logp, anchor, A, action_mask, scale, g, old=None, rollout=None, weights=None,
+                ext=None):
+    """The sync-free backward: g·(kernel's gradients), recomputed from the inputs in one pass and
+    written once, in log π's dtype (the product in kernel's and backward's order: equal bit for
+    bit); with respect to log π, and to H (None where the objective does not read it)."""
     dtype = logp.dtype
+    ext = third_version_inputs(ext, compute_dtype(logp))
     logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
-    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, False)
-    keep, total = terms[0], terms[6]
-    return (torch.where(keep, total, 0.0) * scale * g).to(dtype)
+    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, False, ext)
+    grad, entropy = _gradients(terms, scale)
+    return (grad * g).to(dtype), None if entropy is None else (entropy * g).to(dtype)
 
 
 def _max(x):
@@ -154,7 +176,7 @@ def _stats(sums):
 
 
 def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None,
-                 rollout=None, weights=None, clamp_ratio=False):
+                 rollout=None, weights=None, clamp_ratio=False, ext=None):
     """kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
     comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: masked slots
     are multiplied by 0 rather than selected, each metric is computed in place in a buffer the
@@ -164,7 +186,7 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     the objective is not finite somewhere), kernel recomputes it. test_loss holds the two to
     each other. Tokens are flat, except for an objective with a reduction over each response."""
     exact = functools.partial(kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights,
-                              clamp_ratio=clamp_ratio)
+                              clamp_ratio=clamp_ratio, ext=ext)
     if not logp.numel():      # [B, 0]
         return exact()
     m = _float_mask(action_mask, logp.dtype)
@@ -173,8 +195,12 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
         coef = coef * weights
     tokens = count if mode == "token-mean" else m.sum()
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as kernel, in the same dtype
+    entropy = None
     if value_and_grad.reduces:       # [B, T]: a reduction reads whole responses
-        value, grad, r, raw, mu, inside = value_and_grad(logp, anchor, A, old, rollout, action_mask != 0, coef)
+        value, grad, r, raw, mu, inside, *entropy = value_and_grad(logp, anchor, A, old, rollout, action_mask != 0,
+                                                                   coef, ext)
+        # d(Σ coef·ℓ)/dH, masked tokens selected out (H may hold anything there)
+        entropy = torch.where(action_mask != 0, entropy[0], 0.0) if entropy else None
     else:
         flat = lambda x: None if x is None else x.reshape(-1)   # noqa: E731
         A, m, coef = A.reshape(-1), m.reshape(-1), coef.reshape(-1)
@@ -221,7 +247,7 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
                           abs_pi_mu / n, ratio_max, -log_ratio / n, tokens], dtype=logp.dtype, device=logp.device)
     if total is None:
         total = torch.mul(grad, coef, out=stopped).view_as(logp)
-    return loss, total, scale, stats
+    return loss, total, entropy, scale, stats
 
 
 def compute_dtype(logp):
@@ -231,33 +257,44 @@ def compute_dtype(logp):
 
 def fused_function(kernel, who="CompiledLoss"):
     """The fused loss around kernel or eager_kernel (bound to an objective and a mode): the CPU's
-    uncompiled path, where a second pass over the objective costs more than keeping its gradient."""
+    uncompiled path, where a second pass over the objective costs more than keeping its gradient.
+    The entropy H, where the objective reads it, is an input with a gradient of its own."""
     class Fused(torch.autograd.Function):
         """Forward computes the loss and its gradient together and keeps only the gradient:
         backward is one multiply, and no intermediate of the objective stays alive."""
 
         @staticmethod
-        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None):
+        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None, entropy=None, ext=None):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
             # Every input in the one compute dtype (compute_dtype): a float64 anchor with
             # float32 log-probs too.
             dtype = compute_dtype(logp)
             wide = lambda x: x if x is None else x.to(dtype)  # noqa: E731
-            loss, grad, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask, wide(norm),
-                                              wide(old), wide(rollout), wide(weights))
-            ctx.save_for_backward(grad)
+            ext = third_version_inputs(_with_entropy(ext, entropy), dtype)
+            loss, grad, grad_entropy, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask,
+                                                            wide(norm), wide(old), wide(rollout), wide(weights),
+                                                            ext=ext)
+            ctx.save_for_backward(grad, grad_entropy)
             ctx.dtype, ctx.scale = logp.dtype, scale
+            ctx.entropy_dtype = None if entropy is None else entropy.dtype
             ctx.mark_non_differentiable(stats)
             return loss, stats
 
         @staticmethod
         def backward(ctx, g, _):
             _once(who)
-            (grad,) = ctx.saved_tensors
+            grad, grad_entropy = ctx.saved_tensors
             # g·((grad·coef)·scale), the order kernel's compiled product gives: equal bit for bit
-            grad = g * grad if ctx.scale is None else torch.mul(grad, ctx.scale).mul_(g)
-            return grad.to(ctx.dtype), None, None, None, None, None, None, None
+            scaled = lambda x: g * x if ctx.scale is None else torch.mul(x, ctx.scale).mul_(g)   # noqa: E731
+            entropy = None if grad_entropy is None or ctx.entropy_dtype is None else \
+                scaled(grad_entropy).to(ctx.entropy_dtype)
+            return scaled(grad).to(ctx.dtype), None, None, None, None, None, None, None, entropy, None
     return Fused
+
+
+def _with_entropy(ext, entropy):
+    """ext with H's values (detached: its gradient is the kernel's own second output)."""
+    return ext if entropy is None else {**(ext or {}), "H": entropy.detach()}
 
 
 def _once(who):
@@ -279,10 +316,13 @@ def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
     reads the inputs once (a saved fp32 gradient would hold 2-3x that)."""
     class Recomputing(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None):
-            loss, scale, stats, ok = forward(logp.detach(), anchor, A, mask, norm, old, rollout, weights)
+        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None, entropy=None, ext=None):
+            ext = _with_entropy(ext, entropy)
+            loss, scale, stats, ok = forward(logp.detach(), anchor, A, mask, norm, old, rollout, weights, ext=ext)
             refuse_mask(mask, ok)
             ctx.save_for_backward(logp.detach(), anchor, A, mask, scale, old, rollout, weights)
+            ctx.ext = ext           # (the third version's inputs: no gradient, alive anyway)
+            ctx.entropy_dtype = None if entropy is None else entropy.dtype
             ctx.mark_non_differentiable(stats)
             ctx.set_materialize_grads(False)     # (no zeros for the metrics' gradient, which is never read)
             return loss, stats
@@ -291,5 +331,7 @@ def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
         def backward(ctx, g, _):
             _once(who)
             logp, anchor, A, mask, scale, old, rollout, weights = ctx.saved_tensors
-            return backward(logp, anchor, A, mask, scale, g, old, rollout, weights), None, None, None, None, None, None, None
+            grad, grad_entropy = backward(logp, anchor, A, mask, scale, g, old, rollout, weights, ext=ctx.ext)
+            entropy = None if grad_entropy is None or ctx.entropy_dtype is None else grad_entropy.to(ctx.entropy_dtype)
+            return grad, None, None, None, None, None, None, None, entropy, None
     return Recomputing

@@ -24,7 +24,8 @@ from torch import nn
 from openrlhf_drpo import lang
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.lang.objective import OPTIONS, Objective
-from openrlhf_drpo.core.boundary import binary, check_inputs, refuse_bad_mask
+from openrlhf_drpo.core.boundary import binary, check_groups, check_inputs, group_representatives, refuse_bad_mask
+from openrlhf_drpo.lang.levels import kept_whole
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, per_token, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
@@ -38,6 +39,7 @@ class CompiledLoss(nn.Module):
     or the options `anchor` and `aggregate`. `self.metrics` is the last call's LossMetrics."""
 
     rollout_hint = ""      # how the host keeps rollout log-probs, for the error when it did not
+    input_hints: dict = {}      # how the host provides each other input (inputs()' keys), for the same error
     argument_names: dict = {}      # the host's names for forward's arguments, for its error messages
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
@@ -57,6 +59,8 @@ class CompiledLoss(nn.Module):
         self.anchor = self.objective.options["anchor"]
         self.names = self.objective.names()
         self.uses_rollout = self.objective.reads_rollout()
+        self.kept_whole = kept_whole(self.objective.expr)
+        self._inputs = objective_inputs(self.objective)
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: LossMetrics | None = None     # the last call's
         self.track_extremes = False        # drpo-lab: fill self.extremes on every call (it reads them on the host)
@@ -68,11 +72,11 @@ class CompiledLoss(nn.Module):
 
     def inputs(self) -> dict:
         """The inputs beyond log π, μ's log-probs, the advantages and the mask that the objective
-        reads, each with what in the objective reads it (the one list every host checks against)."""
-        out = {}
-        if self.uses_rollout:
-            out["rollout_log_probs"] = "@anchor = rollout" if self.anchor == "rollout" else "π_rollout"
-        return out
+        reads, each with what in the objective reads it (the one list every host checks against):
+        rollout_log_probs, ref_log_probs, entropy, sum_pi_sq, groups (the group ids, and each
+        prompt's responses whole in one call) and batch (the optimizer step's whole batch in one
+        call on each rank)."""
+        return dict(self._inputs)
 
     def refuse_missing(self, missing: dict, who: str = "") -> None:
         """Refuse an objective that reads an input its host (or the host's configuration) does not
@@ -86,22 +90,27 @@ class CompiledLoss(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
 
-    def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
-                aggregation: Aggregation | None = None) -> LossOutput:
-        """(loss, metrics): the loss (its gradient by autograd) and its LossMetrics, aggregated as
-        `aggregation` says (the objective's own @aggregate over the local count by default)."""
+    def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, ref_log_probs=None,
+                entropy=None, sum_pi_sq=None, groups=None, aggregation: Aggregation | None = None) -> LossOutput:
+        """(loss, metrics): the loss (its gradient by autograd, to log π and, where the objective
+        reads H, to `entropy`) and its LossMetrics, aggregated as `aggregation` says (the
+        objective's own @aggregate over the local count by default). The third version's inputs,
+        [B, T] like log π: ref_log_probs (log π_ref), entropy (H, attached to the policy's graph),
+        sum_pi_sq (Σ_v π_v²); groups: [B] integer ids, equal for the responses of one prompt."""
         agg = aggregation or Aggregation()
         if not isinstance(agg, Aggregation):
             raise TypeError(f"{type(self).__name__}: aggregation must be an Aggregation, got {type(agg).__name__}")
         weights = agg.weights
         check_inputs(type(self).__name__, self.argument_names,
                      {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages, "mask": mask,
-                      "rollout_log_probs": rollout_log_probs, "weights": weights}, mask_values=False)
+                      "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs, "entropy": entropy,
+                      "sum_pi_sq": sum_pi_sq, "weights": weights}, mask_values=False)
+        check_groups(type(self).__name__, self.argument_names, groups, log_probs)
         compiled, sync_free = self._path(log_probs)
         if mask is not None and not sync_free:     # (the sync-free kernels check it in their pass over it)
             refuse_bad_mask(type(self).__name__, self.argument_names, mask, binary(mask))
-        if rollout_log_probs is None:
-            self.refuse_missing({"rollout_log_probs": "no rollout log-probs were given" + self.rollout_hint})
+        self.refuse_missing(not_given(self, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
+                                             "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups}))
         mode = agg.mode or self.aggregate
         if mode not in OPTIONS["aggregate"]:
             raise ValueError(f"{type(self).__name__}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
@@ -113,22 +122,17 @@ class CompiledLoss(nn.Module):
             mask = torch.ones_like(log_probs, dtype=torch.bool)
         norm = _normalizer(agg.norm, log_probs)
         fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
+        ext, entropy, with_entropy = extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg)
         if self.fused:
-            loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights)
+            loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights, entropy, ext)
         else:
             anchor, advantages = anchor.detach(), advantages.detach()
-            loss = plain_loss(self._value, log_probs, anchor, advantages, old, rollout, mask, mode, norm, weights)
+            loss = plain_loss(self._value, log_probs, anchor, advantages, old, rollout, mask, mode, norm, weights,
+                              with_entropy)
             with torch.no_grad():
-                stats = fused.apply(log_probs.detach(), anchor, advantages, mask, norm, old, rollout)[1]
-        with torch.no_grad():
-            fields = METRICS
-            if self._value.filtered is not None:     # in the same tensor: still one host sync
-                filtered = filtered_fraction(self._value, log_probs, anchor, advantages, old, rollout, mask != 0)
-                stats, fields = torch.cat([stats, filtered.to(stats.dtype).reshape(1)]), METRICS + (FILTERED,)
-            self.metrics = LossMetrics(stats, fields)
-            if self.track_extremes:
-                self.extremes = lab_extremes(self._value_and_grad, log_probs, anchor, advantages, mask != 0, old, rollout,
-                                             mode)
+                stats = fused.apply(log_probs.detach(), anchor, advantages, mask, norm, old, rollout, None,
+                                    None if entropy is None else entropy.detach(), ext)[1]
+        self.metrics = call_metrics(self, stats, log_probs, anchor, advantages, old, rollout, mask, mode, with_entropy)
         return LossOutput(loss, self.metrics)
 
     def _path(self, logp) -> tuple[bool, bool]:
@@ -146,6 +150,19 @@ class CompiledLoss(nn.Module):
             self._kernels[use, sync_free, key] = build_kernels(self, mode, use, sync_free,
                                                                f"{self.objective.name}_{len(self._kernels)}")
         return self._kernels[use, sync_free, key]
+
+
+@torch.no_grad()
+def call_metrics(loss: CompiledLoss, stats, logp, anchor, A, old, rollout, mask, mode, ext) -> LossMetrics:
+    """A call's LossMetrics: the kernels' stats, and the fraction the objective's filters drop in
+    the same tensor (still one host sync); drpo-lab's extremes into loss.extremes where tracked."""
+    fields = METRICS
+    if loss._value.filtered is not None:
+        filtered = filtered_fraction(loss._value, logp, anchor, A, old, rollout, mask != 0, ext)
+        stats, fields = torch.cat([stats, filtered.to(stats.dtype).reshape(1)]), METRICS + (FILTERED,)
+    if loss.track_extremes:
+        loss.extremes = lab_extremes(loss._value_and_grad, logp, anchor, A, mask != 0, old, rollout, mode, ext)
+    return LossMetrics(stats, fields)
 
 
 def build_kernels(loss: CompiledLoss, mode: str, use: bool, sync_free: bool, tag: str):
@@ -194,17 +211,66 @@ def _normalizer(norm, logp):
     return None if norm is None else torch.full((), float(norm), dtype=dtype, device=logp.device)
 
 
-def plain_loss(value, logp, anchor, A, old, rollout, mask, mode, norm, weights):
+def plain_loss(value, logp, anchor, A, old, rollout, mask, mode, norm, weights, ext=None):
     """The plain path: the generated per-token objective under autograd, aggregated as the fused
-    kernels are (the reference they are held to)."""
+    kernels are (the reference they are held to); H, in ext, keeps its graph."""
     keep = mask != 0
     clean = lambda x: x if x is None else torch.where(keep, x, 0.0)   # noqa: E731  select, don't multiply
-    per_token = -value(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep)
+    ext = None if ext is None else {k: clean(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                                    for k, v in ext.items()}
+    per_token = -value(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep, ext)
     coef, count = aggregation_coef(keep.to(per_token.dtype), mode)
     if weights is not None:
         coef = coef * clean(weights.detach())
     loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if norm is None else norm)
     return torch.where(keep.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
+
+
+# the third version's inputs: forward's argument, the built-in that reads it, what the objective uses
+_INPUTS = {"ref_log_probs": ("pi_ref", "π_ref"), "entropy": ("H", "H (the entropy, with its gradient)"),
+           "sum_pi_sq": ("sum_pi_sq", "sum_π_sq (Σ_v π_v²)")}
+_WHOLE = {"groups": ("group", "each prompt's responses whole in one loss call, with their group ids"),
+          "batch": ("batch", "the optimizer step's whole batch in one loss call on each rank")}
+_NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
+              "ref_log_probs": "no reference log-probs were given (ref_log_probs=)",
+              "entropy": "no entropy was given (entropy=, attached to the policy's graph)",
+              "sum_pi_sq": "no Σ_v π_v² was given (sum_pi_sq=)",
+              "groups": "no group ids were given (groups=, one per response)"}
+
+
+def objective_inputs(obj: Objective) -> dict:
+    """CompiledLoss.inputs(): each input beyond the four every objective reads, and each thing a
+    loss call must hold whole, with what in the objective needs it."""
+    out, names, whole = {}, obj.names(), kept_whole(obj.expr)
+    if obj.reads_rollout():
+        out["rollout_log_probs"] = "@anchor = rollout" if obj.options["anchor"] == "rollout" else "π_rollout"
+    out.update({key: what for key, (name, what) in _INPUTS.items() if name in names})
+    for key, (over, what) in _WHOLE.items():
+        if key in whole:
+            used = sorted({n.op for n in obj.expr.walk() if n.op.startswith(f"{over}_")})
+            out[key] = f"{', '.join(used)} ({what})"
+    return out
+
+
+def not_given(loss: CompiledLoss, given: dict) -> dict:
+    """refuse_missing's argument for a call: each input not given, with what gives it."""
+    return {key: _NOT_GIVEN[key] + (loss.rollout_hint if key == "rollout_log_probs" else loss.input_hints.get(key, ""))
+            for key, x in given.items() if x is None}
+
+
+def extra_inputs(loss: CompiledLoss, ref, entropy, sum_pi_sq, groups, agg: Aggregation):
+    """(ext, entropy, ext with H): what the generated code reads beyond the four tensors (codegen's
+    prelude), for an objective of the third version (None for the others): log π_ref and
+    Σ_v π_v² detached, each response's group's first response, the batch's process group; and H,
+    which travels apart to the fused loss (it has a gradient) and inside ext to the plain one."""
+    entropy = entropy if "H" in loss.names else None
+    if not loss._value_and_grad.third_version:
+        return None, entropy, None
+    ext = {"ref": None if ref is None or "pi_ref" not in loss.names else ref.detach(),
+           "sum_pi_sq": None if sum_pi_sq is None or "sum_pi_sq" not in loss.names else sum_pi_sq.detach(),
+           "group": None if groups is None or "groups" not in loss.kept_whole else group_representatives(groups),
+           "pg": agg.process_group}
+    return ext, entropy, {**ext, "H": entropy}
 
 
 def _check_arguments(who: str, fused, compile, overrides: dict) -> None:

@@ -1,14 +1,18 @@
 """The IR rewrites the torch code is generated from (core.codegen): the log of a built-in
-probability as the log-prob tensor itself, [c]·x as select(c, x), and the objective's filters
-(the [...] factors that drop tokens or responses for the whole update)."""
+probability as the log-prob tensor itself, [c]·x as select(c, x), each group and batch reduction
+with its argument's level, and the objective's filters (the [...] factors that drop tokens or
+responses for the whole update)."""
 from __future__ import annotations
 
 from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.lang.levels import argument_level, levels
+from openrlhf_drpo.lang.operations import OPS
 
 
 # log of a built-in probability is emitted as the log-prob itself: exact for tiny π
 # (no exp/log round trip) and its derivative needs no division by π.
-_LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor", "pi_old": "old", "pi_rollout": "rollout"}
+_LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor", "pi_old": "old", "pi_rollout": "rollout",
+              "pi_ref": "ref"}
 
 
 def rewrite_logs(root: Node) -> Node:
@@ -37,11 +41,18 @@ def select_masks(root: Node) -> Node:
     return new[root]
 
 
-# d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
-# (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
+def annotate_levels(root: Node) -> Node:
+    """Each group and batch reduction with its argument's level ('token' or 'response',
+    lang.levels) as its node's value, which its torch text reads; the rest as it is."""
+    level, new = levels(root), {}
+    for n in postorder(root):
+        value = argument_level(n, level) if n.op in OPS and OPS[n.op].over in ("group", "batch") else n.value
+        new[n] = Node(n.op, tuple(new[a] for a in n.args), value, n.pos) if n.args else n
+    return new[root]
 
 
-_POLICY = ("r", "pi", "logp", "log_ratio")
+# what reads the current policy: a [...] factor on one of these is a boundary, not a filter
+_POLICY = ("r", "pi", "logp", "log_ratio", "H", "sum_pi_sq")
 
 
 def filters(value: Node) -> list[Node]:

@@ -65,7 +65,11 @@ class Aggregation:
     @aggregate values; None: the objective's own) sets c_t and the local count N (unmasked tokens,
     or non-empty responses); `norm` replaces N by a global normalizer (the batch's tokens or
     responses over the data-parallel ranks); `weights` (detached, per token) are host factors
-    in the sum, not the count (verl's rollout IS weights, TRL's per-response normalization)."""
+    in the sum, not the count (verl's rollout IS weights, TRL's per-response normalization);
+    `process_group` (a torch.distributed process group) is the data-parallel ranks the batch
+    reductions (batch_sum, batch_mean, batch_count) sum over, by an all-reduce with autograd
+    (None: the call's own batch alone)."""
     mode: str | None = None
     norm: float | torch.Tensor | None = None
     weights: torch.Tensor | None = None
+    process_group: object = None

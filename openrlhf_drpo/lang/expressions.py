@@ -9,16 +9,29 @@ import unicodedata
 from fractions import Fraction
 
 from openrlhf_drpo.lang.ir import Node, Pos, num, postorder
-from openrlhf_drpo.lang.names import BUILTINS, canonical_name, display_name
+from openrlhf_drpo.lang.names import BUILTINS, GRADIENT, canonical_name, display_name
 from openrlhf_drpo.lang.operations import FUNCTIONS, OPS, passes_no_gradient
 from openrlhf_drpo.lang.printing import render
 from openrlhf_drpo.lang.source import Source, did_you_mean, lookalike
 
-# Reductions wider than one response: refused by name, with the reason (an update's tokens are
-# split across micro-batches and ranks, so a batch statistic would silently change with them).
-BATCH_WIDE = ("mean", "sum", "std", "var", "median", "quantile", "percentile", "topk", "top_k", "kthvalue",
-              "rank", "softmax", "logsumexp", "whiten", "normalize", "batch_mean", "batch_sum", "batch_max",
-              "batch_min", "batch_std", "group_mean", "group_std", "argmax", "argmin", "cumsum", "cummax")
+# Reductions other frameworks name that the language spells differently or does not have: each
+# refused by name with the language's own (a batch statistic of the policy must say over what it
+# reduces: the response, a prefix, the prompt's group or the optimizer batch).
+_SCOPES = "seq_{0}(x) (its response), group_{0}(x) (its prompt's responses) or batch_{0}(x) (the optimizer batch)"
+_WIDE = "compute it into the advantages (a maximum, an order statistic or a normalization over more than a " \
+        "response is not in the language)"
+NOT_IN_LANGUAGE = {
+    **{k: "say which tokens it reduces: " + _SCOPES.format(k) for k in ("mean", "sum")},
+    "std": "write group_std(x), the sample standard deviation over a prompt's responses",
+    "var": "write group_std(x)^2, the sample variance over a prompt's responses",
+    "count": "write seq_len, group_count(x) or batch_count(x)",
+    **{k: "write prefix_sum(x), the running sum along the response" for k in ("cumsum", "running_sum")},
+    "cumprod": "write exp(prefix_sum(log(x))), the prefix product",
+    "batch_std": "write sqrt(batch_mean(x^2) - batch_mean(x)^2), the batch's population standard deviation",
+    **{k: _WIDE for k in ("batch_max", "batch_min", "group_max", "group_min", "cummax", "cummin", "argmax", "argmin",
+                          "median", "quantile", "percentile", "topk", "top_k", "kthvalue", "rank", "softmax",
+                          "logsumexp", "whiten", "normalize")},
+}
 
 
 def superscript(text: str) -> int:
@@ -88,12 +101,8 @@ class Expressions:
         tok = t.children[0]
         raw, name, pos = tok.value, canonical_name(tok.value), self.src.pos(tok.start_pos)
         if name not in FUNCTIONS:
-            if name in BATCH_WIDE:
-                raise self.src.error(f"'{raw}' would reduce over the whole batch; only reductions over one "
-                                     "response's tokens are in the language", pos,
-                                     "a batch statistic changes with how the batch is split into micro-batches "
-                                     "and ranks; use seq_mean, seq_sum, seq_max, seq_min or seq_len, or compute "
-                                     "it into the advantages")
+            if name in NOT_IN_LANGUAGE:
+                raise self.src.error(f"'{raw}' is not a function of the language", pos, NOT_IN_LANGUAGE[name])
             if name in BUILTINS or name in self.params or name in self.bindings:
                 raise self.src.error(f"'{raw}' is not a function", pos, f"to multiply, write {raw}*(...)")
             raise self.src.error(f"unknown function '{raw}'", pos,
@@ -144,12 +153,16 @@ def check_kind(src: Source, root: Node, want: str):
 
 
 def check_policy(src: Source, expr: Node, pos: Pos):
-    """r or π reaches the objective through something with a nonzero derivative."""
+    """r, π or H reaches the objective through something with a nonzero derivative."""
     live = set()
     for n in postorder(expr):
-        if (n.op == "var" and n.value in ("r", "pi")) or (
+        if (n.op == "var" and n.value in GRADIENT) or (
                 any(a in live for a in n.args) and not passes_no_gradient(n.op)):
             live.add(n)
     if expr not in live:
+        inputs = [display_name(k) for k in ("pi_ref", "sum_pi_sq") if any(n.op == "var" and n.value == k
+                                                                          for n in expr.walk())]
+        why = f"; {' and '.join(inputs)} {'are inputs' if len(inputs) > 1 else 'is an input'} without a gradient" \
+            if inputs else ""
         raise src.error("the objective does not depend on the policy", pos,
-                        "use r or π outside sg(...), [...] and sign(...); otherwise its gradient is zero")
+                        f"use r, π or H outside sg(...), [...] and sign(...); otherwise its gradient is zero{why}")

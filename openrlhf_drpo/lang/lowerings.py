@@ -51,11 +51,14 @@ def torch_clip(x, lo, hi):
 
 
 # The torch functions the reduction rows' text calls (_seq_sum(x, m, logp), ...), over the
-# tokens m selects (selected, never multiplied: a masked NaN stays out). An empty response
-# reduces to 0. core.codegen emits them only where an objective uses them.
+# tokens m selects (selected, never multiplied: a masked NaN stays out). An empty response,
+# group or batch reduces to 0. core.codegen emits them only where an objective uses them.
 TORCH_REDUCTIONS = '''
 def _selected(x, m, other, like):
-    return torch.where(m, torch.as_tensor(x, dtype=like.dtype, device=like.device), other)
+    # a folded constant (prefix_sum(1)) is filled on the device: as_tensor of a number is a host copy
+    x = torch.full_like(like, x) if isinstance(x, (int, float)) else torch.as_tensor(x, dtype=like.dtype,
+                                                                                    device=like.device)
+    return torch.where(m, x, other)
 
 
 def _seq_sum(x, m, like):
@@ -80,6 +83,92 @@ def _seq_max(x, m, like):
 
 def _seq_min(x, m, like):
     return _seq_extreme(x, m, like, torch.amin, math.inf)
+
+
+def _prefix_sum(x, m, like):            # inclusive: this token's own value counts
+    return _selected(x, m, 0.0, like).cumsum(-1)
+
+
+def _prefix_mean(x, m, like):
+    return _prefix_sum(x, m, like) / _prefix_sum(1.0, m, like).clamp(min=1)
+
+
+def _suffix_sum(x, m, like):            # the reverse mode's adjoint of a prefix sum
+    return _selected(x, m, 0.0, like).flip(-1).cumsum(-1).flip(-1)
+
+
+def _response_values(x, m, like):
+    """[B, 1]: each response's value of a response-level x (the mean of its tokens, which all
+    hold it; 0 for an empty response), and 1 where the response is not empty."""
+    n = m.sum(-1, keepdim=True)
+    return _selected(x, m, 0.0, like).sum(-1, keepdim=True) / n.clamp(min=1), (n > 0).to(like.dtype)
+
+
+def _group_totals(x, m, like, group, level):
+    """Σ x and the element count over each response's group, broadcast to its tokens: per
+    position over the group's responses unmasked there ('token'), or per non-empty response
+    ('response'). group[b] is the first response of b's group: a sum at that row, read back."""
+    if level == "token":
+        values, counts = _selected(x, m, 0.0, like), m.to(like.dtype)
+    else:
+        values, counts = _response_values(x, m, like)
+    sums = torch.zeros_like(values).index_add(0, group, values)[group]
+    n = torch.zeros_like(counts).index_add(0, group, counts)[group]
+    return sums.expand_as(like), n.expand_as(like)
+
+
+def _group_sum(x, m, like, group, level):
+    return _group_totals(x, m, like, group, level)[0]
+
+
+def _group_count(x, m, like, group, level):
+    return _group_totals(x, m, like, group, level)[1]
+
+
+def _group_mean(x, m, like, group, level):
+    total, n = _group_totals(x, m, like, group, level)
+    return total / n.clamp(min=1)
+
+
+def _group_std(x, m, like, group, level):
+    """The sample standard deviation (ddof = 1) in two passes; 0 below two elements, and where all
+    are equal, with a zero gradient there (autograd's through sqrt(0) would be inf·0)."""
+    total, n = _group_totals(x, m, like, group, level)
+    dev = _selected(x - total / n.clamp(min=1), m, 0.0, like)
+    var = _group_sum(dev * dev, m, like, group, level) / (n - 1).clamp(min=1)
+    spread = (n >= 2) & (var > 0)
+    return torch.where(spread, torch.sqrt(torch.where(spread, var, 1.0)), 0.0)
+
+
+def _all_ranks(t, pg):
+    """t summed over the data-parallel ranks of process group pg (with autograd), or t alone."""
+    if pg is None:
+        return t
+    import torch.distributed.nn.functional as distributed
+    return distributed.all_reduce(t, group=pg)
+
+
+def _batch_totals(x, m, like, pg, level):
+    """Σ x and the element count over the batch (its unmasked tokens, or its non-empty responses),
+    summed over the ranks in one all-reduce."""
+    if level == "token":
+        values, counts = _selected(x, m, 0.0, like), m.to(like.dtype)
+    else:
+        values, counts = _response_values(x, m, like)
+    return _all_ranks(torch.stack([values.sum(), counts.sum()]), pg).unbind()
+
+
+def _batch_sum(x, m, like, pg, level):
+    return _batch_totals(x, m, like, pg, level)[0].expand_as(like)
+
+
+def _batch_count(x, m, like, pg, level):
+    return _batch_totals(x, m, like, pg, level)[1].expand_as(like)
+
+
+def _batch_mean(x, m, like, pg, level):
+    total, n = _batch_totals(x, m, like, pg, level)
+    return (total / n.clamp(min=1)).expand_as(like)
 '''
 
 

@@ -23,10 +23,18 @@ BUILTINS = {
     "pi_old": "the trainer's recomputed old (proximal) probability of the sampled token",
     "pi_rollout": "the rollout engine's (vLLM's) probability of the sampled token",
     "seq_len": "the number of unmasked tokens in this response",
+    # the language's third version (docs/language.md): a host supplies each where it has it
+    "pi_ref": "the reference model's probability of the sampled token",
+    "H": "the policy's entropy at the token, in nats over the vocabulary (with its gradient)",
+    "sum_pi_sq": "Σ_v π_v², the policy's collision probability at the token (no gradient)",
 }
 # the policies that are constants during an update, and the name of the log-prob tensor
 # ObjectiveLoss receives for each
-OTHER_POLICIES = {"pi_old": "old_log_probs", "pi_rollout": "rollout_log_probs"}
+OTHER_POLICIES = {"pi_old": "old_log_probs", "pi_rollout": "rollout_log_probs", "pi_ref": "ref_log_probs"}
+# the built-ins that read the current policy: r and π with a gradient, H with its own channel,
+# Σ_v π_v² without one (its value still moves with the policy)
+POLICY = ("r", "pi", "H", "sum_pi_sq")
+GRADIENT = ("r", "pi", "H")
 
 
 def canonical_name(raw: str) -> str:

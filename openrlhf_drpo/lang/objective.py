@@ -10,6 +10,7 @@ from fractions import Fraction
 
 from openrlhf_drpo.lang.errors import DslError
 from openrlhf_drpo.lang.ir import Node, Pos, num, postorder, tree_size
+from openrlhf_drpo.lang.levels import locality
 from openrlhf_drpo.lang.names import canonical_name, display_name
 from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.printing import RENDER_LIMIT, render
@@ -77,8 +78,13 @@ class Objective:
                        f"a sub-expression of parameters and numbers only must be a finite {'real ' * bool(why)}number")
 
     def names(self) -> set[str]:
-        """The built-ins the objective reads (r, pi, mu, A, pi_old, pi_rollout, seq_len)."""
+        """The built-ins the objective reads (r, pi, mu, A, pi_old, pi_rollout, seq_len, pi_ref, H, sum_pi_sq)."""
         return {n.value for n in self.expr.walk() if n.op == "var"}
+
+    def locality(self) -> str:
+        """token, response, group or batch: the widest reduction a value of the current policy
+        passes through (lang.levels.locality)."""
+        return locality(self.expr)
 
     def reads_rollout(self) -> bool:
         """Whether training needs the rollout engine's log-probs (μ is them, or π_rollout is named)."""

@@ -20,6 +20,14 @@ from openrlhf_drpo.lang.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, p
                         torch_extreme, torch_select)
 
 GRADIENTS = ("zero", "none", "reduction")     # besides a rule: see Op.gradient
+# What a reduction reads besides its own token, always its unmasked tokens only:
+#   "response": its response's (seq_*), broadcast back to each of them;
+#   "prefix": its response's up to this token, inclusive (prefix_*); "suffix": from this token on
+#             (internal: the reverse mode's adjoint of a prefix reduction);
+#   "group": the responses sharing its response's group id: one value per response for a
+#            response-level argument, position by position for a token-level one (lang.levels);
+#   "batch": the optimizer step's whole batch, across data-parallel ranks.
+OVER = ("response", "prefix", "suffix", "group", "batch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,9 +65,11 @@ class Op:
     signature: str = ""         # how a user calls it, for a hint (callable ones)
     brackets: tuple | None = None       # printed between these instead of as symbol(...): |x|, [c]
     printed_as: Callable | None = None  # (*args) -> the Node printed in its place (an internal op)
-    # a reduction over the unmasked tokens of one response ('sum', 'mean', 'max', 'min'), and its
-    # value on a response whose tokens all hold x ((x, |y|) -> Node: openrlhf_drpo.lang.walks.uniform_view)
+    # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count') of the unmasked tokens `over`
+    # selects (OVER), and its value where every element it reduces holds x ((x, n) -> Node, n the
+    # number of those elements: openrlhf_drpo.lang.walks.uniform_view)
     reduce: str = ""
+    over: str = ""
     uniform: Callable | None = None
 
     def __post_init__(self):
@@ -68,8 +78,9 @@ class Op:
             problems.append(f"gradient must be a rule or one of {GRADIENTS}")
         if (self.kind == "bool") != (self.gradient == "none"):
             problems.append("a condition, and only a condition, has gradient 'none'")
-        if (self.gradient == "reduction") != bool(self.reduce and self.uniform):
-            problems.append("a reduction, and only a reduction, has gradient 'reduction', reduce and uniform")
+        if (self.gradient == "reduction") != bool(self.reduce and self.uniform and self.over in OVER):
+            problems.append(f"a reduction, and only a reduction, has gradient 'reduction', reduce, uniform and "
+                            f"over (one of {OVER})")
         if self.callable and not self.signature:
             problems.append("a callable operation gives its signature")
         if problems:
@@ -136,18 +147,24 @@ def _comparison(symbol, torch_symbol, sympy, py):
                      branching=True, piecewise=False, exact=None, not_real=None, compares=lambda a, b: [(a, b)])
 
 
-def _sequence(kind):
-    """A reduction over one response's unmasked tokens, broadcast back to each of them: it has
-    no per-token value, so only its torch text (core.codegen's helpers) and its value on a
-    response whose tokens all hold x exist."""
+def _reduction(name, over, kind, callable=True):
+    """A reduction (Op.over): it has no per-token value, so only its torch text (core.codegen's
+    helpers, lang.lowerings) and its value where all it reduces hold x exist. A group or batch
+    reduction's torch text also takes its argument's level ('token' or 'response'), which
+    core.rewrites writes into the node's value."""
     def unlowered(*a):
-        raise ValueError(f"seq_{kind} has no per-token value: rewrite sequence reductions first "
+        raise ValueError(f"{name} has no per-token value: rewrite reductions first "
                          "(openrlhf_drpo.lang.walks.uniform_view) or compile them (core.codegen)")
-    return Op(symbol=f"seq_{kind}", prec=100, arity=(1, 1), kind="num", args_kind="num", callable=True,
-              signature=f"seq_{kind}(x)", sympy=unlowered, torch=lambda x: f"_seq_{kind}({x}, m, logp)",
-              py=unlowered, np=unlowered, gradient="reduction", continuous=True,
-              branching=kind in ("max", "min"), piecewise=False, exact=None, not_real=None, compares=None,
-              reduce=kind, uniform=(lambda x, n: mul(n, x)) if kind == "sum" else (lambda x, n: x))
+    if over in ("group", "batch"):
+        torch = lambda x, level: f"_{name}({x}, m, logp, {'group' if over == 'group' else 'pg'}, {level!r})"  # noqa: E731
+    else:
+        torch = lambda x: f"_{name}({x}, m, logp)"      # noqa: E731
+    uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n}.get(
+        kind, lambda x, n: x)
+    return Op(symbol=name, prec=100, arity=(1, 1), kind="num", args_kind="num", callable=callable,
+              signature=f"{name}(x)" if callable else "", sympy=unlowered, torch=torch, py=unlowered, np=unlowered,
+              gradient="reduction", continuous=True, branching=kind in ("max", "min"), piecewise=False, exact=None,
+              not_real=None, compares=None, reduce=kind, over=over, uniform=uniform)
 
 
 def _constant(n: Node) -> bool:
@@ -287,14 +304,20 @@ OPS: dict[str, Op] = {
     "not": _operator("not ", 3, 1, lambda sp, a: sp.Not(a), lambda a: not a, "~", lambda a: f"np.logical_not({a})",
                      kind="bool", args_kind="bool", gradient="none", continuous=False, branching=True,
                      piecewise=False, exact=None, not_real=None, compares=None),
-    **{f"seq_{k}": _sequence(k) for k in ("sum", "mean", "max", "min")},
+    **{f"seq_{k}": _reduction(f"seq_{k}", "response", k) for k in ("sum", "mean", "max", "min")},
+    # the language's third version: reductions along a response, over a prompt's group, over the batch
+    **{f"prefix_{k}": _reduction(f"prefix_{k}", "prefix", k) for k in ("sum", "mean")},
+    **{f"group_{k}": _reduction(f"group_{k}", "group", k) for k in ("sum", "mean", "std", "count")},
+    **{f"batch_{k}": _reduction(f"batch_{k}", "batch", k) for k in ("sum", "mean", "count")},
+    "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False),
 }
 
 # Functions a user may call by name, with their argument counts (the rest are operators or brackets).
 FUNCTIONS = {k: op.arity for k, op in OPS.items() if op.callable}
-SEQ_REDUCTIONS = tuple(k for k, op in OPS.items() if op.reduce)
+REDUCTIONS = tuple(k for k, op in OPS.items() if op.reduce)
 
 
 def passes_no_gradient(op: str) -> bool:
-    """sg, sign, [...] and the conditions: nothing below them is differentiated."""
-    return OPS[op].gradient in ("zero", "none")
+    """sg, sign, [...], the conditions and the counts (group_count, batch_count: they read no
+    value): nothing below them is differentiated."""
+    return OPS[op].gradient in ("zero", "none") or OPS[op].reduce == "count"

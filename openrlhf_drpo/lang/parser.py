@@ -14,7 +14,7 @@ from openrlhf_drpo.lang.expressions import Expressions, check_kind, check_policy
 from openrlhf_drpo.lang.ir import Pos
 from openrlhf_drpo.lang.names import BUILTINS, canonical_name
 from openrlhf_drpo.lang.objective import OPTION_DEFAULTS, OPTIONS, Objective, check_option
-from openrlhf_drpo.lang.operations import OPS
+from openrlhf_drpo.lang.operations import OPS, REDUCTIONS
 from openrlhf_drpo.lang.printing import render
 from openrlhf_drpo.lang.source import Source, did_you_mean
 from openrlhf_drpo.lang.walks import evaluate
@@ -171,8 +171,9 @@ class _Builder(Source):
         value = self._literal(expr)
         if value is not None:
             params[name] = self._param_value(value)
-        elif not any(t.data == "name" for t in expr.iter_subtrees()):
-            params[name] = self._constant_value(expr)     # ε = 1/5: a parameter too
+        elif not any(t.data == "name" or (t.data == "call" and canonical_name(t.children[0].value) in REDUCTIONS)
+                     for t in expr.iter_subtrees()):
+            params[name] = self._constant_value(expr)     # ε = 1/5: a parameter too (t = prefix_sum(1) is not)
         else:
             bindings[name] = expr
 

@@ -7,7 +7,8 @@ import functools
 import math
 from fractions import Fraction
 
-from openrlhf_drpo.lang.ir import ONE, ZERO, Node, div, is_num, mul, postorder
+from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, div, is_num, mul, num, postorder, power, sub
+from openrlhf_drpo.lang.levels import argument_level, levels
 from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
 
 
@@ -49,13 +50,14 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
     if n.op in OPS and OPS[n.op].gradient == "none":
         raise ValueError(f"a condition ({n.op}) has no derivative; it may only appear inside [...]")
     if memo[n] is None:
-        raise NonLocal("a sequence reduction of the policy has no per-token derivative: a token's gradient "
-                       "depends on its whole response (core.codegen differentiates it in reverse mode)")
+        raise NonLocal("a reduction of the policy has no per-token derivative: a token's gradient depends on "
+                       "other tokens, of its response, its group or the batch (core.codegen differentiates it "
+                       "in reverse mode)")
     return memo[n]
 
 
 class NonLocal(ValueError):
-    """derivative() of an objective whose policy gradient passes through a sequence reduction."""
+    """derivative() of an objective whose policy gradient passes through a reduction."""
 
 
 # ---------------------------------------------------------------- lowering
@@ -134,28 +136,56 @@ def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
 
 
 def reads_whole_response(n: Node) -> bool:
-    """A reduction over the response, or its length: a value that needs the whole response."""
+    """A reduction (of a response, a prefix, a group or the batch), or a response's length: a
+    value that needs more than its own token."""
     return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
 
 
-def uniform_view(n: Node, anchor: str, rho: str) -> Node:
-    """The objective on one response whose tokens all share r, μ and A, in r, μ, A and two
-    parameters: each reduction is its value there (seq_mean(x) = x, seq_sum(x) = |y|·x, with
-    |y| the parameter seq_len), and the policy μ is not is μ times the train/rollout ratio ρ
-    (the parameter named `rho`): π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
-    @anchor = old. A token-level objective that names neither policy is returned as it is."""
-    mu, length, ratio = Node("var", value="mu"), Node("param", value="seq_len"), Node("param", value=rho)
-    other = {"old": ("pi_rollout", div(mu, ratio)), "rollout": ("pi_old", mul(mu, ratio))}[anchor]
+# The parameters uniform_view writes for what it holds (analysis.view renames one a file already uses)
+VIEW_NAMES = {"seq_len": "seq_len", "position": "p", "group_size": "G", "batch_size": "N", "rho": "rho",
+              "rho_ref": "rho_ref", "H": "H"}
+
+
+def held_count(over: str, level: str, point: dict) -> Node:
+    """How many elements a reduction reduces at uniform_view's point (`point`: the parameters
+    seq_len |y|, position p, group_size G and batch_size N, as Nodes): its response's |y| tokens;
+    a prefix at position p its first p, a suffix its last |y| − p + 1; a group its G responses,
+    position by position too (each has |y| tokens); the batch its N responses, or their N·|y| tokens."""
+    if over == "response":
+        return point["seq_len"]
+    if over == "prefix":
+        return point["position"]
+    if over == "suffix":
+        return add(sub(point["seq_len"], point["position"]), ONE)
+    if over == "group":
+        return point["group_size"]
+    return mul(point["batch_size"], point["seq_len"]) if level == "token" else point["batch_size"]
+
+
+def uniform_view(n: Node, anchor: str, names: dict | None = None) -> Node:
+    """The objective on a uniform batch, in r, μ, A and parameters (`names`, VIEW_NAMES by
+    default): N responses in groups of G, each of |y| tokens, every token sharing r, μ, A and the
+    held inputs, seen at position p of its response. Each reduction is its value there
+    (seq_mean(x) = x, seq_sum(x) = |y|·x, prefix_sum(x) = p·x, group_sum(x) = G·x, group_std(x) =
+    0, group_count(x) = G, batch_sum(x) = N·|y|·x or N·x: held_count). The policy μ is not is μ
+    times the train/rollout ratio ρ: π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
+    @anchor = old; π_ref = μ·ρ_ref (so π_ref/π = ρ_ref/r); H is a parameter; Σ_v π_v² =
+    sg(π² + (1 − π)²) (the rest of the mass on one other token). A token-level objective that
+    names none of these is returned as it is."""
+    names = {**VIEW_NAMES, **(names or {})}
+    point = {k: Node("param", value=v) for k, v in names.items()}
+    mu, pi = Node("var", value="mu"), Node("var", value="pi")
+    other = {"old": ("pi_rollout", div(mu, point["rho"])), "rollout": ("pi_old", mul(mu, point["rho"]))}[anchor]
+    held = {f"pi_{anchor}": mu, other[0]: other[1], "seq_len": point["seq_len"], "pi_ref": mul(mu, point["rho_ref"]),
+            "H": point["H"], "sum_pi_sq": Node("sg", (add(power(pi, num(2)), power(sub(ONE, pi), num(2))),))}
+    level = levels(n)
     new: dict = {}
     for m in postorder(n):
-        if m.op == "var" and m.value == f"pi_{anchor}":
-            new[m] = mu
-        elif m.op == "var" and m.value == other[0]:
-            new[m] = other[1]
-        elif m.op == "var" and m.value == "seq_len":
-            new[m] = length
+        if m.op == "var" and m.value in held:
+            new[m] = held[m.value]
         elif m.op in OPS and OPS[m.op].reduce:
-            new[m] = OPS[m.op].uniform(new[m.args[0]], length)
+            count = held_count(OPS[m.op].over, argument_level(m, level), point)
+            new[m] = OPS[m.op].uniform(new[m.args[0]], count)
         else:
             new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
     return new[n]

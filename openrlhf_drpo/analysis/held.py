@@ -1,0 +1,124 @@
+"""What the analysis holds fixed for the language's third version, and the words that state it:
+the uniform batch (N responses in groups of G, each of |y| tokens that share r, μ, A, seen at
+position p), the reference policy relative to μ, the entropy, Σ_v π_v², and the statistics a file
+names that the batch or the group supplies under sg (a batch's ESS): each such binding is held
+as a parameter of the analysis, at its value on the uniform batch unless set."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+from openrlhf_drpo.lang.ir import postorder, tree_size
+from openrlhf_drpo.lang.levels import reductions
+from openrlhf_drpo.lang.names import GRADIENT, display_name
+from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
+from openrlhf_drpo.lang.printing import render
+from openrlhf_drpo.lang.walks import to_sympy, uniform_view
+
+GROUP_SIZE = 8      # responses per prompt where nothing says otherwise (TRL's num_generations default)
+HELD = {"H": Fraction(1), "rho_ref": Fraction(1)}      # H in nats; ρ_ref = π_ref/μ (π_ref = μ)
+STATISTIC_SIZE = 400        # operations of a binding the uniform value is simplified for
+
+
+def _carries_gradient(n) -> bool:
+    """Whether π, r or H reach n through something with a derivative (lang.expressions' rule)."""
+    live = set()
+    for m in postorder(n):
+        counts = m.op in OPS and OPS[m.op].reduce == "count"
+        if (m.op == "var" and m.value in GRADIENT) or (
+                m.op in OPS and not passes_no_gradient(m.op) and not counts and any(a in live for a in m.args)):
+            live.add(m)
+    return n in live
+
+
+def statistics(obj, anchor: str, names: dict, values: dict) -> dict:
+    """{binding name: (its node, its value on the uniform batch)} for each binding of obj that
+    carries no gradient, reads the current policy through a group or batch reduction, and is a
+    number on the uniform batch (a batch's ESS is 1 there). A binding inside another such one is
+    held with it. One whose uniform value moves with r (sg(group_mean(r)) is r) is not held:
+    the view keeps that value."""
+    found = {}
+    for name, node in obj.bindings.items():
+        wide = any(r.policy and r.over in ("group", "batch") for r in reductions(node))
+        if wide and not _carries_gradient(node) and tree_size(node) <= STATISTIC_SIZE:
+            value = _uniform_value(node, anchor, names, {**obj.params, **values})
+            if value is not None:
+                found[name] = (node, value)
+    inner = {k for k, (node, _) in found.items() if any(node in set(o.walk()) for j, (o, _) in found.items() if j != k)}
+    return {k: v for k, v in found.items() if k not in inner}
+
+
+def _uniform_value(node, anchor, names, params):
+    """node's value on the uniform batch, if it is one number for every r, μ and A."""
+    import sympy as sp
+    r, mu = sp.symbols("r mu", positive=True)
+    env = {"r": r, "mu": mu, "pi": mu * r, "A": sp.Symbol("A", real=True, nonzero=True),
+           **{k: sp.Rational(v.numerator, v.denominator) for k, v in params.items()}}
+    try:
+        value = sp.simplify(to_sympy(uniform_view(node, anchor, names), sp, env))
+    except Exception:       # noqa: BLE001 - SymPy raises many types: not a held statistic then
+        return None
+    if value.free_symbols or not value.is_real or not value.is_finite:
+        return None
+    return Fraction(value.p, value.q) if value.is_Rational else Fraction(repr(float(value)))
+
+
+def holdable(obj, stats: dict) -> set[str]:
+    """The names --set may give a held value (the analysis's own, not the file's parameters)."""
+    reads = obj.names()
+    return {k for k, builtin in (("H", "H"), ("rho_ref", "pi_ref")) if builtin in reads} | set(stats)
+
+
+def statements(obj, point: dict, stats: dict, values: dict) -> list[dict]:
+    """What the view holds that obj reads, each {name, value, text} in the order the report
+    lists them (the uniform batch's shape first)."""
+    overs = {OPS[n.op].over for n in obj.expr.walk() if n.op in OPS and OPS[n.op].reduce}
+    reads = obj.names()
+    values = {k: float(v) for k, v in values.items()}
+    out = []
+    if "group" in overs:
+        out.append(("G", point["group_size"], f"a group of G = {point['group_size']} equal responses (--group-size): "
+                    "group_sum(x) = G·x, group_mean(x) = x, group_std(x) = 0, group_count(x) = G"))
+    if "batch" in overs:
+        out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} such responses (--batch-size): "
+                    "batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, batch_mean(x) = x, "
+                    "batch_count(x) = N·|y| or N"))
+    if "prefix" in overs:
+        out.append(("p", point["position"], f"the token at position p = {point['position']} of its response "
+                    "(--position; the last by default): prefix_sum(x) = p·x, prefix_mean(x) = x"))
+    if "pi_ref" in reads:
+        out.append(("rho_ref", values["rho_ref"], f"π_ref = ρ_ref·μ, ρ_ref = π_ref/μ held at {values['rho_ref']:g} "
+                    "(--set rho_ref=X): the reference terms read π_ref/π = ρ_ref/r"))
+    if "H" in reads:
+        out.append(("H", values["H"], f"H = {values['H']:g} nat (--set H=X), the entropy at the token"))
+    if "sum_pi_sq" in reads:
+        out.append(("sum_pi_sq", None, "Σ_v π_v² = π² + (1 − π)² (the rest of the mass on one other token), "
+                    "without gradient"))
+    for name, (node, default) in stats.items():
+        out.append((name, values[name], f"{display_name(name)} = {render(node)} held as a parameter at "
+                    f"{values[name]:g} (its value on the uniform batch: {float(default):g}; --set {name}=X): no "
+                    "gradient passes through it"))
+    return [{"name": n, "value": v, "text": t} for n, v, t in out]
+
+
+def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = ()) -> str:
+    """What the weight is on the uniform batch, and what the analysis does not claim there.
+    `moved`: the statistics held away from their uniform value; `in_weight`: the held values
+    ∂ℓ/∂r reads ('ess = 1'), at which w and its boundaries are evaluated."""
+    prefix = any(r.gradient and r.over == "prefix" for r in reductions(obj.expr))
+    wide = {"token": "", "response": "its response", "group": "its group", "batch": "the batch"}[locality["gradient"]]
+    text = ("there each token's gradient is w·r·A (plus w_H·∇H where it reads H) times its aggregation weight, "
+            "exactly: the tokens a reduction passes a gradient through all move alike, and a value under sg enters "
+            "as a number")
+    if prefix:
+        text = ("a prefix reduction passes a gradient: w at position p is ∂ℓ_p/∂r with the whole prefix moving "
+                "together, which is not token p's own gradient (that also collects the later tokens' terms: not "
+                "derived)")
+    if moved:
+        text += (f"; {', '.join(map(display_name, moved))} held away from its value on the uniform batch: no "
+                 "uniform batch has it, and w is the token's weight given that value")
+    if in_weight:
+        text += (f"; w, its cases and its boundaries below are evaluated at the held {', '.join(in_weight)}: numbers "
+                 "there, not functions of them (they move with them: --set and the batch's shape give others)")
+    if wide:
+        text += f"; away from the uniform batch a token's gradient also depends on the rest of {wide}: not analysed"
+    return text

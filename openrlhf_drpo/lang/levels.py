@@ -1,0 +1,114 @@
+"""Where each value of an objective lives, decided on the IR alone: its level (a number, one value
+for the whole batch, one per response, or one per token), which sets what a group or batch
+reduction reduces; each reduction with what it reads; and the objective's locality, the widest
+reduction a policy-dependent value passes through (docs/language.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.lang.names import GRADIENT, POLICY
+from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
+
+LEVELS = ("constant", "batch", "response", "token")      # each holds the ones before it
+WIDTHS = ("token", "response", "group", "batch")         # an objective's locality, narrowest first
+# the width of each kind of reduction (a prefix reads only its own response)
+_WIDTH = {"response": "response", "prefix": "response", "suffix": "response", "group": "group", "batch": "batch"}
+# the generated code's own names for the current policy (core.rewrites writes log π and log r so)
+_POLICY = set(POLICY) | {"logp", "log_ratio"}
+_GRADIENT = set(GRADIENT) | {"logp", "log_ratio"}
+
+
+def levels(root: Node) -> dict[Node, str]:
+    """Each node's level (LEVELS): a number or parameter is a constant; seq_len, a response
+    reduction and a group reduction of a response-level value are one value per response; a batch
+    reduction one for the batch; every other built-in, a prefix and a group reduction of a
+    token-level value, one per token. An operation is at its widest argument's level."""
+    out: dict[Node, str] = {}
+    for n in postorder(root):
+        if n.op in ("num", "param"):
+            out[n] = "constant"
+        elif n.op == "var":
+            out[n] = "response" if n.value == "seq_len" else "token"
+        elif n.op in OPS and OPS[n.op].reduce:
+            over, arg = OPS[n.op].over, out[n.args[0]]
+            out[n] = {"response": "response", "prefix": "token", "suffix": "token", "batch": "batch",
+                      "group": "token" if arg == "token" else "response"}[over]
+        else:
+            out[n] = max((out[a] for a in n.args), key=LEVELS.index, default="constant")
+    return out
+
+
+def argument_level(n: Node, level: dict) -> str:
+    """What a group or batch reduction reduces: 'token' (each unmasked token; for a group, position
+    by position) or 'response' (each non-empty response once: a constant, a batch or a response value)."""
+    return "token" if level[n.args[0]] == "token" else "response"
+
+
+@dataclass(frozen=True)
+class Reduction:
+    node: Node
+    over: str          # what it reads (lang.operations.OVER)
+    level: str         # argument_level: 'token' or 'response'
+    policy: bool       # its argument reads the current policy (π, r, H or Σ_v π_v²), even under sg
+    gradient: bool     # a gradient passes through it: its argument depends on π, r or H outside sg, and
+                       # it is not itself under sg (sg(group_mean(r)) reads the policy, passes no gradient)
+
+    @property
+    def width(self) -> str:
+        return _WIDTH[self.over]
+
+
+def reductions(root: Node) -> list[Reduction]:
+    """Every reduction in the objective, parents before children."""
+    level, policy, live = levels(root), set(), set()
+    for n in postorder(root):
+        if n.op == "var":
+            if n.value in _POLICY:
+                policy.add(n)
+            if n.value in _GRADIENT:
+                live.add(n)
+        elif n.op in OPS:
+            counts = OPS[n.op].reduce == "count"       # a count reads no value
+            if any(a in policy for a in n.args) and not counts:
+                policy.add(n)
+            if any(a in live for a in n.args) and not passes_no_gradient(n.op):
+                live.add(n)
+    # the nodes the objective's gradient reaches: not below sg, a condition or a count
+    reached, stack = {root}, [root]
+    while stack:
+        n = stack.pop()
+        if n.op in OPS and passes_no_gradient(n.op):
+            continue
+        for a in n.args:
+            if a not in reached:
+                reached.add(a)
+                stack.append(a)
+    out = []
+    for n in root.walk():
+        if n.op in OPS and OPS[n.op].reduce:
+            reads = OPS[n.op].reduce != "count"
+            out.append(Reduction(n, OPS[n.op].over, argument_level(n, level), reads and n.args[0] in policy,
+                                 reads and n.args[0] in live and n in reached))
+    return out
+
+
+def locality(root: Node) -> str:
+    """token | response | group | batch: the widest reduction whose argument reads the current
+    policy (a statistic of fixed inputs, as group_mean(A), could be computed before the update)."""
+    widths = [r.width for r in reductions(root) if r.policy]
+    return max(widths, key=WIDTHS.index, default="token")
+
+
+def kept_whole(root: Node) -> tuple[str, ...]:
+    """What one loss call must hold whole for the compiled loss to be exact: 'groups' where the
+    objective has a group reduction, 'batch' where it has a batch reduction (the core computes
+    every reduction over what its call holds, fixed inputs' statistics included)."""
+    overs = {r.over for r in reductions(root)}
+    return tuple(k for k, over in (("groups", "group"), ("batch", "batch")) if over in overs)
+
+
+def third_version(root: Node) -> bool:
+    """Whether the objective reads π_ref, H or Σ_v π_v², or has a prefix, group or batch reduction."""
+    return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq")) or
+               (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch")) for n in root.walk())
