@@ -3,8 +3,9 @@
 # R − V̂*, V̂* = β₁·log mean_group exp(R/β₁) over the prompt's responses; the loss is the squared error per
 # response, averaged over the responses.
 # Source: Ritter et al. 2026, "LLMs Can Learn to Reason Via Off-Policy RL", arXiv 2602.19362; the formula
-# as NVIDIA NeMo-RL implements it (OAPLAdvantageEstimator and OAPLLossFn, read from their tests; the
-# paper's equations were not reachable): mean_i (β₂·Σ_t (log π − log π_gen) − (R_i − V̂*))², β₁ = 1,
+# as NVIDIA NeMo-RL implements it (OAPLAdvantageEstimator in nemo_rl/algorithms/advantage_estimator.py,
+# OAPLLossFn in nemo_rl/algorithms/loss/loss_functions.py, read from their tests; the paper's equations
+# were not reachable): mean_i (β₂·Σ_t (log π − log π_gen) − (R_i − V̂*))², β₁ = 1,
 # β₂ = 1e-3 (the tests' values), π_gen the generation log-probs (@anchor = rollout).
 # Choices: R is the host's advantage per response (seq_mean(A)): a group-constant shift of A cancels in
 # R − V̂*, so raw rewards or mean-centred ones (Dr. GRPO, RLOO's mean) give the same target; a division by
