@@ -201,12 +201,17 @@ def test_each_clip_cap_and_baseline_acts_on_the_test_batch(name, undone):
     assert not (torch.allclose(l0, l1, rtol=1e-6) and torch.allclose(g0, g1, rtol=1e-6, atol=1e-12))
 
 
-def test_otbs_baseline_is_zero_on_a_lone_tail_and_its_ess_caps_some_ratios():
+def test_otbs_baseline_is_zero_on_a_lone_tail_and_in_a_group_of_one():
     b = batch(0)
     clean = {**b, "m": b["mask"].to(F64)}
     adv = otb_advantages(clean)
     assert torch.equal(adv[1, 9:], b["A"][1, 9:]) and not torch.equal(adv[1, :9], b["A"][1, :9])   # the tail past 9
     assert torch.equal(adv[6], b["A"][6] * clean["m"][6])            # a group of one: no baseline
+
+
+def test_the_test_batchs_ess_is_below_one_and_caps_some_ratios():
+    # so that trust_the_batch's cap and its (1 − ESS)·KL term both act on it
+    b = batch(0)
     ratio = torch.exp(b["new"] - b["old"])[b["mask"]]
     ess = ratio.sum() ** 2 / (ratio.square().sum() + 1e-8) / ratio.numel()
     assert 0.5 < ess < 1 and (ratio > ess).any() and (ratio < ess).any()
