@@ -2,7 +2,8 @@
 run of at most --budget seconds (300 by default: what does not fit is skipped, saying so), printed
 as JSON. Needs torch, numpy, sympy and lark only (TRL where installed).
 
-- exactness: every shipped objective on the device, plain and fused (the sync-free kernels,
+- exactness: every shipped objective on the device (given the third version's inputs it reads: log π_ref,
+  H, Σ_v π_v², groups of two), plain and fused (the sync-free kernels,
   uncompiled) in fp32, fused with bf16 log-probs, and compiled (--compiled objectives) in fp32 and
   bf16, against CompiledLoss(fused=False) in float64 on the CPU for the same inputs (log-ratios of
   +40, -30 and +25.5, r exactly 1, A = 0, an empty response): the gradient's error relative to the
@@ -72,9 +73,22 @@ def edge_batch(B=8, T=64, seed=0):
     return new, old, A, mask, old - 0.1 * A.abs() - 0.05
 
 
-def run(loss_fn, new, old, A, mask, rollout):
+def third_inputs(new, seed=0):
+    """The third version's inputs for a batch of log-probs `new` (tests/extra_inputs.py's): log π_ref
+    near log π, H in [0, 2), Σ_v π_v² between π² and π² + (1 − π)², two responses per group."""
+    g = torch.Generator().manual_seed(seed)
+    noise = lambda: torch.rand(new.shape, generator=g, dtype=torch.float64)      # noqa: E731
+    pi = torch.exp(new.double())
+    return {"ref_log_probs": new.double() + 0.4 * (noise() - 0.5), "entropy": 2 * noise(),
+            "sum_pi_sq": pi ** 2 + noise() * (1 - pi) ** 2, "groups": torch.arange(new.shape[0]) // 2}
+
+
+def run(loss_fn, new, old, A, mask, rollout, extras=None):
+    """(loss, ∂loss/∂log π, metrics); `extras`: the third version's inputs, of which the objective
+    gets those it reads."""
     lp = new.clone().requires_grad_()
-    loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout)
+    given = {k: v for k, v in (extras or {}).items() if k in loss_fn.inputs()}
+    loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout, **given)
     (grad,) = torch.autograd.grad(loss, lp)
     return loss.detach(), grad, metrics.values
 
@@ -84,11 +98,16 @@ def compare(name, dtype, device, loss_fn, batch):
     new, old, A, mask, rollout = batch
     low = [new.to(DTYPES[dtype]), old.to(DTYPES[dtype]), A.float(), rollout.to(DTYPES[dtype])]
     ref_in = [x.double() for x in low]
+    # the third version's inputs in the low precision too, so that the reference reads the same values
+    low_x = {k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in third_inputs(new).items()}
+    ref_x = {k: v.double() if v.is_floating_point() else v for k, v in low_x.items()}
     reference = CompiledLoss(name, fused=False)
-    ref_loss, ref_grad, ref_metrics = run(reference, *ref_in[:3], mask, ref_in[3])
+    ref_loss, ref_grad, ref_metrics = run(reference, *ref_in[:3], mask, ref_in[3], ref_x)
     loss, grad, metrics = (x.cpu() for x in run(loss_fn, *(x.to(device) for x in low[:3]), mask.to(device),
-                                                   low[3].to(device)))
-    per_token = reference._value(ref_in[0], ref_in[1], ref_in[2], ref_in[1], ref_in[3], mask)
+                                                   low[3].to(device), {k: v.to(device) for k, v in low_x.items()}))
+    ext = core_loss.extra_inputs(reference, *map(ref_x.get, ("ref_log_probs", "entropy", "sum_pi_sq", "groups")),
+                                 Aggregation())[2]
+    per_token = reference._value(ref_in[0], ref_in[1], ref_in[2], ref_in[1], ref_in[3], mask, ext)
     coef, count = aggregation_coef(mask.double(), reference.aggregate)
     magnitude = (torch.where(mask, per_token.abs(), 0.0) * coef).sum().item() / max(count.sum().item(), 1)
     values = torch.cat([loss.reshape(1).float(), grad.float().flatten(), metrics.float()])

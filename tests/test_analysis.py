@@ -134,12 +134,26 @@ def _shipped_json(name) -> str:
     return json.dumps(to_json(analyze(lang.load(name))), sort_keys=True)
 
 
+# The analysis of the third version's reductions is provisional (issue 29, phase B: a group of this
+# one response held): there OTB's ∂ℓ/∂r, its baseline written out, is past SymPy's budget, and OAPL's
+# target is 0, so its w = -2β₂²|y|²·log r/(A·r) crosses 0 at r = 1, found by the arbiter. Each report
+# says so; the test holds them to that until their analysis is done.
+PROVISIONAL = {"otb": "not derived", "oapl": "confirmed"}
+
+
 @pytest.mark.parametrize("name", lang.shipped_names())
 def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(name):
     out = json.loads(_shipped_json(name))
     assert set(out) >= {"name", "params", "objective", "weight", "cases", "boundary", "reachable",
                         "weight_range", "bounded", "smooth", "geometry", "warnings"}
     assert out["name"] == name and all(k.isascii() for k in out["params"])
+    if name in PROVISIONAL:
+        assert out["self_check"]["passed"] and out["arbiter"]["weight"]["status"] == PROVISIONAL[name]
+        assert out["scope"]["held"] and out["arbiter"]["range"] == "confirmed"
+        for side in ("positive", "negative"):      # a boundary only found is said to be so
+            assert out["boundary"][side]["numeric"] and out["claims"]["boundary"][side]["status"] == "found"
+        assert bool(out["cases"]) == (PROVISIONAL[name] == "confirmed")
+        return
     assert [(c["advantage"], c["direction"]) for c in out["cases"]] == [
         ("positive", "diverging"), ("positive", "converging"), ("negative", "diverging"), ("negative", "converging")]
     params = out["params"]

@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+from extra_inputs import extra_inputs
 
 from openrlhf_drpo import lang
 from openrlhf_drpo.core import loss as core_loss
@@ -147,7 +148,7 @@ def test_every_objective_in_one_process_runs_compiled_and_a_new_length_adds_no_g
             for B, T, kw in [(4, 8, {}), extras[i % 3], (4, 13, {}), (4, 21, {})]:
                 before, compiled = len(runs), len(graphs)
                 logp, old, adv = _inputs(B, T)
-                loss_fn(logp, old, adv, aggregation=Aggregation(**kw))[0].backward()
+                loss_fn(logp, old, adv, aggregation=Aggregation(**kw), **extra_inputs(loss_fn, logp))[0].backward()
                 # this call ran two compiled graphs: forward's and backward's
                 assert len(runs) == before + 2 and runs[-2] != runs[-1], (name, B, T, kw)
                 if T != 8:      # a new sequence length: the dynamic graphs take it
@@ -218,7 +219,7 @@ def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(name, fused):
     loss_fn = CompiledLoss(name, fused=fused)
     loss_fn.sync_free = True
     for agg in (Aggregation(), Aggregation(norm=9.0, weights=torch.rand(3, 7))):
-        assert host_syncs(loss_fn, logp, old, adv, mask, aggregation=agg) == [], agg
+        assert host_syncs(loss_fn, logp, old, adv, mask, aggregation=agg, **extra_inputs(loss_fn, logp)) == [], agg
 
 
 def test_the_cpu_eager_kernel_reads_its_metrics_on_the_host_once():

@@ -15,9 +15,11 @@ import math
 
 import pytest
 import torch
+from extra_inputs import extra_inputs
 
 from openrlhf_drpo import lang
-from openrlhf_drpo.core import CompiledLoss
+from openrlhf_drpo.core import Aggregation, CompiledLoss
+from openrlhf_drpo.core.loss import extra_inputs as extra_inputs_of
 from openrlhf_drpo.core.kernels import RATIO_RANGE, aggregation_coef
 
 SHIPPED = lang.shipped_names()
@@ -52,11 +54,18 @@ def rounded(dtype, new, old, A, rollout):
     return low, [x.double() for x in low]
 
 
-def run(loss_fn, new, old, A, mask, rollout):
+def run(loss_fn, new, old, A, mask, rollout, extras=None):
+    """(loss, ∂loss/∂log π, metrics); with the third version's inputs the objective reads (the same
+    values for a reference in float64: extras, as low-precision ones, widened)."""
     lp = new.clone().requires_grad_()
-    loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout)
+    given = extra_inputs(loss_fn, new) if extras is None else widened(extras, new.dtype)
+    loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout, **given)
     (grad,) = torch.autograd.grad(loss, lp)
     return loss.detach(), grad, metrics.values
+
+
+def widened(extras, dtype):
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in extras.items()}
 
 
 def fused(name, path):
@@ -72,8 +81,9 @@ def test_every_fused_kernel_gives_the_float64_loss_and_gradient_in_fp32_and_bf16
     new, old, A, mask = edge_batch()
     (lp, lo, a, ro), ref_inputs = rounded(DTYPES[dtype], new, old, A, old - 0.1 * A.abs() - 0.05)
     reference = CompiledLoss(name, fused=False)
-    ref_loss, ref_grad, ref_metrics = run(reference, *ref_inputs[:3], mask, ref_inputs[3])
-    loss, grad, metrics = run(fused(name, path), lp, lo, a, mask, ro)
+    extras = extra_inputs(reference, lp)       # in the low precision: the reference gets the same values
+    ref_loss, ref_grad, ref_metrics = run(reference, *ref_inputs[:3], mask, ref_inputs[3], extras)
+    loss, grad, metrics = run(fused(name, path), lp, lo, a, mask, ro, extras)
     assert grad.dtype == DTYPES[dtype]
     assert torch.isfinite(loss) and torch.isfinite(grad).all() and torch.isfinite(metrics).all()
     largest = ref_grad.abs().max().item()
@@ -82,7 +92,10 @@ def test_every_fused_kernel_gives_the_float64_loss_and_gradient_in_fp32_and_bf16
     assert error <= GRAD_TOL[dtype], (error, GRAD_TOL[dtype])
     # the aggregate of |ℓ|, in float64, as the loss aggregates ℓ
     r_lp, r_old, r_a, r_ro = ref_inputs     # (π_old is μ here)
-    per_token = reference._value(r_lp, r_old, r_a, r_old, r_ro, mask)
+    given = widened(extras, torch.float64)        # the generated code's ext, as CompiledLoss builds it
+    ext = extra_inputs_of(reference, *map(given.get, ("ref_log_probs", "entropy", "sum_pi_sq", "groups")),
+                          Aggregation())[2]
+    per_token = reference._value(r_lp, r_old, r_a, r_old, r_ro, mask, ext)
     coef, count = aggregation_coef(mask.double(), reference.aggregate)
     magnitude = (torch.where(mask, per_token.abs(), 0.0) * coef).sum().item() / max(count.sum().item(), 1)
     assert abs(loss.item() - ref_loss.item()) <= LOSS_TOL * magnitude, (loss.item(), ref_loss.item(), magnitude)
@@ -96,7 +109,9 @@ EXTREMES = [-800.0, -110.0, -90.0, -30.0, 30.0, 90.0, 800.0]
 RAW_RATIO = [n for n in SHIPPED if "r" not in lang.load(n).names()]
 # objectives whose own value overflows past a log-ratio of 88.7 in fp32 (709.8 in float64), and whose
 # gradient underflows below -87: they read exp(log π − log μ) unclamped
-OVERFLOWING = {"kpop", "opsm", "pspo"}
+# (trust_the_batch: its batch ESS reads every w, so one inf w makes the loss NaN; FeynRL falls back to
+# ESS = 1 there, which the file does not write)
+OVERFLOWING = {"kpop", "opsm", "pspo", "trust_the_batch"}
 
 
 def far_batch(B=8, T=12, seed=1):
@@ -145,8 +160,10 @@ def test_metrics_are_finite_and_equal_their_float64_values_at_log_ratios_to_800(
     new, old, A, mask = far_batch()
     (lp, lo, a, ro), ref_inputs = rounded(DTYPES[dtype], new, old, A, old - 0.05)
     mask = in_range(name, mask)
-    _, _, ref_metrics = run(CompiledLoss(name, fused=False), *ref_inputs[:3], mask, ref_inputs[3])
-    loss, grad, metrics = run(fused(name, path), lp, lo, a, mask, ro)
+    reference = CompiledLoss(name, fused=False)
+    extras = extra_inputs(reference, lp)       # in the low precision: the reference reads the same π_ref
+    _, _, ref_metrics = run(reference, *ref_inputs[:3], mask, ref_inputs[3], extras)
+    loss, grad, metrics = run(fused(name, path), lp, lo, a, mask, ro, extras)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert torch.isfinite(metrics).all() and torch.isfinite(ref_metrics).all(), (metrics, ref_metrics)
     assert torch.allclose(metrics.double(), ref_metrics, rtol=1e-4, atol=1e-6), (metrics, ref_metrics)
@@ -172,6 +189,7 @@ def test_w_mean_of_a_raw_ratio_objective_is_the_autograd_weight_over_tokens_with
     assert (mask & (A != 0) & (raw.abs() > 20)).any()        # the far tokens are there, and left out
     expected = (per_token / (torch.exp(raw) * A))[has_w].mean().item()
     fused_fn = CompiledLoss(name)
-    fused_fn(new.float().requires_grad_(), old.float(), A.float(), mask, rollout_log_probs=rollout.float())
+    fused_fn(new.float().requires_grad_(), old.float(), A.float(), mask, rollout_log_probs=rollout.float(),
+             **extra_inputs(fused_fn, new.float()))
     got = fused_fn.metrics.w_mean.item()
     assert math.isfinite(expected) and math.isclose(got, expected, rel_tol=1e-4), (got, expected)

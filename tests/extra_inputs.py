@@ -1,0 +1,19 @@
+"""The language's third version's inputs for any compiled objective, beside log π, μ and A: what the
+tests that run every shipped objective pass, each only where the objective reads it
+(CompiledLoss.inputs()). Seeded; Σ_v π_v² ≥ π² as a distribution's is; two responses per group."""
+import torch
+
+
+def extra_inputs(loss_fn, logp, seed=0, dtype=None) -> dict:
+    reads = loss_fn.inputs()
+    logp = logp.detach()
+    dtype = dtype or logp.dtype
+    g = torch.Generator().manual_seed(seed)
+    noise = lambda: torch.rand(logp.shape, generator=g, dtype=torch.float64)      # noqa: E731
+    pi = torch.exp(logp.double())
+    out = {"ref_log_probs": logp.double() + 0.4 * (noise() - 0.5), "entropy": 2 * noise(),
+           "sum_pi_sq": pi ** 2 + noise() * (1 - pi) ** 2}
+    out = {k: v.to(dtype) for k, v in out.items() if k in reads}
+    if "groups" in reads:
+        out["groups"] = torch.arange(logp.shape[0]) // 2
+    return out
