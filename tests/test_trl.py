@@ -397,16 +397,21 @@ BATCH = "r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n"
      "steps_per_generation=2: TRL shuffles the rows of a generation batch and slices it into that many loss calls"),
     (GROUP, dict(per_device_train_batch_size=6), "uses group_mean .*, but per_device_train_batch_size=6 is not a "
      "multiple of num_generations=8: a prompt's group would straddle processes"),
+    (GROUP, dict(eval_strategy="steps", per_device_eval_batch_size=6, num_generations_eval=4),
+     "uses group_mean .*, but per_device_eval_batch_size=6 is not a multiple of num_generations_eval=4"),
     (BATCH, dict(gradient_accumulation_steps=2, steps_per_generation=1), "objective 'batch_pull' uses batch_mean .*, "
      "but gradient_accumulation_steps=2: an optimizer step accumulates that many loss calls"),
-], ids=["pi_ref", "sum_pi_sq", "groups_sliced", "groups_straddle", "batch_accumulated"])
+], ids=["pi_ref", "sum_pi_sq", "groups_sliced", "groups_straddle", "groups_straddle_eval", "batch_accumulated"])
 def test_an_input_trl_does_not_give_is_refused_before_the_model_loads_naming_the_setting(tmp_path, text, config,
                                                                                            message):
     name = {REF: "grpo_k3", SUM_PI_SQ: "otb_weight", GROUP: "group_pull", BATCH: "batch_pull"}[text]
-    per_device = config.pop("per_device_train_batch_size", None)
+    # per-device sizes that are no multiple of the group: GRPOConfig refuses them on one process
+    # (its global batch is the per-device one); a rank of several reads its config so
+    per_device = {k: config.pop(k) for k in ("per_device_train_batch_size", "per_device_eval_batch_size")
+                  if k in config}
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **config)
-    if per_device:     # one process: GRPOConfig itself refuses it; a rank of several reads it so
-        args.per_device_train_batch_size = per_device
+    for key, value in per_device.items():
+        setattr(args, key, value)
     with pytest.raises(ValueError, match=message):
         ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args,
                              objective=parse(text, f"{name}.dsl"))
