@@ -306,6 +306,21 @@ def test_metrics_are_reduced_over_ranks_as_trl_reduces_its_own_in_one_collective
         assert r["collectives"] == 2, r      # TRL's own entropy mean (an all-reduce) and our metrics (a gather)
 
 
+def test_an_entropy_bonus_written_in_the_objective_logs_trls_own_entropy_coef_run(tmp_path):
+    """bnpo with one loss call per step: TRL's bonus (its token mean of H over the call) and c·H
+    in the objective (the same mean) are one term."""
+    theirs = run(tmp_path / "trl", steps=2, loss_type="bnpo", epsilon=0.2, epsilon_high=0.28, entropy_coef=0.05)
+    bonus = parse("ε_low = 0.2\nε_high = 0.28\nmin(r*A, clip(r, 1 - ε_low, 1 + ε_high)*A) + 0.05*H\n", "bonus.dsl")
+    ours = run(tmp_path / "ours", (bonus, {}), steps=2, loss_type="bnpo")
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert a.get("reward") == b.get("reward"), (a, b)
+        for key in ("loss", "grad_norm", "entropy"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (key, a, b)
+    # not vacuous: the bonus is more of the loss than the tolerance could hide
+    assert all(0.05 * b["entropy"] > 1e-3 * abs(b["loss"]) for b in theirs), theirs
+
+
 def built(tmp_path, objective, prompts=4, **config):
     """An ObjectiveGRPOTrainer on the tiny model, not trained: its loss is called directly."""
     model, _, model_dir = tiny_llama(str(tmp_path), SPECIAL + WORDS, seed=0, hidden=32)
