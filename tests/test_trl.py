@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from openrlhf_drpo.lang import DslError
+from openrlhf_drpo.lang import DslError, parse
 from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama
 from openrlhf_drpo.trl import TRL_VERSION, ObjectiveGRPOTrainer, TrlObjectiveLoss
 
@@ -114,12 +114,23 @@ def test_another_clip_differs_from_trls(tmp_path):
     assert any(not math.isclose(a["loss"], b["loss"], rel_tol=1e-3) for a, b in zip(ours, theirs))
 
 
-def test_trls_kl_term_keeps_its_meaning(tmp_path):
+# TRL's β·k3 written in the objective: π_ref is TRL's ref_per_token_logps, and TRL's default bias
+# correction (use_bias_correction_kl) multiplies k3 by the differentiable ratio r
+GRPO_K3 = ("ε_low = 0.2\nε_high = 0.28\nβ = 0.1\nd = log(π_ref) - log(π)\n"
+           "min(r*A, clip(r, 1 - ε_low, 1 + ε_high)*A) - β*r*(exp(d) - d - 1)\n")
+
+
+def test_trls_kl_term_keeps_its_meaning_and_the_same_kl_written_in_the_objective_equals_it(tmp_path):
     theirs = run(tmp_path / "trl", steps=2, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.1)
     ours = run(tmp_path / "ours", ("grpo_clip_higher", {}), steps=2, loss_type="dapo", beta=0.1)
     for a, b in zip(ours, theirs):
         assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5, abs_tol=1e-7) and math.isclose(a["kl"], b["kl"],
                                                                                                  rel_tol=1e-5)
+    # beta > 0 loads the reference model; the objective's KL replaces TRL's term, not added twice
+    written = run(tmp_path / "written", (parse(GRPO_K3, "grpo_k3.dsl"), {}), steps=2, loss_type="dapo", beta=0.1)
+    assert_same_log(written, theirs)
+    # not vacuous: on the second step π has left π_ref by more than the tolerance could hide
+    assert 0.1 * theirs[-1]["kl"] > 1e-3 * abs(theirs[-1]["loss"]), theirs[-1]
 
 
 def test_training_end_to_end_raises_the_reward_and_logs_our_metrics(tmp_path):
@@ -217,7 +228,7 @@ def test_another_trl_release_is_refused_before_the_model_loads_naming_both_versi
 
 
 @pytest.mark.parametrize("name", ["_compute_loss", "_get_per_token_logps_and_entropies", "get_high_entropy_mask",
-                                  "get_off_policy_mask"])
+                                  "get_off_policy_mask", "_generate_and_score_completions"])
 def test_a_private_trl_method_whose_parameters_changed_is_refused_before_the_model_loads(tmp_path, monkeypatch, name):
     """A TRL whose private method lost a parameter (as a release might, under the same
     version only by a local patch: the version check comes first)."""
@@ -293,3 +304,139 @@ def test_metrics_are_reduced_over_ranks_as_trl_reduces_its_own_in_one_collective
             expected = max(o[key] for o in own) if key == "drpo_ratio_max" else (own[0][key] + own[1][key]) / 2
             assert math.isclose(r["logged"][key], expected, rel_tol=1e-6), (key, r["logged"], own)
         assert r["collectives"] == 2, r      # TRL's own entropy mean (an all-reduce) and our metrics (a gather)
+
+
+def test_an_entropy_bonus_written_in_the_objective_logs_trls_own_entropy_coef_run(tmp_path):
+    """bnpo with one loss call per step: TRL's bonus (its token mean of H over the call) and c·H
+    in the objective (the same mean) are one term."""
+    theirs = run(tmp_path / "trl", steps=2, loss_type="bnpo", epsilon=0.2, epsilon_high=0.28, entropy_coef=0.05)
+    bonus = parse("ε_low = 0.2\nε_high = 0.28\nmin(r*A, clip(r, 1 - ε_low, 1 + ε_high)*A) + 0.05*H\n", "bonus.dsl")
+    ours = run(tmp_path / "ours", (bonus, {}), steps=2, loss_type="bnpo")
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert a.get("reward") == b.get("reward"), (a, b)
+        for key in ("loss", "grad_norm", "entropy"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (key, a, b)
+    # not vacuous: the bonus is more of the loss than the tolerance could hide
+    assert all(0.05 * b["entropy"] > 1e-3 * abs(b["loss"]) for b in theirs), theirs
+
+
+def built(tmp_path, objective, prompts=4, **config):
+    """An ObjectiveGRPOTrainer on the tiny model, not trained: its loss is called directly."""
+    model, _, model_dir = tiny_llama(str(tmp_path), SPECIAL + WORDS, seed=0, hidden=32)
+    model.save_pretrained(model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", seed=0, bf16=False,
+                      **{"loss_type": "bnpo", "per_device_train_batch_size": 8, "num_generations": 4,
+                         "max_completion_length": 5, **config})
+    dataset = Dataset.from_list([{"prompt": " ".join(WORDS[(5 * i + j) % 16] for j in range(3))}
+                                 for i in range(prompts)])
+    trainer = ObjectiveGRPOTrainer(model=model_dir, reward_funcs=reward, args=args, objective=objective,
+                                   train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(model_dir))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def by_hand(trainer, inputs):
+    """(log π, H) of the completions from the model's full logits (not TRL's fused LM head), with
+    their graphs: the hand-written references' inputs."""
+    prompt, completion = inputs["prompt_ids"], inputs["completion_ids"]
+    logits = trainer.model(input_ids=torch.cat([prompt, completion], 1),
+                           attention_mask=torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)).logits
+    logp = torch.log_softmax(logits[:, prompt.size(1) - 1:-1].float() / trainer.temperature, -1)
+    return logp.gather(-1, completion[..., None])[..., 0], -(logp.exp() * logp).sum(-1)
+
+
+def gradient(trainer, loss):
+    trainer.model.zero_grad()
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+
+def test_an_entropy_objectives_gradient_through_trls_entropies_equals_a_hand_written_one(tmp_path):
+    trainer = built(tmp_path, parse("c = 0.05\nr*A + c*H\n", "entropy_bonus.dsl"))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(len(SPECIAL), len(SPECIAL) + len(WORDS), (4, 8), generator=g)
+    mask = torch.ones(4, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    inputs = dict(prompt_ids=ids[:, :3], prompt_mask=torch.ones(4, 3, dtype=torch.long), completion_ids=ids[:, 3:],
+                  completion_mask=mask, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                  old_per_token_logps=-3 - 0.4 * torch.rand(4, 5, generator=g))
+    ours = gradient(trainer, trainer._compute_loss(trainer.model, inputs))
+
+    def reference(c):     # bnpo: the token mean of -(r·A + c·H)
+        logp, entropy = by_hand(trainer, inputs)
+        term = torch.exp(logp - inputs["old_per_token_logps"]) * inputs["advantages"][:, None] + c * entropy
+        return gradient(trainer, -(term * mask).sum() / mask.sum())
+    assert torch.allclose(ours, reference(0.05), rtol=1e-4, atol=1e-7)
+    assert not torch.allclose(ours, reference(0.0), rtol=1e-2, atol=1e-7)     # H's own gradient is in it
+
+
+# a gradient-carrying group reduction: each response's mean log π pulled to its group's mean
+GROUP = "s = seq_mean(log(π))\nr*A - 0.5*(s - group_mean(s))^2\n"
+
+
+def test_each_loss_call_holds_whole_groups_whose_ids_are_trls_prompt_groups(tmp_path):
+    trainer = built(tmp_path, parse(GROUP, "group_pull.dsl"), steps_per_generation=1)
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))     # TRL's generation and shuffle
+    # the prompts themselves say which rows share a prompt (the dataset's prompts are distinct)
+    _, prompt_group = torch.unique(inputs["prompt_ids"], dim=0, return_inverse=True)
+    ids = inputs["groups"]
+    assert all(len(set(prompt_group[ids == i].tolist())) == 1 for i in ids.unique())
+    assert all(len(set(ids[prompt_group == i].tolist())) == 1 for i in prompt_group.unique())
+    assert torch.unique(ids, return_counts=True)[1].tolist() == [4, 4]     # two prompts, num_generations each
+    assert ids.tolist() != sorted(ids.tolist())     # TRL shuffled the rows; the ids moved with them
+    g = torch.Generator().manual_seed(1)
+    mask = inputs["completion_mask"]
+    inputs["old_per_token_logps"] = by_hand(trainer, inputs)[0].detach() - 0.2 * torch.rand(mask.shape, generator=g)
+    inputs["advantages"] = torch.randn(mask.size(0), generator=g)
+    ours = gradient(trainer, trainer._compute_loss(trainer.model, inputs))
+    logp = by_hand(trainer, inputs)[0]
+    s = (logp * mask).sum(-1) / mask.sum(-1)
+    group_mean = torch.stack([s[prompt_group == prompt_group[i]].mean() for i in range(len(s))])
+    term = torch.exp(logp - inputs["old_per_token_logps"]) * inputs["advantages"][:, None] \
+        - 0.5 * ((s - group_mean) ** 2)[:, None]
+    assert torch.allclose(ours, gradient(trainer, -(term * mask).sum() / mask.sum()), rtol=1e-4, atol=1e-7)
+
+
+# objectives reading what TRL gives only under a setting, or not at all
+REF, SUM_PI_SQ = "d = log(π_ref) - log(π)\nr*A - 0.1*(exp(d) - d - 1)\n", "r*A*(1 - sg(sum_π_sq))\n"
+BATCH = "r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n"
+
+
+@pytest.mark.parametrize("text, config, message", [
+    (REF, {}, "objective 'grpo_k3' uses π_ref, but beta=0.0: TRL loads the reference model only with beta > 0"),
+    (SUM_PI_SQ, {}, r"objective 'otb_weight' uses sum_π_sq \(Σ_v π_v²\), but TRL's GRPOTrainer computes no "
+     "Σ_v π_v²"),
+    (GROUP, dict(gradient_accumulation_steps=2), "objective 'group_pull' uses group_mean .*, but "
+     "steps_per_generation=2: TRL shuffles the rows of a generation batch and slices it into that many loss calls"),
+    (GROUP, dict(per_device_train_batch_size=6), "uses group_mean .*, but per_device_train_batch_size=6 is not a "
+     "multiple of num_generations=8: a prompt's group would straddle processes"),
+    (GROUP, dict(eval_strategy="steps", per_device_eval_batch_size=6, num_generations_eval=4),
+     "uses group_mean .*, but per_device_eval_batch_size=6 is not a multiple of num_generations_eval=4"),
+    (BATCH, dict(gradient_accumulation_steps=2, steps_per_generation=1), "objective 'batch_pull' uses batch_mean .*, "
+     "but gradient_accumulation_steps=2: an optimizer step accumulates that many loss calls"),
+], ids=["pi_ref", "sum_pi_sq", "groups_sliced", "groups_straddle", "groups_straddle_eval", "batch_accumulated"])
+def test_an_input_trl_does_not_give_is_refused_before_the_model_loads_naming_the_setting(tmp_path, text, config,
+                                                                                           message):
+    name = {REF: "grpo_k3", SUM_PI_SQ: "otb_weight", GROUP: "group_pull", BATCH: "batch_pull"}[text]
+    # per-device sizes that are no multiple of the group: GRPOConfig refuses them on one process
+    # (its global batch is the per-device one); a rank of several reads its config so
+    per_device = {k: config.pop(k) for k in ("per_device_train_batch_size", "per_device_eval_batch_size")
+                  if k in config}
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **config)
+    for key, value in per_device.items():
+        setattr(args, key, value)
+    with pytest.raises(ValueError, match=message):
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args,
+                             objective=parse(text, f"{name}.dsl"))
+
+
+def test_the_settings_that_give_each_input_are_accepted(tmp_path):
+    for text, config in [(REF, dict(beta=0.1)), (GROUP, dict(steps_per_generation=1)),
+                         (BATCH, dict(gradient_accumulation_steps=1))]:
+        args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **config)
+        with pytest.raises(Exception) as e:     # past our checks: the missing model stops it
+            ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args,
+                                 objective=parse(text, "accepted.dsl"))
+        assert "ObjectiveGRPOTrainer" not in str(e.value), (text, e.value)

@@ -43,9 +43,12 @@ def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_
     assert summary["config_params"] and summary["malformed_refused"]     # loss_mode="dsl:drpo?delta=0.3"
     assert summary["by_path"] and summary["refused"], summary["refusals"]
     from openrlhf_drpo import lang
-    # every shipped objective but those on the rollout policy, which verl's policy loss never receives
-    usable = {f"dsl:{n}" for n in lang.shipped_names() if not lang.load(n).reads_rollout()}
-    assert usable <= set(summary["registered"]) and "dsl:icepop" not in summary["registered"]
+    from openrlhf_drpo.core.loss import objective_inputs
+    # every shipped objective but those reading what verl's policy loss never receives (the rollout
+    # policy, π_ref, H, Σ_v π_v², groups or the whole batch: every input beyond the four)
+    reads = {f"dsl:{n}": objective_inputs(lang.load(n)) for n in lang.shipped_names()}
+    assert {n for n, r in reads.items() if not r} <= set(summary["registered"])
+    assert not {n for n, r in reads.items() if r} & set(summary["registered"]) and "dsl:icepop" in reads
 
 
 # verl's registry, its lookup as a caller imported it by name before the adapter (verl's actor
@@ -122,3 +125,140 @@ def test_another_verl_is_refused_on_import_saying_what_differs(tmp_path, what):
         metadata.write_text("Metadata-Version: 2.1\nName: verl\nVersion: 0.9.2\n")
     proc = verl_python(setup + "import openrlhf_drpo.verl\n", path=[tmp_path])
     assert proc.returncode == 1 and f"RuntimeError: openrlhf_drpo.verl: {message}" in proc.stderr, proc.stderr[-2000:]
+
+
+# The third version's inputs under verl: refused where verl's policy-loss call lacks them; the KL
+# forms and the entropy bonus held to verl's own kl_penalty and agg_loss (verl computes them
+# outside the policy loss, from ref_log_prob and the entropy); a prefix objective (response-local:
+# verl's micro-batch holds whole responses) through verl's get_policy_loss_fn against a
+# hand-written torch of it. Float64, loss and gradient, fused and plain.
+REFUSED = {
+    "kl_ref": ("d = log(π_ref) - log(π)\nr*A - 0.1*(exp(d) - d - 1)\n", "objective 'kl_ref' uses π_ref, but verl "
+               "gives a policy loss no reference log-probs; verl's own KL to the reference is "
+               "actor_rollout_ref.actor.use_kl_loss with kl_loss_type and kl_loss_coef"),
+    "bonus": ("r*A + 0.01*H\n", "objective 'bonus' uses H (the entropy, with its gradient), but verl gives a policy "
+              "loss no entropy; verl's own entropy bonus is actor_rollout_ref.actor.entropy_coeff"),
+    "otb_weight": ("r*A*(1 - sg(sum_π_sq))\n", "objective 'otb_weight' uses sum_π_sq (Σ_v π_v²), but verl gives a "
+                   "policy loss no Σ_v π_v² (it computes one only for OTB's advantage estimator)"),
+    "group_pull": ("s = seq_mean(log(π))\nr*A - 0.5*(s - group_mean(s))^2\n", "objective 'group_pull' uses "
+                   "group_mean (each prompt's responses whole in one loss call, with their group ids), but verl "
+                   "gives a policy loss no group ids (uid), and its micro-batches need not hold a prompt's responses "
+                   "together (trainer.balance_batch, use_dynamic_bsz and shuffle reorder them)"),
+    "group_baseline": ("r*(A - group_mean(A))\n", "objective 'group_baseline' uses group_mean (each prompt's "
+                       "responses whole in one loss call, with their group ids), but verl gives a policy loss no "
+                       "group ids (uid)"),
+    "batch_pull": ("r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n", "objective 'batch_pull' uses batch_mean (the "
+                   "optimizer step's whole batch in one loss call on each rank), but verl calls a policy loss once "
+                   "per micro-batch (ppo_micro_batch_size_per_gpu), not once per optimizer step's batch"),
+}
+# verl's kl_loss_type -> the same KL in the language, as the objective -KL (the loss is +KL)
+K3 = "x = clip(log(π_ref) - log(π), -20, 20)\nk = clip(exp(x) - x - 1, -10, 10)\n"
+K2 = "q = 0.5*(log(π) - log(π_ref))^2\n"
+KL_FORMS = {
+    "k1": "-(log(π) - log(π_ref))\n",
+    "abs": "-|log(π) - log(π_ref)|\n",
+    "k2": K2 + "-q\n",
+    "low_var_kl": K3 + "-k\n",
+    "k3+": K3 + K2 + "-(q - sg(q) + sg(k))\n",      # k3's value, k2's gradient (verl's straight-through '+')
+    "k1+": K2 + "-(q - sg(q) + sg(log(π) - log(π_ref)))\n",
+}
+PREFIX = ("c = 0.05\nS = prefix_sum(log(r))\nR = exp(sg(S - log(r)) + log(r))\nb = c*prefix_sum(1)^0.5\n"
+          "min(R*A, exp(clip(log(R), -b, b))*A)\n")
+V3 = """
+import json, torch
+import openrlhf_drpo.verl as adapter
+from openrlhf_drpo.core import Aggregation, CompiledLoss
+from openrlhf_drpo.lang import parse
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.workers.config import ActorConfig, PolicyLossConfig
+REFUSED, KL_FORMS, PREFIX = json.loads(%r)
+out = dict(refused={}, kl={}, prefix={})
+for name, (text, _) in REFUSED.items():
+    try:
+        adapter.register(parse(text, name + ".dsl"))
+        out["refused"][name] = None
+    except ValueError as e:
+        out["refused"][name] = str(e)
+g = torch.Generator().manual_seed(0)
+B, T = 6, 7
+logp = -3 * torch.rand(B, T, generator=g, dtype=torch.float64) - 0.05
+ref = (logp + 0.8 * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+logp[0, 0], ref[0, 0], logp[0, 1], ref[0, 1], logp[1, 0], ref[1, 0] = -27, -1, -0.5, -30, -4, -1   # k3 clamped at 10
+old = logp - 0.3 * torch.rand(B, T, generator=g, dtype=torch.float64)
+A = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).contiguous()
+entropy = 2 * torch.rand(B, T, generator=g, dtype=torch.float64)
+lengths = torch.tensor([7, 5, 1, 0, 3, 6])
+mask = torch.arange(T) < lengths[:, None]
+
+def loss_and_grad(f, x):
+    x = x.clone().requires_grad_()
+    loss = f(x)
+    return loss.item(), torch.autograd.grad(loss, x)[0]
+
+def same(a, b, rtol=1e-12):
+    return abs(a[0] - b[0]) <= rtol * abs(b[0]) + 1e-15 and torch.allclose(a[1], b[1], rtol=rtol, atol=1e-15)
+
+for form, text in KL_FORMS.items():
+    theirs = loss_and_grad(lambda x: agg_loss(kl_penalty(x, ref, form), mask, "token-mean"), logp)
+    for fused in (True, False):
+        ours = CompiledLoss(parse(text, "kl.dsl"), fused=fused)
+        mine = loss_and_grad(lambda x: ours(x, old, A, mask, ref_log_probs=ref,
+                                            aggregation=Aggregation("token-mean"))[0], logp)
+        out["kl"][f"{form}:{fused}"] = same(mine, theirs)
+# verl's entropy bonus: policy_loss -= entropy_coeff * agg_loss(entropy)
+theirs = loss_and_grad(lambda h: -0.01 * agg_loss(h, mask, "token-mean"), entropy)
+for fused in (True, False):
+    ours = CompiledLoss(parse("0.01*H", "entropy_bonus.dsl"), fused=fused)
+    mine = loss_and_grad(lambda h: ours(logp, old, A, mask, entropy=h, aggregation=Aggregation("token-mean"))[0],
+                         entropy)
+    out["kl"][f"entropy_coeff:{fused}"] = same(mine, theirs)
+
+def prefix_by_hand(x, prefix=True):
+    log_r = (x - old) * mask
+    S = torch.cumsum(log_r, -1) if prefix else log_r
+    log_R = (S - log_r).detach() + log_r
+    b = 0.05 * torch.cumsum(mask.double(), -1) ** 0.5
+    R = log_R.exp()
+    return -torch.minimum(R * A, log_R.clamp(-b, b).exp() * A)
+
+cfg = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1,
+                  policy_loss=PolicyLossConfig(loss_mode="vanilla"))
+for fused in (True, False):
+    mode = adapter.register(parse(PREFIX, "ctpo_like.dsl"), name=f"ctpo_like:{fused}", fused=fused)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        theirs = loss_and_grad(lambda x: agg_loss(prefix_by_hand(x), mask, agg), logp)
+        mine = loss_and_grad(lambda x: get_policy_loss_fn(mode)(old_log_prob=old, log_prob=x, advantages=A,
+                                                                 response_mask=mask, loss_agg_mode=agg, config=cfg,
+                                                                 rollout_is_weights=None)[0], logp)
+        out["prefix"][f"{agg}:{fused}"] = same(mine, theirs, rtol=1e-10)
+control = loss_and_grad(lambda x: agg_loss(prefix_by_hand(x, prefix=False), mask, "token-mean"), logp)
+out["prefix_differs_from_token_level"] = not same(control, loss_and_grad(
+    lambda x: agg_loss(prefix_by_hand(x), mask, "token-mean"), logp), rtol=1e-3)
+out["registered"] = sorted(n for n in adapter.SHIPPED)
+print(json.dumps(out))
+""" % json.dumps([REFUSED, KL_FORMS, PREFIX])
+
+
+@pytest.fixture(scope="module")
+def third_version():
+    proc = verl_python(V3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_an_objective_reading_what_verls_policy_loss_lacks_is_refused_at_registration_saying_why(third_version,
+                                                                                                 name):
+    assert third_version["refused"][name] is not None, name
+    assert third_version["refused"][name].startswith(REFUSED[name][1]), third_version["refused"][name]
+
+
+@pytest.mark.parametrize("form", [*KL_FORMS, "entropy_coeff"])
+def test_each_verl_kl_form_and_its_entropy_bonus_written_in_the_language_equals_verls_in_loss_and_gradient(
+        third_version, form):
+    assert third_version["kl"][f"{form}:True"] and third_version["kl"][f"{form}:False"], third_version["kl"]
+
+
+def test_a_prefix_objective_runs_through_verls_policy_loss_and_equals_its_hand_written_form(third_version):
+    assert third_version["prefix"] and all(third_version["prefix"].values()), third_version["prefix"]
+    assert third_version["prefix_differs_from_token_level"]      # not vacuous: the prefix acts

@@ -7,7 +7,9 @@ The objective replaces TRL's clipped surrogate; everything else in TRL's GRPO lo
 meaning: the normalization GRPOConfig.loss_type names (grpo, bnpo, dr_grpo, dapo), the KL term
 (beta), the entropy bonus, the entropy and off-policy masks and the vLLM IS correction. μ is
 TRL's old log-probs; π_rollout its sampling log-probs (kept where vLLM generates; an objective that
-reads π_rollout writes its own train/rollout correction, so TRL's must be off). The objective is
+reads π_rollout writes its own train/rollout correction, so TRL's must be off); π_ref its reference
+log-probs (beta > 0; the objective's KL then replaces TRL's); H its entropies; group ids its prompt
+groups (docs/hosts.md: the settings under which a loss call holds them whole). The objective is
 parsed, compiled and checked against the config at construction, before any model loads. This
 follows TRL's documented way to change the objective: a subclass overriding the loss computation
 (GRPOTrainer._compute_loss), a private method: so the trainer checks, first, that TRL is the
@@ -43,6 +45,7 @@ _TRL_METHODS = {
     "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
     "get_off_policy_mask": ["advantages", "per_token_logps", "sampling_per_token_logps", "mask",
                             "off_policy_threshold"],
+    "_generate_and_score_completions": ["self", "inputs"],
 }
 
 
@@ -70,6 +73,20 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
             _check_config(config, self.objective_loss)
         super().__init__(*args, **kwargs)
         _check_config(self.args, self.objective_loss)     # the default GRPOConfig, where none was given
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's, plus each row's group id where the objective has a group reduction: TRL's sampler
+        repeats each prompt num_generations times in a row and TRL normalizes rewards over
+        consecutive blocks of that size of the processes' rows in rank order (rewards.view(-1,
+        num_generations)), so a row's group is its global index // num_generations. The ids then
+        travel with the rows through TRL's shuffle (shuffle_sequence_dict permutes every tensor)."""
+        output = super()._generate_and_score_completions(inputs)
+        if "groups" in self.objective_loss.kept_whole:
+            rows = output["completion_ids"].size(0)
+            size = self.num_generations if self.model.training else self.num_generations_eval
+            first = self.accelerator.process_index * rows
+            output["groups"] = torch.arange(first, first + rows, device=output["completion_ids"].device) // size
+        return output
 
     def _compute_loss(self, model, inputs):
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
@@ -102,17 +119,26 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
             factor = factor * inputs["importance_sampling_ratio"]
 
         mode = "train" if self.model.training else "eval"
-        per_response, norm = self._normalization(mask, inputs, mode)
+        per_response, norm = _normalization(self, mask, inputs, mode)
         weights = factor * per_response
+        reads = self.objective_loss.inputs()
+        ref = inputs.get("ref_per_token_logps")
+        # the batch's ranks: TRL's data-parallel processes (accelerate's default process group)
+        ranks = torch.distributed.group.WORLD if "batch" in reads and self.accelerator.num_processes > 1 else None
         loss, metrics = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
-                                            rollout_log_probs=rollout,
-                                            aggregation=Aggregation("token-mean", norm=norm, weights=weights))
+                                            rollout_log_probs=rollout, ref_log_probs=ref,
+                                            entropy=entropies if "entropy" in reads else None,
+                                            groups=inputs.get("groups"),
+                                            aggregation=Aggregation("token-mean", norm=norm, weights=weights,
+                                                                    process_group=ranks))
         if self.beta != 0.0:
-            ref = inputs["ref_per_token_logps"]
             per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
             if self.args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * torch.exp(per_token_logps - old)
-            loss = loss + (self.beta * per_token_kl * mask * per_response).sum() / norm
+            # an objective that reads π_ref writes its own KL: beta > 0 only loads the reference
+            # model, and TRL's β·KL is logged (kl), not added a second time
+            if "ref_log_probs" not in reads:
+                loss = loss + (self.beta * per_token_kl * mask * per_response).sum() / norm
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if self._entropy_bonus_enabled:     # adaptive: refused at construction
             # TRL's policy_loss: the loss with β·KL, before the accumulation scaling for the loss
@@ -144,21 +170,22 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
             self._metrics[mode][m.key].append(value)
         return loss
 
-    def _normalization(self, mask, inputs, mode):
-        """TRL's normalization for self.loss_type as (per-response factor, normalizer): the loss is
-        Σ factor·ℓ over unmasked tokens / normalizer, as GRPOTrainer._compute_loss divides it."""
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        ones = torch.ones_like(mask[:, :1], dtype=torch.float32)
-        if self.loss_type == "grpo":      # each response's mean, then the mean over responses
-            return 1 / mask.sum(-1, keepdim=True).clamp(min=1.0), mask.size(0) * accumulation
-        if self.loss_type == "bnpo":
-            return ones, mask.sum().clamp(min=1.0) * accumulation
-        if self.loss_type == "dr_grpo":
-            return ones, mask.size(0) * self.max_completion_length * accumulation
-        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes   # dapo
-        if mode == "train":
-            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        return ones, normalizer
+
+def _normalization(trainer, mask, inputs, mode):
+    """TRL's normalization for the trainer's loss_type as (per-response factor, normalizer): the
+    loss is Σ factor·ℓ over unmasked tokens / normalizer, as GRPOTrainer._compute_loss divides it."""
+    accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
+    ones = torch.ones_like(mask[:, :1], dtype=torch.float32)
+    if trainer.loss_type == "grpo":      # each response's mean, then the mean over responses
+        return 1 / mask.sum(-1, keepdim=True).clamp(min=1.0), mask.size(0) * accumulation
+    if trainer.loss_type == "bnpo":
+        return ones, mask.sum().clamp(min=1.0) * accumulation
+    if trainer.loss_type == "dr_grpo":
+        return ones, mask.size(0) * trainer.max_completion_length * accumulation
+    normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / trainer.accelerator.num_processes   # dapo
+    if mode == "train":
+        normalizer = normalizer * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
+    return ones, normalizer
 
 
 def _check_trl():
@@ -205,10 +232,43 @@ def _check_config(config, objective_loss):
     if getattr(config, "use_adaptive_entropy", False):
         raise ValueError("ObjectiveGRPOTrainer: the adaptive entropy bonus (use_adaptive_entropy=True) is not "
                          "supported; set use_adaptive_entropy=False and a fixed entropy_coef")
-    if not getattr(config, "use_vllm", False):
-        objective_loss.refuse_missing({"rollout_log_probs": "use_vllm=False" + objective_loss.rollout_hint},
-                                      "ObjectiveGRPOTrainer")
+    objective_loss.refuse_missing(_not_provided(config, objective_loss.rollout_hint), "ObjectiveGRPOTrainer")
     if objective_loss.uses_rollout and getattr(config, "vllm_importance_sampling_correction", False):
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {objective_loss.inputs()['rollout_log_probs']} "
                          "and writes its own train/rollout correction, which TRL's vLLM importance-sampling "
                          "correction would apply a second time; set vllm_importance_sampling_correction=False")
+
+
+def _not_provided(config, rollout_hint: str) -> dict:
+    """Each input (CompiledLoss.inputs()) that TRL 1.16.0 does not give under `config`, with the
+    setting that gives it. H is always there: GRPOTrainer computes the entropies, with their
+    gradient, in every loss call. Groups: TRL shuffles a generation batch's rows, then slices it
+    into steps_per_generation loss calls, so a call holds whole groups only where it is the
+    whole local generation batch and that holds whole groups."""
+    out = {}
+    if not getattr(config, "use_vllm", False):
+        out["rollout_log_probs"] = "use_vllm=False" + rollout_hint
+    if getattr(config, "beta", 0.0) == 0.0:
+        out["ref_log_probs"] = ("beta=0.0: TRL loads the reference model only with beta > 0 (set beta > 0; "
+                                "the objective's own KL then replaces TRL's β·KL term)")
+    out["sum_pi_sq"] = ("TRL's GRPOTrainer computes no Σ_v π_v² (its fused LM head gives log-probs and "
+                        "entropies only); write the objective without sum_π_sq")
+    steps, size = getattr(config, "steps_per_generation", 1) or 1, getattr(config, "num_generations", 1)
+    per_device = getattr(config, "per_device_train_batch_size", 1)
+    evaluating = getattr(config, "eval_strategy", "no") not in ("no", None)
+    eval_size = getattr(config, "num_generations_eval", None) or size
+    eval_per_device = getattr(config, "per_device_eval_batch_size", 1)
+    if steps != 1:
+        out["groups"] = (f"steps_per_generation={steps}: TRL shuffles the rows of a generation batch and slices "
+                         "it into that many loss calls, splitting prompts' groups; set steps_per_generation=1")
+    elif per_device % size:
+        out["groups"] = (f"per_device_train_batch_size={per_device} is not a multiple of num_generations={size}: "
+                         "a prompt's group would straddle processes; make it a multiple")
+    elif evaluating and eval_per_device % eval_size:
+        out["groups"] = (f"per_device_eval_batch_size={eval_per_device} is not a multiple of num_generations_eval"
+                         f"={eval_size}: a prompt's group would straddle processes; make it a multiple")
+    accumulation = getattr(config, "gradient_accumulation_steps", 1)
+    if accumulation != 1:
+        out["batch"] = (f"gradient_accumulation_steps={accumulation}: an optimizer step accumulates that many loss "
+                        "calls; set gradient_accumulation_steps=1 (one loss call per optimizer step)")
+    return out

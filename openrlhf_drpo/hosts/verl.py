@@ -23,6 +23,7 @@ from openrlhf_drpo import lang
 from openrlhf_drpo.lang.parser import Objective
 from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss
 from openrlhf_drpo.core.kernels import compute_dtype
+from openrlhf_drpo.core.loss import objective_inputs
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_loss
 
@@ -39,6 +40,23 @@ _AGG_LOSS_PARAMS = ["loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_
 class VerlObjectiveLoss(CompiledLoss):
     rollout_hint = (": verl's policy-loss call passes rollout IS weights, not rollout log-probs; "
                     "use an objective on μ with verl's algorithm.rollout_correction instead")
+
+
+# What verl 0.9.1's policy-loss call (_POLICY_LOSS_PARAMS) never carries, against each input an
+# objective may read (CompiledLoss.inputs()), with what verl has instead. A micro-batch holds
+# whole responses (ppo_loss pads each back to a row), so prefix reductions need nothing here.
+NOT_GIVEN = {
+    "rollout_log_probs": "verl gives a policy loss none" + VerlObjectiveLoss.rollout_hint,
+    "ref_log_probs": ("verl gives a policy loss no reference log-probs; verl's own KL to the reference is "
+                      "actor_rollout_ref.actor.use_kl_loss with kl_loss_type and kl_loss_coef"),
+    "entropy": ("verl gives a policy loss no entropy; verl's own entropy bonus is "
+                "actor_rollout_ref.actor.entropy_coeff"),
+    "sum_pi_sq": "verl gives a policy loss no Σ_v π_v² (it computes one only for OTB's advantage estimator)",
+    "groups": ("verl gives a policy loss no group ids (uid), and its micro-batches need not hold a prompt's "
+               "responses together (trainer.balance_batch, use_dynamic_bsz and shuffle reorder them)"),
+    "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
+              "optimizer step's batch"),
+}
 
 
 def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
@@ -84,12 +102,13 @@ def register(objective: str | Objective, name: str | None = None, **params) -> s
     """Registers `objective` (a shipped name, a path or a lang.Objective) at `params` in verl's
     policy-loss registry as dsl:<name> (the objective's own name by default) and returns that
     loss_mode. The objective is parsed and compiled here: a bad file stops with its located error.
-    The aggregation is verl's loss_agg_mode (the objective's @aggregate is not used), and verl
-    hands a policy loss no rollout log-probs: both are refused here, not at the first step."""
+    The aggregation is verl's loss_agg_mode (the objective's @aggregate is not used), and an
+    objective that reads what verl hands a policy loss not (NOT_GIVEN: rollout log-probs, π_ref,
+    H, Σ_v π_v², groups, the whole batch) is refused here, not at the first step."""
     if "aggregate" in params:
         raise ValueError("the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter")
     core = VerlObjectiveLoss(objective, **params)
-    core.refuse_missing({"rollout_log_probs": "verl gives a policy loss none" + core.rollout_hint})
+    core.refuse_missing(NOT_GIVEN)
     mode = PREFIX + (name or core.objective.name)
     register_policy_loss(mode)(functools.partial(policy_loss, core))
     return mode
@@ -139,6 +158,8 @@ _verl_get_policy_loss_fn = core_algos.get_policy_loss_fn
 for _module in [core_algos, *(m for n, m in list(sys.modules.items()) if n.startswith("verl."))]:
     if getattr(_module, "get_policy_loss_fn", None) is _verl_get_policy_loss_fn:
         _module.get_policy_loss_fn = get_policy_loss_fn
-SHIPPED = [register(n) for n in lang.shipped_names() if not lang.load(n).reads_rollout()]
-__all__ = ["METRIC_KEYS", "PREFIX", "SHIPPED", "VERL_VERSION", "VerlObjectiveLoss", "get_policy_loss_fn",
+# the shipped objectives verl's policy-loss call can feed (the others would be refused, saying why)
+SHIPPED = [register(n) for n in lang.shipped_names()
+           if not objective_inputs(lang.load(n)).keys() & NOT_GIVEN.keys()]
+__all__ = ["METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "VERL_VERSION", "VerlObjectiveLoss", "get_policy_loss_fn",
            "policy_loss", "register"]
