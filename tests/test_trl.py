@@ -402,6 +402,7 @@ def test_each_loss_call_holds_whole_groups_whose_ids_are_trls_prompt_groups(tmp_
 # objectives reading what TRL gives only under a setting, or not at all
 REF, SUM_PI_SQ = "d = log(π_ref) - log(π)\nr*A - 0.1*(exp(d) - d - 1)\n", "r*A*(1 - sg(sum_π_sq))\n"
 BATCH = "r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n"
+ENTROPY = "min(r*A, clip(r, 0.8, 1.2)*A) + 0.01*H\n"
 
 
 @pytest.mark.parametrize("text, config, message", [
@@ -416,10 +417,14 @@ BATCH = "r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n"
      "uses group_mean .*, but per_device_eval_batch_size=6 is not a multiple of num_generations_eval=4"),
     (BATCH, dict(gradient_accumulation_steps=2, steps_per_generation=1), "objective 'batch_pull' uses batch_mean .*, "
      "but gradient_accumulation_steps=2: an optimizer step accumulates that many loss calls"),
-], ids=["pi_ref", "sum_pi_sq", "groups_sliced", "groups_straddle", "groups_straddle_eval", "batch_accumulated"])
+    (ENTROPY, dict(entropy_coef=0.05), r"objective 'entropy_bonus' reads the entropy H and writes its own entropy "
+     r"terms, to which TRL's entropy_coef=0.05 would add a second bonus; set entropy_coef=0.0"),
+], ids=["pi_ref", "sum_pi_sq", "groups_sliced", "groups_straddle", "groups_straddle_eval", "batch_accumulated",
+        "entropy_twice"])
 def test_an_input_trl_does_not_give_is_refused_before_the_model_loads_naming_the_setting(tmp_path, text, config,
                                                                                            message):
-    name = {REF: "grpo_k3", SUM_PI_SQ: "otb_weight", GROUP: "group_pull", BATCH: "batch_pull"}[text]
+    name = {REF: "grpo_k3", SUM_PI_SQ: "otb_weight", GROUP: "group_pull", BATCH: "batch_pull",
+            ENTROPY: "entropy_bonus"}[text]
     # per-device sizes that are no multiple of the group: GRPOConfig refuses them on one process
     # (its global batch is the per-device one); a rank of several reads its config so
     per_device = {k: config.pop(k) for k in ("per_device_train_batch_size", "per_device_eval_batch_size")

@@ -237,6 +237,11 @@ def _check_config(config, objective_loss):
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {objective_loss.inputs()['rollout_log_probs']} "
                          "and writes its own train/rollout correction, which TRL's vLLM importance-sampling "
                          "correction would apply a second time; set vllm_importance_sampling_correction=False")
+    # an objective that reads H writes its own entropy terms: TRL's bonus on top would count one twice
+    if "entropy" in objective_loss.inputs() and getattr(config, "entropy_coef", 0.0):
+        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' reads the entropy H and writes its own entropy "
+                         f"terms, to which TRL's entropy_coef={config.entropy_coef} would add a second bonus; set "
+                         "entropy_coef=0.0 and write the bonus into the objective (e.g. + 0.01*H)")
 
 
 def _not_provided(config, rollout_hint: str) -> dict:
