@@ -219,6 +219,7 @@ def test_a_channel_finite_differences_cannot_check_is_unconfirmed_not_confirmed(
 
 
 TTB = "ε = 0.2\ness = sg(batch_sum(r)^2/(batch_count(r)*batch_sum(r^2)))\nmin(r*A, clip(r, 1 - ε*ess, 1 + ε*ess)*A)"
+TTB_EPS = "ε = 0.2\ness = sg(batch_sum(r)^2/((batch_sum(r^2) + 1e-8)*batch_count(r)))\nmin(r*A, clip(r, 1 - ε*ess, 1 + ε*ess)*A)"
 # what the report says for each construct: the lines that matter, each as the report prints it
 REPORT_LINES = [
     (ENTROPY_BONUS, {}, [
@@ -243,10 +244,15 @@ REPORT_LINES = [
     (TTB, {"ess": Fraction(1, 2)}, [       # the boundary moves with the held ESS: 1 + ε·ess
         "    A > 0   r: 1.1    π: 11·μ/10    (reachable; w is 0 beyond it)",
         "    A < 0   r: 0.9    π: 9·μ/10    (reachable; w is 0 beyond it)"]),
+    (TTB_EPS, {}, [       # FeynRL's + 1e-8 makes the uniform batch's ESS move with r: held at r = 1, said so
+        "             - ess = sg(batch_sum(r)^2 / ((batch_sum(r^2) + 1e-08) * batch_count(r))) held as a parameter at "
+        "1 (its value on the uniform batch at r = 1, where it moves with r: 1; --set ess=X): no gradient passes "
+        "through it"]),
 ]
 
 
-@pytest.mark.parametrize("text, held, lines", REPORT_LINES, ids=["entropy", "k3", "batch-ess", "batch-ess-held"])
+@pytest.mark.parametrize("text, held, lines", REPORT_LINES,
+                         ids=["entropy", "k3", "batch-ess", "batch-ess-held", "batch-ess-moving"])
 def test_the_report_says_what_each_construct_is_analysed_as(text, held, lines):
     got = report(analyze(lang.parse(text, "v3.dsl"), held=held)).splitlines()
     assert [line for line in lines if line not in got] == []

@@ -35,20 +35,23 @@ def statistics(obj, anchor: str, names: dict, values: dict) -> dict:
     carries no gradient, reads the current policy through a group or batch reduction, and is a
     number on the uniform batch (a batch's ESS is 1 there). A binding inside another such one is
     held with it. One whose uniform value moves with r (sg(group_mean(r)) is r) is not held:
-    the view keeps that value."""
+    the view keeps that value; but a batch's statistic is held at its value at r = 1 (the
+    default) where that is a number: one token does not move the batch's (FeynRL's ESS with
+    its + 1e-8 moves with r on the uniform batch, and that form took SymPy past its guard)."""
     found = {}
     for name, node in obj.bindings.items():
-        wide = any(r.policy and r.over in ("group", "batch") for r in reductions(node))
-        if wide and not _carries_gradient(node) and tree_size(node) <= STATISTIC_SIZE:
-            value = _uniform_value(node, anchor, names, {**obj.params, **values})
+        overs = {r.over for r in reductions(node) if r.policy}
+        if overs & {"group", "batch"} and not _carries_gradient(node) and tree_size(node) <= STATISTIC_SIZE:
+            value = _uniform_value(node, anchor, names, {**obj.params, **values}, on_policy="batch" in overs)
             if value is not None:
                 found[name] = (node, value)
     inner = {k for k, (node, _) in found.items() if any(node in set(o.walk()) for j, (o, _) in found.items() if j != k)}
     return {k: v for k, v in found.items() if k not in inner}
 
 
-def _uniform_value(node, anchor, names, params):
-    """node's value on the uniform batch, if it is one number for every r, μ and A."""
+def _uniform_value(node, anchor, names, params, on_policy=False):
+    """node's value on the uniform batch, if it is one number for every r, μ and A; with
+    on_policy, else its value there at r = 1 if that is one number (an OnPolicy)."""
     import sympy as sp
     r, mu = sp.symbols("r mu", positive=True)
     env = {"r": r, "mu": mu, "pi": mu * r, "A": sp.Symbol("A", real=True, nonzero=True),
@@ -57,9 +60,17 @@ def _uniform_value(node, anchor, names, params):
         value = sp.simplify(to_sympy(uniform_view(node, anchor, names), sp, env))
     except Exception:       # noqa: BLE001 - SymPy raises many types: not a held statistic then
         return None
+    kind = Fraction
+    if value.free_symbols and on_policy:
+        value, kind = sp.simplify(value.subs(r, 1)), OnPolicy
     if value.free_symbols or not value.is_real or not value.is_finite:
         return None
-    return Fraction(value.p, value.q) if value.is_Rational else Fraction(repr(float(value)))
+    return kind(value.p, value.q) if value.is_Rational else kind(repr(float(value)))
+
+
+class OnPolicy(Fraction):
+    """A statistic's default where its uniform value moves with r: its value at r = 1, which no
+    other uniform batch has (the analysis says it holds the statistic away from its uniform value)."""
 
 
 def holdable(obj, stats: dict) -> set[str]:
@@ -94,9 +105,10 @@ def statements(obj, point: dict, stats: dict, values: dict) -> list[dict]:
         out.append(("sum_pi_sq", None, "Σ_v π_v² = π² + (1 − π)² (the rest of the mass on one other token), "
                     "without gradient"))
     for name, (node, default) in stats.items():
+        where = "at r = 1, where it moves with r" if isinstance(default, OnPolicy) else ""
         out.append((name, values[name], f"{display_name(name)} = {render(node)} held as a parameter at "
-                    f"{values[name]:g} (its value on the uniform batch: {float(default):g}; --set {name}=X): no "
-                    "gradient passes through it"))
+                    f"{values[name]:g} (its value on the uniform batch{where and ' ' + where}: {float(default):g}; "
+                    f"--set {name}=X): no gradient passes through it"))
     return [{"name": n, "value": v, "text": t} for n, v, t in out]
 
 

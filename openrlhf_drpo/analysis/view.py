@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from openrlhf_drpo.analysis.held import GROUP_SIZE, HELD, exactness, holdable, statements, statistics
+from openrlhf_drpo.analysis.held import GROUP_SIZE, HELD, OnPolicy, exactness, holdable, statements, statistics
 from openrlhf_drpo.lang.ir import Node, postorder
 from openrlhf_drpo.lang.names import display_name
 from openrlhf_drpo.lang.levels import WIDTHS, kept_whole, locality, reductions
@@ -51,7 +51,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, ba
     scope["rho_name"] = view_names["rho"] if view_names["rho"] in used else None
     scope["held"] = statements(obj, point, stats, chosen)
     if scope["held"]:
-        moved = [k for k, (_, v) in stats.items() if chosen[k] != v]
+        moved = [k for k, (_, v) in stats.items() if chosen[k] != v or isinstance(v, OnPolicy)]
         scope["exact"] = exactness(obj, locality_of(obj), moved, _in_weight(expr, scope["held"], view_names))
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope

@@ -202,8 +202,7 @@ def _emit(outputs, params, inplace=False, floats=False, borrow=()):
 
 
 def _used(nodes, extra=()) -> set:
-    """The names the expressions read: built-ins, and `group`/`pg` where a group or batch
-    reduction needs the group representatives or the process group."""
+    """The names read: built-ins, `group`/`pg` for a group/batch reduction (representatives, process group)."""
     used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
     used |= {{"group": "group", "batch": "pg"}[OPS[m.op].over] for n in nodes for m in n.walk()
              if m.op in OPS and OPS[m.op].over in ("group", "batch")}
