@@ -14,7 +14,8 @@ from test_train import _experience, _free_port, cpu_openrlhf, tiny_model, train_
 PPO = "min(r*A, clip(r, 0.8, 1.2)*A)"
 OBJECTIVES = {"k3": f"{PPO} - 0.04*(π_ref/π - log(π_ref/π) - 1)\n", "entropy": f"{PPO} + 0.01*H\n",
               "collision": f"{PPO} + 0.01*H - 0.1*sum_π_sq*r\n", "group": "r*(A - group_mean(seq_mean(A)))\n",
-              "batch": "r*A - batch_mean(r)\n"}
+              "batch": "r*A - batch_mean(r)\n",
+              "grouped": f"r*(A - group_mean(seq_mean(A))) + 0.01*H - 0.1*sum_π_sq*r\n"}
 KL_FLAGS = ("--algo.kl.use_loss", "--algo.kl.init_coef", "0.01")
 STEP_OF_4 = ("--train.batch_size", "4", "--train.micro_batch_size", "4")
 
@@ -141,13 +142,14 @@ def _run(tiny_model, tmp_path, name, *flags, prepare=None):
         losses.append(loss.detach())
         return backward(loss, *a, **k)
     loss_fn.forward, actor.trainer.strategy.backward = recording_forward, recording_backward
-    for seed in range(3):       # three optimizer steps of one micro-batch of 4 responses
+    before = [p.detach().clone() for p in actor.actor.model.parameters()]
+    for seed in range(3):       # three rollouts of 2 prompts × 2 responses, one optimizer step each
         exp = _experience(actor.tokenizer, actor.actor, seed)
+        exp.index = [0, 1, 2, 3]        # each response's place in its rollout, as OpenRLHF's experience maker sets it
         if prepare:
             prepare(exp)
-        actor.trainer.replay_buffer.append(exp)
-    before = [p.detach().clone() for p in actor.actor.model.parameters()]
-    status = actor.fit(kl_ctl=0.5)
+        actor.append(exp)       # as Ray calls it
+        status = actor.fit(kl_ctl=0.5)
     assert any(not torch.equal(a.detach(), b) for a, b in zip(actor.actor.model.parameters(), before)), "no change"
     assert len(calls) == 3 and all(torch.isfinite(c["loss"]) for c in calls)
     return actor, status, calls, losses
@@ -174,8 +176,8 @@ def test_drpo_train_gives_the_reference_models_log_probs_as_pi_ref_and_trains_th
     _in_fresh_process("check_reference", tiny_model, tmp_path)
 
 
-@pytest.mark.parametrize("name, chunked", [("entropy", "on"), ("collision", "off")])
-def test_drpo_train_gives_the_actors_entropy_with_its_gradient_and_sum_pi_sq(name, chunked, tiny_model, cpu_openrlhf,
+@pytest.mark.parametrize("name, chunked", [("entropy", "on"), ("grouped", "off")])
+def test_drpo_train_gives_the_actors_entropy_with_its_gradient_sum_pi_sq_and_group_ids(name, chunked, tiny_model, cpu_openrlhf,
                                                                             tmp_path):
     _in_fresh_process("check_entropy", tiny_model, tmp_path, name, chunked)
 
@@ -208,7 +210,7 @@ def check_reference(tiny_model, tmp_path):
 
 def check_entropy(tiny_model, tmp_path, name, chunked):
     """H is the actor's entropy on the policy's graph, its gradient the objective's; Σ_v π_v² a
-    fixed input (chunked off: from OpenRLHF's logits)."""
+    fixed input (chunked off: from OpenRLHF's logits); group ids kept from the rollout index."""
     import pathlib
     tmp_path = pathlib.Path(tmp_path)
     actor, status, calls, _ = _run(tiny_model, tmp_path, name, "--drpo.chunked_logprobs", chunked, *STEP_OF_4)
@@ -220,11 +222,16 @@ def check_entropy(tiny_model, tmp_path, name, chunked):
         n = call["kw"].get("batch_num_tokens") or mask.sum()
         # the loss's gradient to H is the objective's coefficient 0.01, per token of the step
         assert torch.allclose(call["grads"][1].double(), -0.01 * mask / n, atol=1e-9)
-        if name == "collision":
-            sq = call["given"]["sum_pi_sq"]
+        if name == "grouped":
+            sq, groups = call["given"]["sum_pi_sq"], call["given"]["groups"]
             assert not sq.requires_grad and bool(((sq > 0) & (sq <= 1)).all())
+            # the rollout's two prompts, each whole: responses 0, 1 and 2, 3 (index // 2), shuffled
+            assert sorted(groups.tolist()) == [0, 0, 1, 1]
             lp = call["log_probs"].double().requires_grad_()
             r, adv = torch.exp(lp - call["old"].double()), call["adv"].double()
-            ell = torch.minimum(r * adv, r.clamp(0.8, 1.2) * adv) - 0.1 * sq.double() * r
+            seq_mean = (adv * mask).sum(-1) / mask.sum(-1)
+            same = (groups[:, None] == groups[None, :]).double()
+            baseline = (same @ seq_mean / same.sum(-1))[:, None]       # the mean over the response's group
+            ell = r * (adv - baseline) - 0.1 * sq.double() * r
             assert torch.allclose(call["grads"][0].double(), _per_token_grad(ell, lp, mask, call["kw"]),
                                   rtol=1e-4, atol=1e-7)
