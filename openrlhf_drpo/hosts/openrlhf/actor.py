@@ -6,11 +6,13 @@ compiled objective where ActorPPOTrainer calls its policy loss, and (--drpo.chun
 the forward that scores log-probs from hidden states in chunks (logprobs.py)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 
 import ray
+from openrlhf.trainer.ray import ppo_actor
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
 from openrlhf_drpo.hosts.openrlhf import cpu_mode, inputs, logprobs
@@ -46,7 +48,8 @@ def install_objective(trainer, spec, step_log=None):
     r's range, the largest per-token weight). `step` counts ppo_train calls in this run.
     Each step's loss call gets the objective's other inputs (inputs.supplied); an objective that
     reads π_ref is the KL trained, so OpenRLHF's own KL loss (--algo.kl.use_loss) gets a
-    coefficient of 0 (still logged as kl)."""
+    coefficient of 0 (still logged as kl); with group reductions, ppo_train's micro-batches are
+    whole groups (inputs.whole_groups)."""
     loss_fn = build_loss(spec)
     loss_fn.track_extremes = bool(step_log)
     trainer.actor_loss_fn = loss_fn
@@ -88,7 +91,8 @@ def install_objective(trainer, spec, step_log=None):
     @functools.wraps(original_train)
     def ppo_train(*args, **kwargs):
         state.update(ratio_max=[], micro=0, update=0, row={})
-        status = original_train(*args, **kwargs)
+        with inputs.whole_groups(ppo_actor) if "groups" in loss_fn.inputs() else contextlib.nullcontext():
+            status = original_train(*args, **kwargs)
         if state["ratio_max"]:
             status["drpo_ratio_max"] = trainer.strategy.all_reduce(max(state["ratio_max"]), op="max")
         state["step"] += 1

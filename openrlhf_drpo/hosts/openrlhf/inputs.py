@@ -7,7 +7,8 @@ inputs the run would not give or whose group or batch reductions its micro-batch
     H          the actor's entropy, with its gradient (its forward computes it from the same
                logits or chunks as log π; drpo-train asks for it whatever --actor.entropy_coef)
     sum_π_sq   Σ_v π_v² from the same logits or chunks, without gradient
-    groups     a response's rollout index // --rollout.n_samples_per_prompt, kept at append
+    groups     a response's rollout index // --rollout.n_samples_per_prompt, kept at append;
+               ppo_train's micro-batches are whole groups, shuffled (GroupBatches)
     batch      a micro-batch that is the rank's whole optimizer batch, summed over the ranks
 """
 from __future__ import annotations
@@ -57,13 +58,10 @@ def missing_at_launch(ns) -> dict:
         missing["batch"] = (f"a loss call holds one micro-batch, --train.micro_batch_size {micro} on each of {dp} "
                             f"data-parallel rank{'s' * (dp != 1)}, and the optimizer step --train.batch_size {batch}: "
                             f"set --train.micro_batch_size {max(batch // dp, 1)} (× {dp} = --train.batch_size)")
-    n, rollout = g("rollout.n_samples_per_prompt"), g("rollout.batch_size")
-    if not (micro * dp == batch == rollout * n):
-        missing["groups"] = (
-            "OpenRLHF's replay buffer shuffles a rollout's samples into micro-batches, so a prompt's responses "
-            "are whole in one loss call only where one micro-batch is the whole rollout: set --train.micro_batch_size "
-            f"× {dp} data-parallel rank{'s' * (dp != 1)} = --train.batch_size = --rollout.batch_size × "
-            f"--rollout.n_samples_per_prompt (now {micro} × {dp}, {batch}, {rollout} × {n})")
+    n = g("rollout.n_samples_per_prompt")
+    if micro % n:
+        missing["groups"] = (f"drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size {micro}: "
+                             f"set it to a multiple of --rollout.n_samples_per_prompt {n}")
     elif dp > 1 and g("rollout.micro_batch_size") % n:
         missing["groups"] = ("each rank receives whole rollout micro-batches: set --rollout.micro_batch_size to a "
                              f"multiple of --rollout.n_samples_per_prompt {n}, so that each holds whole prompts")
@@ -82,6 +80,41 @@ def tag_groups(experience, n: int) -> None:
     """At the actor's append, while OpenRLHF's experience still has each sample's rollout index
     (its replay buffer drops it): the group id, index // n (the order its advantages' groups use)."""
     experience.info[GROUP_KEY] = [i // n for i in experience.index]
+
+
+class GroupBatches:
+    """ppo_train's micro-batches (a DataLoader's batch_sampler) of whole groups: the replay buffer's
+    groups in a random order each epoch (OpenRLHF shuffles single samples), `size` samples a batch
+    (a multiple of the group size), the last incomplete batch dropped as OpenRLHF drops it."""
+
+    def __init__(self, items, size: int, shuffle: bool):
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(int(item.info[GROUP_KEY]), []).append(i)
+        self.groups, self.size, self.shuffle = list(groups.values()), size, shuffle
+
+    def __len__(self):
+        return sum(map(len, self.groups)) // self.size
+
+    def __iter__(self):
+        order = torch.randperm(len(self.groups)).tolist() if self.shuffle else range(len(self.groups))
+        flat = [i for g in order for i in self.groups[g]]
+        return iter([flat[s:s + self.size] for s in range(0, len(self) * self.size, self.size)])
+
+
+@contextlib.contextmanager
+def whole_groups(module):
+    """Within one ppo_train: the DataLoader it builds (`module.DataLoader`, OpenRLHF's ppo_actor's)
+    takes its micro-batches from GroupBatches."""
+    original = module.DataLoader
+
+    def loader(dataset, batch_size, shuffle, drop_last, **kwargs):
+        return original(dataset, batch_sampler=GroupBatches(dataset.items, batch_size, shuffle), **kwargs)
+    module.DataLoader = loader
+    try:
+        yield
+    finally:
+        module.DataLoader = original
 
 
 def group_ids(experience, n: int):
