@@ -12,7 +12,8 @@ import torch
 from test_train import _experience, _free_port, cpu_openrlhf, tiny_model, train_flags  # noqa: F401  (fixtures)
 
 PPO = "min(r*A, clip(r, 0.8, 1.2)*A)"
-OBJECTIVES = {"k3": f"{PPO} - 0.04*(π_ref/π - log(π_ref/π) - 1)\n", "entropy": f"{PPO} + 0.01*H\n",
+OBJECTIVES = {"k3": f"{PPO} - 0.04*(π_ref/π - log(π_ref/π) - 1)\n",
+              "entropy": f"{PPO} + 0.01*H - 0.05*batch_mean(r)\n",
               "collision": f"{PPO} + 0.01*H - 0.1*sum_π_sq*r\n", "group": "r*(A - group_mean(seq_mean(A)))\n",
               "batch": "r*A - batch_mean(r)\n",
               "grouped": f"r*(A - group_mean(seq_mean(A))) + 0.01*H - 0.1*sum_π_sq*r\n"}
@@ -30,8 +31,9 @@ def _objective(tmp_path, name):
     ("k3", [], "objective 'k3' uses π_ref, but OpenRLHF passes the reference model's log-probs to the actor only with "
                "--algo.kl.use_loss and --algo.kl.init_coef > 0 (which creates the reference model): set both"),
     ("k3", ["--algo.kl.use_loss", "--algo.kl.init_coef", "0"], "objective 'k3' uses π_ref, but OpenRLHF passes"),
-    ("collision", ["--ds.packing_samples"], "objective 'collision' uses sum_π_sq (Σ_v π_v²), but drpo-train computes "
-                                            "Σ_v π_v² only on unpacked samples: turn off --ds.packing_samples"),
+    ("collision", ["--ds.packing_samples"],
+     "objective 'collision' uses sum_π_sq (Σ_v π_v²), but drpo-train computes Σ_v π_v² only on unpacked "
+     "samples: turn off --ds.packing_samples"),
     ("group", ["--train.micro_batch_size", "1"],
      "objective 'group' uses group_mean (each prompt's responses whole in one loss call, with their group ids), but "
      "drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size 1: set it to a multiple of "
@@ -103,8 +105,8 @@ def test_objectiveloss_called_as_policyloss_refuses_an_input_that_only_drpo_trai
 def test_group_ids_come_from_the_rollout_index_and_a_split_group_is_refused():
     from openrlhf.trainer.ppo_utils.experience import Experience, make_experience_batch, split_experience_batch
     from openrlhf_drpo.hosts.openrlhf.inputs import GROUP_KEY, group_ids, tag_groups
-    exp = Experience(sequences=torch.ones(6, 3), action_mask=torch.ones(6, 2, dtype=torch.bool), index=[6, 7, 8, 9, 10, 11],
-                     info={})
+    exp = Experience(sequences=torch.ones(6, 3), action_mask=torch.ones(6, 2, dtype=torch.bool),
+                     index=[6, 7, 8, 9, 10, 11], info={})
     tag_groups(exp, 2)
     items = split_experience_batch(exp)     # what OpenRLHF's replay buffer keeps: single samples, no index
     assert all(item.index is None for item in items)
@@ -194,8 +196,8 @@ def test_drpo_train_gives_the_reference_models_log_probs_as_pi_ref_and_trains_th
 
 
 @pytest.mark.parametrize("name, chunked", [("entropy", "on"), ("grouped", "off")])
-def test_drpo_train_gives_the_actors_entropy_with_its_gradient_sum_pi_sq_and_group_ids(name, chunked, tiny_model, cpu_openrlhf,
-                                                                            tmp_path):
+def test_drpo_train_gives_h_with_its_gradient_sum_pi_sq_group_ids_and_the_steps_batch(name, chunked, tiny_model,
+                                                                                      cpu_openrlhf, tmp_path):
     _in_fresh_process("check_entropy", tiny_model, tmp_path, name, chunked)
 
 
@@ -226,8 +228,9 @@ def check_reference(tiny_model, tmp_path):
 
 
 def check_entropy(tiny_model, tmp_path, name, chunked):
-    """H is the actor's entropy on the policy's graph, its gradient the objective's; Σ_v π_v² a
-    fixed input (chunked off: from OpenRLHF's logits); group ids kept from the rollout index."""
+    """H is the actor's entropy on the policy's graph, its gradient the objective's; a batch mean
+    over the optimizer step's one micro-batch; Σ_v π_v² a fixed input (chunked off: from
+    OpenRLHF's logits); group ids kept from the rollout index."""
     import pathlib
     tmp_path = pathlib.Path(tmp_path)
     # grouped: micro-batches of one prompt's 2 responses, 2 to an optimizer step
@@ -242,16 +245,19 @@ def check_entropy(tiny_model, tmp_path, name, chunked):
         n = call["kw"].get("batch_num_tokens") or mask.sum()
         # the loss's gradient to H is the objective's coefficient 0.01, per token of the step
         assert torch.allclose(call["grads"][1].double(), -0.01 * mask / n, atol=1e-9)
-        if name == "grouped":
+        lp = call["log_probs"].double().requires_grad_()
+        r, adv = torch.exp(lp - call["old"].double()), call["adv"].double()
+        if name == "entropy":
+            batch_mean = (r * mask).sum() / mask.sum()      # the step's whole batch: its one micro-batch
+            ell = torch.minimum(r * adv, r.clamp(0.8, 1.2) * adv) - 0.05 * batch_mean
+        else:
             sq, groups = call["given"]["sum_pi_sq"], call["given"]["groups"]
             assert not sq.requires_grad and bool(((sq > 0) & (sq <= 1)).all())
             # one of the rollout's two prompts, whole: responses 0, 1 or 2, 3 (index // 2)
             assert groups.tolist() in ([0, 0], [1, 1])
-            lp = call["log_probs"].double().requires_grad_()
-            r, adv = torch.exp(lp - call["old"].double()), call["adv"].double()
             seq_mean = (adv * mask).sum(-1) / mask.sum(-1)
             same = (groups[:, None] == groups[None, :]).double()
             baseline = (same @ seq_mean / same.sum(-1))[:, None]       # the mean over the response's group
             ell = r * (adv - baseline) - 0.1 * sq.double() * r
-            assert torch.allclose(call["grads"][0].double(), _per_token_grad(ell, lp, mask, call["kw"]),
-                                  rtol=1e-4, atol=1e-7)
+        assert torch.allclose(call["grads"][0].double(), _per_token_grad(ell, lp, mask, call["kw"]),
+                              rtol=1e-4, atol=1e-7)

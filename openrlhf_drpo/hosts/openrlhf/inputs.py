@@ -60,8 +60,8 @@ def missing_at_launch(ns) -> dict:
                             f"set --train.micro_batch_size {max(batch // dp, 1)} (× {dp} = --train.batch_size)")
     n = g("rollout.n_samples_per_prompt")
     if micro % n:
-        missing["groups"] = (f"drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size {micro}: "
-                             f"set it to a multiple of --rollout.n_samples_per_prompt {n}")
+        missing["groups"] = ("drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size "
+                             f"{micro}: set it to a multiple of --rollout.n_samples_per_prompt {n}")
     elif dp > 1 and g("rollout.micro_batch_size") % n:
         missing["groups"] = ("each rank receives whole rollout micro-batches: set --rollout.micro_batch_size to a "
                              f"multiple of --rollout.n_samples_per_prompt {n}, so that each holds whole prompts")
