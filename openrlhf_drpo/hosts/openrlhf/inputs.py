@@ -14,6 +14,7 @@ inputs the run would not give or whose group or batch reductions its micro-batch
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 
 import torch
@@ -21,22 +22,10 @@ import torch
 GROUP_KEY = "drpo_group"       # experience.info's per-sample group id, between append and the loss call
 
 
-def _flags(ns):
-    """getattr on OpenRLHF's parsed args: flat ("a.b" attributes) at parse time, nested after."""
-    def get(key):
-        if hasattr(ns, key):
-            return getattr(ns, key)
-        value = ns
-        for part in key.split("."):
-            value = getattr(value, part)
-        return value
-    return get
-
-
 def missing_at_launch(ns) -> dict:
     """CompiledLoss.refuse_missing's argument for a drpo-train command line: each input (or thing a
     loss call must hold whole) this run would not give, with the flags that would."""
-    g, missing = _flags(ns), {}
+    g, missing = functools.partial(getattr, ns), {}      # OpenRLHF's flat args at parse time
     if not (g("algo.kl.use_loss") and g("algo.kl.init_coef") > 0):
         missing["ref_log_probs"] = (
             "OpenRLHF passes the reference model's log-probs to the actor only with --algo.kl.use_loss and "
