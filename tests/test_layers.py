@@ -24,7 +24,7 @@ LAYERS = [
     "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis",
     "objectives",
     "hosts", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward", "hosts.openrlhf.loss",
-    "hosts.openrlhf.logprobs",
+    "hosts.openrlhf.logprobs", "hosts.openrlhf.inputs",
     "hosts.openrlhf.actor", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
     "hosts.verl",
     "lab.toytask", "lab.task", "lab.pipe", "lab.results", "lab.driver", "lab", "lab.__main__",

@@ -262,3 +262,19 @@ def test_a_chunk_that_is_not_a_positive_number_of_tokens_is_refused(value, tiny_
     with pytest.raises(SystemExit, match="^2$"):
         openrlhf_args(train_flags(tmp_path, tiny_model, "drpo", "--drpo.logprob_chunk", value))
     assert f"argument --drpo.logprob_chunk: a number of tokens (1 or more), not '{value}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("chunk, temperature", [(4, 0.7), (64, 1.0)])
+def test_chunked_sum_pi_sq_equals_the_squared_softmax_of_openrlhfs_logits_and_has_no_gradient(chunk, temperature):
+    from openrlhf_drpo.hosts.openrlhf.inputs import sum_pi_sq_from_logits
+    model = _llama()
+    sequences, attention, action_mask, _ = _batch()
+    full = _actor(copy.deepcopy(model), temperature)
+    _, output = full(sequences, action_mask, attention_mask=attention, return_output=True)
+    logits = output["logits"][:, :-1][:, -RESPONSE:].detach()     # fp32, temperature-scaled, as OpenRLHF's
+    want = torch.softmax(logits.double(), -1).pow(2).sum(-1).float()
+    close(sum_pi_sq_from_logits(logits), want, "Σπ² from the full logits")
+    _, output = _actor(model, temperature, chunk)(sequences, action_mask, attention_mask=attention,
+                                                   return_output=True, drpo_sum_pi_sq=True)
+    assert not output.sum_pi_sq.requires_grad
+    close(output.sum_pi_sq, want, "Σπ² in chunks")

@@ -6,14 +6,16 @@ compiled objective where ActorPPOTrainer calls its policy loss, and (--drpo.chun
 the forward that scores log-probs from hidden states in chunks (logprobs.py)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 
 import ray
+from openrlhf.trainer.ray import ppo_actor
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from openrlhf_drpo.hosts.openrlhf import cpu_mode, logprobs
+from openrlhf_drpo.hosts.openrlhf import cpu_mode, inputs, logprobs
 
 
 def build_loss(spec):
@@ -43,7 +45,11 @@ def install_objective(trainer, spec, step_log=None):
     over a step's updates, so drpo_ratio_max is set to the step's true maximum afterwards.
     With `step_log` (a path), rank 0 appends one JSON line per optimizer step (its
     micro-batches folded together): what drpo-lab reads (the gradient norm before clipping,
-    r's range, the largest per-token weight). `step` counts ppo_train calls in this run."""
+    r's range, the largest per-token weight). `step` counts ppo_train calls in this run.
+    Each step's loss call gets the objective's other inputs (inputs.supplied); an objective that
+    reads π_ref is the KL trained, so OpenRLHF's own KL loss (--algo.kl.use_loss) gets a
+    coefficient of 0 (still logged as kl); with group reductions, ppo_train's micro-batches are
+    whole groups (inputs.whole_groups)."""
     loss_fn = build_loss(spec)
     loss_fn.track_extremes = bool(step_log)
     trainer.actor_loss_fn = loss_fn
@@ -52,6 +58,7 @@ def install_objective(trainer, spec, step_log=None):
         trainer._drpo_originals = trainer.training_step, trainer.ppo_train
     original_step, original_train = trainer._drpo_originals
     state = {"step": 0, "micro": 0, "update": 0, "ratio_max": [], "row": {}}
+    reads_ref = "ref_log_probs" in loss_fn.inputs()
 
     def optimizer_stepped(micro_index) -> bool:       # as ActorPPOTrainer.training_step decides it
         if trainer.args.train.dynamic_batch_enable:
@@ -62,7 +69,8 @@ def install_objective(trainer, spec, step_log=None):
     def training_step(experience, kl_ctl, micro_index, *args, **kwargs):
         loss_fn.sink = experience.info
         try:
-            status = original_step(experience, kl_ctl, micro_index, *args, **kwargs)
+            with inputs.supplied(loss_fn, trainer, experience):
+                status = original_step(experience, 0.0 if reads_ref else kl_ctl, micro_index, *args, **kwargs)
         finally:
             loss_fn.sink = None
         state["ratio_max"].append(float(loss_fn.metrics.ratio_max))
@@ -83,7 +91,8 @@ def install_objective(trainer, spec, step_log=None):
     @functools.wraps(original_train)
     def ppo_train(*args, **kwargs):
         state.update(ratio_max=[], micro=0, update=0, row={})
-        status = original_train(*args, **kwargs)
+        with inputs.whole_groups(ppo_actor) if "groups" in loss_fn.inputs() else contextlib.nullcontext():
+            status = original_train(*args, **kwargs)
         if state["ratio_max"]:
             status["drpo_ratio_max"] = trainer.strategy.all_reduce(max(state["ratio_max"]), op="max")
         state["step"] += 1
@@ -107,6 +116,13 @@ class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
                                            getattr(strategy.args.drpo, "step_log", None))
         strategy.print(f"openrlhf-drpo: policy loss is {self.drpo_loss!r}")
         return out
+
+    def append(self, experience):
+        """OpenRLHF's append, keeping each sample's group id where the objective has group
+        reductions (the replay buffer drops the rollout index it is read from)."""
+        if "groups" in self.drpo_loss.inputs():
+            inputs.tag_groups(experience, self.trainer.args.rollout.n_samples_per_prompt)
+        return super().append(experience)
 
     def drpo_begin_run(self, spec, step_log, seed) -> None:
         """drpo-lab: start a run on this trainer as if it were new: the initial weights (the

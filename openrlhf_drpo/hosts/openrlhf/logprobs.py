@@ -25,26 +25,31 @@ def _logits(hidden, weight, bias, temperature):
 
 
 class ChunkedLogProbs(torch.autograd.Function):
-    """(hidden [N, H], weight [V, H], bias [V] | None, labels [N]) -> fp32 log p(label) [N] and
-    entropy [N] (empty unless asked for), never holding more than `chunk` rows of logits."""
+    """(hidden [N, H], weight [V, H], bias [V] | None, labels [N]) -> fp32 log p(label) [N],
+    entropy [N] and Σ_v p_v² [N] (each of the last two empty unless asked for; Σ_v p_v² without
+    gradient), never holding more than `chunk` rows of logits."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk, with_entropy):
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk, with_entropy, with_sum_sq=False):
         logp, lse = (hidden.new_empty(labels.shape, dtype=torch.float32) for _ in range(2))
         ent = hidden.new_empty(labels.shape if with_entropy else (0,), dtype=torch.float32)
+        sq = hidden.new_empty(labels.shape if with_sum_sq else (0,), dtype=torch.float32)
         for s in range(0, len(labels), chunk):
             z = _logits(hidden[s:s + chunk], weight, bias, temperature)
             lse[s:s + chunk] = torch.logsumexp(z, -1)
             logp[s:s + chunk] = z.gather(-1, labels[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
             if with_entropy:        # as openrlhf.models.utils.compute_entropy
                 ent[s:s + chunk] = lse[s:s + chunk] - (torch.softmax(z, -1) * z).sum(-1)
+            if with_sum_sq:         # exp(logsumexp(2z) - 2 logsumexp(z)), as verl's sum_pi_squared
+                sq[s:s + chunk] = torch.exp(torch.logsumexp(2 * z, -1) - 2 * lse[s:s + chunk])
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)     # an output the loss does not use has no gradient to compute
-        return logp, ent
+        ctx.mark_non_differentiable(sq)
+        return logp, ent, sq
 
     @staticmethod
-    def backward(ctx, g_logp, g_ent):
+    def backward(ctx, g_logp, g_ent, g_sq):
         hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -73,15 +78,17 @@ class ChunkedLogProbs(torch.autograd.Function):
             if need_b:
                 grad_b += dz.sum(0)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
 
 
-def token_logprobs(hidden, weight, bias, labels, temperature=1.0, chunk=CHUNK, entropy=False):
-    """hidden [..., H] and labels [...] -> (log p(label), entropy or None), each [...] in fp32."""
+def token_logprobs(hidden, weight, bias, labels, temperature=1.0, chunk=CHUNK, entropy=False, sum_sq=False):
+    """hidden [..., H] and labels [...] -> (log p(label), entropy or None), each [...] in fp32;
+    with sum_sq, a third: Σ_v p_v² (no gradient)."""
     shape = labels.shape
-    logp, ent = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, labels.reshape(-1),
-                                      float(temperature), int(chunk), bool(entropy))
-    return logp.view(shape), (ent.view(shape) if entropy else None)
+    logp, ent, sq = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, labels.reshape(-1),
+                                          float(temperature), int(chunk), bool(entropy), bool(sum_sq))
+    out = logp.view(shape), (ent.view(shape) if entropy else None)
+    return (*out, sq.view(shape)) if sum_sq else out
 
 
 def unsupported(actor) -> str | None:
@@ -112,10 +119,11 @@ def install(actor, chunk: int = CHUNK) -> str:
 
 
 def forward(actor, sequences, action_mask=None, attention_mask=None, return_output=False, return_logprobs=False,
-            return_entropy=False, **others):
+            return_entropy=False, drpo_sum_pi_sq=False, **others):
     """Actor.forward (OpenRLHF 0.11.2), its unpacked text-only path, with the log-probs (and
     entropy) of the positions it returns scored in chunks. `output.entropy` covers those
-    positions: [B, A] where OpenRLHF's is [B, T-1], of which ActorPPOTrainer reads the last A.
+    positions: [B, A] where OpenRLHF's is [B, T-1], of which ActorPPOTrainer reads the last A;
+    drpo_sum_pi_sq: `output.sum_pi_sq` too, [B, A], no gradient (drpo-train's inputs.supplied).
     Asked for logits, or for a route it does not take, it is OpenRLHF's forward."""
     def openrlhf():
         return type(actor).forward(actor, sequences, action_mask, attention_mask, return_output=return_output,
@@ -132,11 +140,12 @@ def forward(actor, sequences, action_mask=None, attention_mask=None, return_outp
     position_ids.masked_fill_(attention_mask == 0, 1)
     model = getattr(actor.model, "module", actor.model)
     head = model.get_output_embeddings()
-    scored = []
+    scored, scored_sq = [], []
 
     def score(hidden):      # the head's forward for this call: inside the model's, as DeepSpeed expects
-        logp, ent = token_logprobs(hidden[:, -n - 1:-1], head.weight, head.bias, labels, actor.temperature,
-                                   actor.drpo_chunk, return_entropy)
+        logp, ent, *sq = token_logprobs(hidden[:, -n - 1:-1], head.weight, head.bias, labels, actor.temperature,
+                                        actor.drpo_chunk, return_entropy, drpo_sum_pi_sq)
+        scored_sq.extend(sq)        # beside the head's output: it has no gradient to travel with
         scores = torch.stack([logp, ent], -1) if return_entropy else logp[..., None]
         scored.append((scores, scores._version))
         return scores
@@ -163,6 +172,8 @@ def forward(actor, sequences, action_mask=None, attention_mask=None, return_outp
     log_probs = returned[..., 0]
     if return_entropy:
         setattr(output, "entropy", returned[..., 1])
+    if scored_sq:
+        setattr(output, "sum_pi_sq", scored_sq[-1])
     if action_mask is not None:
         log_probs = log_probs * action_mask.float()
     return (log_probs, output) if return_output else log_probs

@@ -88,6 +88,9 @@ class ObjectiveLoss(CompiledLoss):
     """
 
     rollout_hint = " (drpo-train keeps vLLM's log-probs for it)"
+    # drpo-train gives them through self.given (hosts/openrlhf/inputs.py); a direct call cannot
+    input_hints = {key: ": drpo-train gives it in ObjectiveLoss.given, PolicyLoss's arguments have no place for it"
+                   for key in ("ref_log_probs", "entropy", "sum_pi_sq", "groups")}
     argument_names = {"mask": "action_mask"}
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
@@ -95,6 +98,9 @@ class ObjectiveLoss(CompiledLoss):
         super().__init__(objective, fused=fused, compile=compile, **overrides)
         openrlhf_loss_module()      # the pinned OpenRLHF, checked
         self.sink: dict | None = None      # drpo-train points this at experience.info
+        # drpo-train's inputs for the call beyond PolicyLoss's arguments (ref_log_probs, entropy,
+        # sum_pi_sq, groups; process_group for batch reductions): inputs.supplied sets them per step
+        self.given: dict = {}
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
                 dp_size=1, batch_num_tokens=None, global_batch_size=None):
@@ -102,9 +108,11 @@ class ObjectiveLoss(CompiledLoss):
             action_mask = torch.ones_like(log_probs, dtype=torch.bool)
         # OpenRLHF's aggregate_loss: the local count, or the global one over the ranks
         total = batch_num_tokens if self.aggregate == "token-mean" else global_batch_size
+        given = dict(self.given)
+        aggregation = Aggregation(norm=None if total is None else total / dp_size,
+                                  process_group=given.pop("process_group", None))
         loss, metrics = super().forward(log_probs, old_log_probs, advantages, action_mask,
-                                        rollout_log_probs=rollout_log_probs,
-                                        aggregation=Aggregation(norm=None if total is None else total / dp_size))
+                                        rollout_log_probs=rollout_log_probs, aggregation=aggregation, **given)
         with torch.no_grad():
             clip_ratio = metrics.past_boundary_diverging
             # OpenRLHF's masked means, on selected values so NaN/inf in masked slots stay out

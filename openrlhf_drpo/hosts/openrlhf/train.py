@@ -141,8 +141,13 @@ def prepare_objective(args: argparse.Namespace):
         if correction[0] == "off":    # and a configuration PolicyLoss (still built) accepts
             for key, value in {**_IS_DEFAULTS, "level": "token"}.items():
                 setattr(args, f"algo.advantage.is_correction_{key}", value)
+    from openrlhf_drpo.hosts.openrlhf.inputs import refuse_at_launch
     from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
-    ObjectiveLoss(obj, compile=False)   # checks openrlhf's version and loss arity; compiles the code
+    # checks openrlhf's version and loss arity, compiles the code; refuses what this run cannot give it
+    refuse_at_launch(ObjectiveLoss(obj, compile=False), args)
+    if "pi_ref" in obj.names():
+        print("openrlhf-drpo: the objective reads π_ref: its terms in π_ref are the KL trained; OpenRLHF's own KL "
+              "loss (--algo.kl.use_loss, --algo.kl.init_coef) is logged as kl, not trained", flush=True)
     return objective_spec(obj), obj
 
 

@@ -1,0 +1,178 @@
+"""The third version's inputs in drpo-train (issue 29): what OpenRLHF 0.11.2 gives each loss call
+beside log π, μ and A, and the refusal at launch, naming the flags to set, of an objective whose
+inputs the run would not give or whose group or batch reductions its micro-batches would split.
+
+    π_ref      the reference model's log-probs (experience.base_action_log_probs): OpenRLHF makes
+               them with --algo.kl.init_coef > 0 and passes them on only with --algo.kl.use_loss
+    H          the actor's entropy, with its gradient (its forward computes it from the same
+               logits or chunks as log π; drpo-train asks for it; --actor.entropy_coef ≠ 0 is refused)
+    sum_π_sq   Σ_v π_v² from the same logits or chunks, without gradient
+    groups     a response's rollout index // --rollout.n_samples_per_prompt, kept at append;
+               ppo_train's micro-batches are whole groups, shuffled (GroupBatches)
+    batch      a micro-batch that is the rank's whole optimizer batch, summed over the ranks
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+
+import torch
+
+GROUP_KEY = "drpo_group"       # experience.info's per-sample group id, between append and the loss call
+
+
+def missing_at_launch(ns) -> dict:
+    """CompiledLoss.refuse_missing's argument for a drpo-train command line: each input (or thing a
+    loss call must hold whole) this run would not give, with the flags that would."""
+    g, missing = functools.partial(getattr, ns), {}      # OpenRLHF's flat args at parse time
+    if not (g("algo.kl.use_loss") and g("algo.kl.init_coef") > 0):
+        missing["ref_log_probs"] = (
+            "OpenRLHF passes the reference model's log-probs to the actor only with --algo.kl.use_loss and "
+            "--algo.kl.init_coef > 0 (which creates the reference model): set both (the objective's terms in "
+            "π_ref are then the KL trained; OpenRLHF's own KL loss is logged as kl, not trained)")
+    if g("ds.packing_samples") or g("train.dynamic_batch_enable"):
+        missing["sum_pi_sq"] = ("drpo-train computes Σ_v π_v² only on unpacked samples: turn off "
+                                "--ds.packing_samples and --train.dynamic_batch_enable")
+    if g("train.dynamic_batch_enable"):
+        why = "--train.dynamic_batch_enable repartitions the micro-batches by length: turn it off"
+        return {**missing, "groups": why, "batch": why}
+    ring, tp = g("ds.ring_attn_size"), g("ds.tensor_parallel_size")
+    dp = g("actor.num_nodes") * g("actor.num_gpus_per_node") // ring // tp
+    micro, batch = g("train.micro_batch_size"), g("train.batch_size")
+    if ring > 1 or tp > 1:
+        missing["batch"] = ("drpo-train sums a batch over all ranks as data-parallel ones: set --ds.ring_attn_size 1 "
+                            "and --ds.tensor_parallel_size 1")
+    elif micro * dp != batch:
+        missing["batch"] = (f"a loss call holds one micro-batch, --train.micro_batch_size {micro} on each of {dp} "
+                            f"data-parallel rank{'s' * (dp != 1)}, and the optimizer step --train.batch_size {batch}: "
+                            f"set --train.micro_batch_size {max(batch // dp, 1)} (× {dp} = --train.batch_size)")
+    n = g("rollout.n_samples_per_prompt")
+    if micro % n:
+        missing["groups"] = ("drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size "
+                             f"{micro}: set it to a multiple of --rollout.n_samples_per_prompt {n}")
+    elif dp > 1 and g("rollout.micro_batch_size") % n:
+        missing["groups"] = ("each rank receives whole rollout micro-batches: set --rollout.micro_batch_size to a "
+                             f"multiple of --rollout.n_samples_per_prompt {n}, so that each holds whole prompts")
+    return missing
+
+
+def refuse_at_launch(loss, ns) -> None:
+    """drpo-train's refusal, before Ray starts, of an objective this command line cannot train."""
+    try:
+        loss.refuse_missing(missing_at_launch(ns))
+    except ValueError as e:
+        raise SystemExit(f"drpo-train: error: {e}") from None
+    # an objective that reads H writes its own entropy terms: OpenRLHF's bonus on top would count one twice
+    coef = getattr(ns, "actor.entropy_coef", None)
+    if "entropy" in loss.inputs() and coef:
+        raise SystemExit(f"drpo-train: error: objective '{loss.objective.name}' reads the entropy H and writes its own "
+                         f"entropy terms, to which --actor.entropy_coef {coef} would add OpenRLHF's bonus a second "
+                         "time: leave --actor.entropy_coef unset (or 0) and write the bonus into the objective")
+
+
+def tag_groups(experience, n: int) -> None:
+    """At the actor's append, while OpenRLHF's experience still has each sample's rollout index
+    (its replay buffer drops it): the group id, index // n (the order its advantages' groups use)."""
+    experience.info[GROUP_KEY] = [i // n for i in experience.index]
+
+
+class GroupBatches:
+    """ppo_train's micro-batches (a DataLoader's batch_sampler) of whole groups: the replay buffer's
+    groups in a random order each epoch (OpenRLHF shuffles single samples), `size` samples a batch
+    (a multiple of the group size), the last incomplete batch dropped as OpenRLHF drops it."""
+
+    def __init__(self, items, size: int, shuffle: bool):
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(int(item.info[GROUP_KEY]), []).append(i)
+        self.groups, self.size, self.shuffle = list(groups.values()), size, shuffle
+
+    def __len__(self):
+        return sum(map(len, self.groups)) // self.size
+
+    def __iter__(self):
+        order = torch.randperm(len(self.groups)).tolist() if self.shuffle else range(len(self.groups))
+        flat = [i for g in order for i in self.groups[g]]
+        return iter([flat[s:s + self.size] for s in range(0, len(self) * self.size, self.size)])
+
+
+@contextlib.contextmanager
+def whole_groups(module):
+    """Within one ppo_train: the DataLoader it builds (`module.DataLoader`, OpenRLHF's ppo_actor's)
+    takes its micro-batches from GroupBatches."""
+    original = module.DataLoader
+
+    def loader(dataset, batch_size, shuffle, drop_last, **kwargs):
+        return original(dataset, batch_sampler=GroupBatches(dataset.items, batch_size, shuffle), **kwargs)
+    module.DataLoader = loader
+    try:
+        yield
+    finally:
+        module.DataLoader = original
+
+
+def group_ids(experience, n: int):
+    """The micro-batch's [B] group ids, taken out of experience.info (so OpenRLHF does not log
+    them), refused unless every prompt in it has all its n responses: never a group reduction
+    over part of a group."""
+    ids = experience.info.pop(GROUP_KEY, None)
+    if ids is None:
+        raise RuntimeError("openrlhf-drpo: this experience has no group ids: an objective with group reductions "
+                           "needs its experiences appended through the policy actor's append (which keeps them)")
+    ids = torch.as_tensor(ids, dtype=torch.long, device=experience.action_mask.device)
+    counts = ids.unique(return_counts=True)[1]
+    if bool((counts != n).any()):
+        raise RuntimeError(f"openrlhf-drpo: a micro-batch holds {sorted(counts.tolist())} responses of its prompts, "
+                           f"not {n} (--rollout.n_samples_per_prompt) each: a group reduction over part of a group "
+                           "would be a different gradient")
+    return ids
+
+
+def sum_pi_sq_from_logits(logits):
+    """Σ_v π_v² = exp(logsumexp(2z) − 2·logsumexp(z)) on the temperature-scaled fp32 logits z,
+    without gradient (the objective reads it as a fixed input)."""
+    with torch.no_grad():
+        return torch.exp(torch.logsumexp(2 * logits, -1) - 2 * torch.logsumexp(logits, -1))
+
+
+@contextlib.contextmanager
+def supplied(loss, trainer, experience):
+    """For one OpenRLHF training step: loss.given holds what the objective reads beyond log π, μ and
+    A, and the actor's forward (chunked or OpenRLHF's) also returns H and Σ_v π_v² where it reads them."""
+    need = loss.inputs()
+    given = {}
+    if "ref_log_probs" in need:
+        given["ref_log_probs"] = experience.base_action_log_probs
+    if "groups" in need:
+        given["groups"] = group_ids(experience, trainer.args.rollout.n_samples_per_prompt)
+    if "batch" in need and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        given["process_group"] = torch.distributed.group.WORLD
+    actor = trainer.actor
+    own = actor.__dict__.get("forward")       # logprobs.install's chunked forward, or None: Actor.forward
+    if {"entropy", "sum_pi_sq"} & set(need):
+        inner = own or types.MethodType(type(actor).forward, actor)
+
+        def forward(sequences, action_mask=None, *args, **kwargs):
+            # the chunked forward scores Σ_v π_v² in its chunks; OpenRLHF's returns the logits
+            chunked = {"drpo_sum_pi_sq": "sum_pi_sq" in need} if own is not None else {}
+            out = inner(sequences, action_mask, *args, **{**kwargs, "return_entropy": True, "return_output": True,
+                                                           **chunked})
+            log_probs, output = out
+            width = action_mask.shape[1]
+            if "entropy" in need:
+                given["entropy"] = output.entropy[:, -width:]
+            if "sum_pi_sq" in need:
+                sq = getattr(output, "sum_pi_sq", None)
+                given["sum_pi_sq"] = sum_pi_sq_from_logits(output["logits"][:, :-1][:, -width:]) if sq is None else sq
+            return out if kwargs.get("return_output") else log_probs
+        actor.forward = forward
+    loss.given = given
+    try:
+        yield
+    finally:
+        loss.given = {}
+        if own is None:
+            actor.__dict__.pop("forward", None)
+        else:
+            actor.forward = own
