@@ -103,7 +103,8 @@ def agg_coef(mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=Non
 
 
 def oracle_grad(name, new, old, A, mask, coef, rho=1.0):
-    """-w·r·A times the aggregation coefficient, with w from the analysis (SymPy-derived)."""
+    """-w·r·A times the aggregation coefficient, with w from the analysis: SymPy of the IR's derivative
+    rules, which the fused kernel shares (the plain path's autograd does not)."""
     r = torch.exp((new - old).clamp(-20, 20)).numpy()
     w = weight_fn(name, rho)(r, np.exp(old.numpy()), A.numpy())
     return torch.from_numpy(-w * r * A.numpy()) * coef
