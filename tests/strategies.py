@@ -1,5 +1,7 @@
 """Hypothesis strategies shared by the tests: random objective expressions over every
-operation the language has (kept finite-ish: divisions and logs of 1 + x²)."""
+operation the language has (kept finite-ish: divisions and logs of 1 + x²). POLICY_OBJECTIVES
+and SEQUENCE_OBJECTIVES depend on the policy by construction, so the parser accepts every draw
+and a test filters (with assume(), reporting why) only what its own property cannot compare."""
 from hypothesis import strategies as st
 
 LEAVES = st.sampled_from(["r", "π", "μ", "A", "δ", "2", "0.5"])
@@ -13,17 +15,34 @@ CONDITIONS = st.recursive(
                         c.map(lambda x: f"not ({x})")), max_leaves=3)
 
 
-OBJECTIVES = st.recursive(LEAVES, lambda inner: st.one_of(
-    st.tuples(inner, st.sampled_from(["+", "-", "*"]), inner).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
-    st.tuples(inner, inner).map(lambda t: f"({t[0]})/(1 + ({t[1]})^2)"),
-    inner.map(lambda x: f"|{x}|"), inner.map(lambda x: f"({x})^2"),
-    st.tuples(st.sampled_from(["exp", "sign", "sg", "erf", "atan", "softsign"]), inner).map(
-        lambda t: f"{t[0]}(({t[1]})/4)"),
-    inner.map(lambda x: f"log(1 + ({x})^2)"), inner.map(lambda x: f"sqrt(1 + ({x})^2)"),
-    st.tuples(st.sampled_from(["min", "max"]), inner, inner).map(lambda t: f"{t[0]}({t[1]}, {t[2]})"),
-    st.tuples(inner, inner, inner).map(lambda t: f"clip({t[0]}, {t[1]}, {t[2]})"),
-    st.tuples(CONDITIONS, inner).map(lambda t: f"[{t[0]}]*({t[1]})"),
-), max_leaves=8)
+def _forms(inner, other, smooth):
+    """Every operation on `inner`, the other operands drawn from `other`; `smooth` the unary
+    functions allowed (sign and sg pass no gradient through)."""
+    def anywhere(parts, slot, write):
+        # `inner` in one slot (any of them), `other` in the rest
+        return st.tuples(*[inner if i == slot else other for i in range(parts)]).map(lambda t: write(*t))
+    return st.one_of(
+        *[st.tuples(st.sampled_from(["+", "-", "*"]), anywhere(2, i, lambda a, b: (a, b))).map(
+            lambda t: f"({t[1][0]}){t[0]}({t[1][1]})") for i in (0, 1)],
+        *[anywhere(2, i, lambda a, b: f"({a})/(1 + ({b})^2)") for i in (0, 1)],
+        inner.map(lambda x: f"|{x}|"), inner.map(lambda x: f"({x})^2"),
+        st.tuples(st.sampled_from(smooth), inner).map(lambda t: f"{t[0]}(({t[1]})/4)"),
+        inner.map(lambda x: f"log(1 + ({x})^2)"), inner.map(lambda x: f"sqrt(1 + ({x})^2)"),
+        *[st.tuples(st.sampled_from(["min", "max"]), anywhere(2, i, lambda a, b: (a, b))).map(
+            lambda t: f"{t[0]}({t[1][0]}, {t[1][1]})") for i in (0, 1)],
+        *[anywhere(3, i, lambda x, lo, hi: f"clip({x}, {lo}, {hi})") for i in (0, 1, 2)],
+        st.tuples(CONDITIONS, inner).map(lambda t: f"[{t[0]}]*({t[1]})"),
+    )
+
+
+SMOOTH = ["exp", "erf", "atan", "softsign"]
+# any expression: it may not depend on the policy at all (the parser refuses those)
+OBJECTIVES = st.recursive(LEAVES, lambda inner: _forms(inner, inner, SMOOTH + ["sign", "sg"]), max_leaves=8)
+# r or π reaches the top through operations with a gradient, never only inside sg, sign or
+# [...]: the other operands are any small expression, with or without the policy
+_OPERANDS = st.recursive(LEAVES, lambda inner: _forms(inner, inner, SMOOTH + ["sign", "sg"]), max_leaves=3)
+POLICY_OBJECTIVES = st.recursive(st.sampled_from(["r", "π"]), lambda live: _forms(live, _OPERANDS, SMOOTH),
+                                 max_leaves=6)
 
 
 # Objectives as researchers write them (issue 8): sums of surrogate terms (clipped, dual-clipped,
@@ -62,17 +81,20 @@ RESEARCH_OBJECTIVES = st.lists(st.one_of(_TERMS, _GATED), min_size=1, max_size=3
 
 
 # Sequence objectives: random objectives around reductions over each response (nested too),
-# the response length, and the two policies besides μ.
+# the response length, and the two policies besides μ; a reduction of the policy in each.
 _REDUCTIONS = st.sampled_from(["seq_mean", "seq_sum", "seq_max", "seq_min"])
 _SEQ_LEAVES = st.one_of(OBJECTIVES, st.sampled_from(["seq_len", "π_old", "pi_rollout", "log(π_old) - log(μ)"]))
 _REDUCED = st.tuples(_REDUCTIONS, _SEQ_LEAVES).map(lambda t: f"{t[0]}({t[1]})")
+_LIVE_REDUCED = st.tuples(_REDUCTIONS, st.one_of(POLICY_OBJECTIVES, st.just("log(π) - log(π_old)"))).map(
+    lambda t: f"{t[0]}({t[1]})")
 SEQUENCE_OBJECTIVES = st.one_of(
     # a length filter: the response's tokens kept only for some lengths (|y| = 1 where analysed)
-    st.tuples(st.sampled_from(["<=", ">="]), st.sampled_from(["1", "2", "100"]), OBJECTIVES).map(
+    st.tuples(st.sampled_from(["<=", ">="]), st.sampled_from(["1", "2", "100"]), POLICY_OBJECTIVES).map(
         lambda t: f"[seq_len {t[0]} {t[1]}]*({t[2]})"),
-    st.tuples(_SEQ_LEAVES, st.sampled_from(["+", "-", "*"]), _REDUCED).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
-    st.tuples(_REDUCTIONS, _SEQ_LEAVES, _REDUCED).map(lambda t: f"{t[0]}(({t[1]})*({t[2]}))*A"),
-    st.tuples(_REDUCED, _REDUCED).map(lambda t: f"exp(({t[0]})/8)*({t[1]})"),
+    st.tuples(_SEQ_LEAVES, st.sampled_from(["+", "-", "*"]), _LIVE_REDUCED).map(lambda t: f"({t[0]}){t[1]}({t[2]})"),
+    st.tuples(_REDUCTIONS, _SEQ_LEAVES, _LIVE_REDUCED).map(lambda t: f"{t[0]}(({t[1]})*({t[2]}))*A"),
+    st.tuples(_REDUCED, _LIVE_REDUCED, st.booleans()).map(
+        lambda t: f"exp(({t[0]})/8)*({t[1]})" if t[2] else f"exp(({t[1]})/8)*({t[0]})"),
 )
 
 
@@ -89,3 +111,18 @@ V3_OBJECTIVES = st.one_of(
     st.tuples(_V3_REDUCED, _V3_REDUCED).map(lambda t: f"exp(({t[0]})/8)*({t[1]})"),
     st.tuples(_V3_REDUCED, _V3_LEAVES).map(lambda t: f"({t[1]})/(1 + ({t[0]})^2)"),
 )
+
+
+def draws(strategy, n):
+    """n examples of `strategy`, the same ones on every run (derandomized, no database): what a
+    test of a filter's rate counts over."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    out = []
+
+    @given(strategy)
+    @settings(max_examples=n, derandomize=True, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    def collect(x):
+        out.append(x)
+    collect()
+    return out

@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy as sp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from strategies import OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES
+from oracles import bends, located, sign_change, weight_function
+from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES
 
 from openrlhf_drpo import lang
 from openrlhf_drpo.analysis.orchestrator import analysis_view, analyze
-from openrlhf_drpo.lang.walks import derivative, evaluate
+from openrlhf_drpo.lang.walks import derivative, numpy_plan
 from openrlhf_drpo.analysis.report import report, to_json
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -277,18 +278,54 @@ def test_analysis_matches_the_hand_derived_truth(name, text, b_pos, b_neg, rng, 
         assert out["geometry"] == want["geometry"]
 
 
+# What a golden report leaves out: the self-check's rounding residue (~1e-10, which varies with the
+# machine's float libraries), and the size and span of the grids and samples behind each claim
+# (the evidence's extent, not a claim: a denser grid must not rewrite every report). A count of
+# 0 stays: it says a check had nothing to check. Every claim, formula, status and value is kept.
+INCIDENTAL = [
+    (r"max rel\. error \d\.\de-\d\d", "max rel. error <1e-6>"),
+    (r"\b[1-9]\d{0,2}(,\d{3})* grid points", "<N> grid points"),
+    (r"at [1-9]\d* random points", "at <N> random points"),
+    (r"\b[1-9]\d* values of ρ", "<N> values of ρ"),
+    (r"μ ∈ \[[^\]]*\], r ∈ \[[^\]]*\] with π ≤ 1", "μ ∈ [<grid>], r ∈ [<grid>] with π ≤ 1"),
+    (r"r = 1 at μ ∈ \[[^\]]*\], \|A\| ∈ \[[^\]]*\]", "r = 1 at μ ∈ [<grid>], |A| ∈ [<grid>]"),
+    (r"log\|w\| against log r, r from [^;]*;", "log|w| against log r, <grid>;"),
+]
+
+
 def _stable(text: str) -> str:
-    # the self-check's rounding residue (~1e-10) varies with the machine's float libraries
-    return re.sub(r"max rel\. error \d\.\de-\d\d", "max rel. error <1e-6>", text)
+    for pattern, placeholder in INCIDENTAL:
+        text = re.sub(pattern, placeholder, text)
+    return text
 
 
 @pytest.mark.parametrize("name, text", [(t[0], t[1]) for t in TABLE], ids=[t[0] for t in TABLE])
 def test_report_matches_its_golden(name, text):
-    got = _stable(report(_analyse(name, text))) + "\n"
+    res = _analyse(name, text)
+    shown, out = report(res), to_json(res)
+    # the counts the golden leaves out are the analysis's own, not the printer's
+    assert f"on {out['arbiter']['points']:,} grid points over (μ, π)" in shown
+    assert f"at {out['self_check']['points']} random points" in shown
+    got = _stable(shown) + "\n"
     path = GOLDEN / f"{name}.txt"
+    # regenerate (the normalized text): DRPO_UPDATE_GOLDEN=1 pytest tests/test_arbiter.py -k golden,
+    # then read `git diff tests/golden`: every changed line a claim that changed for a reason
     if os.environ.get("DRPO_UPDATE_GOLDEN"):
         path.write_text(got)
     assert got == path.read_text()
+
+
+def test_the_golden_comparison_leaves_out_the_evidences_extent_and_keeps_every_claim():
+    text = (GOLDEN / "tv_box.txt").read_text()
+    assert "<N> grid points" in text and "<grid>" in text       # the goldens are stored normalized
+    shown = ("  range      w ∈ [0, 1]  (bounded; on the arbiter's 479,680 grid points, μ ∈ [1.3e-12, 1], "
+             "r ∈ [1e-15, 7.69231e+11] with π ≤ 1, |A| ∈ {1})\n  self-check passed: at 64 random points "
+             "(max rel. error 1.3e-10); the check had 0 grid points")
+    assert _stable(shown) == _stable(shown.replace("479,680", "60,152").replace("64 random", "32 random")
+                                     .replace("1.3e-12, 1]", "1e-10, 1]").replace("1.3e-10", "2.1e-11"))
+    assert "0 grid points" in _stable(shown)        # a count of nothing stays
+    for claim in ("w ∈ [0, 1]", "bounded", "|A| ∈ {1}", "passed"):
+        assert _stable(shown) != _stable(shown.replace(claim, "w ∈ [0, 2]")), claim
 
 
 ON_POLICY_PEAKS = [
@@ -315,13 +352,14 @@ def test_the_table_has_at_least_25_objectives_beyond_the_library():
     assert len(TABLE) >= 25 and not {t[0] for t in TABLE} & set(lang.shipped_names())
 
 
-@given(st.one_of(RESEARCH_OBJECTIVES, OBJECTIVES))
+@given(st.one_of(RESEARCH_OBJECTIVES, POLICY_OBJECTIVES))
 @settings(max_examples=int(os.environ.get('DRPO_EXAMPLES', 30)), deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_claim_of_a_random_objective_holds_on_points_the_arbiter_never_saw(text):
-    """Random objectives, checked with the IR's scalar float rules on random rows: w matches the
+    """Random objectives, checked on random rows against sympy.diff of the objective's value
+    (not the IR's derivative rules, which the analysis and the arbiter share): w matches the
     reported weight, stays inside the reported range, and changes sign only at a reported
-    boundary (or where ℓ is undefined)."""
-    _claims_hold_on_fresh_points(text)
+    boundary, a reported pole, or where ℓ is undefined."""
+    event(_claims_hold_on_fresh_points(text))
 
 
 @given(SEQUENCE_OBJECTIVES)
@@ -329,60 +367,100 @@ def test_every_claim_of_a_random_objective_holds_on_points_the_arbiter_never_saw
 def test_every_claim_about_a_random_sequence_or_mismatch_objective_holds_where_it_is_made(text):
     """The same, for objectives with reductions and π_old/π_rollout: on the objective the report
     says it analyses (one response whose tokens share r, μ and A; ρ = 1)."""
-    _claims_hold_on_fresh_points(text)
+    event(_claims_hold_on_fresh_points(text))
+
+
+
+def test_the_fresh_points_oracle_tells_a_pole_from_a_zero_and_a_kink_from_a_steep_slope():
+    # what the check above rests on: a sign change through a pole is not a boundary, and a steep
+    # smooth weight is compared (only a jump or a kink within r·(1 ± 1e-7) is left out)
+    pole = weight_function(lang.parse("δ = 0.3\nA*log(|r^2 - 2|)"))     # w = 2r/(r² − 2): no double is √2
+    assert sign_change(pole, 1.2, 1.6, 0.1, 1.0)[0] == "pole"
+    kind, r = sign_change(weight_function(lang.parse("δ = 0.3\nA*(r - 2)^2/2")), 1.5, 2.5, 0.1, 1.0)
+    assert kind == "zero" and r == pytest.approx(2, rel=1e-12)
+    rs = np.array([0.5, 1.0, 1.5])
+    assert not bends(weight_function(lang.parse("δ = 0.3\nA*exp(40*r)/40")), rs, 0.1, 1.0).any()     # w = e^{40r}
+    assert bends(weight_function(lang.parse("δ = 0.3\nA*min(r, 1)")), rs, 0.1, 1.0).tolist() == [False, True, False]
+    assert located("π ≈ μ + 0.3", 1 + 0.3 / 1e-9, 1e-9) and not located("π ≈ μ + 0.3", 1.5, 1e-9)
+    assert located("r ≈ 2 (π ≈ 2·μ)", 2.0, 0.5) and located("r from 1.5 to 3 as μ and |A| vary (π ...)", 2.0, 0.5)
+
+
+# A band of π − μ 2e-4 wide where w = 10 − 10r ≈ −3/μ for A > 0: the weight is unbounded as μ → 0
+# (found by the check above in the previous session: sampled −9.8e10 against the range's −6.0e7).
+NOTCH = ("[π - μ <= 0.2999 or π - μ >= 0.3001]*(r*A) + "
+         "[not (π - μ <= 0.2999 or π - μ >= 0.3001)]*(-|A|/(2*0.1)*(r - 1)^2)")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 (open analysis bug): the derived range [1, 1] misses the band, "
+                   "and the arbiter samples it only down to μ ≈ 5e-8 (w = −3/μ), so its extremes [−6.0e7, 6.0e7] "
+                   "are reported as 'bounded: yes'")
+def test_a_narrow_band_whose_weight_grows_as_mu_shrinks_is_not_reported_bounded():
+    obj = lang.parse(f"δ = 0.3\n{NOTCH}")
+    res = analyze(obj)
+    mu = 1e-9
+    r = 1 + 0.3 / mu
+    w = float(weight_function(obj)(np.array([r]), mu, 1.0)[0])
+    assert w == pytest.approx(10 - 10 * r, rel=1e-9)        # inside the band: −3e9
+    lo, _ = res.weight_range
+    assert res.bounded is not True and (lo is None or lo <= w), (res.bounded, res.weight_range, w)
 
 
 def _claims_hold_on_fresh_points(text):
-    try:
-        obj = lang.parse(f"δ = 0.3\n{text}")
-    except lang.DslError:        # the generic strategy can write objectives that do not depend on π
-        return
+    obj = lang.parse(f"δ = 0.3\n{text}")         # the strategies depend on the policy by construction
     res = analyze(obj)
     out = to_json(res)
-    obj = analysis_view(obj)[0]
-    dl = derivative(obj.expr)
-    params = {k: float(v) for k, v in obj.params.items()}
+    view = analysis_view(obj)[0]
+    truth, value = weight_function(view), numpy_plan(view.expr)
+    params = {k: float(v) for k, v in view.params.items()}
+    compare = res.weight is not None and out["arbiter"]["weight"]["status"] == "confirmed"
     rng = np.random.default_rng(1)
     lo, hi = res.weight_range
     names = {n: sp.Symbol(n) for n in out["symbols"]}
+    # per sign of A, the places the report warns of a pole at, or of ℓ or w undefined at
+    infinite = {side: [a.values[k] for a in res.warnings if a.kind in ("pole", "undefined")
+                       and a.values["adv"] == side for k in ("where", "at", "below", "above") if a.values.get(k)]
+                for side in ("positive", "negative")}
     # fresh rows off the arbiter's grid: μ in the bulk, below 0.02 (down to 1e-12) and above 0.95; |A|
     # small and moderate (1.5 to 60); r uniform up to 1/μ and log-uniform from 1e-15
     rows = [(rng.uniform(0.05, 1.0), rng.uniform(0.2, 2.0)), (10 ** rng.uniform(-12, math.log10(0.02)),
             rng.uniform(1.5, 60)), (rng.uniform(0.95, 1.0), rng.uniform(1.5, 60)), (rng.uniform(0.05, 1.0),
                                                                                    rng.uniform(1.5, 60))]
     for sign, side in ((1.0, "positive"), (-1.0, "negative")):
+        b = out["boundary"][side]
         for mu, mag in rows:
             A = sign * mag
             rs = np.sort(np.concatenate([rng.uniform(0.01, 1 / mu, 100), np.exp(rng.uniform(math.log(1e-15),
                                                                                             -math.log(mu), 100))]))
-            ws = np.array([_scalar_w(obj.expr, dl, {"r": r, "mu": mu, "pi": mu * r, "A": A, **params})
-                           for r in rs])
-            ok = np.isfinite(ws)
-            if res.weight is not None and out["arbiter"]["weight"]["status"] == "confirmed":
-                got, nudged = (np.broadcast_to(res.w(x, mu, A), rs.shape) for x in (rs, rs * (1 + 1e-7)))
-                near_kink = np.abs(nudged - got) > 1e-6 * np.maximum(1, np.abs(got))
-                bad = ok & ~near_kink & ~(np.abs(got - ws) <= 1e-6 * np.maximum(1.0, np.abs(ws)))
+            with np.errstate(all="ignore"):      # ℓ by the IR's float rules: w is claimed where it is finite
+                ell = np.broadcast_to(value({"r": rs, "mu": mu, "pi": mu * rs, "A": A, **params})[0], rs.shape)
+            ws = truth(rs, mu, A)
+            ok = np.isfinite(ws) & np.isfinite(ell)
+            if compare:
+                smooth = ~bends(truth, rs, mu, A) & ~bends(res.w, rs, mu, A)
+                with np.errstate(all="ignore"):     # (inf − inf where the analysis's w overflows)
+                    got = np.broadcast_to(res.w(rs, mu, A), rs.shape)
+                    bad = ok & smooth & ~(np.abs(got - ws) <= 1e-6 * np.maximum(1.0, np.abs(ws)))
                 assert not bad.any(), (rs[bad][:3], mu, A, got[bad][:3], ws[bad][:3])
             if res.bounded is not None:
                 assert lo is None or (ws[ok] >= lo - 1e-6 * max(1, abs(lo))).all(), (ws[ok].min(), lo)
                 assert hi is None or (ws[ok] <= hi + 1e-6 * max(1, abs(hi))).all(), (ws[ok].max(), hi)
-            b = out["boundary"][side]
-            places = [complex(sp.sympify(x, locals=names).subs({names["mu"]: mu, names["A"]: A}))
-                      for x in b["r"] if not x.startswith("Eq(")]
+            at = {names["mu"]: mu, names["A"]: A}
+            places = [complex(sp.sympify(x, locals=names).subs(at)) for x in b["r"] if not x.startswith("Eq(")]
             places = [p.real for p in places if abs(p.imag) < 1e-12]     # a zero may exist only for some μ
-            for w0, w1, r0, r1 in zip(ws, ws[1:], rs, rs[1:]):
-                if np.sign(w0) * np.sign(w1) < 0:      # (nan compares false)
-                    explained = b["numeric"] or any(r0 - 1e-6 <= p <= r1 + 1e-6 for p in places) \
-                        or any(x.startswith("Eq(") for x in b["r"]) or (r0 < 1 < r1) or res.arbiter["poles"]
-                    assert explained, (side, mu, A, r0, r1, out["boundary"][side])
-
-
-def _scalar_w(expr, dl, env) -> float:
-    """w by the IR's scalar float rules (not the arbiter's numpy plan); nan where ℓ or w is not
-    a finite double."""
-    try:
-        ell, w = evaluate(expr, env), evaluate(dl, env) / env["A"]
-    except (ValueError, ZeroDivisionError, OverflowError, TypeError):
-        return math.nan
-    return w if isinstance(w, float) and math.isfinite(w) and isinstance(ell, float) and math.isfinite(ell) \
-        else math.nan
+            implicit = [sp.lambdify(names["r"], e.lhs - e.rhs) for e in
+                        (sp.sympify(x, locals=names).subs(at) for x in b["r"] if x.startswith("Eq("))
+                        if isinstance(e, sp.Equality)]         # (one that holds for every r at this μ: none)
+            for i in np.flatnonzero(ok[:-1] & ok[1:] & (np.sign(ws[:-1]) * np.sign(ws[1:]) < 0)):
+                kind, r = sign_change(truth, rs[i], rs[i + 1], mu, A)
+                if kind != "zero":      # through infinity: where ℓ is undefined, or at a pole the report names
+                    with np.errstate(all="ignore"):
+                        defined = np.isfinite(value({"r": np.array([r]), "mu": mu, "pi": mu * r, "A": A, **params})[0])
+                    assert not np.all(defined) or any(located(where, r, mu) for where in infinite[side]), \
+                        (side, kind, mu, A, r, infinite[side])
+                    continue
+                near = lambda p: abs(p - r) <= 1e-6 * max(1.0, r)        # noqa: E731
+                explained = bool(b["numeric"]) or abs(r - 1) <= 1e-9 or any(map(near, places)) \
+                    or any(np.sign(h(r * (1 - 1e-6))) != np.sign(h(r * (1 + 1e-6))) for h in implicit)
+                assert explained, (side, mu, A, r, out["boundary"][side])
+    # what Hypothesis's statistics count: how often the weight itself could be compared
+    return "weight compared" if compare else f"weight {out['arbiter']['weight']['status']}: not compared"

@@ -201,10 +201,10 @@ def _metrics(out, run):
 
 
 def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measured(shared):
-    out, stdout, results = shared
+    out, stdout, found = shared         # `found`: results.json (`results` is the module)
     steps, updates = 3, 8
     assert "predicted (drpo-analyze)" in stdout and "binary-tv" in stdout and "measured" in stdout
-    rows, summary = results["runs"], results["summary"]
+    rows, summary = found["runs"], found["summary"]
     assert [(r["objective"], r["seed"]) for r in rows] == [("ppo", 0), ("ppo", 1), ("drpo delta=0.2", 0),
                                                            ("drpo delta=0.2", 1)]
     assert all(tuple(r) == lab_results.RESULT_KEYS and r["preset"] == "mild" for r in rows)
@@ -247,7 +247,7 @@ def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone)
 
 
 def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch):
-    alone, (out, stdout, results) = alone_and_mismatch
+    alone, (out, stdout, found) = alone_and_mismatch
     log = _metrics(out, "drpo-delta0.2-s0")
     assert [s["engine_weights"] for s in log] == [0, 2, 2, 4]     # weights reach the engine after steps 2 and 4
     updates = [json.loads(x) for x in (out / "runs" / "drpo-delta0.2-s0" / "steps.jsonl").read_text().splitlines()]
@@ -257,4 +257,7 @@ def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch
     stale = [m for m, s in zip(c["mismatch"], c["step"]) if s in (2, 4)]
     mild = alone[2]["runs"][0]["mismatch"]
     assert min(fresh) >= 3 * mild, (fresh, stale, mild)
-    assert results["runs"][0]["preset"] == "mismatch" and "4-bit weights" in stdout
+    # a stale rollout adds a step of the trainer's drift to the 4-bit engine's (measured: fresh
+    # 0.068 and 0.097, stale 0.80 and 2.86)
+    assert min(stale) > 2 * max(fresh), (fresh, stale, mild)
+    assert found["runs"][0]["preset"] == "mismatch" and "4-bit weights" in stdout

@@ -204,8 +204,40 @@ def pspo(logp, old, roll, A, m, alpha=0.1):
     return token_mean(-smoothed / torch.exp(old) * A, m)
 
 
+# The paper's ablations (Appendices D.2 and D.6 of "Rethinking the Divergence Regularization in LLM
+# RL"), token-mean as the paper trains: each penalty as its own method writes it (DRPO's
+# μ(r − 1)², SPO's (r − 1)², the online-mirror-descent log(r)²/2 of Kimi, the TV |r − 1|), and
+# for the masked three only outside the Binary-TV region |π − μ| ≤ δ_tv, both directions.
+def outside_binary_tv(logp, old, delta_tv):
+    return ((torch.exp(logp) - torch.exp(old)).abs() > delta_tv).double()
+
+
+def mask_drpo(logp, old, roll, A, m, delta_tv=0.15, delta=12.5):
+    r = host_ratio(logp, old)
+    penalty = A.abs() / (2 * delta) * torch.exp(old) * (r - 1) ** 2
+    return token_mean(-(r * A - outside_binary_tv(logp, old, delta_tv) * penalty), m)
+
+
+def mask_spo(logp, old, roll, A, m, delta_tv=0.15, eps=0.2):
+    r = host_ratio(logp, old)
+    penalty = A.abs() / (2 * eps) * (r - 1) ** 2
+    return token_mean(-(r * A - outside_binary_tv(logp, old, delta_tv) * penalty), m)
+
+
+def mask_kl(logp, old, roll, A, m, delta_tv=0.15, delta=12.5):
+    log_r = (logp - old).clamp(-20, 20)      # log of the host's ratio
+    penalty = A.abs() / (2 * delta) * log_r ** 2 / 2
+    return token_mean(-(torch.exp(log_r) * A - outside_binary_tv(logp, old, delta_tv) * penalty), m)
+
+
+def tv_no_adv(logp, old, roll, A, m, delta=12.5):
+    r = host_ratio(logp, old)
+    return token_mean(-(r * A - (r - 1).abs() / (2 * delta)), m)
+
+
 REFERENCES = [gspo, gmpo, luspo, vespo, sapo, gpg, dro, opsm, tis_ppo, icepop, seq_mask_tis, glm5_rollout_is, ipo,
-              bandpo_tv, bandpo_chi2, sapo_erf, sapo_atan, sapo_softsign, topr, topr_seq, gipo, kpop, vaco, pspo]
+              bandpo_tv, bandpo_chi2, sapo_erf, sapo_atan, sapo_softsign, topr, topr_seq, gipo, kpop, vaco, pspo,
+              mask_drpo, mask_spo, mask_kl, tv_no_adv]
 
 
 # (response, token, log π − log μ, log π_old − log π_rollout): log-ratios past OpenRLHF's and
@@ -252,7 +284,7 @@ def test_each_library_objective_equals_its_sources_formula(reference, fused):
     grad = torch.autograd.grad(got, lp)[0]
     # the seq-mean modes divide by count + 1e-8, as OpenRLHF: 1e-8 relative to a one-token response
     assert torch.allclose(got, expected, rtol=2e-8, atol=0), (got, expected)
-    assert torch.allclose(grad, expected_grad, rtol=2e-8, atol=0), ((grad - expected_grad) / expected_grad).abs().nanmax()
+    assert torch.allclose(grad, expected_grad, rtol=2e-8, atol=0), ((grad - expected_grad) / expected_grad).abs().nan_to_num().max()
     assert grad.abs().sum() > 0 and torch.all(grad[~mask] == 0)
 
 
@@ -274,6 +306,9 @@ def test_each_library_objective_equals_its_sources_formula(reference, fused):
     (gipo, dict(sigma=1e9), "a token's weight is damped"),
     (kpop, dict(phi=1e9), "a token is dropped"),
     (vaco, dict(delta=1e9), "a response is dropped"),
+    (mask_drpo, dict(delta_tv=1e9), "a token leaves the Binary-TV region"),
+    (mask_spo, dict(delta_tv=1e9), "a token leaves the Binary-TV region"),
+    (mask_kl, dict(delta_tv=1e9), "a token leaves the Binary-TV region"),
 ])
 def test_each_filter_and_clip_in_the_library_acts_on_the_test_batch(reference, override, effect):
     # the comparison above is not vacuous: with the mechanism switched off, the loss changes

@@ -1,7 +1,9 @@
 """Every row of the operation table (openrlhf_drpo.lang.operations.OPS), one by one: its SymPy, Python,
 numpy and torch lowerings give one value at every special double (±0, ±1e-300, ±1e300, ±inf,
 NaN, ...), each documented difference asserted as what it is; its derivative rule equals
-sympy.diff and torch's autograd; and it declares every property the parser, the analysis and
+sympy.diff and torch's autograd at ordinary points, and at every special value the rule gives one
+value in each lowering and autograd's wherever the arguments are finite (the fused kernel runs the
+rule, the plain path autograd); and it declares every property the parser, the analysis and
 codegen derive from it."""
 import dataclasses
 import functools
@@ -19,7 +21,7 @@ from openrlhf_drpo.core.codegen import KERNELS
 from openrlhf_drpo.lang.ir import ONE, ZERO, Node, num
 from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS
 from openrlhf_drpo.lang.operations import FUNCTIONS, OPS, Op
-from openrlhf_drpo.lang.walks import NonLocal, derivative, evaluate, held_count, to_sympy
+from openrlhf_drpo.lang.walks import NonLocal, derivative, evaluate, held_count, numpy_plan, to_sympy
 
 NAN, INF = math.nan, math.inf
 SPECIAL = [0.0, -0.0, 1e-300, -1e-300, 1e-8, 0.3, -0.3, 1.0, -1.0, 2.5, -2.5, 6.0, -6.0, 27.0, -27.0, 40.0,
@@ -237,6 +239,67 @@ def test_a_rows_derivative_rule_equals_sympys_diff_and_autograd(name):
             assert math.isclose(got, float(grad), rel_tol=1e-12, abs_tol=1e-300), (name, args, i, got, grad)
             if not op.piecewise:        # and symbolically, where SymPy can say so
                 assert sp.simplify(to_sympy(rule, sp, {f"x{j}": x for j, x in enumerate(xs)}) - diff) == 0, (name, i)
+
+
+def torch_text(n: Node) -> str:
+    """A rule's torch text, row by row: each row's own text, as codegen writes it on its
+    selecting path (without its in-place kernels)."""
+    if n.op == "num":
+        return repr(float(n.value))
+    return n.value if n.op == "var" else OPS[n.op].torch(*map(torch_text, n.args))
+
+
+# Where a rule and autograd part at finite arguments, each asserted as what it is: at base ±0
+# the rule's x^y·(dy·log x + y·dx/x) meets 0·∞ (NaN, or −∞ for dy at y = ±0) where torch
+# defines 0. softsign's autograd cancels at |x| = 1e8 (4e-9 off; the rule is exact to 1e-16).
+POW_AT_ZERO = "pow"
+NAN_PICKS = {"abs", "min", "max", "clip"}    # at NaN a lowering gives NaN or picks an argument
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_a_rows_derivative_rule_gives_one_value_in_every_lowering_and_autograds_at_every_special_value(name):
+    for pts in points(name):
+        n, _ = node_and_env(name, pts[0])
+        ks = kinds(name, len(pts[0]))
+        cols = {f"x{i}": np.array([(1.0 if p[i] else -1.0) if k == "bool" else p[i] for p in pts])
+                for i, k in enumerate(ks)}
+        tensors = {x: torch.tensor(v, requires_grad=k == "num") for (x, v), k in zip(cols.items(), ks)}
+        value = eval(OPS[name].torch(*[f"({x} > 0)" if k == "bool" else x for x, k in zip(cols, ks)]),
+                     {"torch": torch, "dtype": torch.float64, **tensors})
+        for i in [i for i, k in enumerate(ks) if k == "num"]:
+            rule = derivative(n, {f"x{i}": ONE})
+            by_np = np.broadcast_to(numpy_plan(rule)(cols)[0], (len(pts),))
+            by_t = np.broadcast_to(torch.as_tensor(eval(torch_text(rule), {"torch": torch, "dtype": torch.float64,
+                                   **{x: t.detach() for x, t in tensors.items()}}), dtype=torch.float64), (len(pts),))
+            auto = torch.autograd.grad(value.sum(), tensors[f"x{i}"], retain_graph=True)[0].numpy()
+            for j, args in enumerate(pts):
+                py = _rule_by_python(rule, {x: float(v[j]) for x, v in cols.items()})
+                nv, tv, av = float(by_np[j]), float(by_t[j]), float(auto[j])
+                where = (name, i, args, {"py": py, "numpy": nv, "torch": tv, "autograd": av})
+                if has_nan(args) and name in NAN_PICKS:
+                    # documented: numpy's NaN against torch.where's and Python's pick of an argument
+                    assert all(isinstance(v, float) and (math.isnan(v) or v in (0.0, 1.0, -1.0)) for v in (py, nv, tv)), where
+                    continue
+                assert same(nv, tv), where
+                if isinstance(py, type):
+                    # Python floats raise where IEEE is not finite, or on an overflowing x² whose
+                    # IEEE quotient rounds to 0 (1/(1 + x²) at |x| = 1e300)
+                    assert not math.isfinite(nv) or (nv == 0 and py is OverflowError and abs(args[-1]) == 1e300), where
+                else:
+                    assert same(py, nv), where
+                if not all(isinstance(a, bool) or math.isfinite(a) for a in args):
+                    continue        # autograd's own conventions at ±inf and NaN: the lowerings above decide
+                tol = 1e-8 if name == "softsign" else 1e-13
+                if not ((math.isnan(nv) and math.isnan(av)) or math.isclose(nv, av, rel_tol=tol, abs_tol=1e-300)):
+                    assert name == POW_AT_ZERO and args[0] == 0 and av == 0, where
+                    assert math.isnan(nv) or (i == 1 and args[1] == 0 and nv == -INF), where
+
+
+def _rule_by_python(rule, env):
+    try:
+        return float(evaluate(rule, env))
+    except (ValueError, ZeroDivisionError, OverflowError) as e:
+        return type(e)
 
 
 @pytest.mark.parametrize("name", [k for k, op in OPS.items() if op.gradient == "zero"])

@@ -67,7 +67,7 @@ def test_the_result_still_reads_like_the_dict_it_was(drpo):
     assert drpo["_w"] is drpo.w and drpo["_w_numeric"] is drpo.w_numeric and drpo["boundary"] is drpo.boundary
     assert drpo["warnings"] == to_json(drpo)["warnings"] and drpo.get("warnings") == drpo["warnings"]
     assert drpo.get("no such field", "absent") == "absent"
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="^'no such field'$"):
         drpo["no such field"]
     renamed = analyze(lang.load("ppo"))
     renamed["name"] = "ppo (ε = 0.2)"          # as drpo-lab labels its rows

@@ -123,14 +123,14 @@ GRPO_K3 = ("ε_low = 0.2\nε_high = 0.28\nβ = 0.1\nd = log(π_ref) - log(π)\n"
 def test_trls_kl_term_keeps_its_meaning_and_the_same_kl_written_in_the_objective_equals_it(tmp_path):
     theirs = run(tmp_path / "trl", steps=2, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.1)
     ours = run(tmp_path / "ours", ("grpo_clip_higher", {}), steps=2, loss_type="dapo", beta=0.1)
-    for a, b in zip(ours, theirs):
-        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5, abs_tol=1e-7) and math.isclose(a["kl"], b["kl"],
-                                                                                                 rel_tol=1e-5)
+    assert len(ours) == len(theirs) == 2 and all("kl" in h for h in theirs)
+    assert_same_log(ours, theirs)       # kl among the keys compared, step by step
+    # not vacuous: by the second step π has left the reference model, and the term weighs in
+    assert theirs[0]["kl"] == 0 and theirs[1]["kl"] > 0, theirs
+    assert 0.1 * theirs[-1]["kl"] > 1e-3 * abs(theirs[-1]["loss"]), theirs[-1]
     # beta > 0 loads the reference model; the objective's KL replaces TRL's term, not added twice
     written = run(tmp_path / "written", (parse(GRPO_K3, "grpo_k3.dsl"), {}), steps=2, loss_type="dapo", beta=0.1)
     assert_same_log(written, theirs)
-    # not vacuous: on the second step π has left π_ref by more than the tolerance could hide
-    assert 0.1 * theirs[-1]["kl"] > 1e-3 * abs(theirs[-1]["loss"]), theirs[-1]
 
 
 def test_training_end_to_end_raises_the_reward_and_logs_our_metrics(tmp_path):
@@ -173,9 +173,10 @@ def test_an_aggregation_parameter_is_refused_as_loss_type_normalizes(tmp_path):
 def test_vllm_with_its_correction_off_is_accepted_for_an_objective_on_rollout_log_probs(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", use_vllm=True,
                       vllm_importance_sampling_correction=False)
-    with pytest.raises(Exception) as e:     # past our checks: the missing model (or vLLM) stops it
-        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args, objective="icepop")
-    assert "ObjectiveGRPOTrainer" not in str(e.value)
+    # past our checks: what stops it is transformers not finding the model (no ValueError of ours)
+    missing = tmp_path / "no-model-here"
+    with pytest.raises(OSError, match=f"Repo id must be in the form .*: '{re.escape(str(missing))}'"):
+        ObjectiveGRPOTrainer(model=str(missing), reward_funcs=reward, args=args, objective="icepop")
 
 
 def test_tokens_vllm_could_not_score_get_ratio_one_not_a_nan_loss(tmp_path):

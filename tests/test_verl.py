@@ -22,6 +22,18 @@ def verl_python(code, path=()):
                           timeout=600)
 
 
+# what tests/verl_oracle.py must see refused, each with its exact type and message
+ROLLOUT = ("ValueError: objective '{}' uses π_rollout, but verl gives a policy loss none: verl's policy-loss call "
+           "passes rollout IS weights, not rollout log-probs; use an objective on μ with verl's "
+           "algorithm.rollout_correction instead")
+REFUSALS = {
+    "rollout": ROLLOUT.format("icepop"),
+    "rollout_by_config": ROLLOUT.format("tis_ppo"),
+    "aggregate": "ValueError: the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter",
+    "dp_size": "ValueError: (global) batch_num_tokens is required when dp_size > 1",
+}
+
+
 def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_gradient_in_every_mode():
     assert VERL_PYTHON.exists(), f"{VERL_PYTHON} is missing: run bash scripts/setup_verl.sh"
     env = dict(os.environ, PYTHONPATH=str(ROOT), VERL_USE_EXTERNAL_MODULES="openrlhf_drpo.verl")
@@ -40,8 +52,10 @@ def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_
     assert {("sapo", "seq-mean-token-mean", w) for w in (False, True)} <= covered
     assert {("geo_mean", "seq-mean-token-mean", w) for w in (False, True)} <= covered
     assert summary["hooked"] and summary["control_differs"] and summary["located_error"] and summary["no_openrlhf"]
-    assert summary["config_params"] and summary["malformed_refused"]     # loss_mode="dsl:drpo?delta=0.3"
-    assert summary["by_path"] and summary["refused"], summary["refusals"]
+    assert summary["config_params"] and summary["by_path"]     # loss_mode="dsl:drpo?delta=0.3", a path
+    assert summary["malformed"] == ("ValueError: loss_mode 'dsl:drpo?delta': write "
+                                    "dsl:<name or path>?<param>=<value>&<param>=<value>")
+    assert summary["refusals"] == REFUSALS, summary["refusals"]
     from openrlhf_drpo import lang
     from openrlhf_drpo.core.loss import objective_inputs
     # every shipped objective but those reading what verl's policy loss never receives (the rollout
