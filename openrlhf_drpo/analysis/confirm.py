@@ -109,7 +109,10 @@ def _same_place(a, b) -> bool:
     if a == b:
         return True
     import sympy as sp
-    return isinstance(a, sp.Eq) and isinstance(b, sp.Eq) and sp.expand(a.lhs - a.rhs + b.lhs - b.rhs) == 0
+    if isinstance(a, sp.Eq) or isinstance(b, sp.Eq):
+        return isinstance(a, sp.Eq) and isinstance(b, sp.Eq) and sp.expand(a.lhs - a.rhs + b.lhs - b.rhs) == 0
+    # one place written two ways: a piece's edge 1 + (1 − μ)/μ and a zero 1/μ
+    return a.free_symbols == b.free_symbols and sp.cancel(a - b) == 0
 
 
 def compare_range(claim, numeric) -> tuple[list, bool]:
