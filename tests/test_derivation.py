@@ -46,6 +46,7 @@ NATURAL = [
     ("min(r*A, clip(r, 0.8, 1 + 0.28*(1 - μ))*A)", [sp.Rational(32, 25) - sp.Rational(7, 25) * mu],
      [sp.Rational(4, 5)]),
     ("min(r*A, clip(r, 1 - 0.2*μ, 1 + 0.2*(1 - μ))*A)", [sp.Rational(6, 5) - mu / 5], [1 - mu / 5]),
+    ("min(r*A, clip(r, 1 - 0.2*μ, 1 + 0.2*μ)*A)", [1 + mu / 5], [1 - mu / 5]),     # its mirror, derived before too
     # BandPO in its source's clip form: the upper bound is 10 for μ ≤ 1/180, 1 + δ/μ up to μ = 0.95,
     # then 1/μ (π = 1); the lower 1 − δ/μ, 0 (no bound) for μ ≤ δ
     ("δ = 0.05\nmin(r*A, clip(r, max(0, 1 - δ/μ), min(1/μ, 1 + δ/μ, 10))*A)",
@@ -122,11 +123,16 @@ PAIRS = [
     ("bandpo_chi2", "@aggregate = seq-mean-token-mean\nδ = 0.05\nd = sqrt(δ*(1/μ - 1))\nlo = max(0, 1 - d)\n"
                     "u_max = 10\nhi = min(1/μ, 1 + d, u_max)\n[A >= 0]*min(r, hi)*A + [A < 0]*max(r, lo)*A"),
     ("tanh(r - 1)*A", "(2*sigmoid(2*(r - 1)) - 1)*A"),
+    # the natural forms against their rewriting by the sign of A (min(r, hi)·A or max(r, lo)·A)
+    ("min(r*A, clip(r, 0.8, 1 + 0.28*(1 - μ))*A)", "[A >= 0]*min(r, 1 + 0.28*(1 - μ))*A + [A < 0]*max(r, 0.8)*A"),
+    ("min(r*A, clip(r, 1 - 0.2*μ, 1 + 0.2*(1 - μ))*A)",
+     "[A >= 0]*min(r, 1 + 0.2*(1 - μ))*A + [A < 0]*max(r, 1 - 0.2*μ)*A"),
 ]
 
 
 @pytest.mark.parametrize("first, second", PAIRS, ids=["sapo_weight_written_out", "sapo_exp", "bandpo_tv_by_sign",
-                                                       "bandpo_chi2_by_sign", "tanh_as_sigmoid"])
+                                                       "bandpo_chi2_by_sign", "tanh_as_sigmoid",
+                                                       "clip_mu_upper_by_sign", "clip_mu_both_by_sign"])
 def test_equivalent_objectives_get_the_same_claims(first, second):
     a, b = (lang.load(x) if "*" not in x else parse(x) for x in (first, second))
     assert _digest(analyze(a)) == _digest(analyze(b))
@@ -202,3 +208,37 @@ def test_the_smooth_atoms_are_derived_and_have_no_boundary(text, w):
         assert res.claims["boundary"][adv]["claim"] == "none" and res.claims["boundary"][adv]["status"] == "proven"
         for r in (0.3, 1.0, 2.5, 40.0):
             assert math.isclose(float(res.w(r, 0.2, sign)), w(r), rel_tol=1e-9, abs_tol=1e-300), (text, r)
+
+
+# The atoms train as they are analysed: the compiled loss's gradient, fused (the IR's rules, σ(x)·σ(−x)
+# and 4·σ(2x)·σ(−2x), sigmoid_ and tanh_ in place on a fresh argument) and plain (torch's autograd),
+# is −w·r·A per token over the token count, with w the analysis's.
+ATOMS = [
+    SAPO_PARAMS + "4/τ*sigmoid(τ*(r - 1))*A",
+    "tanh(2*(r - 1))/2*A",
+    "softplus(3*(r - 1))/3*A",
+    "sigmoid(log(r))*tanh(r - π)*A + softplus(-4*r)*|A| - sg(tanh(r))*r*A",
+]
+
+
+@pytest.mark.parametrize("text", ATOMS, ids=["sapo_sigmoid", "tanh_gate", "softplus_gate", "mixed"])
+def test_the_compiled_loss_on_the_new_atoms_has_the_analysed_gradient_fused_or_plain(text):
+    import numpy as np
+    import torch
+    from openrlhf_drpo import ObjectiveLoss
+    obj = parse(text)
+    w = analyze(obj).w
+    g = torch.Generator().manual_seed(5)
+    old = torch.log(torch.rand(4, 12, generator=g, dtype=torch.float64) * 0.98 + 0.01)
+    new = (old + torch.randn(4, 12, generator=g, dtype=torch.float64)).clamp(max=0.0)      # π ≤ 1
+    A = torch.randn(4, 12, generator=g, dtype=torch.float64) * 2
+    mask = torch.ones(4, 12, dtype=torch.bool)
+    grads = []
+    for fused in (True, False):
+        lp = new.clone().requires_grad_()
+        loss = ObjectiveLoss(obj, fused=fused)(lp, old, A, action_mask=mask)[0]
+        grads.append(torch.autograd.grad(loss, lp)[0])
+    r = torch.exp(new - old).numpy()
+    expected = torch.from_numpy(-w(r, np.exp(old.numpy()), A.numpy()) * r * A.numpy() / mask.sum().item())
+    assert torch.allclose(grads[0], grads[1], rtol=1e-9, atol=1e-15)
+    assert torch.allclose(grads[1], expected, rtol=1e-7, atol=1e-12), text

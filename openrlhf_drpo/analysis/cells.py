@@ -149,6 +149,20 @@ def crossings(sp, d, x, hi):
     return sorted(out, key=lambda v: float(v))
 
 
+def in_outer(dom, rel):
+    """A relation h(μ, a) ⋚ 0 (no t) that in_mu leaves as built: true or false where h keeps
+    one sign (decided), else in one variable intervals between its roots (in_one); else None.
+    (Cached: a case's two directions and the two signs of A meet the same relations.)"""
+    return _in_outer(dom, rel.func, rel.lhs - rel.rhs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _in_outer(dom, func, h):
+    rel = func(h, 0, evaluate=False)
+    solved = decided(dom, rel)
+    return in_one(dom, rel) if solved is None else solved
+
+
 def decided(dom, rel):
     """A relation h(μ, a) ⋚ 0 (no t) whose h keeps one sign over the domain: true or false
     (7·|A|·(1 − μ)/25 + μ/5 ≤ 0 is false); else None."""
@@ -252,7 +266,12 @@ def _rebuild(dom, cs, names, xs, axes, cells):
     """The fewest formulas that give every cell its truth (greedily, the one that holds on
     most cells first), each with the region of the cells it covers."""
     sp, t = dom.sp, dom.t
-    formulas = list(dict.fromkeys(intervals(sp, t, c["cuts"], c["exact"], c["truth"]) for c in cells))
+    built = {}      # cells alike (one pattern on the same thresholds) build their formula once
+    for c in cells:
+        key = (tuple(c["cuts"]), tuple(c["exact"][v] for v in c["cuts"]), tuple(c["truth"]))
+        if key not in built:
+            built[key] = intervals(sp, t, c["cuts"], c["exact"], c["truth"])
+    formulas = list(dict.fromkeys(built.values()))
     holds = {}
     for f in formulas:
         if f in (sp.true, sp.false):

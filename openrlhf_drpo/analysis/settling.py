@@ -6,7 +6,7 @@ budget (analysis.budgets)."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis.budgets import check_budget
-from openrlhf_drpo.analysis.cells import decided, in_one, settle_moving
+from openrlhf_drpo.analysis.cells import in_outer, settle_moving
 from openrlhf_drpo.analysis.intervals import Domain, in_mu, linear_in_t, settle_condition
 
 
@@ -116,13 +116,11 @@ class Settle:
         h = sp.expand(h)
         if t not in h.free_symbols:
             out = in_mu(self.dom, e.func, h)
-            # not linear in μ or 1/μ: intervals between its roots, where they are found exactly
-            # of one sign over the domain, or else not linear in μ or 1/μ: decided, or intervals
-            # between its roots where they are found exactly
+            # not linear in μ or 1/μ: decided where it keeps one sign over the domain, or else
+            # intervals between its roots, where they are found exactly
             if not isinstance(out, sp.core.relational.Relational) or out.lhs in (self.dom.mu, self.dom.a):
                 return out
-            solved = decided(self.dom, out)
-            solved = in_one(self.dom, out) if solved is None else solved
+            solved = in_outer(self.dom, out)
             return out if solved is None else solved
         # log(x) ⋚ c ⟺ x ⋚ e^c: log is increasing, and where x ≤ 0 the objective is undefined
         # anyway (GMPO's clip in log space, OPSM's mean log-ratio)
