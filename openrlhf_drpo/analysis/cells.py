@@ -22,10 +22,12 @@ BUDGET_CELLS = 400      # cells of the outer variables times t's probes; past it
 ROOT_DEGREE = 4         # polynomial degree whose roots are taken in closed form
 
 
+@functools.lru_cache(maxsize=1024)
 def settle_moving(dom, cond):
     """cond, whose relations are t ⋚ c(μ, a), μ ⋚ m or a ⋚ b (numbers m, b), as the shortest
     union of (outer cell, condition in t) pieces; None where a cut is not found in closed
-    form or two thresholds' order is not decided exactly (kept as built)."""
+    form or two thresholds' order is not decided exactly (kept as built). (Cached: the two
+    signs of A meet the same conditions in one direction; half of BandPO's calls repeat.)"""
     sp, t = dom.sp, dom.t
     inner, outer = [], []
     for rel in relations(sp, cond):
@@ -159,8 +161,8 @@ def in_outer(dom, rel):
 @functools.lru_cache(maxsize=1024)
 def _in_outer(dom, func, h):
     rel = func(h, 0, evaluate=False)
-    solved = decided(dom, rel)
-    return in_one(dom, rel) if solved is None else solved
+    solved = in_one(dom, rel) if len(h.free_symbols) == 1 else None
+    return decided(dom, rel) if solved is None else solved
 
 
 def decided(dom, rel):
