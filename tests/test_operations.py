@@ -236,7 +236,9 @@ def test_a_rows_derivative_rule_equals_sympys_diff_and_autograd(name):
             diff = sp.diff(value, xs[i])
             assert math.isclose(got, float(diff.subs(at).doit().evalf(30)), rel_tol=1e-12, abs_tol=1e-300), \
                 (name, args, i, got, diff)
-            assert math.isclose(got, float(grad), rel_tol=1e-12, abs_tol=1e-300), (name, args, i, got, grad)
+            # documented on the row: torch's autograd of tanh is 1 − tanh², 1.2e-12 off at x = 6
+            assert math.isclose(got, float(grad), rel_tol=1e-11 if name == "tanh" else 1e-12, abs_tol=1e-300), \
+                (name, args, i, got, grad)
             if not op.piecewise:        # and symbolically, where SymPy can say so
                 assert sp.simplify(to_sympy(rule, sp, {f"x{j}": x for j, x in enumerate(xs)}) - diff) == 0, (name, i)
 
@@ -405,10 +407,10 @@ def test_codegen_has_a_kernel_entry_for_every_row_and_the_eager_floats_of_every_
 
 
 def test_the_functions_a_user_calls_are_the_callable_rows_each_with_its_signature():
-    assert list(FUNCTIONS) == ["log", "exp", "sqrt", "abs", "sign", "erf", "atan", "softsign", "min", "max",
-                               "clip", "sg", "seq_sum", "seq_mean", "seq_max", "seq_min", "prefix_sum", "prefix_mean",
-                               "group_sum", "group_mean", "group_std", "group_count", "batch_sum", "batch_mean",
-                               "batch_count"]
+    assert list(FUNCTIONS) == ["log", "exp", "sqrt", "abs", "sign", "erf", "atan", "softsign", "sigmoid", "tanh",
+                               "softplus", "min", "max", "clip", "sg", "seq_sum", "seq_mean", "seq_max", "seq_min",
+                               "prefix_sum", "prefix_mean", "group_sum", "group_mean", "group_std", "group_count",
+                               "batch_sum", "batch_mean", "batch_count"]
     for name in FUNCTIONS:
         sig = OPS[name].signature
         assert sig.startswith(f"{name}(") and FUNCTIONS[name] == OPS[name].arity

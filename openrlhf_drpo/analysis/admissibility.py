@@ -15,12 +15,24 @@ TAIL_R = (1e-12, 1e12, 221)     # log-spaced: r → 0 at fixed μ; r → 1/μ al
 SYMMETRY_T = 400                # values of t = log r per μ for w(e^t) = w(e^−t)
 
 
-def admissibility(ctx, arb, res) -> dict:
+def admissibility(ctx, arb, res, tail_facts) -> dict:
     """Each property with how it is known: 'derived' (SymPy, confirmed by the IR's float
-    rules) or 'numeric' (the IR's float rules alone, on the samples stated)."""
+    rules) or 'numeric' (the IR's float rules alone, on the samples stated); the tails are
+    tails(arb), found before the range, which closes over their limits (limits)."""
     return {"w_at_1": _w_at_1(ctx, res), "bounded": {"value": res["bounded"], "range": res["weight_range"],
                                                        "status": "the range's (weight_range; arbiter.range)"},
-            "tails": _tails(arb), "symmetric_log_r": _symmetric(ctx, arb, res)}
+            "tails": tail_facts, "symmetric_log_r": _symmetric(ctx, arb, res)}
+
+
+def limits(tail_facts) -> list:
+    """The values w tends to at the domain's corners that the tails show and a sample there
+    does not reach: 0 where w decays (r^0.3 is 3e-5 at r = 1e-15, and 0 in the limit). The
+    range is the closure of w's values, so it holds them; the same rule as the tails' own."""
+    kinds = set()
+    for side in tail_facts["by_sign"].values():
+        for found in side.values():
+            kinds |= set(found.get("kinds", [found["kind"]]))
+    return [0.0] if kinds & {"decays polynomially", "decays exponentially"} else []
 
 
 def _derived_weight(ctx, res, sign):
@@ -51,7 +63,7 @@ def _w_at_1(ctx, res) -> dict:
             "w": {adv: f["w"] for adv, f in facts.items()}}
 
 
-def _tails(arb) -> dict:
+def tails(arb) -> dict:
     """Per sign of A, how w behaves as r → 0 (at each μ of the arbiter's MUS) and as r → 1/μ
     with π = 1 and μ → 0 (r → ∞), at each |A| the arbiter samples: classified from log|w|
     against log r along TAIL_R (numeric, the IR's float rules)."""
@@ -62,19 +74,24 @@ def _tails(arb) -> dict:
     for adv, sign in SIGNS:
         found = {"zero": [], "infinity": []}
         for mag in arb.magnitudes:
+            A = sign * mag
             for mu in MUS:
-                found["zero"].append(_classify(lower, arb.w(lower, mu, sign * mag)))
-            found["infinity"].append(_classify(upper, arb.w(upper, 1 / upper, sign * mag)))
+                at = (lambda x, dtype, mu=mu, A=A: arb.w(x, mu, A, dtype=dtype))
+                found["zero"].append(_classify(lower, arb.w(lower, mu, A), at))
+            at = (lambda x, dtype, A=A: arb.w(x, 1 / np.asarray(x, dtype=dtype), A, dtype=dtype))
+            found["infinity"].append(_classify(upper, arb.w(upper, 1 / upper, A), at))
         out[adv] = {k: _merge_tails(v) for k, v in found.items()}
     return {"by_sign": out, "status": "numeric",
             "samples": {"r": list(TAIL_R), "mu": list(MUS), "magnitudes": list(arb.magnitudes)}}
 
 
-def _classify(x, w) -> dict:
+def _classify(x, w, at=None) -> dict:
     """x runs toward the limit (0 or ∞). The local slope of log|w| against log x says how
     w goes: ~0 with w settling (a constant), a steady −p (polynomial decay of order p), ever
-    steeper (exponential); exact zeros after values near a double's underflow are a decay,
-    after ordinary values a cut."""
+    steeper (exponential). Values below UNDERFLOW that end in exact zeros or change sign are
+    a decay that underflowed (the rule the range and the boundaries use too); exact zeros
+    after ordinary values are a cut, unless extended precision (at(x, np.longdouble): w along
+    the path) is not 0 where they begin: a cancellation, and the decay before it decides."""
     import numpy as np
     finite = np.isfinite(w)
     u = np.abs(np.log(x))       # grows toward the limit
@@ -84,11 +101,18 @@ def _classify(x, w) -> dict:
             if k > 5 and abs(w[k]) > 1e3 * max(1.0, abs(w[0])):
                 return {"kind": "grows", "order": None, "sign": int(np.sign(w[k])), "past": float(x[k])}
         return {"kind": "undefined"}
-    if (w[-5:] == 0).all():
+    small = np.abs(w) < UNDERFLOW
+    start = len(w) - (np.argmin(small[::-1]) if not small.all() else len(w))    # the final run of |w| < UNDERFLOW
+    run = w[start:]
+    if run.size and ((run == 0).any() or len(set(np.sign(run[run != 0]))) > 1):
         nz = np.nonzero(w != 0)[0]
         if nz.size and abs(w[nz[-1]]) < UNDERFLOW:
             return {"kind": "decays exponentially", "order": None, "underflows": float(x[nz[-1]])}
-        return {"kind": "is 0 (cut off)", "order": None}
+        cancelled = _cancelled(x, start, at) if at is not None and (run == 0).all() and start > 0 else None
+        if cancelled is not None:
+            return cancelled
+        if (run == 0).all() and run.size >= 5:
+            return {"kind": "is 0 (cut off)", "order": None}
     tail = slice(len(x) - 30, len(x))       # the last ~1.5 decades of r
     with np.errstate(divide="ignore"):
         lw = np.log(np.abs(w))
@@ -108,6 +132,30 @@ def _classify(x, w) -> dict:
             "sign": int(np.sign(end)), "steady": bool(np.ptp(slope) <= 0.05 * max(1.0, abs(p)))}
 
 
+def _cancelled(x, start, at):
+    """Where w's exact zeros from x[start] on begin, in doubles (at(x, dtype) is w along the
+    path), at a place where extended precision gives w ≠ 0, they are a cancellation (1 − σ read
+    as 0 past r ≈ 38 in SAPO's weight written out), not a cut: the decay up to that place is
+    classified instead, on 48 points over the 1.5 decades before it in long double. None where
+    the zeros are w's own."""
+    import numpy as np
+    lo, hi = float(x[start - 1]), float(x[start])      # w ≠ 0 at lo, 0 at hi
+    for _ in range(60):     # the first 0, to a double's resolution
+        mid = np.sqrt(lo * hi)
+        if mid in (lo, hi):
+            break
+        lo, hi = (lo, mid) if float(at(np.array([mid]), float)[0]) == 0 else (mid, hi)
+    with np.errstate(all="ignore"):
+        first = float(at(np.array([hi]), np.longdouble)[0])
+    if not np.isfinite(first) or first == 0:
+        return None
+    away = hi * 10 ** 1.5 if x[0] > x[-1] else hi / 10 ** 1.5
+    dense = np.geomspace(away, lo, 48)
+    with np.errstate(all="ignore"):
+        found = _classify(dense, np.asarray(at(dense, np.longdouble), dtype=float))
+    return {**found, "rounds": lo}
+
+
 def _merge_tails(found) -> dict:
     """One description over μ and |A|: a shared kind, with the span of its order or limit."""
     kinds = sorted({f["kind"] for f in found})
@@ -125,7 +173,8 @@ def _merge_tails(found) -> dict:
     out["sign"] = signs.pop() if len(signs) == 1 else None
     notes = sorted({f["note"] for f in found if f.get("note")})
     # where a double gives out first along the path: w overflows (ℓ with it) or underflows to 0
-    for key, text in (("past", "not a finite double past r ≈ {:.3g}"), ("underflows", "underflows to 0 past r ≈ {:.3g}")):
+    for key, text in (("past", "not a finite double past r ≈ {:.3g}"), ("underflows", "underflows to 0 past r ≈ {:.3g}"),
+                      ("rounds", "rounds to 0 in doubles past r ≈ {:.3g}")):
         xs = [f[key] for f in found if key in f]
         if xs:
             notes.append(text.format(min(xs, key=lambda x: abs(math.log(x)))))

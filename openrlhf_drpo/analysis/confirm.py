@@ -5,7 +5,7 @@ one the arbiter contradicts is replaced by the numeric finding and flagged."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
-from openrlhf_drpo.analysis.events import boundary_at, changes_sign_at, describe
+from openrlhf_drpo.analysis.events import boundary_at, changes_sign_at, describe, undefined_at
 from openrlhf_drpo.analysis.mathtext import math_text
 
 
@@ -45,7 +45,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     probed outside (π > 1 or μ → 0): a sign change there makes it an unreachable boundary,
     none makes it no boundary at all. Sign changes no candidate accounts for are reported
     as the numeric finding."""
-    np = arb.np
+    np, sp = arb.np, ctx.sp
     boundary, notes = {}, []
     for adv, sign in SIGNS:
         events = facts[adv]["events"]
@@ -54,7 +54,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
         for r_expr, pi_expr, g, explicit in candidates[adv]:
             if any(_same_place(r_expr, x) for x in out["r"]):
                 continue
-            hit = boundary_at(arb, g, events)
+            hit, before = boundary_at(arb, g, events), used.copy()
             where = ""
             if hit.any():
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
@@ -77,11 +77,14 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 if changed.any():
                     kinds = sorted(set(kind[changed]))     # each label from probing the boundary itself
                     reachable = bool((changed & (mu * r_star <= 1)).any())
-                elif (r_star > 0).any() and not defined[r_star > 0].any():
-                    kinds, reachable = ["unconfirmed"], False    # ℓ is not a finite double there: kept, flagged
+                elif (r_star > 0).any() and not defined[r_star > 0].any() and \
+                        not undefined_at(arb, r_star[r_star > 0], mu[r_star > 0], A[r_star > 0]).all():
+                    kinds, reachable = ["unconfirmed"], False    # ℓ overflows a double there: kept, flagged
                 else:
                     touches = boundary_at(arb, g, [{**t, "lo": t["r"], "hi": t["r"]} for t in facts[adv]["touches"]])
                     why = ("lies at r ≤ 0 for every 0 < μ ≤ 1" if not (r_star > 0).any() else
+                           "lies where ℓ is undefined (not a number even in extended precision: a log or root "
+                           "of a negative number, 0/0)" if not defined[r_star > 0].any() else
                            "is where w touches 0 without changing sign" if touches.any() else
                            "is not a sign change of w (checked numerically)")
                     note = (f"the symbolic zero r = {math_text(r_expr)} for A {'>' if sign > 0 else '<'} 0 {why}: "
@@ -91,7 +94,12 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     continue
             else:
                 continue        # an edge where w might have jumped, and does not
-            for key, v in (("r", r_expr), ("pi", pi_expr()), ("kind", ", ".join(kinds)), ("reachable", reachable),
+            pi = pi_expr()
+            if isinstance(pi, sp.logic.boolalg.BooleanAtom):
+                # SymPy decides h(π/μ) = 0 has no solution: no boundary, whatever the doubles did there
+                used = before
+                continue
+            for key, v in (("r", r_expr), ("pi", pi), ("kind", ", ".join(kinds)), ("reachable", reachable),
                            ("where", where)):
                 out[key].append(v)
         rest = [e for e, u in zip(events, used) if not u]
@@ -109,7 +117,10 @@ def _same_place(a, b) -> bool:
     if a == b:
         return True
     import sympy as sp
-    return isinstance(a, sp.Eq) and isinstance(b, sp.Eq) and sp.expand(a.lhs - a.rhs + b.lhs - b.rhs) == 0
+    if isinstance(a, sp.Eq) or isinstance(b, sp.Eq):
+        return isinstance(a, sp.Eq) and isinstance(b, sp.Eq) and sp.expand(a.lhs - a.rhs + b.lhs - b.rhs) == 0
+    # one place written two ways: a piece's edge 1 + (1 − μ)/μ and a zero 1/μ
+    return a.free_symbols == b.free_symbols and sp.cancel(a - b) == 0
 
 
 def compare_range(claim, numeric) -> tuple[list, bool]:

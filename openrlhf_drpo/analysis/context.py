@@ -30,9 +30,17 @@ def tidy(sp, e):
     if any(p.exp.is_Integer and abs(p.exp) > 8 for p in e.atoms(sp.Pow)):
         return e        # expanding (1 - t)^127 gives huge alternating terms that cancel badly in floats
     e = sp.cancel(e) if e.is_rational_function() else e
-    # exp(A·(r − 1)) stays whole: exp(−A)·exp(A·r) is 0·inf in floats for |A| = 1000
+    # exp(A·(r − 1)) stays whole: exp(−A)·exp(A·r) is 0·inf in floats for |A| = 1000; and a
+    # product of exponentials whose exponents cancel a variable is one (tanh's e^(2 − 2r)·e^(2r − 2),
+    # from expanding its rule, is 1, and inf·0 in floats far out)
     const, rest = sp.expand(e, power_exp=False, power_base=False, log=False).as_coeff_Add()
+    rest = rest.replace(lambda x: x.is_Mul and _cancelling_exps(sp, x), lambda x: sp.powsimp(x, combine="exp"))
     return const + sp.factor_terms(rest)
+
+
+def _cancelling_exps(sp, product) -> bool:
+    exps = [f.args[0] for f in product.args if isinstance(f, sp.exp)]
+    return len(exps) > 1 and len(sp.Add(*exps).free_symbols) < len(set().union(*(x.free_symbols for x in exps)))
 
 
 class Ctx:

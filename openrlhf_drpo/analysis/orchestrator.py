@@ -6,7 +6,7 @@ budgets, never by the clock (analysis.budgets)."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis import budgets
-from openrlhf_drpo.analysis.admissibility import admissibility
+from openrlhf_drpo.analysis.admissibility import admissibility, limits, tails
 from openrlhf_drpo.analysis.alerts import domain_alerts, on_policy_alerts, result_alerts
 from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
@@ -44,7 +44,10 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     }
     if scope["rho_name"]:
         scope["mismatch_range"] = mismatch_range(obj, scope["rho_name"], ctx.dl)
-    claims = _derivation(ctx, arb, facts)
+    tail_facts = tails(arb)
+    corners = limits(tail_facts)
+    facts["range"] = _closed(facts["range"], corners)
+    claims = _derivation(ctx, arb, facts, corners)
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
     names = names_of_view(original)
     result["entropy"] = entropy_channel(ctx, names["H"])
@@ -71,14 +74,14 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     result["claims"] = claim_evidence(ctx, arb, result, facts)
     result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False])
                           + domain_alerts(facts) + on_policy_alerts(result["on_policy"]))
-    result["admissibility"] = admissibility(ctx, arb, result)
+    result["admissibility"] = admissibility(ctx, arb, result, tail_facts)
     result["notes"] = ctx.notes
     result["hang_guard"] = ctx.guard
     result["w"], result["w_numeric"] = claims["w"], arb.w
     return Analysis(**result)
 
 
-def _derivation(ctx, arb, facts) -> dict:
+def _derivation(ctx, arb, facts, corners) -> dict:
     """The derivation's claims, or, where SymPy is not tried (past a budget) or gives out, the
     numeric arbiter's alone, with a note that says why."""
     claims, why = None, None
@@ -91,7 +94,7 @@ def _derivation(ctx, arb, facts) -> dict:
     else:
         try:
             with time_limit(budgets.HANG_SECONDS):
-                claims = _derived(ctx, arb, facts)
+                claims = _derived(ctx, arb, facts, corners)
         except Timeout:
             ctx.hang("the derivation")
             why = f"the hang guard fired at {budgets.HANG_SECONDS:g} s of CPU time"
@@ -111,6 +114,17 @@ def _derivation(ctx, arb, facts) -> dict:
     return claims
 
 
+def _closed(rng, corners):
+    """The range with the limits the tails show at the domain's corners (0 where w decays)."""
+    if rng is None:
+        return rng
+    lo, hi = rng
+    for v in corners:
+        lo = None if lo is None else min(lo, v)
+        hi = None if hi is None else max(hi, v)
+    return [lo, hi]
+
+
 def _widen(facts, on_policy_facts):
     """r = 1 is not on the arbiter's grid (it has its own check): its w belongs in the range."""
     rng = facts["range"]
@@ -121,14 +135,14 @@ def _widen(facts, on_policy_facts):
             rng[1] = None if rng[1] is None else max(rng[1], hi)
 
 
-def _derived(ctx, arb, facts) -> dict:
+def _derived(ctx, arb, facts, corners) -> dict:
     """The derivation's claims, each boundary already confirmed or dropped by the arbiter."""
     cases, candidates, entangled = derive(ctx)
     w = case_dispatch(ctx, cases)
     boundary, notes = confirm_boundaries(ctx, arb, facts, candidates)
     ctx.notes += notes
     num = Numeric(ctx, w, cases, entangled)
-    sampled, exact = num.weight_range()
+    sampled, exact = num.weight_range(corners)
     weight = full_weight(ctx, cases)
     # the one-line w is printed too: checked like the cases (for a smooth objective it is
     # derived on its own, with the parameters symbolic)

@@ -134,14 +134,20 @@ class Numeric:
                     vals.append(v[np.isfinite(v)])
         return np.concatenate(vals)
 
-    def weight_range(self):
+    def weight_range(self, corners=()):
+        """[lo, hi] (None: unbounded) and whether each side is exact. corners: the limits
+        the tails show at the domain's corners (0 where w decays), which the closure holds."""
         coarse, fine = self._values(1e-6), self._values(1e-16)     # as far as the arbiter looks (r to 1e-16)
         if not coarse.size or not fine.size:    # w is nowhere a finite double (e.g. 1e400·r·A)
             return None, [False, False]
         lo_c, hi_c, lo_f, hi_f = coarse.min(), coarse.max(), fine.min(), fine.max()
-        # A side that keeps growing as the grid approaches the domain's edge is unbounded.
-        lo = None if lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) or abs(lo_f) > 1e8 else lo_f
-        hi = None if hi_f > hi_c + 1e-3 * max(1.0, abs(hi_c)) or abs(hi_f) > 1e8 else hi_f
+        # A side that keeps growing as the grid approaches the domain's edge is unbounded; one
+        # that keeps shrinking toward 0 (r^0.3 as r → 0) is not: its end is the corners' limit.
+        lo = None if (lo_f < lo_c - 1e-3 * max(1.0, abs(lo_c)) and lo_f < 0) or abs(lo_f) > 1e8 else lo_f
+        hi = None if (hi_f > hi_c + 1e-3 * max(1.0, abs(hi_c)) and hi_f > 0) or abs(hi_f) > 1e8 else hi_f
+        for v in corners:
+            lo = None if lo is None else min(lo, v)
+            hi = None if hi is None else max(hi, v)
         at_corners = self._at_corners()
         candidates = [float(v) for _, _, v in at_corners if v is not None and v.is_number and v.is_finite and v.is_real]
         tails, seen = self._tail_values(at_corners), []

@@ -5,7 +5,8 @@ would have to untangle later. Each condition and relation settled counts against
 budget (analysis.budgets)."""
 from __future__ import annotations
 
-from openrlhf_drpo.analysis.budgets import BUDGET, check_budget
+from openrlhf_drpo.analysis.budgets import check_budget
+from openrlhf_drpo.analysis.cells import in_outer, settle_moving
 from openrlhf_drpo.analysis.intervals import Domain, in_mu, linear_in_t, settle_condition
 
 
@@ -24,18 +25,14 @@ class Settle:
 
     def _memo(self, fn, x):
         """fn(x) once per case: folding rebuilds the same conditions many times over. A repeat
-        counts the steps its first settling took, so the budget, and with it the report, is
-        exactly what settling it again would give (steps go up by one: the first past the
-        budget is budget + 1)."""
+        is one step, the work it costs: counting the steps its first settling took made the
+        budget count a condition shared by the pieces of one clip as often as they share it."""
         key = (fn, x)
         if key in self.memo:
-            out, steps = self.memo[key]
-            self.steps = min(self.steps + steps, BUDGET["settle"] + 1)
-            check_budget("settle", self.steps)
-            return out
-        before = self.steps
+            self._count()
+            return self.memo[key]
         out = fn(x)
-        self.memo[key] = out, self.steps - before
+        self.memo[key] = out
         return out
 
     def __call__(self, e):
@@ -81,7 +78,12 @@ class Settle:
             out = self.relation(c)
         else:
             return c
-        return settle_condition(self.dom, out)
+        settled = settle_condition(self.dom, out)
+        if settled is out and self.dom.t in out.free_symbols:
+            # thresholds that move with μ or |A| and change order as they move: settled in cells
+            moved = settle_moving(self.dom, out)
+            settled = out if moved is None else moved
+        return settled
 
     def fold(self, e, cond=None):
         """[(expr, condition)] without Piecewise, conditions settled and mutually exclusive.
@@ -113,7 +115,13 @@ class Settle:
             return self.cond(sp.Or(*[sp.And(c, self.relation(e.func(x, 0))) for x, c in self.fold(h)]))
         h = sp.expand(h)
         if t not in h.free_symbols:
-            return in_mu(self.dom, e.func, h)
+            out = in_mu(self.dom, e.func, h)
+            # not linear in μ or 1/μ: decided where it keeps one sign over the domain, or else
+            # intervals between its roots, where they are found exactly
+            if not isinstance(out, sp.core.relational.Relational) or out.lhs in (self.dom.mu, self.dom.a):
+                return out
+            solved = in_outer(self.dom, out)
+            return out if solved is None else solved
         # log(x) ⋚ c ⟺ x ⋚ e^c: log is increasing, and where x ≤ 0 the objective is undefined
         # anyway (GMPO's clip in log space, OPSM's mean log-ratio)
         logs = [a for a in sp.Add.make_args(h) if isinstance(a, sp.log) and t in a.free_symbols]

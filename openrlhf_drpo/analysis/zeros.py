@@ -3,7 +3,7 @@ form where the numerator's factors allow (within the work budgets), else left im
 arbiter to locate; and the edges where a piece ends (where w may jump to 0)."""
 from __future__ import annotations
 
-from openrlhf_drpo.analysis.budgets import check_budget, size
+from openrlhf_drpo.analysis.budgets import OverBudget, check_budget, size
 from openrlhf_drpo.analysis.context import degree
 from openrlhf_drpo.analysis.intervals import relations
 
@@ -29,7 +29,8 @@ def zeros(ctx, pieces, tmax):
                                             and len(expr.args) == 2 and expr.args[0].is_number):
             expr = expr.args[-1] if expr.is_Mul else expr.args[0]      # c·sign(f) = 0 where f = 0
         if not expr.is_rational_function(t):   # transcendental: an implicit boundary, found numerically
-            out.append(("implicit", expr, cond))
+            if _nonzero(ctx, expr, tmax) is None:
+                out.append(("implicit", expr, cond))
             continue
         sols = ctx.limited("solving w = 0", lambda: _solve_rational(ctx, expr, t), None)
         if sols is None:
@@ -40,6 +41,17 @@ def zeros(ctx, pieces, tmax):
                 continue
             out.append((sp.cancel(sol), cond))
     return out
+
+
+def _nonzero(ctx, expr, tmax):
+    """expr's sign where SymPy shows it never 0 (SAPO's weight written out, whose doubles
+    cancel to 0 past r ≈ 38, is 4e^x/(1 + e^x)² > 0): then it has no zero to find; else None."""
+    try:
+        return fixed_sign(ctx, expr, bounded_t=tmax is not None)
+    except OverBudget:
+        return None
+    except Exception:       # noqa: BLE001 - SymPy raises many types: no proof, the zero stays a candidate
+        return None
 
 
 def _solve_rational(ctx, expr, t):
@@ -95,3 +107,24 @@ def edges(ctx, pieces):
     for _, cond in pieces:
         out += [c for c in thresholds(ctx, cond) if c not in out]
     return out
+
+
+def fixed_sign(ctx, e, bounded_t=False):
+    """+1 or −1 where SymPy shows e > 0 (or < 0) for all t > 0 (0 < t < 1 with bounded_t: r < 1),
+    a = |A| > 0 and 0 < μ ≤ 1, else None: as it stands, or as one fraction with μ = 1/(1 + v)
+    (μ ≤ 1, which SymPy's assumptions cannot hold) and t = 1/(1 + u) for bounded_t, whose
+    expanded numerator and denominator each have a sign (DRPO's 1 − 2μt/25 with t < 1 is
+    (25uv + 25u + 25v + 23)/…; SAPO's weight written out, 4/(1 + e^x) − 4/(1 + e^x)², is
+    4e^x/(1 + e^x)²). A sum of terms of one sign is what the doubles cannot round to 0 by
+    cancellation. Past the tidy budget, OverBudget (the caller's fallback: not shown)."""
+    sp = ctx.sp
+    u, v = sp.Symbol("u", positive=True), sp.Symbol("v", nonnegative=True)
+    if bounded_t:
+        e = e.subs(ctx.t, 1 / (1 + u))
+    for s, test in ((1, lambda x: x.is_positive), (-1, lambda x: x.is_negative)):
+        if test(e) is True:
+            return s
+    check_budget("tidy", size(e))
+    num, den = (sp.expand(x) for x in sp.fraction(sp.together(e.subs(ctx.mu, 1 / (1 + v)))))
+    signs = [1 if x.is_positive else -1 if x.is_negative else None for x in (num, den)]
+    return None if None in signs else signs[0] * signs[1]

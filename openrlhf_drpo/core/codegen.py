@@ -99,8 +99,8 @@ KERNELS = {
     "sub": Kernel(inplace="sub_", inplace_second=lambda a, b: f"{b}.neg_().add_({a})"),    # IEEE: a - b is a + (-b)
     "mul": Kernel(inplace="mul_", inplace_second=lambda a, b: f"{b}.mul_({a})"),
     "div": Kernel(inplace="div_"), "neg": Kernel(inplace="neg_"), "pow": Kernel(inplace="pow_"),
-    **{k: Kernel(inplace=f"{k}_") for k in ("log", "exp", "sqrt", "abs", "sign", "erf", "atan")},
-    "derf": Kernel(), "softsign": Kernel(reuses_args=True),
+    **{k: Kernel(inplace=f"{k}_") for k in ("log", "exp", "sqrt", "abs", "sign", "erf", "atan", "sigmoid", "tanh")},
+    "derf": Kernel(), "softsign": Kernel(reuses_args=True), "softplus": Kernel(),
     **{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")},
     "sg": Kernel(view=True),
     "ind": Kernel(floats=lambda c: c),

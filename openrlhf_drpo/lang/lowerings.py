@@ -203,3 +203,16 @@ def py_pow(a, b):
 
 def py_sign(x):
     return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
+
+
+def py_sigmoid(x):
+    # 1/(1 + e^(−x)) split by sign, so that e^(−x) never overflows (math.exp raises)
+    if x >= 0:
+        return 1 / (1 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1 + e)
+
+
+def py_softplus(x):
+    # log(1 + e^x) without overflow; max keeps a NaN argument (the comparison is false)
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))

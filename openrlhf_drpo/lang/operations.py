@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, call, div, ind, is_num, mul, neg, num, power, sub
-from openrlhf_drpo.lang.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sign, torch_clip,
-                        torch_extreme, torch_select)
+from openrlhf_drpo.lang.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sigmoid, py_sign,
+                        py_softplus, torch_clip, torch_extreme, torch_select)
 
 GRADIENTS = ("zero", "none", "reduction")     # besides a rule: see Op.gradient
 # What a reduction reads besides its own token, always its unmasked tokens only:
@@ -252,6 +252,28 @@ OPS: dict[str, Op] = {
                           lambda a: a / (1 + abs(a)), lambda a: f"({a} / (1 + np.abs({a})))",
                           gradient=lambda n, d: div(d[0], power(add(ONE, call("abs", n.args[0])), num(2))),
                           continuous=True, branching=False, piecewise=False, exact=None, not_real=None, compares=None),
+    # σ(x) = 1/(1 + e^(−x)), in (0, 1): σ(−inf) = 0, σ(0) = 1/2, σ(inf) = 1, NaN at NaN. Its rule is
+    # σ(x)·σ(−x), never σ(1 − σ): 1 − σ cancels to 0 past x ≈ 37 while σ′ is still 1e-16, and SymPy
+    # sees the product positive at once. Python's float is split by sign (math.exp(1000) raises).
+    "sigmoid": _function("sigmoid", lambda sp, a: 1 / (1 + sp.exp(-a)), lambda a: f"torch.sigmoid({a})", py_sigmoid,
+                         lambda a: f"(1 / (1 + np.exp(-({a}))))",
+                         gradient=lambda n, d: mul(mul(n, call("sigmoid", neg(n.args[0]))), d[0]), continuous=True,
+                         branching=False, piecewise=False, exact=None, not_real=None, compares=None),
+    # tanh(±inf) = ±1; its rule is 4·σ(2x)·σ(−2x), without the cancellation of 1 − tanh²(x) (torch's
+    # autograd, which is 1.2e-12 off at x = 6 and 0 past |x| ≈ 19)
+    "tanh": _function("tanh", lambda sp, a: sp.tanh(a), lambda a: f"torch.tanh({a})", math.tanh,
+                      lambda a: f"np.tanh({a})",
+                      gradient=lambda n, d: mul(mul(num(4), mul(call("sigmoid", mul(num(2), n.args[0])),
+                                                                call("sigmoid", mul(num(-2), n.args[0])))), d[0]),
+                      continuous=True, branching=False, piecewise=False, exact=None, not_real=None, compares=None),
+    # softplus(x) = log(1 + e^x) > 0, computed stably: log1p(e^(−|x|)) + max(x, 0) (numpy, Python), and
+    # torch's softplus with its switch to x moved from x > 20 to x > 40, where e^(−x) is below x's last
+    # digit; softplus(−inf) = 0, softplus(0) = log 2, softplus(inf) = inf; derivative σ(x) (1/2 at 0)
+    "softplus": _function("softplus", lambda sp, a: sp.log(1 + sp.exp(a)),
+                          lambda a: f"torch.nn.functional.softplus({a}, beta=1.0, threshold=40.0)", py_softplus,
+                          lambda a: f"(np.log1p(np.exp(-np.abs({a}))) + np.maximum({a}, 0))",
+                          gradient=lambda n, d: mul(call("sigmoid", n.args[0]), d[0]), continuous=True,
+                          branching=False, piecewise=False, exact=None, not_real=None, compares=None),
     # SymPy rows give values only (derivatives come from the IR rules), unevaluated, so that
     # the analysis can settle each case's conditions itself before building any Piecewise.
     # min, max and clip are continuous, but branch: the "smooth" proof admits neither. At a NaN

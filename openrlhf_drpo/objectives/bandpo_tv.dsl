@@ -1,9 +1,6 @@
 # BandPO with the total-variation ball: PPO's clip, its bounds set per token by μ. The band is
 # every ratio whose Bernoulli (μ, 1 − μ) stays within TV δ of the old one, capped by π ≤ 1:
 # r ∈ [max(0, 1 − δ/μ), min(1/μ, 1 + δ/μ)], so a rare token may rise far more than a likely one.
-# ℓ = min(r·A, clip(r, lo, hi)·A) is written by the sign of A, min(r, hi)·A or max(r, lo)·A: the
-# same value, and the same gradient off the bounds (lo ≤ 1 ≤ hi), in the form whose cases the
-# analysis settles well within its time limits (the clip form's, only near them).
 # Source: "BandPO", arXiv 2603.04918; OpenMOSS/BandPO RLtraining/verl/verl/bandpo/band/band.py
 # (bandtv's closed form) and baselinescripts/*/bandpo__grpo_plus_ray_bandtv005.sh: δ = 0.05,
 # per-sequence aggregation, r with verl's ±20 clamp, and band()'s own last step: the upper bound
@@ -16,4 +13,4 @@
 lo = max(0, 1 - δ/μ)
 u_max = 10
 hi = min(1/μ, 1 + δ/μ, u_max)
-[A >= 0]*min(r, hi)*A + [A < 0]*max(r, lo)*A
+min(r*A, clip(r, lo, hi)*A)
