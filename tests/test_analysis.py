@@ -131,11 +131,9 @@ def _shipped_json(name) -> str:
     return json.dumps(to_json(analyze(lang.load(name))), sort_keys=True)
 
 
-# The analysis of the third version's reductions is provisional (issue 29, phase B: a group of this
-# one response held): there OTB's ∂ℓ/∂r, its baseline written out, is past SymPy's budget, and OAPL's
-# target is 0, so its w = -2β₂²|y|²·log r/(A·r) crosses 0 at r = 1, found by the arbiter. Each report
-# says so; the test holds them to that until their analysis is done.
-PROVISIONAL = {"otb": "not derived", "oapl": "confirmed"}
+# OTB's ∂ℓ/∂r on the uniform batch, its baseline written out, is past SymPy's budget: its report
+# says the weight is not derived and every finding is the arbiter's; the test holds it to that.
+PROVISIONAL = {"otb": "not derived"}
 
 
 @pytest.mark.parametrize("name", lang.shipped_names())
@@ -503,3 +501,10 @@ def test_the_one_line_weight_has_no_redundant_conditions(name, shown):
     from openrlhf_drpo.analysis.mathtext import math_text
     text = math_text(analyze(lang.load(name)).weight, weight=True)
     assert text.startswith(shown) and "(A > 0) or (r > 1)" not in text, text
+
+
+def test_a_mismatch_objective_linear_in_r_is_analysed_over_rho_not_stopped_by_a_scalar_weight():
+    """w = 1/A is one number per sign: the ρ grid's range still reads it (Hypothesis found the crash)."""
+    out = to_json(analyze(lang.parse("pi_rollout + seq_mean(r)", "linear.dsl")))
+    assert out["scope"]["mismatch_range"]["w"] == [-1.0, 1.0]
+    assert out["scope"]["mismatch_range"]["kept"] == [0.0001, 10000.0]

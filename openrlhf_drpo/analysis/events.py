@@ -275,10 +275,13 @@ def boundary_at(arb, g, events):
         return np.zeros(0, dtype=bool)
     lo, hi = (np.array([e[k] for e in events]) for k in ("lo", "hi"))
     # widened by 1e-7 relative, but never past r = 1: at μ = 1e-12 the boundary r = 1 + μ
-    # lies 1e-12 from the seam r = 1, which must not account for it
-    h = np.maximum(1e-7 * np.minimum(hi, np.abs((lo + hi) / 2 - 1)), 4 * np.spacing(hi))
-    lo, hi = lo - h, hi + h
+    # lies 1e-12 from the seam r = 1, which must not account for it. And by the rounding of
+    # log π − log μ (2 ulps of |log μ|, 1e-14 at μ = 1e-12, 16 times over): a zero at r = 1
+    # that the doubles place a few 1e-15 off is that zero, not a numeric finding of its own
     mu, A = np.array([e["mu"] for e in events]), np.array([e["A"] for e in events])
+    h = np.maximum(1e-7 * np.minimum(hi, np.abs((lo + hi) / 2 - 1)), 4 * np.spacing(hi))
+    h = np.maximum(h, 32 * np.finfo(float).eps * np.maximum(1, np.abs(np.log(mu))) * hi)
+    lo, hi = lo - h, hi + h
     with np.errstate(all="ignore"):
         gl, gh = np.broadcast_to(g(lo, mu, A), lo.shape), np.broadcast_to(g(hi, mu, A), lo.shape)
     return (np.sign(gl) != np.sign(gh)) & np.isfinite(gl) & np.isfinite(gh) | (gl == 0) | (gh == 0)

@@ -147,7 +147,8 @@ def mismatch_range(view: Objective, rho_name: str, dl) -> dict:
     params = {k: float(v) for k, v in view.params.items()}
     ws = [run({**params, "r": np.ones_like(mu), "mu": mu, "pi": mu, "A": a, rho_name: rho[None, :]})[0] / a
           for a in (1.0, -1.0)]
-    w = np.broadcast_to(np.stack(ws), (2, mu.shape[0], rho.size))
+    # each sign's w to the grid's shape first: a w that is one number (ℓ linear in r) is a scalar
+    w = np.stack([np.broadcast_to(x, (mu.shape[0], rho.size)) for x in ws])
     finite = w[np.isfinite(w)]
     kept = rho[np.any(np.isfinite(w) & (w != 0), axis=(0, 1))]
     return {"w": [float(finite.min()), float(finite.max())] if finite.size else [None, None],
