@@ -88,6 +88,8 @@ def run(loss_fn, new, old, A, mask, rollout, extras=None):
     gets those it reads."""
     lp = new.clone().requires_grad_()
     given = {k: v for k, v in (extras or {}).items() if k in loss_fn.inputs()}
+    if "entropy" in given:      # the policy's H has a gradient of its own (the loss refuses a detached one)
+        given["entropy"] = given["entropy"].clone().requires_grad_()
     loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout, **given)
     (grad,) = torch.autograd.grad(loss, lp)
     return loss.detach(), grad, metrics.values

@@ -60,7 +60,7 @@ def trl_harnesses(B, T, device="cpu", seed=0):
     """(TRL's GRPOTrainer, ours, their inputs): two stand-ins for a trainer that _compute_loss runs
     on (TRL's loss code: loss_type dapo, ε 0.2/0.28; ours with grpo_clip_higher), whose model
     forward hands back the same log-probs as a fresh leaf (`.lp`) every call, on `device`."""
-    from openrlhf_drpo.trl import ObjectiveGRPOTrainer, TrlObjectiveLoss
+    from openrlhf_drpo.trl import TrlObjectiveLoss
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g) * 3
     new = old + 0.1 * torch.randn(B, T, generator=g)
@@ -91,7 +91,6 @@ def trl_harnesses(B, T, device="cpu", seed=0):
 
     theirs, ours = harness(), harness()
     ours.objective_loss = TrlObjectiveLoss("grpo_clip_higher")
-    ours._normalization = types.MethodType(ObjectiveGRPOTrainer._normalization, ours)
     return theirs, ours, inputs
 
 

@@ -14,6 +14,8 @@ def extra_inputs(loss_fn, logp, seed=0, dtype=None) -> dict:
     out = {"ref_log_probs": logp.double() + 0.4 * (noise() - 0.5), "entropy": 2 * noise(),
            "sum_pi_sq": pi ** 2 + noise() * (1 - pi) ** 2}
     out = {k: v.to(dtype) for k, v in out.items() if k in reads}
+    if "entropy" in out:     # H is the policy's, with a gradient of its own (the loss refuses a detached one)
+        out["entropy"].requires_grad_()
     if "groups" in reads:
         out["groups"] = torch.arange(logp.shape[0]) // 2
     return out

@@ -53,12 +53,14 @@ def analyze_scope(name):
     return analysis_view(lang.load(name))[1]
 
 
-# The OpenRLHF adapter does not wire the third version's inputs yet (issue 29's hosts): its objectives
-# run through the core itself, with those inputs (tests/extra_inputs.py).
+# ObjectiveLoss as OpenRLHF's PolicyLoss has no argument for the third version's inputs (drpo-train
+# gives them): those objectives run through the core itself, with them (tests/extra_inputs.py).
 THIRD = {n for n in SHIPPED if third_version(lang.load(n).expr)}
-# where the analysis's weight is not yet each token's (issue 29, phase B): a prefix's held point is the
-# response's last token; a batch statistic is held on policy, and this batch's ESS is not 1
-ORACLE = [n for n in SHIPPED if n not in ("ctpo", "trust_the_batch")]
+# where the analysis's weight is not each token's on this batch: a prefix's held point is the
+# response's last token (ctpo); a batch statistic is held at its uniform value, and this batch's ESS
+# is not 1 (trust_the_batch); OTB's baseline is held on a group of G equal responses, and its w is
+# the arbiter's (not derived)
+ORACLE = [n for n in SHIPPED if n not in ("ctpo", "trust_the_batch", "otb")]
 
 
 def shipped_loss(name, fused=True, **options):

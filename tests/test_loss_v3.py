@@ -231,13 +231,17 @@ b = _split(batch(5), [[0, 1, 2, 3], [4, 5, 6, 7]][rank])
 out = {{}}
 for text in {texts!r}:
     for fused, sync_free in ((True, False), (True, True), (False, False)):
-        loss_fn = CompiledLoss(lang.parse(text), fused=fused)
-        loss_fn.sync_free = sync_free
-        loss, g, h = run(loss_fn, b, aggregation=Aggregation(norm=13.0, process_group=dist.group.WORLD))
-        out[f"{{text}}|{{fused}}|{{sync_free}}"] = [loss.item(), g.tolist(), None if h is None else h.tolist()]
-print(json.dumps(out))
+        for norm in (13.0, None):      # None: each rank's own token count, 14 and 23 here
+            loss_fn = CompiledLoss(lang.parse(text), fused=fused)
+            loss_fn.sync_free = sync_free
+            loss, g, h = run(loss_fn, b, aggregation=Aggregation(norm=norm, process_group=dist.group.WORLD))
+            out[f"{{text}}|{{fused}}|{{sync_free}}|{{norm}}"] = [loss.item(), g.tolist(),
+                                                                None if h is None else h.tolist()]
+print(json.dumps(out), flush=True)
+dist.barrier()
+dist.destroy_process_group()      # a clean exit on every rank, whatever the load (no teardown race)
 """
-BATCH_TEXTS = [TABLE[9], TABLE[10]]
+BATCH_TEXTS = [TABLE[9], TABLE[10], "sg(batch_mean(r))*log(π)*A + batch_mean(r)"]
 
 
 def test_batch_reductions_across_two_ranks_give_the_one_process_gradient(tmp_path):
@@ -248,17 +252,25 @@ def test_batch_reductions_across_two_ranks_give_the_one_process_gradient(tmp_pat
     procs = [subprocess.Popen([sys.executable, "-c", code, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for rank in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert all(p.returncode == 0 for p in procs), [(p.returncode, o[1][-2000:]) for p, o in zip(procs, outs)]
     ranks = [json.loads(o[0]) for o in outs]
     b = batch(5)
     for text in BATCH_TEXTS:
         whole = run(CompiledLoss(lang.parse(text), fused=False), b, aggregation=Aggregation(norm=13.0))
-        for key in [k for k in ranks[0] if k.startswith(text + "|")]:
+        for key in [k for k in ranks[0] if k.startswith(text + "|") and k.endswith("|13.0")]:
             (l0, g0, h0), (l1, g1, h1) = ranks[0][key], ranks[1][key]
             assert math.isclose(l0 + l1, whole[0].item(), rel_tol=1e-12), key
             assert torch.allclose(torch.tensor(g0 + g1, dtype=F64), whole[1], rtol=1e-10, atol=1e-15), key
             if whole[2] is not None:
                 assert torch.allclose(torch.tensor(h0 + h1, dtype=F64), whole[2], rtol=1e-10, atol=1e-15), key
+        # each rank's own normalizer: the plain path's autograd through the all-reduce keeps each
+        # rank's 1/N on its share; the fused paths all-reduce an adjoint that must carry it too
+        for rank in ranks:
+            plain = rank[f"{text}|False|False|None"]
+            for key in (f"{text}|True|False|None", f"{text}|True|True|None"):
+                assert math.isclose(rank[key][0], plain[0], rel_tol=1e-12), key
+                assert torch.allclose(torch.tensor(rank[key][1], dtype=F64), torch.tensor(plain[1], dtype=F64),
+                                      rtol=1e-10, atol=1e-15), key
 
 
 # ---------------------------------------------------------------- the boundary and the refusals
@@ -326,3 +338,24 @@ def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(text, fused):
         loss.backward()
         metrics.logged()
     assert reads.seen == []
+
+
+@pytest.mark.parametrize("text", ["group_std(seq_mean(r))*A", "group_std(group_std(r) + r)*A"])
+def test_a_group_of_equal_responses_gives_group_std_no_gradient_on_either_path(text):
+    """k copies of one response (a converged prompt): their mean is not exactly the copy in doubles,
+    so every deviation is the same tiny d; the std's gradient is 0 (autograd's, on the plain path),
+    never ±1/√(n(n − 1)) from a slope that assumed the deviations sum to 0 (found by a review)."""
+    hits = []
+    for seed in range(40):
+        g = torch.Generator().manual_seed(seed)
+        n, T = 3 + seed % 6, 1 + seed % 5
+        row = -2 * torch.rand(1, T, dtype=F64, generator=g)
+        lp, old = row.repeat(n, 1), (row + 0.1 * torch.randn(1, T, dtype=F64, generator=g)).repeat(n, 1)
+        for fused in (False, True):
+            x = lp.clone().requires_grad_()
+            loss, _ = CompiledLoss(lang.parse(text), fused=fused)(x, old, torch.ones(n, T, dtype=F64),
+                                                                  groups=torch.zeros(n, dtype=torch.long))
+            (grad,) = torch.autograd.grad(loss, x)
+            if grad.abs().max() > 1e-12:
+                hits.append((seed, fused, grad.abs().max().item()))
+    assert hits == []

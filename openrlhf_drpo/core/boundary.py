@@ -90,3 +90,14 @@ def group_representatives(groups):
     gathered at), without a host sync (no unique: a [batch, batch] comparison)."""
     index = torch.arange(groups.shape[0], device=groups.device)
     return torch.where(groups[:, None] == groups[None, :], index, groups.shape[0]).amin(-1)
+
+
+def check_entropy_graph(who: str, names: dict, entropy, logp) -> None:
+    """An objective that reads H trains it through its own gradient channel: an entropy cut off
+    from the policy's graph (detached) while log π carries a gradient would drop that term silently."""
+    if entropy is not None and torch.is_grad_enabled() and logp.requires_grad and not entropy.requires_grad:
+        name = names.get("entropy", "entropy")
+        raise ValueError(f"{who}: {name} {list(entropy.shape)} has no gradient while "
+                         f"{names.get('log_probs', 'log_probs')} has one: the objective reads H, whose gradient "
+                         f"is its own term; pass the policy's entropy attached to its graph (not {name}.detach()), "
+                         "or call the loss under torch.no_grad()")

@@ -24,7 +24,8 @@ from torch import nn
 from openrlhf_drpo import lang
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.lang.objective import OPTIONS, Objective
-from openrlhf_drpo.core.boundary import binary, check_groups, check_inputs, group_representatives, refuse_bad_mask
+from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, group_representatives,
+                                         refuse_bad_mask)
 from openrlhf_drpo.lang.levels import kept_whole
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, per_token, recomputing_function)
@@ -106,6 +107,8 @@ class CompiledLoss(nn.Module):
                       "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs, "entropy": entropy,
                       "sum_pi_sq": sum_pi_sq, "weights": weights}, mask_values=False)
         check_groups(type(self).__name__, self.argument_names, groups, log_probs)
+        if "H" in self.names:
+            check_entropy_graph(type(self).__name__, self.argument_names, entropy, log_probs)
         compiled, sync_free = self._path(log_probs)
         if mask is not None and not sync_free:     # (the sync-free kernels check it in their pass over it)
             refuse_bad_mask(type(self).__name__, self.argument_names, mask, binary(mask))
@@ -121,8 +124,16 @@ class CompiledLoss(nn.Module):
         if mask is None:
             mask = torch.ones_like(log_probs, dtype=torch.bool)
         norm = _normalizer(agg.norm, log_probs)
-        fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
         ext, entropy, with_entropy = extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg)
+        if self.fused and ext is not None and ext["pg"] is not None:
+            # the reverse mode all-reduces a batch reduction's adjoint across ranks before the kernel's
+            # scale −1/N: each rank's own 1/N goes into its tokens' weights instead (what autograd's
+            # all_reduce does on the plain path), and the kernel's normalizer is then 1
+            dtype = compute_dtype(log_probs)
+            denominator = norm if norm is not None else aggregation_coef((mask != 0).to(dtype), mode)[1].clamp(min=1)
+            weights = (1.0 if weights is None else weights) / denominator * torch.ones_like(log_probs, dtype=dtype)
+            norm = _normalizer(1.0, log_probs)
+        fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights, entropy, ext)
         else:

@@ -44,8 +44,11 @@ def _wide(n: Node, a: Node, x: Node) -> Node:
         adjoint = over("sum", gathered)
     elif op.reduce == "mean":
         adjoint = over("mean", gathered)
-    else:   # the sample std s: ∂s/∂x_i = (x_i − mean)/((n − 1)·s), 0 where s = 0 (below two, or all equal)
-        slope = div(sub(x, over("mean", x)), mul(sub(over("count", x), ONE), n))
+    else:   # the sample std s: ∂s/∂x_i = (d_i − mean(d))/((n − 1)·s), d = x − mean(x), 0 where s = 0
+        # (below two, or all equal); mean(d) is 0 in exact arithmetic, not in doubles: k equal values
+        # have d_i = c − mean, all alike, and a slope of ±1/√(n(n − 1)) without it (autograd's has it)
+        d = sub(x, over("mean", x))
+        slope = div(sub(d, over("mean", d)), mul(sub(over("count", x), ONE), n))
         adjoint = Node("select", (Node("gt", (n, ZERO)), mul(slope, over("sum", gathered))))
     if level == "token":
         return mul(_MF, adjoint)
