@@ -246,8 +246,8 @@ REPORT_LINES = [
         "    A < 0   r: 0.9    π: 9·μ/10    (reachable; w is 0 beyond it)"]),
     (TTB_EPS, {}, [       # FeynRL's + 1e-8 makes the uniform batch's ESS move with r: held at r = 1, said so
         "             - ess = sg(batch_sum(r)^2 / ((batch_sum(r^2) + 1e-08) * batch_count(r))) held as a parameter at "
-        "1 (its value on the uniform batch at r = 1, where it moves with r: 1; --set ess=X): no gradient passes "
-        "through it"]),
+        "0.99999999875 (its value on the uniform batch at r = 1, where it moves with r: 0.99999999875; --set "
+        "ess=X): no gradient passes through it"]),
 ]
 
 

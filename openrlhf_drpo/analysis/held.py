@@ -97,18 +97,18 @@ def statements(obj, point: dict, stats: dict, values: dict) -> list[dict]:
         out.append(("p", point["position"], f"the token at position p = {point['position']} of its response "
                     "(--position; the last by default): prefix_sum(x) = p·x, prefix_mean(x) = x"))
     if "pi_ref" in reads:
-        out.append(("rho_ref", values["rho_ref"], f"π_ref = ρ_ref·μ, ρ_ref = π_ref/μ held at {values['rho_ref']:g} "
+        out.append(("rho_ref", values["rho_ref"], f"π_ref = ρ_ref·μ, ρ_ref = π_ref/μ held at {values['rho_ref']:.12g} "
                     "(--set rho_ref=X): the reference terms read π_ref/π = ρ_ref/r"))
     if "H" in reads:
-        out.append(("H", values["H"], f"H = {values['H']:g} nat (--set H=X), the entropy at the token"))
+        out.append(("H", values["H"], f"H = {values['H']:.12g} nat (--set H=X), the entropy at the token"))
     if "sum_pi_sq" in reads:
         out.append(("sum_pi_sq", None, "Σ_v π_v² = π² + (1 − π)² (the rest of the mass on one other token), "
                     "without gradient"))
     for name, (node, default) in stats.items():
         where = "at r = 1, where it moves with r" if isinstance(default, OnPolicy) else ""
         out.append((name, values[name], f"{display_name(name)} = {render(node)} held as a parameter at "
-                    f"{values[name]:g} (its value on the uniform batch{where and ' ' + where}: {float(default):g}; "
-                    f"--set {name}=X): no gradient passes through it"))
+                    f"{values[name]:.12g} (its value on the uniform batch{where and ' ' + where}: "
+                    f"{float(default):.12g}; --set {name}=X): no gradient passes through it"))
     return [{"name": n, "value": v, "text": t} for n, v, t in out]
 
 

@@ -82,7 +82,7 @@ def _objective(res, evidence):
 
 @line("params")
 def _params(res, evidence):
-    return [f"  params     {', '.join(f'{display_name(k)} = {v:g}' for k, v in res.params.items()) or 'none'}"]
+    return [f"  params     {', '.join(f'{display_name(k)} = {v:.12g}' for k, v in res.params.items()) or 'none'}"]
 
 
 @line("options")
@@ -267,8 +267,10 @@ def _admissibility(adm) -> list[str]:
     lo, hi = adm["bounded"]["range"]
     bounded = {True: f"yes: w ∈ [{fmt(lo)}, {fmt(hi)}]", None: "unknown"}.get(
         adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]")
+    # a w(1) that is not 1 never prints as 1 ("no: 1"): 12 digits where 6 would round it there
+    near = lambda x: f"{float(x):.12g}" if x is not None and fmt(x) == "1" and float(x) != 1 else fmt(x)  # noqa: E731
     at_one = ("yes, for both signs of A" if w1["value"] else
-              "no: " + ", ".join(f"{fmt(w[0]) if fmt(w[0]) == fmt(w[1]) else f'{fmt(w[0])} to {fmt(w[1])}'} for "
+              "no: " + ", ".join(f"{near(w[0]) if near(w[0]) == near(w[1]) else f'{near(w[0])} to {near(w[1])}'} for "
                                  f"{'A > 0' if adv == 'positive' else 'A < 0'}" for adv, w in w1["w"].items()))
     sides = [(adv, "A > 0" if adv == "positive" else "A < 0") for adv in ("positive", "negative")]
     if sym["value"]:

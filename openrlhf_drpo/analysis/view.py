@@ -62,7 +62,7 @@ def _in_weight(expr: Node, held: list, view_names: dict) -> list[str]:
     there, not functions of them)."""
     param = {"G": "group_size", "N": "batch_size", "p": "position", "rho_ref": "rho_ref", "H": "H"}
     read = {n.value for n in derivative(expr).walk() if n.op == "param"}
-    return [f"{display_name(h['name'])} = {float(h['value']):g}" for h in held
+    return [f"{display_name(h['name'])} = {float(h['value']):.12g}" for h in held
             if h["value"] is not None and view_names.get(param.get(h["name"]), h["name"]) in read]
 
 

@@ -107,8 +107,7 @@ class CompiledLoss(nn.Module):
                       "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs, "entropy": entropy,
                       "sum_pi_sq": sum_pi_sq, "weights": weights}, mask_values=False)
         check_groups(type(self).__name__, self.argument_names, groups, log_probs)
-        if "H" in self.names:
-            check_entropy_graph(type(self).__name__, self.argument_names, entropy, log_probs)
+        check_entropy_graph(type(self).__name__, self.argument_names, entropy if "H" in self.names else None, log_probs)
         compiled, sync_free = self._path(log_probs)
         if mask is not None and not sync_free:     # (the sync-free kernels check it in their pass over it)
             refuse_bad_mask(type(self).__name__, self.argument_names, mask, binary(mask))
@@ -123,16 +122,10 @@ class CompiledLoss(nn.Module):
         rollout = rollout_log_probs.detach() if "pi_rollout" in self.names else None
         if mask is None:
             mask = torch.ones_like(log_probs, dtype=torch.bool)
-        norm = _normalizer(agg.norm, log_probs)
-        ext, entropy, with_entropy = extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg)
-        if self.fused and ext is not None and ext["pg"] is not None:
-            # the reverse mode all-reduces a batch reduction's adjoint across ranks before the kernel's
-            # scale −1/N: each rank's own 1/N goes into its tokens' weights instead (what autograd's
-            # all_reduce does on the plain path), and the kernel's normalizer is then 1
-            dtype = compute_dtype(log_probs)
-            denominator = norm if norm is not None else aggregation_coef((mask != 0).to(dtype), mode)[1].clamp(min=1)
-            weights = (1.0 if weights is None else weights) / denominator * torch.ones_like(log_probs, dtype=dtype)
-            norm = _normalizer(1.0, log_probs)
+        norm, (ext, entropy, with_entropy) = (_normalizer(agg.norm, log_probs),
+                                              extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg))
+        if self.fused and ext is not None and ext["pg"] is not None:    # a batch reduction across ranks
+            weights, norm = _per_rank_weights(log_probs, mask, mode, weights, norm)
         fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights, entropy, ext)
@@ -147,9 +140,8 @@ class CompiledLoss(nn.Module):
         return LossOutput(loss, self.metrics)
 
     def _path(self, logp) -> tuple[bool, bool]:
-        """(compiled, sync_free): torch.compile's kernels ("auto": on CUDA), and the sync-free
-        kernels (always on CUDA and compiled; self.sync_free: on every device) rather than the
-        CPU's eager kernel."""
+        """(compiled, sync_free): torch.compile's kernels ("auto": on CUDA), and the sync-free kernels
+        (on CUDA, compiled, or self.sync_free on any device) rather than the CPU's eager kernel."""
         compiled = self.compile is True or (self.compile == "auto" and logp.is_cuda)
         return compiled, compiled or logp.is_cuda or self.sync_free
 
@@ -210,6 +202,17 @@ def build_kernels(loss: CompiledLoss, mode: str, use: bool, sync_free: bool, tag
 # writes no per-token tensor (ppo, drpo: none; a sequence objective's reductions still store some).
 COMPILE_OPTIONS = {"dynamic": True, "options": {"realize_opcount_threshold": 300, "realize_reads_threshold": 64,
                                                 "realize_acc_reads_threshold": 64}}
+
+
+def _per_rank_weights(logp, mask, mode, weights, norm):
+    """(weights, norm) for the fused loss of a batch reduction across ranks: its reverse mode
+    all-reduces the reduction's adjoint before the kernel's scale −1/N, so each rank's own 1/N
+    goes into its tokens' weights first (what autograd's all_reduce does on the plain path), and
+    the kernel's normalizer is 1."""
+    dtype = compute_dtype(logp)
+    denominator = norm if norm is not None else aggregation_coef((mask != 0).to(dtype), mode)[1].clamp(min=1)
+    return (1.0 if weights is None else weights) / denominator * torch.ones_like(logp, dtype=dtype), \
+        _normalizer(1.0, logp)
 
 
 def _normalizer(norm, logp):
