@@ -255,6 +255,7 @@ def torch_text(n: Node) -> str:
 # the rule's x^y·(dy·log x + y·dx/x) meets 0·∞ (NaN, or −∞ for dy at y = ±0) where torch
 # defines 0. softsign's autograd cancels at |x| = 1e8 (4e-9 off; the rule is exact to 1e-16).
 POW_AT_ZERO = "pow"
+CANCELS = {"sigmoid": 5.0, "tanh": 2.5}     # |x| past which autograd's derivative cancels (see below)
 NAN_PICKS = {"abs", "min", "max", "clip"}    # at NaN a lowering gives NaN or picks an argument
 
 
@@ -292,6 +293,11 @@ def test_a_rows_derivative_rule_gives_one_value_in_every_lowering_and_autograds_
                 if not all(isinstance(a, bool) or math.isfinite(a) for a in args):
                     continue        # autograd's own conventions at ±inf and NaN: the lowerings above decide
                 tol = 1e-8 if name == "softsign" else 1e-13
+                if name in CANCELS and abs(args[0]) > CANCELS[name]:
+                    # autograd's σ(1 − σ) and 1 − tanh² cancel past there (4e-5 off at x = 27, 0 once σ
+                    # rounds to 1); the rule is exact: held to sympy.diff above, in every lowering here
+                    assert av == 0 or math.isclose(nv, av, rel_tol=1e-2), where
+                    continue
                 if not ((math.isnan(nv) and math.isnan(av)) or math.isclose(nv, av, rel_tol=tol, abs_tol=1e-300)):
                     assert name == POW_AT_ZERO and args[0] == 0 and av == 0, where
                     assert math.isnan(nv) or (i == 1 and args[1] == 0 and nv == -INF), where
