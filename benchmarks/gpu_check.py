@@ -57,7 +57,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def edge_batch(B=8, T=64, seed=0):
-    """tests/test_numerics.py's edges, in a larger batch: log-ratios +40, -30, +25.5 and 0, a
+    """The numerics' edges (tests/test_numerics.py takes them from here): log-ratios +40, -30, +25.5 and 0, a
     response at r = 1, A = 0, an empty response; values exact in bf16."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05

@@ -12,10 +12,15 @@ is not held to a relative error it cannot have):
   the loss (fp32) 1e-5.
 The metrics to 1e-5 relative (1e-6 absolute). Every loss, gradient and metric is finite."""
 import math
+import pathlib
+import sys
 
 import pytest
 import torch
 from extra_inputs import extra_inputs
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
+from gpu_check import edge_batch as gpu_edge_batch     # noqa: E402  (a script's folder, not a package)
 
 from openrlhf_drpo import lang
 from openrlhf_drpo.core import Aggregation, CompiledLoss
@@ -31,20 +36,9 @@ PATHS = ["eager", "sync_free"]
 
 def edge_batch(seed=0, B=6, T=16):
     """Ordinary tokens, and the issue's edges: log-ratios +40, -30 and +25.5 (the ratio clamp
-    active), r exactly 1 (a token, and a whole response), A = 0, an empty response. All values
-    are exact in bf16, so the edges stay where they are after rounding."""
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
-    new = old + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    A = torch.randn(B, T, generator=g, dtype=torch.float64)
-    mask = torch.rand(B, T, generator=g) > 0.2
-    mask[0] = False
-    old[1, :4] = torch.tensor([-40.5, -0.5, -26.0, -1.25], dtype=torch.float64)
-    new[1, :4] = torch.tensor([-0.5, -30.5, -0.5, -1.25], dtype=torch.float64)
-    mask[1, :4] = True
-    new[2] = old[2]
-    A[3, ::2] = 0.0
-    return new, old, A, mask
+    active), r exactly 1 (a token, and a whole response), A = 0, an empty response, all exact in
+    bf16: benchmarks/gpu_check.py's batch (the one the GPU check runs), in a smaller shape."""
+    return gpu_edge_batch(B, T, seed)[:4]
 
 
 def rounded(dtype, new, old, A, rollout):
