@@ -16,17 +16,13 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-# The suite runs on two workers (`pytest -n 2`, pytest-xdist): each file stays whole on one worker
-# (its module fixtures run once), and the files that start Ray, vLLM and DeepSpeed share one worker
-# and go first, so that no two pipelines share the two cores and the light files fill the other.
-PROCESSES = ("test_pipeline.py", "test_lab.py", "test_train.py")
+# The suite runs on two workers (`pytest -n 2`, pytest-xdist, `--dist loadfile` in setup.cfg): each
+# file whole on one worker (its module fixtures run once). The files that start Ray, vLLM and
+# DeepSpeed are the longest: they go first, so that the short ones fill in around them at the end.
+PROCESSES = ("test_lab.py", "test_pipeline.py", "test_train.py", "test_train_v3.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("processes" if name in PROCESSES else name))
     items.sort(key=lambda item: item.path.name not in PROCESSES)
 
 
