@@ -101,11 +101,10 @@ class CompiledLoss(nn.Module):
         agg = aggregation or Aggregation()
         if not isinstance(agg, Aggregation):
             raise TypeError(f"{type(self).__name__}: aggregation must be an Aggregation, got {type(agg).__name__}")
-        weights = agg.weights
         check_inputs(type(self).__name__, self.argument_names,
                      {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages, "mask": mask,
                       "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs, "entropy": entropy,
-                      "sum_pi_sq": sum_pi_sq, "weights": weights}, mask_values=False)
+                      "sum_pi_sq": sum_pi_sq, "weights": agg.weights}, mask_values=False)
         check_groups(type(self).__name__, self.argument_names, groups, log_probs)
         check_entropy_graph(type(self).__name__, self.argument_names, entropy if "H" in self.names else None, log_probs)
         compiled, sync_free = self._path(log_probs)
@@ -122,10 +121,9 @@ class CompiledLoss(nn.Module):
         rollout = rollout_log_probs.detach() if "pi_rollout" in self.names else None
         if mask is None:
             mask = torch.ones_like(log_probs, dtype=torch.bool)
-        norm, (ext, entropy, with_entropy) = (_normalizer(agg.norm, log_probs),
-                                              extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg))
-        if self.fused and ext is not None and ext["pg"] is not None:    # a batch reduction across ranks
-            weights, norm = _per_rank_weights(log_probs, mask, mode, weights, norm)
+        ext, entropy, with_entropy = extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg)
+        weights, norm = _weights_and_norm(self.fused and ext is not None and ext["pg"] is not None, agg, log_probs,
+                                          mask, mode)
         fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights, entropy, ext)
@@ -204,15 +202,19 @@ COMPILE_OPTIONS = {"dynamic": True, "options": {"realize_opcount_threshold": 300
                                                 "realize_acc_reads_threshold": 64}}
 
 
-def _per_rank_weights(logp, mask, mode, weights, norm):
-    """(weights, norm) for the fused loss of a batch reduction across ranks: its reverse mode
+def _weights_and_norm(across_ranks: bool, agg: Aggregation, logp, mask, mode):
+    """(weights, norm) as the kernels take them: the aggregation's, the normalizer a 0-d tensor.
+    across_ranks (the fused loss of a batch reduction over a process group): its reverse mode
     all-reduces the reduction's adjoint before the kernel's scale −1/N, so each rank's own 1/N
     goes into its tokens' weights first (what autograd's all_reduce does on the plain path), and
     the kernel's normalizer is 1."""
+    norm = _normalizer(agg.norm, logp)
+    if not across_ranks:
+        return agg.weights, norm
     dtype = compute_dtype(logp)
     denominator = norm if norm is not None else aggregation_coef((mask != 0).to(dtype), mode)[1].clamp(min=1)
-    return (1.0 if weights is None else weights) / denominator * torch.ones_like(logp, dtype=dtype), \
-        _normalizer(1.0, logp)
+    ones = torch.ones_like(logp, dtype=dtype)
+    return (1.0 if agg.weights is None else agg.weights) / denominator * ones, _normalizer(1.0, logp)
 
 
 def _normalizer(norm, logp):
