@@ -29,7 +29,7 @@ as JSON. Needs torch, numpy, sympy and lark only (TRL where installed).
   ObjectiveGRPOTrainer._compute_loss (grpo_clip_higher) on the device, three steps.
 
     python3 benchmarks/gpu_check.py [--device cuda|cpu] [--quick] [--budget 300] [--backend inductor]
-        [--compiled ppo,drpo,spo,gspo,dppo_binary_tv,sapo_erf] [--chunked MODULE:FUNCTION]
+        [--compiled ppo,drpo,spo,gspo,dppo_binary_tv,sapo_erf] [--chunked MODULE:FUNCTION|host]
 
 --device cpu --quick runs every part at toy sizes (what tests/test_gpu_check.py does, with
 --backend eager: dynamo without inductor's code generation), on one thread, timed in its CPU time."""
@@ -302,8 +302,16 @@ def chunked_log_probs(hidden, weight, targets, chunk=1024):
     return ChunkedLogProbs.apply(hidden, weight, targets, chunk)
 
 
+def host_chunked_log_probs(hidden, weight, targets):
+    """drpo-train's own chunked log-probs (--drpo.chunked_logprobs), with no bias: `--chunked host`."""
+    from openrlhf_drpo.hosts.openrlhf.logprobs import token_logprobs
+    return token_logprobs(hidden, weight, None, targets)[0]
+
+
 def step_0p5b(device, quick, chunked_spec, compiled):
-    if chunked_spec:
+    if chunked_spec == "host":
+        chunked = host_chunked_log_probs
+    elif chunked_spec:
         module, _, attr = chunked_spec.partition(":")
         try:
             chunked = getattr(importlib.import_module(module), attr)
@@ -369,7 +377,8 @@ def main():
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; what does not fit is skipped")
     ap.add_argument("--backend", default="inductor", help="torch.compile's backend for ours and hand-written")
     ap.add_argument("--compiled", default="ppo,drpo,spo,gspo,dppo_binary_tv,sapo_erf")
-    ap.add_argument("--chunked", default="", help="MODULE:FUNCTION of a chunked log-prob function to check")
+    ap.add_argument("--chunked", default="", help="MODULE:FUNCTION of a chunked log-prob function to check, "
+                    "or 'host': drpo-train's own (openrlhf_drpo.hosts.openrlhf.logprobs)")
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget * 0.9
     if args.backend != "inductor":       # (inductor's options are for inductor)
