@@ -14,7 +14,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "openrlhf_drpo"
 LAYERS = [
     "lang.errors", "lang.names", "lang.ir", "lang.lowerings", "lang.operations", "lang.levels", "lang.walks", "lang.printing",
     "lang.source", "lang.objective", "lang.expressions", "lang.parser", "lang",
-    "core.rewrites", "core.reverse_mode", "core.codegen", "core.values", "core.boundary", "core.kernels",
+    "core.rewrites", "core.reverse_mode", "core.codegen", "core.values", "core.boundary", "core.collectives",
+    "core.kernels",
     "core.measures", "core.loss",
     "core",
     "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.held", "analysis.view", "analysis.arbiter",

@@ -12,6 +12,7 @@ import torch
 
 from openrlhf_drpo.core.codegen import CLAMP
 from openrlhf_drpo.core.boundary import binary
+from openrlhf_drpo.core.collectives import rank_sums, replayed
 
 # The metrics' ratio r is OpenRLHF's, exp(clamp(log π − log μ, ±20)), for every objective: an
 # objective that never reads r (GSPO: log π − log μ) gets it unclamped from the generated code, where
@@ -111,6 +112,7 @@ def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, r
     (None where the objective does not read it), the scale (None: already applied) and the
     metric sums, in one function. With dot=_dot, loss and gradient equal eager_kernel's bit for
     bit, and loss_kernel's and grad_kernel's (uncompiled) too."""
+    ext, _ = rank_sums(ext)
     terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext)
     loss, scale, stats = _loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None)
     return loss, *_gradients(terms, scale), None, stats
@@ -139,22 +141,25 @@ def _widened(*xs):
 
 def loss_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
                 dot=_dot, clamp_ratio=False, ext=None):
-    """The sync-free forward: (loss, scale, stats) as kernel's and whether the mask holds 0 and 1
-    only (binary), from inputs in their own dtypes, keeping no per-token tensor (torch.compile
-    turns it into reductions that read each input once)."""
-    ext = third_version_inputs(ext, compute_dtype(logp))
+    """The sync-free forward: (loss, scale, stats) as kernel's, whether the mask holds 0 and 1
+    only (binary) and the batch reductions' totals over the ranks (for backward to replay), from
+    inputs in their own dtypes, keeping no per-token tensor (torch.compile turns it into
+    reductions that read each input once)."""
+    ext, sums = rank_sums(third_version_inputs(ext, compute_dtype(logp)))
     logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
     terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext)
-    return (*_loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None), binary(action_mask))
+    return (*_loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None), binary(action_mask),
+            replayed(sums))
 
 
 def grad_kernel(value_and_grad, mode, logp, anchor, A, action_mask, scale, g, old=None, rollout=None, weights=None,
-                ext=None):
+                ext=None, totals=None):
     """The sync-free backward: g·(kernel's gradients), recomputed from the inputs in one pass and
     written once, in log π's dtype (the product in kernel's and backward's order: equal bit for
-    bit); with respect to log π, and to H (None where the objective does not read it)."""
+    bit); with respect to log π, and to H (None where the objective does not read it). `totals`:
+    loss_kernel's sums over the ranks, replayed (no collective a second time)."""
     dtype = logp.dtype
-    ext = third_version_inputs(ext, compute_dtype(logp))
+    ext, _ = rank_sums(third_version_inputs(ext, compute_dtype(logp)), totals)
     logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
     terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, False, ext)
     grad, entropy = _gradients(terms, scale)
@@ -184,7 +189,10 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     host sync), and the gradient's scale is left to backward. That equals kernel wherever
     every per-token value is finite; if any result is not (a masked slot held NaN or inf, or
     the objective is not finite somewhere), kernel recomputes it. test_loss holds the two to
-    each other. Tokens are flat, except for an objective with a reduction over each response."""
+    each other, and kernel replays the batch reductions' sums over the ranks (core.collectives):
+    every rank issues the same collectives whatever its values. Tokens are flat, except for an
+    objective with a reduction over each response."""
+    ext, sums = rank_sums(ext)
     exact = functools.partial(kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights,
                               clamp_ratio=clamp_ratio, ext=ext)
     if not logp.numel():      # [B, 0]
@@ -240,7 +248,7 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     values = torch.stack([loss, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio,
                           tokens, probe]).tolist()
     if not all(map(math.isfinite, values)):
-        return exact()
+        return exact(ext=rank_sums(ext, replayed(sums))[0])
     _, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio, tokens, _ = values
     n = max(tokens, 1)
     stats = torch.tensor([w_sum / max(w_count, 1), (total_stopped + toward) / 2 / n, (total_stopped - toward) / 2 / n,
@@ -318,10 +326,13 @@ def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
         @staticmethod
         def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None, entropy=None, ext=None):
             ext = _with_entropy(ext, entropy)
-            loss, scale, stats, ok = forward(logp.detach(), anchor, A, mask, norm, old, rollout, weights, ext=ext)
+            loss, scale, stats, ok, totals = forward(logp.detach(), anchor, A, mask, norm, old, rollout, weights,
+                                                     ext=ext)
             refuse_mask(mask, ok)
             ctx.save_for_backward(logp.detach(), anchor, A, mask, scale, old, rollout, weights)
-            ctx.ext = ext           # (the third version's inputs: no gradient, alive anyway)
+            # the third version's inputs (no gradient, alive anyway) and forward's sums over the
+            # ranks, which backward replays: the same collectives as forward's alone
+            ctx.ext, ctx.totals = ext, totals
             ctx.entropy_dtype = None if entropy is None else entropy.dtype
             ctx.mark_non_differentiable(stats)
             ctx.set_materialize_grads(False)     # (no zeros for the metrics' gradient, which is never read)
@@ -331,7 +342,8 @@ def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
         def backward(ctx, g, _):
             _once(who)
             logp, anchor, A, mask, scale, old, rollout, weights = ctx.saved_tensors
-            grad, grad_entropy = backward(logp, anchor, A, mask, scale, g, old, rollout, weights, ext=ctx.ext)
+            grad, grad_entropy = backward(logp, anchor, A, mask, scale, g, old, rollout, weights, ext=ctx.ext,
+                                          totals=ctx.totals)
             entropy = None if grad_entropy is None or ctx.entropy_dtype is None else grad_entropy.to(ctx.entropy_dtype)
             return grad, None, None, None, None, None, None, None, entropy, None
     return Recomputing

@@ -23,6 +23,7 @@ from torch import nn
 
 from openrlhf_drpo import lang
 from openrlhf_drpo.core.codegen import compile_objective
+from openrlhf_drpo.core.collectives import rank_sums
 from openrlhf_drpo.lang.objective import OPTIONS, Objective
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, group_representatives,
                                          refuse_bad_mask)
@@ -234,6 +235,7 @@ def plain_loss(value, logp, anchor, A, old, rollout, mask, mode, norm, weights, 
     clean = lambda x: x if x is None else torch.where(keep, x, 0.0)   # noqa: E731  select, don't multiply
     ext = None if ext is None else {k: clean(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                                     for k, v in ext.items()}
+    ext, _ = rank_sums(ext, differentiable=True)      # autograd takes the gradient through the all-reduce
     per_token = -value(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep, ext)
     coef, count = aggregation_coef(keep.to(per_token.dtype), mode)
     if weights is not None:

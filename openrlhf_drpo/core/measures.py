@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from openrlhf_drpo.core.collectives import rank_sums
 from openrlhf_drpo.core.kernels import aggregation_coef, compute_dtype, per_token
 
 
@@ -15,6 +16,7 @@ def filtered_fraction(value, logp, anchor, A, old, rollout, keep, ext=None):
     clean = lambda x: x if x is None else torch.where(keep, x.detach().to(dtype), 0.0)   # noqa: E731
     ext = None if ext is None else {k: clean(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                                     for k, v in ext.items()}
+    ext, _ = rank_sums(ext)
     dropped = value.filtered(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep, ext) != 0
     if value.filtered_per_response:
         present = keep.any(-1)
@@ -26,14 +28,15 @@ def filtered_fraction(value, logp, anchor, A, old, rollout, keep, ext=None):
 def lab_extremes(value_and_grad, logp, anchor, A, keep, old, rollout, mode, ext=None) -> dict:
     """What drpo-lab logs per optimizer step, over unmasked tokens: the range of r and the
     largest per-token |∂ℓ/∂log π|/|A| (over A ≠ 0), with μ at that token. A second,
-    plain evaluation of the generated code: only the lab pays for it."""
-    if not keep.any():
-        return {}
+    plain evaluation of the generated code: only the lab pays for it, and on every rank, token or
+    none (its batch reductions' sums over the ranks are collectives every rank issues)."""
     logp, anchor, A, old, rollout = (x if x is None else x.detach().float() for x in (logp, anchor, A, old, rollout))
     coef = aggregation_coef(keep.to(logp.dtype), mode)[0]
     ext = None if ext is None else {k: v.detach().float() if isinstance(v, torch.Tensor) and v.is_floating_point()
                                     else v for k, v in ext.items()}
-    _, grad, _, r, _, mu, _, _ = per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext)
+    _, grad, _, r, _, mu, _, _ = per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef, rank_sums(ext)[0])
+    if not keep.any():
+        return {}
     weighted = keep & (A != 0)
     weight = torch.where(weighted, grad.abs() / torch.where(weighted, A.abs(), 1.0), -1.0).flatten()
     i = int(weight.argmax())

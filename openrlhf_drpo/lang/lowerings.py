@@ -141,11 +141,9 @@ def _group_std(x, m, like, group, level):
 
 
 def _all_ranks(t, pg):
-    """t summed over the data-parallel ranks of process group pg (with autograd), or t alone."""
-    if pg is None:
-        return t
-    import torch.distributed.nn.functional as distributed
-    return distributed.all_reduce(t, group=pg)
+    """t summed over the data-parallel ranks by pg (the loss core's function, which issues or
+    replays the all-reduce: core.collectives), or t alone where pg is None."""
+    return t if pg is None else pg(t)
 
 
 def _batch_totals(x, m, like, pg, level):
