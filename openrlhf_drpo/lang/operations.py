@@ -51,8 +51,8 @@ class Op:
     np: Callable                # (*argument names) -> numpy source text
     # the derivative: a rule (node, argument derivatives) -> Node, through which the gradient
     # passes; "zero" (sg, sign, [...]: nothing below is differentiated); "none" (a condition:
-    # it only ever sits inside [...]); "reduction" (a token's derivative depends on its whole
-    # response: reverse mode only, in core.codegen)
+    # it only ever sits inside [...]); "reduction" (a token's derivative depends on other tokens:
+    # reverse mode only, through the row's `adjoint`)
     gradient: Callable | str
     # continuous in r wherever it is defined, in the domain 0 < μ ≤ 1, 0 < π ≤ 1 (the "smooth"
     # claim is proven from these); a predicate on the node where that depends on its arguments
@@ -71,6 +71,9 @@ class Op:
     reduce: str = ""
     over: str = ""
     uniform: Callable | None = None
+    # a reduction's reverse-mode rule (node, its adjoint a, its argument x) -> x's adjoint per token, in
+    # IR (core.reverse_mode), or "none" (a count reads no value); required: never guessed from `reduce`
+    adjoint: Callable | str | None = None
 
     def __post_init__(self):
         problems = []
@@ -81,6 +84,11 @@ class Op:
         if (self.gradient == "reduction") != bool(self.reduce and self.uniform and self.over in OVER):
             problems.append(f"a reduction, and only a reduction, has gradient 'reduction', reduce, uniform and "
                             f"over (one of {OVER})")
+        if self.gradient == "reduction" and not (callable(self.adjoint) or self.adjoint == "none"):
+            problems.append("a reduction declares its adjoint=: a rule (node, its adjoint a, its argument x) -> "
+                            "x's adjoint per token, in IR (as seq_sum's), or 'none' where it reads no value (a count)")
+        if self.gradient != "reduction" and self.adjoint is not None:
+            problems.append("only a reduction has an adjoint (reverse mode runs every other row's `gradient` rule)")
         if self.callable and not self.signature:
             problems.append("a callable operation gives its signature")
         if problems:
@@ -124,6 +132,44 @@ def _d_clip(n, d):
     return _d_extreme(Node("min", (m, hi)), [dm, d[2]], {False: "le", True: "lt"})
 
 
+# ---------------------------------------------------------------- adjoint rules (Op.adjoint)
+# n's adjoint a, gathered from every token that read n, spread back over the tokens n read.
+_SEQ_LEN = Node("var", value="seq_len")
+
+
+def _ties(cmp):
+    """seq_max, seq_min: the extreme's ties share it equally, as torch.amax's gradient."""
+    def rule(n, a, x):
+        tie = Node("ind", (Node(cmp, (x, n)),))
+        return mul(tie, div(Node("seq_sum", (a,)), Node("max", (Node("seq_sum", (tie,)), ONE))))
+    return rule
+
+
+def _prefix_mean_adjoint(n, a, x):      # token s was read by every t ≥ s, by 1/count_t
+    return Node("suffix_sum", (div(a, Node("max", (Node("prefix_sum", (ONE,)), ONE))),))
+
+
+def _wide(rule):
+    """group_*, batch_*: rule(n, adjoint gathered, x, its siblings) for a token-level x (each position
+    read by the same position of the group, or by the batch); a response-level x's value read by
+    every token of the group or batch, spread back over its own tokens by 1/|y| (their mean)."""
+    def adjoint(n, a, x):
+        level = n.value
+        over = lambda kind, y: Node(f"{OPS[n.op].over}_{kind}", (y,), value=level)     # noqa: E731
+        shared = rule(n, a if level == "token" else Node("seq_sum", (a,)), x, over)
+        return shared if level == "token" else div(shared, Node("max", (_SEQ_LEN, ONE)))
+    return adjoint
+
+
+def _std_rule(n, g, x, over):
+    # the sample std s: ∂s/∂x_i = (d_i − mean(d))/((n − 1)·s), d = x − mean(x), 0 where s = 0
+    # (below two, or all equal); mean(d) is 0 in exact arithmetic, not in doubles: k equal values
+    # have d_i = c − mean, all alike, and a slope of ±1/√(n(n − 1)) without it (autograd's has it)
+    d = sub(x, over("mean", x))
+    slope = div(sub(d, over("mean", d)), mul(sub(over("count", x), ONE), n))
+    return Node("select", (Node("gt", (n, ZERO)), mul(slope, over("sum", g))))
+
+
 # ---------------------------------------------------------------- families of rows
 def _operator(symbol, prec, arity, sympy, py, torch_symbol=None, np=None, kind="num", args_kind="num", **declared):
     """An infix or prefix operator: its torch text is Python's operator, which acts
@@ -147,7 +193,7 @@ def _comparison(symbol, torch_symbol, sympy, py):
                      branching=True, piecewise=False, exact=None, not_real=None, compares=lambda a, b: [(a, b)])
 
 
-def _reduction(name, over, kind, callable=True):
+def _reduction(name, over, kind, callable=True, adjoint=None):
     """A reduction (Op.over): it has no per-token value, so only its torch text (core.codegen's
     helpers, lang.lowerings) and its value where all it reduces hold x exist. A group or batch
     reduction's torch text also takes its argument's level ('token' or 'response'), which
@@ -164,7 +210,7 @@ def _reduction(name, over, kind, callable=True):
     return Op(symbol=name, prec=100, arity=(1, 1), kind="num", args_kind="num", callable=callable,
               signature=f"{name}(x)" if callable else "", sympy=unlowered, torch=torch, py=unlowered, np=unlowered,
               gradient="reduction", continuous=True, branching=kind in ("max", "min"), piecewise=False, exact=None,
-              not_real=None, compares=None, reduce=kind, over=over, uniform=uniform)
+              not_real=None, compares=None, reduce=kind, over=over, uniform=uniform, adjoint=adjoint)
 
 
 def _constant(n: Node) -> bool:
@@ -326,12 +372,21 @@ OPS: dict[str, Op] = {
     "not": _operator("not ", 3, 1, lambda sp, a: sp.Not(a), lambda a: not a, "~", lambda a: f"np.logical_not({a})",
                      kind="bool", args_kind="bool", gradient="none", continuous=False, branching=True,
                      piecewise=False, exact=None, not_real=None, compares=None),
-    **{f"seq_{k}": _reduction(f"seq_{k}", "response", k) for k in ("sum", "mean", "max", "min")},
+    **{f"seq_{k}": _reduction(f"seq_{k}", "response", k, adjoint=adjoint) for k, adjoint in (
+        ("sum", lambda n, a, x: Node("seq_sum", (a,))), ("mean", lambda n, a, x: Node("seq_mean", (a,))),
+        ("max", _ties("ge")), ("min", _ties("le")))},
     # the language's third version: reductions along a response, over a prompt's group, over the batch
-    **{f"prefix_{k}": _reduction(f"prefix_{k}", "prefix", k) for k in ("sum", "mean")},
-    **{f"group_{k}": _reduction(f"group_{k}", "group", k) for k in ("sum", "mean", "std", "count")},
-    **{f"batch_{k}": _reduction(f"batch_{k}", "batch", k) for k in ("sum", "mean", "count")},
-    "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False),
+    **{f"prefix_{k}": _reduction(f"prefix_{k}", "prefix", k, adjoint=adjoint) for k, adjoint in (
+        ("sum", lambda n, a, x: Node("suffix_sum", (a,))), ("mean", _prefix_mean_adjoint))},
+    **{f"{over}_{k}": _reduction(f"{over}_{k}", over, k, adjoint=adjoint) for over, k, adjoint in (
+        ("group", "sum", _wide(lambda n, g, x, over: over("sum", g))),
+        ("group", "mean", _wide(lambda n, g, x, over: over("mean", g))),
+        ("group", "std", _wide(_std_rule)), ("group", "count", "none"),
+        ("batch", "sum", _wide(lambda n, g, x, over: over("sum", g))),
+        ("batch", "mean", _wide(lambda n, g, x, over: over("mean", g))), ("batch", "count", "none"))},
+    # prefix_sum's adjoint (not in the language); its own: token s read by every t ≤ s
+    "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False,
+                             adjoint=lambda n, a, x: Node("prefix_sum", (a,))),
 }
 
 # Functions a user may call by name, with their argument counts (the rest are operators or brackets).
@@ -342,4 +397,4 @@ REDUCTIONS = tuple(k for k, op in OPS.items() if op.reduce)
 def passes_no_gradient(op: str) -> bool:
     """sg, sign, [...], the conditions and the counts (group_count, batch_count: they read no
     value): nothing below them is differentiated."""
-    return OPS[op].gradient in ("zero", "none") or OPS[op].reduce == "count"
+    return OPS[op].gradient in ("zero", "none") or OPS[op].adjoint == "none"
