@@ -97,6 +97,33 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
     assert pytest_in(copy, *docs_check).returncode == 0
 
 
+def test_a_reduction_added_as_the_page_says_is_refused_without_its_adjoint_and_checked_by_the_generated_tests(copy):
+    """The toy group_max: without its adjoint the row is refused on import; with another row's
+    (group_std's, what reverse mode used to guess) the generated tests fail; with its own they pass."""
+    ops, row = copy / "openrlhf_drpo/lang/operations.py", block("reduction-row")
+    bare = row.split(", adjoint=")[0] + "),"
+    insert(ops, bare, before="# prefix_sum's adjoint (not in the language)")
+    insert(copy / "openrlhf_drpo/lang/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
+    insert(copy / "openrlhf_drpo/core/codegen.py", block("reduction-kernel"),
+           before="    # a reduction's result may share storage")
+    proc = run(copy, "import openrlhf_drpo.lang.operations")
+    assert "TypeError: operation 'group_max': a reduction declares its adjoint=" in proc.stderr, proc.stderr[-2000:]
+    generated = ("tests/test_reductions.py", "tests/test_loss_v3.py", "-k", "group_max")
+    ops.write_text(ops.read_text(encoding="utf-8").replace(bare, row.replace("adj.group_ties", "adj.std")),
+                   encoding="utf-8")
+    proc = pytest_in(copy, *generated)
+    assert proc.returncode == 1 and "group_max r*A*{f}(r) fused=True" in proc.stdout, proc.stdout[-3000:]
+    insert(copy / "openrlhf_drpo/lang/adjoints.py", "\n\n" + block("reduction-adjoint"))
+    ops.write_text(ops.read_text(encoding="utf-8").replace(row.replace("adj.group_ties", "adj.std"), row),
+                   encoding="utf-8")
+    proc = pytest_in(copy, *generated)
+    assert proc.returncode == 0 and "\n8 passed" in proc.stdout, proc.stdout[-3000:]    # 6 generated, 2 definitions
+    docs_check = ("tests/test_docs.py", "-k", "every_function_of_the_language_is_documented")
+    assert pytest_in(copy, *docs_check).returncode == 1
+    insert(copy / "docs/language.md", block("reduction-doc"), after="- `softsign(x)`:")
+    assert pytest_in(copy, *docs_check).returncode == 0
+
+
 HOST = """
 import torch
 from openrlhf_drpo.hosts.toy import ToyLoss

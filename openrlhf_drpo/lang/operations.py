@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from openrlhf_drpo.lang import adjoints as adj
 from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, call, div, ind, is_num, mul, neg, num, power, sub
 from openrlhf_drpo.lang.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sigmoid, py_sign,
                         py_softplus, torch_clip, torch_extreme, torch_select)
@@ -130,44 +131,6 @@ def _d_clip(n, d):
     m = Node("max", (x, lo))
     dm = _d_extreme(m, [d[0], d[1]], {False: "ge", True: "gt"})
     return _d_extreme(Node("min", (m, hi)), [dm, d[2]], {False: "le", True: "lt"})
-
-
-# ---------------------------------------------------------------- adjoint rules (Op.adjoint)
-# n's adjoint a, gathered from every token that read n, spread back over the tokens n read.
-_SEQ_LEN = Node("var", value="seq_len")
-
-
-def _ties(cmp):
-    """seq_max, seq_min: the extreme's ties share it equally, as torch.amax's gradient."""
-    def rule(n, a, x):
-        tie = Node("ind", (Node(cmp, (x, n)),))
-        return mul(tie, div(Node("seq_sum", (a,)), Node("max", (Node("seq_sum", (tie,)), ONE))))
-    return rule
-
-
-def _prefix_mean_adjoint(n, a, x):      # token s was read by every t ≥ s, by 1/count_t
-    return Node("suffix_sum", (div(a, Node("max", (Node("prefix_sum", (ONE,)), ONE))),))
-
-
-def _wide(rule):
-    """group_*, batch_*: rule(n, adjoint gathered, x, its siblings) for a token-level x (each position
-    read by the same position of the group, or by the batch); a response-level x's value read by
-    every token of the group or batch, spread back over its own tokens by 1/|y| (their mean)."""
-    def adjoint(n, a, x):
-        level = n.value
-        over = lambda kind, y: Node(f"{OPS[n.op].over}_{kind}", (y,), value=level)     # noqa: E731
-        shared = rule(n, a if level == "token" else Node("seq_sum", (a,)), x, over)
-        return shared if level == "token" else div(shared, Node("max", (_SEQ_LEN, ONE)))
-    return adjoint
-
-
-def _std_rule(n, g, x, over):
-    # the sample std s: ∂s/∂x_i = (d_i − mean(d))/((n − 1)·s), d = x − mean(x), 0 where s = 0
-    # (below two, or all equal); mean(d) is 0 in exact arithmetic, not in doubles: k equal values
-    # have d_i = c − mean, all alike, and a slope of ±1/√(n(n − 1)) without it (autograd's has it)
-    d = sub(x, over("mean", x))
-    slope = div(sub(d, over("mean", d)), mul(sub(over("count", x), ONE), n))
-    return Node("select", (Node("gt", (n, ZERO)), mul(slope, over("sum", g))))
 
 
 # ---------------------------------------------------------------- families of rows
@@ -373,20 +336,17 @@ OPS: dict[str, Op] = {
                      kind="bool", args_kind="bool", gradient="none", continuous=False, branching=True,
                      piecewise=False, exact=None, not_real=None, compares=None),
     **{f"seq_{k}": _reduction(f"seq_{k}", "response", k, adjoint=adjoint) for k, adjoint in (
-        ("sum", lambda n, a, x: Node("seq_sum", (a,))), ("mean", lambda n, a, x: Node("seq_mean", (a,))),
-        ("max", _ties("ge")), ("min", _ties("le")))},
+        ("sum", adj.response_sum), ("mean", adj.response_mean), ("max", adj.ties("ge")), ("min", adj.ties("le")))},
     # the language's third version: reductions along a response, over a prompt's group, over the batch
     **{f"prefix_{k}": _reduction(f"prefix_{k}", "prefix", k, adjoint=adjoint) for k, adjoint in (
-        ("sum", lambda n, a, x: Node("suffix_sum", (a,))), ("mean", _prefix_mean_adjoint))},
+        ("sum", adj.prefix_sum), ("mean", adj.prefix_mean))},
     **{f"{over}_{k}": _reduction(f"{over}_{k}", over, k, adjoint=adjoint) for over, k, adjoint in (
-        ("group", "sum", _wide(lambda n, g, x, over: over("sum", g))),
-        ("group", "mean", _wide(lambda n, g, x, over: over("mean", g))),
-        ("group", "std", _wide(_std_rule)), ("group", "count", "none"),
-        ("batch", "sum", _wide(lambda n, g, x, over: over("sum", g))),
-        ("batch", "mean", _wide(lambda n, g, x, over: over("mean", g))), ("batch", "count", "none"))},
-    # prefix_sum's adjoint (not in the language); its own: token s read by every t ≤ s
-    "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False,
-                             adjoint=lambda n, a, x: Node("prefix_sum", (a,))),
+        ("group", "sum", adj.wide("group", adj.total)), ("group", "mean", adj.wide("group", adj.mean)),
+        ("group", "std", adj.wide("group", adj.std)), ("group", "count", "none"),
+        ("batch", "sum", adj.wide("batch", adj.total)), ("batch", "mean", adj.wide("batch", adj.mean)),
+        ("batch", "count", "none"))},
+    # prefix_sum's adjoint (not in the language)
+    "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False, adjoint=adj.suffix_sum),
 }
 
 # Functions a user may call by name, with their argument counts (the rest are operators or brackets).
