@@ -144,16 +144,17 @@ def close(got, want, what):
 
 
 def fused_plain_reference(name, template, ties):
-    """The row's check: fused == plain == the reference, in the loss and both gradients, on a
-    clean batch; the same bits with NaN and ±inf in every masked slot; masked tokens get nothing."""
+    """The row's check: fused (eager and sync-free) == plain == the reference, in the loss and both
+    gradients, on a clean batch; the same bits with NaN and ±inf in every masked slot; masked tokens get nothing."""
     b = batch(ties)
     want = reference_loss(name, template, b)
     obj = objective(name, template)
-    for fused in (True, False):
+    for fused, sync_free in ((True, False), (True, True), (False, False)):     # sync_free: CUDA's path
         loss_fn = CompiledLoss(obj, fused=fused)
+        loss_fn.sync_free = sync_free
         got = run(loss_fn, b)
         for i, what in enumerate(("loss", "∂/∂log π", "∂/∂H")):
-            close(got[i], want[i], f"{name} {template} fused={fused} ties={ties}: {what}")
+            close(got[i], want[i], f"{name} {template} fused={fused} sync_free={sync_free} ties={ties}: {what}")
         assert not got[1][~b["mask"]].any()
         messy = run(loss_fn, b, clean=False)
         assert all(torch.equal(x, y) for x, y in zip(got, messy) if x is not None), "masked NaN reached the loss"
