@@ -35,15 +35,18 @@ def insert(path: pathlib.Path, text: str, before: str = None, after: str = None)
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
-def copy(tmp_path_factory):
-    """The package, its docs and the tests the recipes name, in a temporary folder."""
-    dest = tmp_path_factory.mktemp("repo")
+def copy_of_repo(dest: pathlib.Path) -> pathlib.Path:
+    """The package, its docs and the tests the recipes name, in the temporary folder `dest`."""
     for part in ("openrlhf_drpo", "docs", "tests"):
         shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "golden"))
     for part in ("README.md", "setup.cfg"):
         shutil.copy(ROOT / part, dest / part)
     return dest
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory):
+    return copy_of_repo(tmp_path_factory.mktemp("repo"))
 
 
 def run(copy, code: str) -> subprocess.CompletedProcess:
@@ -97,9 +100,11 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
     assert pytest_in(copy, *docs_check).returncode == 0
 
 
-def test_a_reduction_added_as_the_page_says_is_refused_without_its_adjoint_and_checked_by_the_generated_tests(copy):
+def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_tests_check_it(tmp_path):
     """The toy group_max: without its adjoint the row is refused on import; with another row's
-    (group_std's, what reverse mode used to guess) the generated tests fail; with its own they pass."""
+    (group_std's, what reverse mode used to guess) the generated tests fail; with its own they pass.
+    In a copy of its own (the other recipes' copy keeps every file within test_layers' sizes)."""
+    copy = copy_of_repo(tmp_path)
     ops, row = copy / "openrlhf_drpo/lang/operations.py", block("reduction-row")
     bare = row.split(", adjoint=")[0] + "),"
     insert(ops, bare, before="# prefix_sum's adjoint (not in the language)")
