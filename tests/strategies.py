@@ -4,6 +4,8 @@ and SEQUENCE_OBJECTIVES depend on the policy by construction, so the parser acce
 and a test filters (with assume(), reporting why) only what its own property cannot compare."""
 from hypothesis import strategies as st
 
+from openrlhf_drpo.lang.operations import OPS
+
 LEAVES = st.sampled_from(["r", "π", "μ", "A", "δ", "2", "0.5"])
 
 
@@ -99,9 +101,8 @@ SEQUENCE_OBJECTIVES = st.one_of(
 
 
 # The third version: random compositions of the prefix, group and batch reductions (nested too), over
-# the new inputs, response-level values and the objectives above.
-_V3_REDUCTIONS = st.sampled_from(["prefix_sum", "prefix_mean", "group_sum", "group_mean", "group_std", "group_count",
-                                  "batch_sum", "batch_mean", "batch_count"])
+# the new inputs, response-level values and the objectives above; every such row of the table.
+_V3_REDUCTIONS = st.sampled_from([k for k, op in OPS.items() if op.callable and op.over in ("prefix", "group", "batch")])
 _V3_LEAVES = st.one_of(OBJECTIVES, st.sampled_from(["H", "sum_π_sq", "log(π_ref) - log(μ)", "seq_mean(r)", "seq_len",
                                                     "sg(r)"]))
 _V3_REDUCED = st.tuples(_V3_REDUCTIONS, _V3_LEAVES).map(lambda t: f"{t[0]}({t[1]})")

@@ -35,15 +35,18 @@ def insert(path: pathlib.Path, text: str, before: str = None, after: str = None)
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
-def copy(tmp_path_factory):
-    """The package, its docs and the tests the recipes name, in a temporary folder."""
-    dest = tmp_path_factory.mktemp("repo")
+def copy_of_repo(dest: pathlib.Path) -> pathlib.Path:
+    """The package, its docs and the tests the recipes name, in the temporary folder `dest`."""
     for part in ("openrlhf_drpo", "docs", "tests"):
         shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "golden"))
     for part in ("README.md", "setup.cfg"):
         shutil.copy(ROOT / part, dest / part)
     return dest
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory):
+    return copy_of_repo(tmp_path_factory.mktemp("repo"))
 
 
 def run(copy, code: str) -> subprocess.CompletedProcess:
@@ -94,6 +97,35 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
     undocumented = pytest_in(copy, *docs_check)
     assert undocumented.returncode == 1 and "cube" in undocumented.stdout, undocumented.stdout[-2000:]
     insert(copy / "docs/language.md", block("atom-doc"), after="- `softsign(x)`:")
+    assert pytest_in(copy, *docs_check).returncode == 0
+
+
+def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_tests_check_it(tmp_path):
+    """The toy group_max: without its adjoint the row is refused on import; with another row's
+    (group_std's, what reverse mode used to guess) the generated tests fail; with its own they pass.
+    In a copy of its own (the other recipes' copy keeps every file within test_layers' sizes)."""
+    copy = copy_of_repo(tmp_path)
+    ops, row = copy / "openrlhf_drpo/lang/operations.py", block("reduction-row")
+    bare = row.split(", adjoint=")[0] + "),"
+    insert(ops, bare, before="# prefix_sum's adjoint (not in the language)")
+    insert(copy / "openrlhf_drpo/lang/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
+    insert(copy / "openrlhf_drpo/core/codegen.py", block("reduction-kernel"),
+           before="    # a reduction's result may share storage")
+    proc = run(copy, "import openrlhf_drpo.lang.operations")
+    assert "TypeError: operation 'group_max': a reduction declares its adjoint=" in proc.stderr, proc.stderr[-2000:]
+    generated = ("tests/test_reductions.py", "tests/test_loss_v3.py", "-k", "group_max")
+    ops.write_text(ops.read_text(encoding="utf-8").replace(bare, row.replace("adj.group_ties", "adj.std")),
+                   encoding="utf-8")
+    proc = pytest_in(copy, *generated)
+    assert proc.returncode == 1 and "group_max r*A*{f}(r) fused=True" in proc.stdout, proc.stdout[-3000:]
+    insert(copy / "openrlhf_drpo/lang/adjoints.py", "\n\n" + block("reduction-adjoint"))
+    ops.write_text(ops.read_text(encoding="utf-8").replace(row.replace("adj.group_ties", "adj.std"), row),
+                   encoding="utf-8")
+    proc = pytest_in(copy, *generated)
+    assert proc.returncode == 0 and "\n8 passed" in proc.stdout, proc.stdout[-3000:]    # 6 generated, 2 definitions
+    docs_check = ("tests/test_docs.py", "-k", "every_function_of_the_language_is_documented")
+    assert pytest_in(copy, *docs_check).returncode == 1
+    insert(copy / "docs/language.md", block("reduction-doc"), after="- `softsign(x)`:")
     assert pytest_in(copy, *docs_check).returncode == 0
 
 

@@ -12,8 +12,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "openrlhf_drpo"
 # (its engine, the typed result, its entry point and presentation), the shipped library, the
 # hosts, the lab, the command line
 LAYERS = [
-    "lang.errors", "lang.names", "lang.ir", "lang.lowerings", "lang.operations", "lang.levels", "lang.walks", "lang.printing",
-    "lang.source", "lang.objective", "lang.expressions", "lang.parser", "lang",
+    "lang.errors", "lang.names", "lang.ir", "lang.lowerings", "lang.adjoints", "lang.operations", "lang.levels",
+    "lang.walks", "lang.printing", "lang.source", "lang.objective", "lang.expressions", "lang.parser", "lang",
     "core.rewrites", "core.reverse_mode", "core.codegen", "core.values", "core.boundary", "core.collectives",
     "core.kernels",
     "core.measures", "core.loss",

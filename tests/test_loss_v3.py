@@ -18,6 +18,7 @@ from openrlhf_drpo import lang
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 from openrlhf_drpo.lang import DslError
 from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS
+from openrlhf_drpo.lang.operations import OPS
 
 F64 = torch.float64
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -62,45 +63,53 @@ HELPERS = {"torch": torch, "math": math}
 exec(TORCH_REDUCTIONS, HELPERS)
 
 
+def _std(pool):
+    n = len(pool)
+    mean = sum(pool) / n if n else 0.0
+    return math.sqrt(sum((v - mean) ** 2 for v in pool) / (n - 1)) if n >= 2 else 0.0
+
+
+# each kind of reduction (a row's `reduce`) over the values it reduces; 0 over none
+DEFINITIONS = {"sum": sum, "count": len, "mean": lambda pool: sum(pool) / len(pool) if pool else 0.0,
+               "max": lambda pool: max(pool, default=0.0), "min": lambda pool: min(pool, default=0.0), "std": _std}
+
+
 def by_definition(name, x, mask, groups, level):
-    """The reduction at every (b, t), by loops over its definition (docs/language.md)."""
-    B, T = x.shape
+    """The reduction at every (b, t), by loops over its row's `over` and `reduce` (docs/language.md)."""
+    op, (B, T) = OPS[name], x.shape
     out = torch.zeros_like(x)
     nonempty = [bool(mask[b].any()) for b in range(B)]
     value = [x[b][mask[b]].mean() if nonempty[b] else 0.0 for b in range(B)]     # a response-level x's value
+    along = {"response": lambda s, t: True, "prefix": lambda s, t: s <= t, "suffix": lambda s, t: s >= t}
     for b in range(B):
         for t in range(T):
-            if name.startswith("prefix"):
-                seen = [x[b, s] for s in range(t + 1) if mask[b, s]]
-                out[b, t] = sum(seen) / max(len(seen), 1) if name == "prefix_mean" else sum(seen)
-                continue
-            mates = [c for c in range(B) if name.startswith("batch") or groups[c] == groups[b]]
-            if level == "token":
-                pool = [x[c, s] for c in mates for s in range(T) if mask[c, s] and (name.startswith("batch") or s == t)]
+            if op.over in along:
+                pool = [x[b, s] for s in range(T) if mask[b, s] and along[op.over](s, t)]
             else:
-                pool = [value[c] for c in mates if nonempty[c]]
-            kind = name.split("_")[1]
-            n = len(pool)
-            mean = sum(pool) / n if n else 0.0
-            out[b, t] = {"sum": sum(pool), "count": n, "mean": mean,
-                         "std": math.sqrt(sum((v - mean) ** 2 for v in pool) / (n - 1)) if n >= 2 else 0.0}[kind]
+                mates = [c for c in range(B) if op.over == "batch" or groups[c] == groups[b]]
+                if level == "token":
+                    pool = [x[c, s] for c in mates for s in range(T) if mask[c, s] and (op.over == "batch" or s == t)]
+                else:
+                    pool = [value[c] for c in mates if nonempty[c]]
+            out[b, t] = DEFINITIONS[op.reduce](pool)
     return out
 
 
-CASES = [(name, level) for name in ("prefix_sum", "prefix_mean") for level in ("token",)] + [
-    (name, level) for name in ("group_sum", "group_mean", "group_std", "group_count", "batch_sum", "batch_mean",
-                               "batch_count") for level in ("token", "response")]
+# every reduction row, a group or batch one at both of its argument's levels
+CASES = [(name, level) for name, op in OPS.items() if op.reduce
+         for level in (("token", "response") if op.over in ("group", "batch") else ("token",))]
 
 
 @pytest.mark.parametrize("name, level", CASES)
 def test_each_reduction_equals_its_definition_and_never_reads_a_masked_token(name, level):
+    """The row's torch text, as generated code holds it, against loops over its definition."""
     b = batch(0)
     mask, groups = b["mask"], b["groups"]
     x = b["A"] if level == "token" else (b["A"] * mask).sum(-1, keepdim=True).expand_as(b["A"]).clone()
     group = torch.tensor([GROUPS.index(g) for g in GROUPS])      # each response's group's first response
-    args = (dirty(x, mask), mask, x) + ((group, level) if name.startswith("group") else
-                                         (None, level) if name.startswith("batch") else ())
-    got = HELPERS[f"_{name}"](*args)
+    op = OPS[name]
+    code = op.torch("x", level) if op.over in ("group", "batch") else op.torch("x")
+    got = eval(code, {**HELPERS, "x": dirty(x, mask), "m": mask, "logp": x, "group": group, "pg": None})
     want = by_definition(name, x, mask, groups, level)
     assert torch.allclose(got[mask], want[mask], rtol=1e-12, atol=1e-12), (got - want).abs().max()
     assert torch.isfinite(got).all()

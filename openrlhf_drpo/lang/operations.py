@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from openrlhf_drpo.lang import adjoints as adj
 from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, call, div, ind, is_num, mul, neg, num, power, sub
 from openrlhf_drpo.lang.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sigmoid, py_sign,
                         py_softplus, torch_clip, torch_extreme, torch_select)
@@ -51,8 +52,8 @@ class Op:
     np: Callable                # (*argument names) -> numpy source text
     # the derivative: a rule (node, argument derivatives) -> Node, through which the gradient
     # passes; "zero" (sg, sign, [...]: nothing below is differentiated); "none" (a condition:
-    # it only ever sits inside [...]); "reduction" (a token's derivative depends on its whole
-    # response: reverse mode only, in core.codegen)
+    # it only ever sits inside [...]); "reduction" (a token's derivative depends on other tokens:
+    # reverse mode only, through the row's `adjoint`)
     gradient: Callable | str
     # continuous in r wherever it is defined, in the domain 0 < μ ≤ 1, 0 < π ≤ 1 (the "smooth"
     # claim is proven from these); a predicate on the node where that depends on its arguments
@@ -71,6 +72,9 @@ class Op:
     reduce: str = ""
     over: str = ""
     uniform: Callable | None = None
+    # a reduction's reverse-mode rule (node, its adjoint a, its argument x) -> x's adjoint per token, in
+    # IR (core.reverse_mode), or "none" (a count reads no value); required: never guessed from `reduce`
+    adjoint: Callable | str | None = None
 
     def __post_init__(self):
         problems = []
@@ -81,6 +85,11 @@ class Op:
         if (self.gradient == "reduction") != bool(self.reduce and self.uniform and self.over in OVER):
             problems.append(f"a reduction, and only a reduction, has gradient 'reduction', reduce, uniform and "
                             f"over (one of {OVER})")
+        if self.gradient == "reduction" and not (callable(self.adjoint) or self.adjoint == "none"):
+            problems.append("a reduction declares its adjoint=: a rule (node, its adjoint a, its argument x) -> "
+                            "x's adjoint per token, in IR (as seq_sum's), or 'none' where it reads no value (a count)")
+        if self.gradient != "reduction" and self.adjoint is not None:
+            problems.append("only a reduction has an adjoint (reverse mode runs every other row's `gradient` rule)")
         if self.callable and not self.signature:
             problems.append("a callable operation gives its signature")
         if problems:
@@ -147,7 +156,7 @@ def _comparison(symbol, torch_symbol, sympy, py):
                      branching=True, piecewise=False, exact=None, not_real=None, compares=lambda a, b: [(a, b)])
 
 
-def _reduction(name, over, kind, callable=True):
+def _reduction(name, over, kind, callable=True, adjoint=None):
     """A reduction (Op.over): it has no per-token value, so only its torch text (core.codegen's
     helpers, lang.lowerings) and its value where all it reduces hold x exist. A group or batch
     reduction's torch text also takes its argument's level ('token' or 'response'), which
@@ -164,7 +173,7 @@ def _reduction(name, over, kind, callable=True):
     return Op(symbol=name, prec=100, arity=(1, 1), kind="num", args_kind="num", callable=callable,
               signature=f"{name}(x)" if callable else "", sympy=unlowered, torch=torch, py=unlowered, np=unlowered,
               gradient="reduction", continuous=True, branching=kind in ("max", "min"), piecewise=False, exact=None,
-              not_real=None, compares=None, reduce=kind, over=over, uniform=uniform)
+              not_real=None, compares=None, reduce=kind, over=over, uniform=uniform, adjoint=adjoint)
 
 
 def _constant(n: Node) -> bool:
@@ -326,12 +335,18 @@ OPS: dict[str, Op] = {
     "not": _operator("not ", 3, 1, lambda sp, a: sp.Not(a), lambda a: not a, "~", lambda a: f"np.logical_not({a})",
                      kind="bool", args_kind="bool", gradient="none", continuous=False, branching=True,
                      piecewise=False, exact=None, not_real=None, compares=None),
-    **{f"seq_{k}": _reduction(f"seq_{k}", "response", k) for k in ("sum", "mean", "max", "min")},
+    **{f"seq_{k}": _reduction(f"seq_{k}", "response", k, adjoint=adjoint) for k, adjoint in (
+        ("sum", adj.response_sum), ("mean", adj.response_mean), ("max", adj.ties("ge")), ("min", adj.ties("le")))},
     # the language's third version: reductions along a response, over a prompt's group, over the batch
-    **{f"prefix_{k}": _reduction(f"prefix_{k}", "prefix", k) for k in ("sum", "mean")},
-    **{f"group_{k}": _reduction(f"group_{k}", "group", k) for k in ("sum", "mean", "std", "count")},
-    **{f"batch_{k}": _reduction(f"batch_{k}", "batch", k) for k in ("sum", "mean", "count")},
-    "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False),
+    **{f"prefix_{k}": _reduction(f"prefix_{k}", "prefix", k, adjoint=adjoint) for k, adjoint in (
+        ("sum", adj.prefix_sum), ("mean", adj.prefix_mean))},
+    **{f"{over}_{k}": _reduction(f"{over}_{k}", over, k, adjoint=adjoint) for over, k, adjoint in (
+        ("group", "sum", adj.wide("group", adj.total)), ("group", "mean", adj.wide("group", adj.mean)),
+        ("group", "std", adj.wide("group", adj.std)), ("group", "count", "none"),
+        ("batch", "sum", adj.wide("batch", adj.total)), ("batch", "mean", adj.wide("batch", adj.mean)),
+        ("batch", "count", "none"))},
+    # prefix_sum's adjoint (not in the language)
+    "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False, adjoint=adj.suffix_sum),
 }
 
 # Functions a user may call by name, with their argument counts (the rest are operators or brackets).
@@ -342,4 +357,4 @@ REDUCTIONS = tuple(k for k, op in OPS.items() if op.reduce)
 def passes_no_gradient(op: str) -> bool:
     """sg, sign, [...], the conditions and the counts (group_count, batch_count: they read no
     value): nothing below them is differentiated."""
-    return OPS[op].gradient in ("zero", "none") or OPS[op].reduce == "count"
+    return OPS[op].gradient in ("zero", "none") or OPS[op].adjoint == "none"

@@ -1,0 +1,69 @@
+"""The reductions' adjoint rules, named by their rows (lang.operations: Op.adjoint): what reverse
+mode (core.reverse_mode) gives a reduction's argument, in IR. A rule (n, a, x) takes the node, its
+adjoint a (at each token that read it) and its argument x, and returns what x's adjoint receives at
+each token: a gathered from every token that read n, spread back over the tokens n read (reverse
+mode masks it: a masked token receives nothing)."""
+from __future__ import annotations
+
+from openrlhf_drpo.lang.ir import ONE, ZERO, Node, div, mul, sub
+
+SEQ_LEN = Node("var", value="seq_len")
+
+
+def response_sum(n, a, x):          # every token of the response read every token of it
+    return Node("seq_sum", (a,))
+
+
+def response_mean(n, a, x):         # ... by 1/|y|
+    return Node("seq_mean", (a,))
+
+
+def ties(cmp):
+    """seq_max, seq_min (cmp "ge", "le"): the extreme's ties share it equally, as torch.amax's gradient."""
+    def rule(n, a, x):
+        tie = Node("ind", (Node(cmp, (x, n)),))
+        return mul(tie, div(Node("seq_sum", (a,)), Node("max", (Node("seq_sum", (tie,)), ONE))))
+    return rule
+
+
+def prefix_sum(n, a, x):            # token s was read by every unmasked t ≥ s
+    return Node("suffix_sum", (a,))
+
+
+def prefix_mean(n, a, x):           # ... by 1/count_t
+    return Node("suffix_sum", (div(a, Node("max", (Node("prefix_sum", (ONE,)), ONE))),))
+
+
+def suffix_sum(n, a, x):            # token s was read by every unmasked t ≤ s
+    return Node("prefix_sum", (a,))
+
+
+def wide(over, rule):
+    """group_* and batch_* (`over`): rule(n, g, x, sibling) for a token-level x, each position read
+    by the same position of the group's responses, or every token by the whole batch (g = a); or a
+    response-level one, each response's value read by every token of the group's or the batch's
+    responses (g = its response's Σ a) and spread back over its own tokens by 1/|y| (the value is
+    their mean). sibling(kind, y) is the same reduction of kind `kind` of y, at the node's level."""
+    def adjoint(n, a, x):
+        level = n.value
+        sibling = lambda kind, y: Node(f"{over}_{kind}", (y,), value=level)     # noqa: E731
+        shared = rule(n, a if level == "token" else Node("seq_sum", (a,)), x, sibling)
+        return shared if level == "token" else div(shared, Node("max", (SEQ_LEN, ONE)))
+    return adjoint
+
+
+def total(n, g, x, sibling):        # wide sums: each element read by every member of its pool
+    return sibling("sum", g)
+
+
+def mean(n, g, x, sibling):
+    return sibling("mean", g)
+
+
+def std(n, g, x, sibling):
+    # the sample std s: ∂s/∂x_i = (d_i − mean(d))/((n − 1)·s), d = x − mean(x), 0 where s = 0
+    # (below two, or all equal); mean(d) is 0 in exact arithmetic, not in doubles: k equal values
+    # have d_i = c − mean, all alike, and a slope of ±1/√(n(n − 1)) without it (autograd's has it)
+    d = sub(x, sibling("mean", x))
+    slope = div(sub(d, sibling("mean", d)), mul(sub(sibling("count", x), ONE), n))
+    return Node("select", (Node("gt", (n, ZERO)), mul(slope, sibling("sum", g))))
