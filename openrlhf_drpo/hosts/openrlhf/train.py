@@ -258,7 +258,9 @@ def _ship_spec(ns, cpu: bool) -> None:
     """On OpenRLHF's parsed args: the objective first (a bad file is the first error), then CPU
     mode's flags and the pre-flight checks, and only then is anything written (the report)."""
     from openrlhf_drpo.hosts.openrlhf import cpu_mode
+    from openrlhf_drpo.hosts.openrlhf.options import refuse_superseded
     spec, obj = prepare_objective(ns)
+    refuse_superseded(sys.argv[1:])     # PolicyLoss's own flags: the objective replaces them
     if cpu:
         cpu_mode.check_flags(ns, sys.argv[1:])
     preflight(ns, cpu)
