@@ -1,8 +1,9 @@
-"""drpo-train: OpenRLHF's own train_ppo_ray command line, unchanged, plus --drpo.* flags.
+"""drpo-train: OpenRLHF's own train_ppo_ray command line plus --drpo.* flags, less the flags only
+PolicyLoss reads (refused: the objective replaces PolicyLoss; options.SUPERSEDED).
 
     drpo-train --drpo.objective FILE_OR_NAME [--drpo.set NAME=VALUE]... [--drpo.anchor old|rollout]
                [--drpo.chunked_logprobs on|off] [--drpo.logprob_chunk TOKENS]
-               [--drpo.cpu_mode auto|on|off] <any openrlhf.cli.train_ppo_ray flags>
+               [--drpo.cpu_mode auto|on|off] <openrlhf.cli.train_ppo_ray flags>
 
 OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1) add the
 --drpo.* flags to its parser, then parse, analyse and compile the objective in this driver
