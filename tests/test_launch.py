@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from openrlhf_drpo.hosts.openrlhf import launch
-from openrlhf_drpo.hosts.openrlhf.options import policy_loss_text, refuse_superseded, superseded_flags
+from openrlhf_drpo.hosts.openrlhf.options import SUPERSEDED, policy_loss_text, refuse_superseded, superseded_flags
 
 REWARD = os.path.join(os.path.dirname(__file__), "..", "openrlhf_drpo", "hosts", "openrlhf", "reward.py")
 # the issue's migrated script: GSPO at ε = 0.1, dual clip 3, per-sequence aggregation
@@ -44,6 +44,17 @@ def test_a_command_line_without_policylosss_flags_passes():
             "--algo.advantage.is_correction_level", "token", "--vllm.num_engines", "1"]
     assert superseded_flags(argv) == {}
     refuse_superseded(argv)
+
+
+def test_the_refused_flags_are_openrlhfs_and_no_other_flag_abbreviates_to_one():
+    """superseded_flags resolves abbreviations with a parser of these flags alone: that agrees with
+    OpenRLHF's parser only while none of its other flags is a prefix of one of them."""
+    import re
+    help_text = _drpo_train("--help").stdout
+    flags = set(re.findall(r"(--[a-z_]+(?:\.[a-z_]+)+)", help_text))
+    refused = {"--" + flag for flag in SUPERSEDED}
+    assert refused <= flags, refused - flags
+    assert not [(f, r) for f in flags - refused for r in refused if r.startswith(f)]
 
 
 def test_the_command_the_refusal_names_writes_policyloss_under_those_flags():
