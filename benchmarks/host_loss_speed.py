@@ -127,6 +127,9 @@ def verl_pairs(B, T):
         cfg = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1,
                           policy_loss=PolicyLossConfig(loss_mode=mode, **over.pop("policy_loss", {})), **over)
         ours = adapter.register(name, name=f"bench_{name}", **params)
+        # ours with verl's clip settings at their defaults: the objective's parameters replace them
+        ours_cfg = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1,
+                               policy_loss=PolicyLossConfig(loss_mode=ours))
 
         def step(loss_mode, cfg=cfg):
             def run():
@@ -135,7 +138,7 @@ def verl_pairs(B, T):
                                                          loss_agg_mode="token-mean", config=cfg)
                 loss.backward()
             return run
-        pairs[f"verl {mode} / {name}"] = (step(mode), step(ours))
+        pairs[f"verl {mode} / {name}"] = (step(mode), step(ours, ours_cfg))
     return pairs
 
 

@@ -175,6 +175,7 @@ def test_preflight_turns_hangs_and_crashes_into_clear_errors_before_ray_starts(t
         monkeypatch.setenv(key, os.environ.get(key, ""))
     reward = ["--reward.remote_url", task["reward"]] if "--reward.remote_url" not in flags else []
     argv = ["--drpo.objective", "drpo", "--drpo.cpu_mode", "on", "--vllm.num_engines", "1",
+            "--data.prompt_dataset", task["prompts"],
             "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
             "--rollout.n_samples_per_prompt", "2", "--ckpt.output_dir", str(tmp_path), *reward,
             *[f.format(model=task["model"]) for f in flags]]

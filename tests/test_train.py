@@ -62,7 +62,8 @@ def train_flags(out, model, objective="drpo", *extra):
             "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2",
             "--ds.attn_implementation", "eager", "--vllm.sync_backend", "gloo", "--ds.zero_stage", "2",
             "--train.batch_size", "4", "--train.micro_batch_size", "2", "--rollout.batch_size", "2",
-            "--actor.num_gpus_per_node", "1", "--actor.adam.lr", "1e-2", "--actor.lr_warmup_ratio", "0", *extra]
+            "--actor.num_gpus_per_node", "1", "--actor.adam.lr", "1e-2", "--actor.lr_warmup_ratio", "0",
+            "--vllm.num_engines", "1", "--data.prompt_dataset", "unused/prompts", *extra]
 
 
 def _experience(tokenizer, actor_model, seed=0, B=4, prompt=5, response=7):

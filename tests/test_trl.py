@@ -163,6 +163,44 @@ def test_a_setting_training_cannot_run_with_is_refused_before_the_model_loads(tm
                              objective_params={"anchor": anchor} if anchor else None)
 
 
+@pytest.mark.parametrize("config, message", [
+    (dict(epsilon=0.1), "epsilon=0.1: TRL's policy term reads this, and objective 'drpo' replaces that term: it would "
+                        "have no effect; leave epsilon=0.2. In the objective: epsilon: the objective's clip parameters, "
+                        "objective_params={'eps_low': 0.1, 'eps_high': 0.1}"),
+    (dict(epsilon_high=0.28), "epsilon_high: the objective's upper clip, objective_params={'eps_high': 0.28}"),
+    (dict(delta=1.5), "delta: TRL's two-sided clip written in the objective: δ = 1.5, min(min(r, δ)*A, "
+                      "clip(r, 1 - ε_low, 1 + ε_high)*A)"),
+    (dict(importance_sampling_level="sequence"), "importance_sampling_level: objective='gspo'"),
+    (dict(epsilon=0.1, epsilon_high=0.28), "epsilon=0.1, epsilon_high=0.28: TRL's policy term reads these"),
+])
+def test_a_trl_setting_the_objective_replaces_is_refused_naming_its_equivalent(tmp_path, config, message):
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **config)
+    with pytest.raises(ValueError) as e:      # before the model loads: not the missing model's error
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args, objective="drpo")
+    assert message in str(e.value), str(e.value)
+
+
+def test_trls_delta_written_in_the_objective_as_the_refusal_says_is_trls_own_two_sided_clip():
+    """TRL's own _compute_loss with delta, and ours with the objective the refusal names, on one batch
+    (benchmarks/host_loss_speed.py's stand-in trainers: TRL's loss code, the model's forward left out)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import host_loss_speed
+    theirs, ours, inputs = host_loss_speed.trl_harnesses(8, 32, seed=1)
+    from openrlhf_drpo.trl import SUPERSEDED
+    theirs.args.delta = 1.1
+    formula = SUPERSEDED["delta"][1].format(1.1).split("δ = 1.1, ")[1]     # the refusal's own words
+    ours.objective_loss = TrlObjectiveLoss(parse(f"ε_low = 0.2\nε_high = 0.28\nδ = 1.1\n{formula}\n", "delta.dsl"))
+    got = []
+    for cls, h in ((GRPOTrainer, theirs), (ObjectiveGRPOTrainer, ours)):
+        loss = cls._compute_loss(h, None, inputs)
+        loss.backward()
+        got.append((loss.detach(), h.lp.grad))
+    assert torch.allclose(got[0][0], got[1][0], rtol=1e-6) and torch.allclose(got[0][1], got[1][1], rtol=1e-5, atol=1e-9)
+    # not vacuous: without δ, TRL's loss differs
+    theirs.args.delta = None
+    assert not torch.allclose(GRPOTrainer._compute_loss(theirs, None, inputs).detach(), got[0][0], rtol=1e-4)
+
+
 def test_an_aggregation_parameter_is_refused_as_loss_type_normalizes(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     with pytest.raises(ValueError, match="the aggregation is GRPOConfig.loss_type's normalization"):

@@ -31,6 +31,17 @@ REFUSALS = {
     "rollout_by_config": ROLLOUT.format("tis_ppo"),
     "aggregate": "ValueError: the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter",
     "dp_size": "ValueError: (global) batch_num_tokens is required when dp_size > 1",
+    # verl's own policy losses' settings, which the objective replaces: refused naming its equivalent
+    "clip_ratio_high": ("ValueError: actor_rollout_ref.actor.clip_ratio_high=0.28: verl's own policy losses read "
+                        "this, and the objective 'ppo' replaces them, so it would have no effect: leave "
+                        "clip_ratio_high=0.2. In the objective: clip_ratio_high: the objective's upper clip, "
+                        "loss_mode=dsl:grpo_clip_higher?eps_high=0.28"),
+    "clip_ratio_c_and_dro_beta": (
+        "ValueError: actor_rollout_ref.actor.clip_ratio_c=10.0; actor_rollout_ref.actor.policy_loss.dro_beta=0.05: "
+        "verl's own policy losses read these, and the objective 'drpo' replaces them, so they would have no effect: "
+        "leave clip_ratio_c=3.0, policy_loss.dro_beta=None. In the objective: clip_ratio_c: dual clip's c, "
+        "loss_mode=dsl:ppo_dual_clip?c=10.0 (or DPPO's truncation min(r, 10.0) written in the objective); "
+        "policy_loss.dro_beta: DRO's penalty, loss_mode=dsl:dro?tau=0.05"),
 }
 
 
@@ -56,6 +67,7 @@ def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_
     assert summary["malformed"] == ("ValueError: loss_mode 'dsl:drpo?delta': write "
                                     "dsl:<name or path>?<param>=<value>&<param>=<value>")
     assert summary["refusals"] == REFUSALS, summary["refusals"]
+    assert summary["equivalents_resolve"], summary["unresolved"]     # each dsl: loss_mode a refusal names
     from openrlhf_drpo import lang
     from openrlhf_drpo.core.loss import objective_inputs
     # every shipped objective but those reading what verl's policy loss never receives (the rollout

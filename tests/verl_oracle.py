@@ -111,7 +111,9 @@ def main():
             cfg = config(theirs, over, info)
             l_ref, g_ref, _ = run(theirs, old, logp, A, mask, mode, cfg, weights)
             for name, check_value in forms:
-                l, g, metrics = run(name, old, logp, A, mask, mode, config(theirs, over, info), weights)
+                # ours with the config a user writes for it: verl's clip settings at their defaults
+                # (the objective's parameters replace them; a config setting them is refused)
+                l, g, metrics = run(name, old, logp, A, mask, mode, config(name, {}, info), weights)
                 same_grad = torch.allclose(g, g_ref, rtol=1e-12, atol=0)
                 same_loss = torch.allclose(l, l_ref, rtol=1e-12, atol=0) if check_value else None
                 ok = same_grad and same_loss is not False and "actor/drpo_w_mean" in metrics
@@ -128,7 +130,7 @@ def main():
     old, logp, A, mask, w = batch(0)
     control = adapter.register("ppo_dual_clip", name="control", ε_low=0.2, ε_high=0.1, c=3)
     cfg = config("vanilla", CASES[0][3], {})
-    control_differs = not torch.allclose(run(control, old, logp, A, mask, "token-mean", cfg, None)[1],
+    control_differs = not torch.allclose(run(control, old, logp, A, mask, "token-mean", config(control, {}, {}), None)[1],
                                          run("vanilla", old, logp, A, mask, "token-mean", cfg, None)[1], rtol=1e-12, atol=0)
     # a bad objective stops at registration with its located error
     from openrlhf_drpo.lang import DslError, parse
@@ -153,17 +155,31 @@ def main():
         malformed = f"{type(e).__name__}: {e}"
     # refused where verl would otherwise fail later or silently: an objective on the rollout
     # policy (verl passes none), an aggregation parameter (loss_agg_mode is verl's), a local
-    # count with several data-parallel ranks (as agg_loss)
+    # count with several data-parallel ranks (as agg_loss), a setting of verl's own policy losses
     refusals = {}
     for what, call in [("rollout", lambda: adapter.register("icepop")),
                        ("rollout_by_config", lambda: get_policy_loss_fn("dsl:tis_ppo")),
                        ("aggregate", lambda: adapter.register("ppo", aggregate="seq-mean-token-mean")),
-                       ("dp_size", lambda: run("dsl:ppo", old, logp, A, mask, "token-mean", config("vanilla", {}, dict(dp_size=2)), None))]:
+                       ("dp_size", lambda: run("dsl:ppo", old, logp, A, mask, "token-mean", config("vanilla", {}, dict(dp_size=2)), None)),
+                       # verl's own policy losses' settings, which the objective replaces
+                       ("clip_ratio_high", lambda: run("dsl:ppo", old, logp, A, mask, "token-mean",
+                                                       config("dsl:ppo", dict(clip_ratio_high=0.28), {}), None)),
+                       ("clip_ratio_c_and_dro_beta", lambda: run("dsl:drpo", old, logp, A, mask, "token-mean", config(
+                           "dsl:drpo", dict(clip_ratio_c=10.0, policy_loss=dict(dro_beta=0.05)), {}), None))]:
         try:
             call()
             refusals[what] = None
         except Exception as e:      # noqa: BLE001 (the test pins each one's type and message)
             refusals[what] = f"{type(e).__name__}: {e}"
+    # each loss_mode a refusal names as the objective's equivalent is one verl's lookup resolves
+    import re
+    named = [m for _, text in adapter.SUPERSEDED.values() for m in re.findall(r"loss_mode=(dsl:\S+)", text.format(1.5))]
+    unresolved = []
+    for loss_mode in named:
+        try:
+            get_policy_loss_fn(loss_mode)
+        except Exception as e:      # noqa: BLE001 (reported by name)
+            unresolved.append(f"{loss_mode}: {e}")
     # a path alone (no parameters) is resolved from loss_mode too
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "openrlhf_drpo", "objectives", "spo.dsl")
     by_path = torch.equal(run(f"dsl:{path}", old, logp, A, mask, "token-mean", cfg, None)[1],
@@ -171,11 +187,12 @@ def main():
     import importlib.util
     checks = dict(hooked=HOOKED, control_differs=control_differs, config_params=config_params, by_path=by_path,
                   located_error=located == "bad.dsl:2:7: error: unknown name 'x'",
+                  equivalents_resolve=len(named) == 7 and not unresolved,
                   no_openrlhf=importlib.util.find_spec("openrlhf") is None)
     failures += not all(checks.values())
     shipped = [n for n in POLICY_LOSS_REGISTRY if n.startswith("dsl:") and not any(c in n[4:] for c in "@:?")]
     print(json.dumps(dict(summary=True, rows=rows, failures=failures, located=located, refusals=refusals,
-                          malformed=malformed, **checks,
+                          malformed=malformed, unresolved=unresolved, **checks,
                           registered=sorted(shipped))))
     return 1 if failures else 0
 

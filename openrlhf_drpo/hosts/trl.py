@@ -34,6 +34,18 @@ NORMALIZATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
 FORMULAS = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "grpo"),
             "vespo": ("vespo", "dapo")}
 
+# GRPOConfig settings that only TRL's clipped policy term reads (GRPOTrainer._compute_loss), which
+# the objective replaces: setting → (TRL 1.16.0's default, the objective's equivalent at the value
+# set). Refused at construction when not the default: TRL would ignore them without a word.
+SUPERSEDED = {
+    "epsilon": (0.2, "the objective's clip parameters, objective_params={{'eps_low': {0}, 'eps_high': {0}}} "
+                     "(ppo, grpo_clip_higher)"),
+    "epsilon_high": (None, "the objective's upper clip, objective_params={{'eps_high': {0}}} (ppo, grpo_clip_higher)"),
+    "delta": (None, "TRL's two-sided clip written in the objective: δ = {0}, min(min(r, δ)*A, "
+                    "clip(r, 1 - ε_low, 1 + ε_high)*A)"),
+    "importance_sampling_level": ("token", "objective='gspo' (the sequence ratio, its ε_low and ε_high)"),
+}
+
 TRL_VERSION = "1.16.0"
 _MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
                "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
@@ -223,12 +235,14 @@ def _check_config(config, objective_loss):
                                                    "writes the sequence ratio)" if loss_type == "luspo" else ""))
     if loss_type not in NORMALIZATIONS:
         raise ValueError(f"ObjectiveGRPOTrainer: unknown loss_type {loss_type!r}; expected one of {list(NORMALIZATIONS)}")
-    if getattr(config, "importance_sampling_level", "token") != "token":
-        raise ValueError("ObjectiveGRPOTrainer: importance_sampling_level='sequence' is TRL's GSPO policy term; "
-                         "use objective='gspo' with importance_sampling_level='token'")
-    if getattr(config, "delta", None) is not None:
-        raise ValueError("ObjectiveGRPOTrainer: delta (TRL's two-sided clip) is part of TRL's policy term, "
-                         "which the objective replaces; write the clip into the objective")
+    superseded = {key: getattr(config, key, default) for key, (default, _) in SUPERSEDED.items()
+                  if getattr(config, key, default) != default}
+    if superseded:
+        raise ValueError(f"ObjectiveGRPOTrainer: {', '.join(f'{k}={v!r}' for k, v in superseded.items())}: TRL's "
+                         f"policy term reads {'these' if len(superseded) > 1 else 'this'}, and objective '{name}' "
+                         "replaces that term: " + ("they" if len(superseded) > 1 else "it") + " would have no "
+                         "effect; leave " + ", ".join(f"{k}={SUPERSEDED[k][0]!r}" for k in superseded) + ". In the "
+                         "objective: " + "; ".join(f"{k}: {SUPERSEDED[k][1].format(v)}" for k, v in superseded.items()))
     if getattr(config, "use_adaptive_entropy", False):
         raise ValueError("ObjectiveGRPOTrainer: the adaptive entropy bonus (use_adaptive_entropy=True) is not "
                          "supported; set use_adaptive_entropy=False and a fixed entropy_coef")

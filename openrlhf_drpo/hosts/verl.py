@@ -59,6 +59,44 @@ NOT_GIVEN = {
 }
 
 
+# verl 0.9.1's actor settings (actor_rollout_ref.actor.*) that only its own policy losses read
+# (core_algos), which the objective replaces: setting → (verl's default, the objective's
+# equivalent at the value set). verl hands a policy loss its config only at the call: a call
+# whose config sets one is refused there, at the first step (verl's distillation config lacks some).
+SUPERSEDED = {
+    "clip_ratio": (0.2, "the objective's clip parameters, loss_mode=dsl:ppo?eps_low={0}&eps_high={0}"),
+    "clip_ratio_low": (0.2, "the objective's lower clip, loss_mode=dsl:grpo_clip_higher?eps_low={0}"),
+    "clip_ratio_high": (0.2, "the objective's upper clip, loss_mode=dsl:grpo_clip_higher?eps_high={0}"),
+    "clip_ratio_c": (3.0, "dual clip's c, loss_mode=dsl:ppo_dual_clip?c={0} (or DPPO's truncation min(r, {0}) "
+                          "written in the objective)"),
+    "tau_pos": (1.0, "SAPO's temperature, loss_mode=dsl:sapo?tau_pos={0}"),
+    "tau_neg": (1.05, "SAPO's temperature, loss_mode=dsl:sapo?tau_neg={0}"),
+    "policy_loss.dro_beta": (None, "DRO's penalty, loss_mode=dsl:dro?tau={0}"),
+    "policy_loss.clip_cov_ratio": (0.0002, "none: verl's clip_cov loss alone reads it"),
+    "policy_loss.clip_cov_lb": (1.0, "none: verl's clip_cov loss alone reads it"),
+    "policy_loss.clip_cov_ub": (5.0, "none: verl's clip_cov loss alone reads it"),
+    "policy_loss.kl_cov_ratio": (0.0002, "none: verl's kl_cov loss alone reads it"),
+    "policy_loss.ppo_kl_coef": (0.1, "none: verl's kl_cov loss alone reads it"),
+}
+_ABSENT = object()
+
+
+def refuse_superseded(config, name: str) -> None:
+    """Refuses a verl config that sets a SUPERSEDED setting (at any value but verl's default)."""
+    def value(path):
+        node = config
+        for key in path.split("."):
+            node = getattr(node, key, _ABSENT)
+        return node
+    given = {path: v for path, (default, _) in SUPERSEDED.items() if (v := value(path)) is not _ABSENT and v != default}
+    if given:
+        raise ValueError("; ".join(f"actor_rollout_ref.actor.{path}={v}" for path, v in given.items()) +
+                         f": verl's own policy losses read {'these' if len(given) > 1 else 'this'}, and the objective "
+                         f"'{name}' replaces them, so {'they' if len(given) > 1 else 'it'} would have no effect: "
+                         f"leave {', '.join(f'{p}={SUPERSEDED[p][0]}' for p in given)}. In the objective: " +
+                         "; ".join(f"{p}: {SUPERSEDED[p][1].format(v)}" for p, v in given.items()))
+
+
 def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
     """verl's agg_loss as (our mode, normalizer, per-response length): a token sum over a global
     count, exactly. verl's sequence means divide by `mask.sum(-1) + 1e-8` in the dtype torch
@@ -84,6 +122,8 @@ def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size
 def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                 config=None, rollout_is_weights=None):
     """verl's PolicyLossFn: (loss, metrics). μ is verl's old log-probs."""
+    if config is not None:
+        refuse_superseded(config, core.objective.name)
     info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
     mode, norm, factor = _aggregation(loss_agg_mode, response_mask, **info)
     weights = rollout_is_weights
@@ -161,5 +201,5 @@ for _module in [core_algos, *(m for n, m in list(sys.modules.items()) if n.start
 # the shipped objectives verl's policy-loss call can feed (the others would be refused, saying why)
 SHIPPED = [register(n) for n in lang.shipped_names()
            if not objective_inputs(lang.load(n)).keys() & NOT_GIVEN.keys()]
-__all__ = ["METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "VERL_VERSION", "VerlObjectiveLoss", "get_policy_loss_fn",
-           "policy_loss", "register"]
+__all__ = ["METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "SUPERSEDED", "VERL_VERSION", "VerlObjectiveLoss",
+           "get_policy_loss_fn", "policy_loss", "refuse_superseded", "register"]

@@ -100,12 +100,25 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
 
 
+# train_ppo_ray flags without a default that works: left out, OpenRLHF 0.11.2 starts Ray and its
+# actors and crashes inside one, tens of seconds later (no vLLM engine: an IndexError in the
+# rollout); pre-flight names them at once. Flag → what to pass.
+REQUIRED = {
+    "actor.model_name_or_path": "the policy to train: a Hugging Face model name or a local folder",
+    "data.prompt_dataset": "the prompts: a Hugging Face dataset name or a local .jsonl, .json or .parquet file",
+    "vllm.num_engines": "the number of vLLM engines, 1 or more: OpenRLHF 0.11.2 generates with vLLM only",
+}
+
+
 def preflight(ns, cpu: bool) -> None:
     """Turn OpenRLHF's hangs and deep crashes into clear errors, before Ray starts."""
     def fail(msg):
         raise SystemExit(f"drpo-train: error: {msg}")
 
     g = functools.partial(getattr, ns)
+    missing = [f"--{flag} ({what})" for flag, what in REQUIRED.items() if not g(flag)]
+    if missing:
+        fail(f"missing {'; '.join(missing)}")
     paths = lambda key: [p for p in (g(key) or "").split(",") if p]   # noqa: E731  (flags take a,b lists)
     for key in ("actor.model_name_or_path", "reward.model_name_or_path", "critic.model_name_or_path"):
         for path in paths(key):

@@ -6,9 +6,18 @@ configuration to PolicyLoss itself), and `is_correction_factor(...)` is the fact
 train/rollout mismatch correction multiplies the per-token loss by. drpo-train composes that
 factor with any objective (`compose`), so OpenRLHF's --algo.advantage.is_correction_* flags
 keep their meaning when the objective replaces PolicyLoss.
+
+PolicyLoss's other options come from train_ppo_ray flags that nothing else reads (SUPERSEDED):
+drpo-train refuses them when set, naming the objective's equivalent, and
+
+    python3 -m openrlhf_drpo.hosts.openrlhf.options --actor.eps_clip 0.1 ... > policy_loss.dsl
+
+writes the objective that is PolicyLoss with them.
 """
 from __future__ import annotations
 
+import argparse
+import sys
 from openrlhf_drpo import lang
 from openrlhf_drpo.lang.ir import num
 from openrlhf_drpo.lang.printing import render
@@ -96,6 +105,81 @@ def policy_loss_text(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_
     return "\n".join(lines) + "\n"
 
 
+# OpenRLHF 0.11.2's train_ppo_ray flags that only PolicyLoss reads (ppo_actor.py builds it from
+# them, and the objective replaces it): flag → (its parser's add_argument keywords, the objective's
+# equivalent at the values given). drpo-train refuses each one the command line sets, at any value.
+SUPERSEDED = {
+    "actor.eps_clip": (dict(type=float, default=0.2),
+                       "the objective's clip parameters: --drpo.set eps_low={0} --drpo.set eps_high={0} (ppo, "
+                       "grpo_clip_higher)"),
+    "actor.eps_clip_low_high": (dict(type=float, nargs=2, default=None),
+                                "the objective's clip parameters: --drpo.set eps_low={0} --drpo.set eps_high={1} "
+                                "(ppo, grpo_clip_higher)"),
+    "actor.dual_clip": (dict(type=float, default=None), "the objective ppo_dual_clip, with --drpo.set c={0}"),
+    "actor.policy_loss_type": (dict(choices=["ppo", "gspo"], default="ppo"),
+                               "the objective {0} (--drpo.objective {0}), with its own clip parameters"),
+    "actor.loss_agg_mode": (dict(choices=["token-mean", "seq-mean-token-mean"], default="token-mean"),
+                            "the objective file's aggregation line, @aggregate = {0}"),
+}
+
+
+def _flags_parser(defaults: bool) -> argparse.ArgumentParser:
+    """A parser of the SUPERSEDED flags alone; without defaults, those not given stay unset."""
+    parser = argparse.ArgumentParser(add_help=False)
+    for flag, (kwargs, _) in SUPERSEDED.items():
+        parser.add_argument("--" + flag, **(kwargs if defaults else {**kwargs, "default": argparse.SUPPRESS}))
+    return parser
+
+
+def superseded_flags(argv: list[str]) -> dict:
+    """{flag: value} for the SUPERSEDED flags that the (train_ppo_ray) command line sets, at any value, spelled out or
+    abbreviated as argparse resolves them: a parser of these flags alone, whose absent ones
+    stay unset (OpenRLHF's own parser accepted argv, so an abbreviation is unique there, and here)."""
+    given = vars(_flags_parser(defaults=False).parse_known_args(argv)[0])
+    return {flag: given[flag] for flag in SUPERSEDED if flag in given}
+
+
+def refuse_superseded(argv: list[str]) -> None:
+    """drpo-train's refusal of PolicyLoss's own flags, each naming the objective's equivalent,
+    and the command that writes PolicyLoss with them as an objective file."""
+    flags = superseded_flags(argv)
+    if not flags:
+        return
+    values = {flag: v if isinstance(v, list) else [v] for flag, v in flags.items()}
+    shown = [f"--{flag} {' '.join(map(str, v))}" for flag, v in values.items()]
+    lines = [f"drpo-train: error: {', '.join(shown)}: OpenRLHF's PolicyLoss reads {'these' if len(flags) > 1 else 'this'}"
+             ", and the objective replaces PolicyLoss, so drpo-train would ignore "
+             f"{'them' if len(flags) > 1 else 'it'}; drop {'them' if len(flags) > 1 else 'it'}. In the objective:"]
+    lines += [f"  --{flag}: {SUPERSEDED[flag][1].format(*v)}" for flag, v in values.items()]
+    lines += ["To train PolicyLoss itself with these settings, write it as an objective file and train that:",
+              f"  python3 -m openrlhf_drpo.hosts.openrlhf.options {' '.join(shown)} > policy_loss.dsl",
+              "  drpo-train --drpo.objective policy_loss.dsl ..."]
+    raise SystemExit("\n".join(lines))
+
+
+def policy_loss_kwargs(ns) -> dict:
+    """PolicyLoss's arguments from the SUPERSEDED flags' values, as OpenRLHF 0.11.2 builds them
+    (cli/train_ppo_ray.py's eps_clip_low_high default, trainer/ray/ppo_actor.py's call)."""
+    g = lambda flag: getattr(ns, flag)    # noqa: E731
+    low, high = g("actor.eps_clip_low_high") or (g("actor.eps_clip"),) * 2
+    return dict(clip_eps_low=low, clip_eps_high=high, dual_clip=g("actor.dual_clip"),
+                token_level_loss=g("actor.loss_agg_mode") == "token-mean", policy_loss_type=g("actor.policy_loss_type"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the objective file equal to PolicyLoss under these train_ppo_ray flags."""
+    parser = _flags_parser(defaults=True)
+    parser.prog = "python3 -m openrlhf_drpo.hosts.openrlhf.options"
+    parser.description = "print the objective file equal to OpenRLHF 0.11.2's PolicyLoss under these flags"
+    parser.add_argument("-h", "--help", action="help")
+    kwargs = policy_loss_kwargs(parser.parse_args(sys.argv[1:] if argv is None else argv))
+    try:
+        sys.stdout.write(policy_loss_text(**kwargs))
+    except ValueError as e:
+        parser.error(str(e))
+    return 0
+
+
 def compose(obj: lang.Objective, factor: str) -> lang.Objective:
     """`factor · objective`, as one objective (its own text, parameters and options kept)."""
     *head, last = obj.canonical().split("\n")
@@ -103,3 +187,7 @@ def compose(obj: lang.Objective, factor: str) -> lang.Objective:
     composed = lang.parse(text, f"{obj.path} × IS correction")
     composed.name = obj.name
     return composed
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,9 @@
-"""drpo-train: OpenRLHF's own train_ppo_ray command line, unchanged, plus --drpo.* flags.
+"""drpo-train: OpenRLHF's own train_ppo_ray command line plus --drpo.* flags, less the flags only
+PolicyLoss reads (refused: the objective replaces PolicyLoss; options.SUPERSEDED).
 
     drpo-train --drpo.objective FILE_OR_NAME [--drpo.set NAME=VALUE]... [--drpo.anchor old|rollout]
                [--drpo.chunked_logprobs on|off] [--drpo.logprob_chunk TOKENS]
-               [--drpo.cpu_mode auto|on|off] <any openrlhf.cli.train_ppo_ray flags>
+               [--drpo.cpu_mode auto|on|off] <openrlhf.cli.train_ppo_ray flags>
 
 OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1) add the
 --drpo.* flags to its parser, then parse, analyse and compile the objective in this driver
@@ -258,7 +259,9 @@ def _ship_spec(ns, cpu: bool) -> None:
     """On OpenRLHF's parsed args: the objective first (a bad file is the first error), then CPU
     mode's flags and the pre-flight checks, and only then is anything written (the report)."""
     from openrlhf_drpo.hosts.openrlhf import cpu_mode
+    from openrlhf_drpo.hosts.openrlhf.options import refuse_superseded
     spec, obj = prepare_objective(ns)
+    refuse_superseded(sys.argv[1:])     # PolicyLoss's own flags: the objective replaces them
     if cpu:
         cpu_mode.check_flags(ns, sys.argv[1:])
     preflight(ns, cpu)

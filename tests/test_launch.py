@@ -1,0 +1,128 @@
+"""drpo-train's launch-time checks on OpenRLHF's own flags (issue 36, item 5): PolicyLoss's options,
+which the objective replaces, are refused when set, naming the objective's equivalent and the
+command that writes PolicyLoss with them as an objective; the flags whose absence crashes deep in
+a Ray actor are named by pre-flight before Ray starts."""
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+from openrlhf_drpo.hosts.openrlhf import launch
+from openrlhf_drpo.hosts.openrlhf.options import SUPERSEDED, policy_loss_text, refuse_superseded, superseded_flags
+
+REWARD = os.path.join(os.path.dirname(__file__), "..", "openrlhf_drpo", "hosts", "openrlhf", "reward.py")
+# the issue's migrated script: GSPO at ε = 0.1, dual clip 3, per-sequence aggregation
+ISSUE_FLAGS = ["--actor.eps_clip", "0.1", "--actor.policy_loss_type", "gspo", "--actor.dual_clip", "3",
+               "--actor.loss_agg_mode", "seq-mean-token-mean"]
+
+
+@pytest.mark.parametrize("argv, flag, equivalent", [
+    (["--actor.eps_clip", "0.1"], "--actor.eps_clip 0.1", "--drpo.set eps_low=0.1 --drpo.set eps_high=0.1"),
+    (["--actor.eps_clip=0.1"], "--actor.eps_clip 0.1", "--drpo.set eps_low=0.1 --drpo.set eps_high=0.1"),
+    (["--actor.eps_clip_low_high", "0.2", "0.28"], "--actor.eps_clip_low_high 0.2 0.28",
+     "--drpo.set eps_low=0.2 --drpo.set eps_high=0.28"),
+    (["--actor.dual", "3"], "--actor.dual_clip 3.0", "the objective ppo_dual_clip, with --drpo.set c=3.0"),
+    (["--actor.policy_loss_type", "gspo"], "--actor.policy_loss_type gspo", "the objective gspo"),
+    (["--actor.loss_agg_mode", "seq-mean-token-mean"], "--actor.loss_agg_mode seq-mean-token-mean",
+     "@aggregate = seq-mean-token-mean"),
+    # at OpenRLHF's default too: the user believes it acts
+    (["--actor.loss_agg_mode", "token-mean"], "--actor.loss_agg_mode token-mean", "@aggregate = token-mean"),
+])
+def test_each_policyloss_flag_set_is_refused_naming_the_objectives_equivalent(argv, flag, equivalent):
+    with pytest.raises(SystemExit) as e:
+        refuse_superseded(["--drpo.objective", "drpo", "--actor.num_gpus_per_node", "1", *argv])
+    message = str(e.value.code)
+    assert message.startswith(f"drpo-train: error: {flag}: OpenRLHF's PolicyLoss reads this"), message
+    assert equivalent in message
+    assert f"python3 -m openrlhf_drpo.hosts.openrlhf.options {flag} > policy_loss.dsl" in message
+
+
+def test_a_command_line_without_policylosss_flags_passes():
+    argv = ["--actor.model_name_or_path", "m", "--actor.entropy_coef", "0.01", "--actor.num_gpus_per_node", "1",
+            "--algo.advantage.is_correction_level", "token", "--vllm.num_engines", "1"]
+    assert superseded_flags(argv) == {}
+    refuse_superseded(argv)
+
+
+def test_the_refused_flags_are_openrlhfs_and_no_other_flag_abbreviates_to_one():
+    """superseded_flags resolves abbreviations with a parser of these flags alone: that agrees with
+    OpenRLHF's parser only while none of its other flags is a prefix of one of them."""
+    import re
+    help_text = _drpo_train("--help").stdout
+    flags = set(re.findall(r"(--[a-z_]+(?:\.[a-z_]+)+)", help_text))
+    refused = {"--" + flag for flag in SUPERSEDED}
+    assert refused <= flags, refused - flags
+    assert not [(f, r) for f in flags - refused for r in refused if r.startswith(f)]
+
+
+def test_the_command_the_refusal_names_writes_policyloss_under_those_flags():
+    """The command in the message, run: PolicyLoss's arguments as OpenRLHF 0.11.2's ppo_actor builds
+    them from the flags (written out here), as policy_loss_text writes them."""
+    with pytest.raises(SystemExit) as e:
+        refuse_superseded(ISSUE_FLAGS)
+    command = next(line for line in str(e.value.code).splitlines() if "python3 -m" in line)
+    args = command.split("python3 -m openrlhf_drpo.hosts.openrlhf.options ")[1].split(" > ")[0].split()
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.options", *args], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == policy_loss_text(clip_eps_low=0.1, clip_eps_high=0.1, dual_clip=3.0, token_level_loss=False,
+                                           policy_loss_type="gspo")
+
+
+def _drpo_train(*args):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    return subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def _command_line(tmp_path, *drop):
+    """A CPU-mode command line whose paths exist (pre-flight checks them), less the flags in `drop`."""
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "prompts.jsonl").write_text('{"input": "a b c"}\n')
+    flags = {"--actor.model_name_or_path": [str(tmp_path / "model")], "--reward.remote_url": [REWARD],
+             "--data.prompt_dataset": [str(tmp_path / "prompts.jsonl")], "--vllm.num_engines": ["1"],
+             "--actor.num_gpus_per_node": ["1"], "--algo.kl.init_coef": ["0"], "--ckpt.output_dir": [str(tmp_path)]}
+    return ["--drpo.objective", "drpo", "--drpo.cpu_mode", "on",
+            *[a for flag, values in flags.items() if flag not in drop for a in (flag, *values)]]
+
+
+def test_drpo_train_refuses_the_issues_migrated_gspo_flags_before_ray_starts(tmp_path):
+    proc = _drpo_train(*_command_line(tmp_path), *ISSUE_FLAGS)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.startswith("drpo-train: error: --actor.eps_clip 0.1, --actor.dual_clip 3.0, "
+                                  "--actor.policy_loss_type gspo, --actor.loss_agg_mode seq-mean-token-mean: "
+                                  "OpenRLHF's PolicyLoss reads these"), proc.stderr[-2000:]
+    assert "starting a local Ray" not in proc.stdout
+
+
+def _flat(**flags):
+    """OpenRLHF's flat namespace at parse time, as much of it as pre-flight reads (a CPU-mode run)."""
+    defaults = {"actor.model_name_or_path": "org/model", "reward.model_name_or_path": None,
+                "critic.model_name_or_path": None, "data.prompt_dataset": "org/prompts", "reward.remote_url": REWARD,
+                "train.agent_func_path": None, "vllm.num_engines": 1}
+    return argparse.Namespace(**{**defaults, **{k.replace("__", "."): v for k, v in flags.items()}})
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"vllm__num_engines": None}, "missing --vllm.num_engines (the number of vLLM engines, 1 or more"),
+    ({"vllm__num_engines": 0}, "missing --vllm.num_engines (the number of vLLM engines, 1 or more"),
+    ({"actor__model_name_or_path": None}, "missing --actor.model_name_or_path (the policy to train"),
+    ({"data__prompt_dataset": None}, "missing --data.prompt_dataset (the prompts"),
+    ({"data__prompt_dataset": None, "vllm__num_engines": None},
+     "missing --data.prompt_dataset (the prompts: a Hugging Face dataset name or a local .jsonl, .json or .parquet "
+     "file); --vllm.num_engines (the number of vLLM engines"),
+])
+def test_preflight_names_each_flag_whose_absence_crashes_deep(flags, message):
+    with pytest.raises(SystemExit) as e:
+        launch.preflight(_flat(**flags), cpu=True)
+    assert str(e.value.code).startswith(f"drpo-train: error: {message}"), e.value.code
+    launch.preflight(_flat(), cpu=True)     # and with them all, it passes
+
+
+def test_drpo_train_without_vllm_engines_stops_before_ray_naming_the_flag(tmp_path):
+    proc = _drpo_train(*_command_line(tmp_path, "--vllm.num_engines"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.startswith("drpo-train: error: missing --vllm.num_engines"), proc.stderr[-2000:]
+    assert "starting a local Ray" not in proc.stdout
