@@ -45,12 +45,18 @@ def test_a_group_normalized_advantage_is_analysed_on_a_group_with_a_spread():
     assert any("their advantages are A·(1, 1, 1, 1, 0, 0, 0, 0)" in h["text"] for h in out["scope"]["held"])
 
 
+# a reduction inside another: the centred value's std reads the group's mean, one value for the group
+NESTED = ("R = seq_mean(A)\nc = R - group_mean(R)\nadv = c/(group_std(c) + 0.1)\n"
+          "min(r*adv, clip(r, 0.8, 1.2)*adv) + 0.5*group_mean(exp(c))*log(r)")
+
+
+@pytest.mark.parametrize("text", [GN, NESTED], ids=["normalized", "nested"])
 @pytest.mark.parametrize("log_r, A", [(0.1, 0.7), (0.35, 0.7), (0.1, -0.7), (-0.35, -0.7), (-0.1, 1.3)])
-def test_on_a_group_with_the_held_advantages_the_tokens_gradient_is_the_derived_weight(log_r, A):
+def test_on_a_group_with_the_held_advantages_the_tokens_gradient_is_the_derived_weight(text, log_r, A):
     """A group of 4 responses of 3 tokens with advantages A·(1, 1, 0, 0) (the default for G = 4),
     all sharing log π and log μ: autograd's ∂loss/∂log π at the first response's tokens is
     w·r·A/n, w from the analysis at that held group."""
-    obj = lang.parse(GN, "gn.dsl")
+    obj = lang.parse(text, "gn.dsl")
     c = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
     old = torch.full((4, 3), -1.3, dtype=torch.float64)
     logp = (old + log_r).requires_grad_()

@@ -181,15 +181,33 @@ def spread(kind: str, xs: list, n: Node) -> Node:
     return Node("sqrt", (mul(div(n, sub(n, ONE)), total(lambda x: power(sub(x, mean), num(2)))),))
 
 
-def _scaled(n: Node, name: str, factor: Fraction) -> Node:
-    """n with the built-in `name` times factor."""
-    new: dict = {}
+def _response(n: Node, c: Fraction, new: dict, level: dict, point: dict) -> Node:
+    """n's value in a response of the held group whose advantage is c·A: A scaled, a value that is
+    already the group's or the batch's (new's, a wider reduction) kept, the rest rebuilt as in
+    uniform_view (`new` holds its values on the token's own response)."""
+    out: dict = {}
     for m in postorder(n):
-        if m.op == "var" and m.value == name:
-            new[m] = mul(num(factor), m) if factor != 1 else m
+        if m.op == "var" and m.value == "A":
+            out[m] = mul(num(c), new[m])
+        elif m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch"):
+            out[m] = new[m]
+        elif m.op in OPS and OPS[m.op].reduce:
+            out[m] = OPS[m.op].uniform(out[m.args[0]], held_count(OPS[m.op].over, argument_level(m, level), point))
         else:
-            new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
-    return new[n]
+            out[m] = Node(m.op, tuple(out[a] for a in m.args), m.value, m.pos) if m.args else new[m]
+    return out[n]
+
+
+def _reads_own_advantage(n: Node) -> bool:
+    """Whether n reads its response's A outside a group or batch reduction (whose value is the group's)."""
+    stack = [n]
+    while stack:
+        m = stack.pop()
+        if m.op == "var" and m.value == "A":
+            return True
+        if not (m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch")):
+            stack.extend(m.args)
+    return False
 
 
 def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple | None = None) -> Node:
@@ -219,10 +237,13 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple |
             op, x = OPS[m.op], new[m.args[0]]
             count = held_count(op.over, argument_level(m, level), point)
             spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.reduce in (
-                "sum", "mean", "std") and any(a.op == "var" and a.value == "A" for a in x.walk())
-            shares = {c: Fraction(group.count(c), len(group)) for c in group}
-            new[m] = (spread(op.reduce, [(_scaled(x, "A", c), k) for c, k in shares.items()],
-                             num(len(group)) if op.over == "group" else count) if spreads else op.uniform(x, count))
+                "sum", "mean", "std") and _reads_own_advantage(m.args[0])
+            if spreads:
+                shares = {c: Fraction(group.count(c), len(group)) for c in group}
+                new[m] = spread(op.reduce, [(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],
+                                num(len(group)) if op.over == "group" else count)
+            else:
+                new[m] = op.uniform(x, count)
         else:
             new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
     return new[n]
