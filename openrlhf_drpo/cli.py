@@ -66,6 +66,18 @@ def _positive(kind):
     return parse
 
 
+def _group(text):
+    """--group 1,1,0,0: the held group (analysis.held.held_group), each an exact number."""
+    from fractions import Fraction
+
+    from openrlhf_drpo.analysis.held import held_group
+    try:
+        return held_group(None, [Fraction(part.strip()) for part in text.split(",")])
+    except (ValueError, ZeroDivisionError) as e:
+        why = str(e) if "first response" in str(e) else "write decimal numbers separated by commas, e.g. 1,1,0,0"
+        raise argparse.ArgumentTypeError(f"--group {text!r}: {why}") from None
+
+
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 
 
@@ -94,8 +106,12 @@ def analyze_main(argv: list[str] | None = None) -> int:
                     help="a sequence objective is analysed on a response of N tokens that share r, μ and A (default 1)")
     ap.add_argument("--rho", type=_positive(float), default=1.0, metavar="X",
                     help="the train/rollout ratio π_old/π_rollout the analysis holds (default 1: no mismatch)")
-    ap.add_argument("--group-size", type=_positive(int), default=GROUP_SIZE, metavar="G",
-                    help=f"group reductions are analysed on a group of G equal responses (default {GROUP_SIZE})")
+    ap.add_argument("--group-size", type=_positive(int), default=None, metavar="G",
+                    help=f"group reductions are analysed on a group of G responses (default {GROUP_SIZE}; see --group)")
+    ap.add_argument("--group", type=_group, default=None, metavar="C1,...,CG",
+                    help="the held group: its G responses' advantages as multiples of the analysed token's A, its own "
+                         "response first (1), e.g. 1,1,0,0 (default: binary rewards with a spread, half the group "
+                         "scoring A and half 0); sets G")
     ap.add_argument("--batch-size", type=_positive(int), default=None, metavar="N",
                     help="batch reductions are analysed on a batch of N such responses, a multiple of G (default G)")
     ap.add_argument("--position", type=_positive(int), default=None, metavar="P",
@@ -106,6 +122,9 @@ def analyze_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
     ap.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     args = ap.parse_args(argv)
+    if args.group is not None and args.group_size not in (None, len(args.group)):
+        ap.error(f"--group has {len(args.group)} responses but --group-size is {args.group_size}")
+    args.group_size = len(args.group) if args.group is not None else args.group_size or GROUP_SIZE
     if args.plot is not None:
         _check_plot_path(ap, args.plot)
     if args.batch_size is not None and args.batch_size % args.group_size:
@@ -125,7 +144,8 @@ def analyze_main(argv: list[str] | None = None) -> int:
         from openrlhf_drpo.analysis.orchestrator import analyze
         from openrlhf_drpo.analysis.report import comparison, report, to_json
         results = []
-        point = {"group_size": args.group_size, "batch_size": args.batch_size, "position": args.position}
+        point = {"group_size": args.group_size, "batch_size": args.batch_size, "position": args.position,
+                 "group": args.group}
         for obj, values in zip(objs, held or [{}] * len(objs)):
             try:
                 results.append(analyze(obj, args.seq_len, args.rho, **point, held=values))

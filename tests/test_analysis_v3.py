@@ -115,14 +115,26 @@ UNIFORM = [
 
 @functools.lru_cache(maxsize=None)
 def _weight(text, length, G, N, p, held):
-    return analyze(lang.parse(text, "v3.dsl"), seq_len=length, group_size=G, batch_size=N, position=p,
-                   held=dict(held)).w
+    """w, and the reference terms' ∂ℓ_ref/∂log π where they are a channel of their own (else None)."""
+    res = analyze(lang.parse(text, "v3.dsl"), seq_len=length, group_size=G, batch_size=N, position=p,
+                  held=dict(held), group=(1,) * G)
+    ref = res.reference
+    return res.w, (_valued_formula(res, ref["grad"]) if ref and ref["own"] else None)
+
+
+def _valued_formula(res, e):
+    """A channel's formula (in the parameters' names) at the parameters' values, as a function of r, μ, A, q."""
+    values = {s: sp.nsimplify(res.params[s.name]) for s in e.free_symbols if s.name in res.params}
+    names = {s.name: s for s in e.free_symbols}
+    args = [names.get(k, sp.Symbol(k)) for k in ("r", "mu", "A", "q")]
+    return numpy_fn(args, e.subs(values))
 
 
 @pytest.mark.parametrize("text, held, by_position", UNIFORM, ids=[t[0].split("\n")[-1][:40] for t in UNIFORM])
 @pytest.mark.parametrize("logp, A", [(-1.1, 0.7), (-0.95, -1.6), (-1.5, 2.5)])
 def test_on_a_uniform_batch_each_tokens_gradient_is_the_derived_weight(text, held, by_position, logp, A):
-    """autograd's ∂loss/∂log π at every unmasked token is w·r·A/n (the token mean over n tokens),
+    """autograd's ∂loss/∂log π at every unmasked token is (w·r·A + ∂ℓ_ref/∂log π)/n (the token mean
+    over n tokens; the reference terms' part where they are a channel of their own),
     w from the analysis at the batch's own G, N, |y| and p: log r = 0.2 (inside a 0.8–1.2 clip),
     0.35 (beyond 1.2 and beyond 1 ± 0.2·H) and −0.2, with A of either sign."""
     obj = lang.parse(text, "v3.dsl")
@@ -133,8 +145,9 @@ def test_on_a_uniform_batch_each_tokens_gradient_is_the_derived_weight(text, hel
     r, mu = math.exp(logp + 1.3), math.exp(-1.3)
     n = int(m.sum())
     for p in range(1, length + 1) if by_position else [length]:
-        w = _weight(text, length, G, G * groups, p, tuple(sorted(held.items())))
-        expected = float(np.asarray(w(r, mu, A))) * r * A / n
+        w, ref = _weight(text, length, G, G * groups, p, tuple(sorted(held.items())))
+        own = 0.0 if ref is None else float(np.asarray(ref(r, mu, A, float(held.get("rho_ref", 1)) / r)))
+        expected = (float(np.asarray(w(r, mu, A))) * r * A + own) / n
         at = grad[:-1, p - 1] if by_position else grad[m]
         assert torch.allclose(at, torch.full_like(at, expected), rtol=1e-9, atol=1e-15), (p, at, expected)
     assert torch.all(grad[~m] == 0)
@@ -146,6 +159,11 @@ def at_tokens(e, **values):
     names = {s.name: s for s in e.free_symbols}
     keys = [k for k in values if k in names]
     return np.asarray(numpy_fn([names[k] for k in keys], e)(*(values[k] for k in keys)), dtype=float) + 0 * values["r"]
+
+
+def valued(obj, e):
+    """A channel's formula, written in the parameters' names, at the file's values."""
+    return e.subs({s: sp.nsimplify(obj.params[s.name]) for s in e.free_symbols if s.name in obj.params})
 
 
 def random_tokens(seed=0, B=4, T=7):
@@ -175,18 +193,18 @@ def test_the_entropy_channel_is_autograds_gradient_in_h_through_the_compiled_los
     (grad,) = torch.autograd.grad(loss, H)
     m, n = t["mask"], int(t["mask"].sum())
     r, mu = torch.exp(t["logp"] - t["old"])[m].numpy(), torch.exp(t["old"])[m].numpy()
-    expected = at_tokens(channel["w_H"], r=r, mu=mu, A=t["A"][m].numpy(), H=t["H"][m].numpy())
+    expected = at_tokens(valued(obj, channel["w_H"]), r=r, mu=mu, A=t["A"][m].numpy(), H=t["H"][m].numpy())
     assert np.allclose(-n * grad[m].numpy(), expected, rtol=1e-9, atol=1e-12)
     assert torch.all(grad[~m] == 0)
 
 
-# the objective, and ∂ℓ_ref/∂log π of the terms that read π_ref, in q = π_ref/π (β = 0.04)
+# the objective, and ∂ℓ_ref/∂log π of the terms that read π_ref, in q = π_ref/π and β's name (β = 0.04)
 PPO = "min(r*A, clip(r, 0.8, 1.2)*A)"
 REFERENCE_FORMS = [
-    (f"{PPO} - β*(π_ref/π - log(π_ref/π) - 1)", "-β * (π_ref / π - log(π_ref / π) - 1)", "(q - 1)/25"),    # k3
-    (f"{PPO} - β*log(π/π_ref)", "-β * log(π / π_ref)", "-1/25"),                                       # k1
-    (f"{PPO} - β/2*log(π/π_ref)^2", "-β / 2 * log(π / π_ref)^2", "log(q)/25"),                         # k2
-    ("r*A*(π_ref/π)^β", "r * A * (π_ref / π)^β", "24*A*q**(1/25)*r/25"),       # inside a product: the whole ℓ
+    (f"{PPO} - β*(π_ref/π - log(π_ref/π) - 1)", "-β * (π_ref / π - log(π_ref / π) - 1)", "beta*(q - 1)"),   # k3
+    (f"{PPO} - β*log(π/π_ref)", "-β * log(π / π_ref)", "-beta"),                                         # k1
+    (f"{PPO} - β/2*log(π/π_ref)^2", "-β / 2 * log(π / π_ref)^2", "beta*log(q)"),                         # k2
+    ("r*A*(π_ref/π)^β", "r * A * (π_ref / π)^β", "-A*q**beta*r*(beta - 1)"),     # inside a product: the whole ℓ
 ]
 
 
@@ -206,7 +224,8 @@ def test_the_reference_terms_gradient_reads_in_pi_ref_over_pi_and_is_autograds(t
     (g,) = torch.autograd.grad(loss, logp)
     m, n = t["mask"], int(t["mask"].sum())
     q, r = torch.exp(t["ref"] - t["logp"])[m].numpy(), torch.exp(t["logp"] - t["old"])[m].numpy()
-    expected = at_tokens(res.reference["grad"], r=r, mu=torch.exp(t["old"])[m].numpy(), A=t["A"][m].numpy(), q=q)
+    expected = at_tokens(valued(res, res.reference["grad"]), r=r, mu=torch.exp(t["old"])[m].numpy(),
+                         A=t["A"][m].numpy(), q=q)
     assert np.allclose(-n * g[m].numpy(), expected, rtol=1e-9, atol=1e-12)
 
 
@@ -227,13 +246,13 @@ REPORT_LINES = [
         "batch anywhere, even a response into chunks of tokens",
         "             - H = 1 nat (--set H=X), the entropy at the token",
         "  entropy channel  w_H = ∂ℓ/∂H, so that ∇ℓ = w·r·A·∇log π + w_H·∇H (H's own gradient, beside w's)",
-        "    w_H = 0.01"]),
+        "    w_H = c"]),
     (K3, {}, [
         "             - π_ref = ρ_ref·μ, ρ_ref = π_ref/μ held at 1 (--set rho_ref=X): the reference terms read π_ref/π "
         "= ρ_ref/r",
-        "  reference  the terms that read π_ref, -β * (π_ref / π - log(π_ref / π) - 1), give w·r·A the part "
-        "∂ℓ_ref/∂log π (π_ref fixed), in q = π_ref/π",
-        "    ∂ℓ_ref/∂log π = (q − 1)/25"]),
+        "  reference  the terms that read π_ref, -β * (π_ref / π - log(π_ref / π) - 1), are their own channel beside "
+        "w·r·A, ∂ℓ_ref/∂log π (π_ref fixed), in q = π_ref/π",
+        "    ∂ℓ_ref/∂log π = β·(q − 1)"]),
     (TTB, {}, [
         "  locality   batch: a token's loss reads the current policy across the whole optimizer batch (there under "
         "sg only: its gradient stays at its own token only); one loss call must hold the rank's whole optimizer "
@@ -262,7 +281,7 @@ def test_the_report_says_what_each_construct_is_analysed_as(text, held, lines):
     (TTB, "w, its cases and its boundaries below are evaluated at the held ess = 1: numbers there, not functions "
           "of them"),
     (ENTROPY_CLIP, "w, its cases and its boundaries below are evaluated at the held H = 1"),
-    (K3, "w, its cases and its boundaries below are evaluated at the held ρ_ref = 1"),
+    ("β = 0.04\nr*A*(π_ref/π)^β", "w, its cases and its boundaries below are evaluated at the held ρ_ref = 1"),
 ])
 def test_a_weight_that_reads_a_held_value_says_it_is_evaluated_there(text, said):
     assert said in to_json(analyze(lang.parse(text, "v3.dsl")))["scope"]["exact"]
@@ -276,13 +295,14 @@ def test_the_json_holds_both_channels_after_the_weight_and_only_where_read():
     out = to_json(analyze(lang.parse(f"β = 0.04\n{PPO} + 0.01*H - β*log(π/π_ref)", "both.dsl")))
     keys = list(out)
     assert keys[keys.index("weight"):keys.index("cases") + 1] == ["weight", "entropy", "reference", "cases"]
-    assert (out["entropy"]["w_H"], out["text"]["w_H"], out["reference"]["grad_log_pi"]) == ("1/100", "0.01", "-1/25")
+    assert (out["entropy"]["w_H"], out["text"]["w_H"], out["reference"]["grad_log_pi"]) == ("1/100", "0.01", "-beta")
     assert out["symbols"] == ["r", "mu", "A", "beta", "rho_ref", "H", "q"]     # what its formulas read back over
     assert {"entropy", "reference"} & set(to_json(analyze(lang.parse(PPO, "ppo.dsl")))) == set()
 
 
 def test_a_reduction_over_the_whole_sum_makes_the_whole_objective_the_reference_term():
-    """group_mean(a + b) is a + b on the uniform batch: the view's terms are not the file's."""
-    out = to_json(analyze(lang.parse("β = 0.04\ngroup_mean(r*A - β*log(π/π_ref))", "gm.dsl")))["reference"]
-    assert (out["terms"], out["grad_log_pi"], out["check"]["status"]) == (
-        "group_mean(r * A - β * log(π / π_ref))", "(25*A*r - 1)/25", "confirmed")
+    """group_mean(a + b) is a + b on a group of equal responses: the view's terms are not the file's."""
+    out = to_json(analyze(lang.parse("β = 0.04\ngroup_mean(r*A - β*log(π/π_ref))", "gm.dsl"), group=(1,) * 8))
+    assert (out["reference"]["terms"], out["reference"]["grad_log_pi"], out["reference"]["check"]["status"]) == (
+        "group_mean(r * A - β * log(π / π_ref))", "A*r - beta", "confirmed")
+    assert not out["reference"]["own_channel"]

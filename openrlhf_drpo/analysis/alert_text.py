@@ -78,6 +78,9 @@ TEXT = {
     "on policy negative": lambda adv:
         f"on policy (r = 1) for {_SIDE[adv]}, w < 0 at some μ or |A|: the gradient pushes against the "
         "advantage from the first update",
+    "by position": lambda text: f"{text} (the held point's responses share their length: not seen in w)",
+    "degenerate held point": lambda adv, said:
+        f"for {_SIDE[adv]}, w = 0 (or is not finite) everywhere at this held point only: {said}",
 }
 
 

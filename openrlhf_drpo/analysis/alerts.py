@@ -15,6 +15,7 @@ KINDS = (
     "weight disagrees", "range disagrees", "self-check failed", "self-check unconfirmed",
     "undefined", "pole", "touches", "undefined share", "on policy undefined", "on policy zero",
     "on policy negative",
+    "by position", "degenerate held point",
 )
 
 
@@ -110,6 +111,12 @@ def domain_alerts(facts) -> list[Alert]:
     if facts["undefined_fraction"] > 0:
         out.append(Alert("undefined share", {"fraction": facts["undefined_fraction"]}))
     return out
+
+
+def level_alerts(obj) -> list[Alert]:
+    """What the file's levels warn of, beyond the held point (every token there shares A): a
+    group reduction of A read position by position (lang.objective.Objective.by_position)."""
+    return [Alert("by position", {"text": text}) for text in obj.by_position()]
 
 
 def on_policy_alerts(facts: dict) -> list[Alert]:

@@ -9,7 +9,8 @@ give finite differences."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis.sampling import numpy_fn
-from openrlhf_drpo.lang.ir import ONE, Node, add, neg, postorder, sub
+from openrlhf_drpo.analysis.view import reference_split, term_sum
+from openrlhf_drpo.lang.ir import ONE, Node, postorder
 from openrlhf_drpo.lang.printing import render
 from openrlhf_drpo.lang.walks import derivative, numpy_plan, to_sympy
 
@@ -32,73 +33,66 @@ def _reads(n: Node, param: str) -> bool:
     return any(m.op == "param" and m.value == param for m in n.walk())
 
 
-def entropy_channel(ctx, h_name: str) -> dict | None:
-    """w_H = ∂ℓ/∂H on the view (ctx.obj, where H is the parameter h_name), the file's parameters
-    at their values and H a symbol, with its finite-difference check; None where the objective
-    does not read H. A SymPy failure leaves w_H underived (status 'not derived'), said so."""
-    view, sp = ctx.obj, ctx.sp
+def entropy_channel(ctx, h_name: str, view=None) -> dict | None:
+    """w_H = ∂ℓ/∂H on the view (`view`, ctx.obj by default, where H is the parameter h_name),
+    written in the parameters' names (c, not 0.01) with H a symbol, with its finite-difference
+    check at the parameters' values; None where the objective does not read H. A SymPy failure
+    leaves w_H underived (status 'not derived'), said so."""
+    view, sp = view or ctx.obj, ctx.sp
     if not _reads(view.expr, h_name):
         return None
     as_var = _swap(view.expr, {("param", h_name): Node("var", value=h_name)})
     dh = _swap(derivative(as_var, {h_name: ONE}), {("var", h_name): Node("param", value=h_name)})
     H = sp.Symbol(h_name, nonnegative=True)
-    w_h = ctx.limited("the entropy channel", lambda: ctx.tidy(to_sympy(dh, sp, {**ctx.env(False), h_name: H})))
+    w_h = ctx.limited("the entropy channel", lambda: ctx.tidy(to_sympy(dh, sp, {**_named(ctx, view), h_name: H})))
     if w_h is None:
         return {"w_H": None, "check": {"status": "not derived", "points": 0, "max_rel_error": 0.0, "method": ""}}
     # clip's nested cases flattened: one 'x if c' per value, each condition whole
     w_h = sp.piecewise_fold(w_h.subs(sp.Abs(ctx.A), ctx.A * sp.sign(ctx.A)))
-    fn = numpy_fn([ctx.r, ctx.mu, ctx.A, H], w_h)
+    fn = numpy_fn([ctx.r, ctx.mu, ctx.A, H], _valued(ctx, view, w_h, keep=(h_name,)))
     return {"w_H": w_h, "check": _entropy_check(view, h_name, fn)}
 
 
-def reference_channel(ctx, ref_name: str, original) -> dict | None:
-    """The terms of ℓ that read π_ref (the objective's top-level sum; the whole objective where
-    π_ref sits inside something else) and their part of w·r·A, ∂ℓ_ref/∂log π, in q = π_ref/π
-    (and r, A where they read them too), with its finite-difference check; None where the
-    objective does not read π_ref. `original`: the objective before the view, whose terms the
-    report prints."""
-    view, sp = ctx.obj, ctx.sp
+def _named(ctx, view) -> dict:
+    """The SymPy environment with the view's parameters as symbols (β, δ, ρ_ref: a formula shows
+    the names, not 1000·A·r for β = 1e-3), r, μ, π and A as the context's."""
+    return {**ctx.env(False), **{k: ctx.param_syms.get(k) or ctx.sp.Symbol(k, real=True) for k in view.params}}
+
+
+def _valued(ctx, view, e, keep=()):
+    """e at the view's parameter values, but those in `keep` (what the finite differences check)."""
+    sp = ctx.sp
+    return e.subs({s: sp.Rational(v.numerator, v.denominator) for s in e.free_symbols
+                   if s.name not in keep and (v := view.params.get(s.name)) is not None})
+
+
+def reference_channel(ctx, ref_name: str, original, view=None) -> dict | None:
+    """The terms of ℓ that read π_ref (analysis.view.reference_split) and their part of ∇ℓ,
+    ∂ℓ_ref/∂log π, in q = π_ref/π (and r, A where they read them too) and the parameters' names,
+    with its finite-difference check; None where the objective does not read π_ref. `own`: the
+    terms are a channel of their own, and w is the other terms' (no warning about w reads them).
+    `view`: the analysed view (ctx.obj by default); `original`: the objective before it, whose
+    terms the report prints."""
+    view, sp = view or ctx.obj, ctx.sp
     if not _reads(view.expr, ref_name):
         return None
-    pairs = list(zip(_terms(view.expr), _terms(original.expr)))
-    if len(_terms(view.expr)) != len(pairs) or len(_terms(original.expr)) != len(pairs):
-        # the view changed the sum's shape (group_mean(a + b) is a + b there): the whole objective
-        pairs = [((1, view.expr), (1, original.expr))]
-    chosen = [(v, o) for v, o in pairs if _reads(v[1], ref_name)]
-    term = _sum([v for v, _ in chosen])
+    rest, chosen = reference_split(view.expr, original.expr, ref_name)
+    term = term_sum([v for v, _ in chosen])
     q = sp.Symbol("q", positive=True)
 
     def derive():
-        d = to_sympy(derivative(term), sp, {**ctx.env(False), ref_name: q * ctx.r})
+        d = to_sympy(derivative(term), sp, {**_named(ctx, view), ref_name: q * ctx.r})
         g = ctx.tidy(sp.expand(ctx.r * d, power_exp=False, log=False))
         # k3's β·(q − 1) reads better than −β + β·q; a piecewise form stays as tidied
         return g if g.has(sp.Piecewise) or g.count_ops() > 40 else sp.factor(g)
     g = ctx.limited("the reference terms", derive)
     text = _sum_text([o for _, o in chosen])
     if g is None:
-        return {"terms": text, "grad": None, "check": {"status": "not derived", "points": 0, "max_rel_error": 0.0,
-                                                       "method": ""}}
+        return {"terms": text, "own": rest is not None, "grad": None,
+                "check": {"status": "not derived", "points": 0, "max_rel_error": 0.0, "method": ""}}
     g = g.subs(sp.Abs(ctx.A), ctx.A * sp.sign(ctx.A))
-    fn = numpy_fn([ctx.r, ctx.mu, ctx.A, q], g)
-    return {"terms": text, "grad": g, "check": _reference_check(view, term, ref_name, fn)}
-
-
-def _terms(n: Node, sign: int = 1) -> list:
-    """The top-level sum's terms, each (±1, node)."""
-    if n.op == "add":
-        return _terms(n.args[0], sign) + _terms(n.args[1], sign)
-    if n.op == "sub":
-        return _terms(n.args[0], sign) + _terms(n.args[1], -sign)
-    if n.op == "neg":
-        return _terms(n.args[0], -sign)
-    return [(sign, n)]
-
-
-def _sum(terms) -> Node:
-    out = None
-    for s, t in terms:
-        out = (t if s > 0 else neg(t)) if out is None else add(out, t) if s > 0 else sub(out, t)
-    return out
+    fn = numpy_fn([ctx.r, ctx.mu, ctx.A, q], _valued(ctx, view, g))
+    return {"terms": text, "own": rest is not None, "grad": g, "check": _reference_check(view, term, ref_name, fn)}
 
 
 def _sum_text(terms) -> str:

@@ -30,7 +30,45 @@ def _carries_gradient(n) -> bool:
     return n in live
 
 
-def statistics(obj, anchor: str, names: dict, values: dict) -> dict:
+def held_group(group_size, group) -> tuple:
+    """The held group: its G responses' advantages as multiples of the analysed token's A, the
+    token's own response first (1). By default binary rewards with a spread, as a GRPO group a
+    researcher knows: the token's response and ⌈G/2⌉ − 1 others score A, the other ⌊G/2⌋ score 0,
+    so that for A > 0 the token is in a winning response and for A < 0 in a losing one (on equal
+    responses, where A − group_mean(A) ≡ 0, a normalized advantage would leave nothing to analyse).
+    `group` sets it (its length is G; group_size, where given too, must agree)."""
+    if group is None:
+        G = GROUP_SIZE if group_size is None else group_size
+        if isinstance(G, bool) or not isinstance(G, int) or G < 1:
+            raise ValueError(f"group_size must be a positive integer, got {G!r}")
+        return tuple(Fraction(int(i < (G + 1) // 2)) for i in range(G))
+    try:
+        values = tuple(Fraction(str(v)) if isinstance(v, float) else Fraction(v) for v in group)
+    except (TypeError, ValueError):
+        raise ValueError(f"group {tuple(group)!r}: each response's advantage is a finite number (a multiple of the "
+                         "token's A), e.g. group=(1, 1, 0, 0)") from None
+    if not values or values[0] != 1:
+        shown = ", ".join(f"{float(v):g}" for v in values)
+        raise ValueError(f"group ({shown}): the first response is the analysed token's, whose advantage is A itself: "
+                         "its entry is 1, e.g. 1, 1, 0, 0")
+    if group_size is not None and group_size != len(values):
+        raise ValueError(f"group_size {group_size} disagrees with the held group's {len(values)} responses")
+    return values
+
+
+def _spread_reads(obj) -> list:
+    """The group and batch sums, means and stds whose argument reads A (the held group spreads them)."""
+    return [r for r in reductions(obj.expr) if r.over in ("group", "batch") and OPS[r.node.op].reduce != "count"
+            and any(m.op == "var" and m.value == "A" for m in r.node.args[0].walk())]
+
+
+def spread(obj, group) -> bool:
+    """Whether a reduction that passes a gradient reads the held group's spread advantages: w is
+    then ∂ℓ/∂r with every response's r moving together, which is not one token's own gradient."""
+    return len(set(group)) > 1 and any(r.gradient for r in _spread_reads(obj))
+
+
+def statistics(obj, anchor: str, names: dict, values: dict, group=None) -> dict:
     """{binding name: (its node, its value on the uniform batch)} for each binding of obj that
     carries no gradient, reads the current policy through a group or batch reduction, and is a
     number on the uniform batch (a batch's ESS is 1 there). A binding inside another such one is
@@ -42,14 +80,15 @@ def statistics(obj, anchor: str, names: dict, values: dict) -> dict:
     for name, node in obj.bindings.items():
         overs = {r.over for r in reductions(node) if r.policy}
         if overs & {"group", "batch"} and not _carries_gradient(node) and tree_size(node) <= STATISTIC_SIZE:
-            value = _uniform_value(node, anchor, names, {**obj.params, **values}, on_policy="batch" in overs)
+            value = _uniform_value(node, anchor, names, {**obj.params, **values}, on_policy="batch" in overs,
+                                   group=group)
             if value is not None:
                 found[name] = (node, value)
     inner = {k for k, (node, _) in found.items() if any(node in set(o.walk()) for j, (o, _) in found.items() if j != k)}
     return {k: v for k, v in found.items() if k not in inner}
 
 
-def _uniform_value(node, anchor, names, params, on_policy=False):
+def _uniform_value(node, anchor, names, params, on_policy=False, group=None):
     """node's value on the uniform batch, if it is one number for every r, μ and A; with
     on_policy, else its value there at r = 1 if that is one number (an OnPolicy)."""
     import sympy as sp
@@ -57,7 +96,7 @@ def _uniform_value(node, anchor, names, params, on_policy=False):
     env = {"r": r, "mu": mu, "pi": mu * r, "A": sp.Symbol("A", real=True, nonzero=True),
            **{k: sp.Rational(v.numerator, v.denominator) for k, v in params.items()}}
     try:
-        value = sp.simplify(to_sympy(uniform_view(node, anchor, names), sp, env))
+        value = sp.simplify(to_sympy(uniform_view(node, anchor, names, group), sp, env))
     except Exception:       # noqa: BLE001 - SymPy raises many types: not a held statistic then
         return None
     kind = Fraction
@@ -79,17 +118,35 @@ def holdable(obj, stats: dict) -> set[str]:
     return {k for k, builtin in (("H", "H"), ("rho_ref", "pi_ref")) if builtin in reads} | set(stats)
 
 
-def statements(obj, point: dict, stats: dict, values: dict) -> list[dict]:
+def _group_text(point, group) -> str:
+    shown = ", ".join(f"{float(c):g}" for c in group)
+    default = group == held_group(len(group), None)
+    return (f"a group of G = {point['group_size']} responses (--group-size; --group C1,...,CG sets each): their "
+            f"advantages are A·({shown}), the token's response first, and they share r, μ and |y|"
+            + (" (binary rewards with a spread: for A > 0 the token is in a winning response, for A < 0 in a "
+               "losing one)" if default else "")
+            + ": group_sum, group_mean and group_std of a value that reads A are over these responses, "
+            "group_count(x) = G; of any other value, as on equal responses (group_mean(x) = x, group_std(x) = 0)")
+
+
+def statements(obj, point: dict, stats: dict, values: dict, group=(1,)) -> list[dict]:
     """What the view holds that obj reads, each {name, value, text} in the order the report
     lists them (the uniform batch's shape first)."""
     overs = {OPS[n.op].over for n in obj.expr.walk() if n.op in OPS and OPS[n.op].reduce}
     reads = obj.names()
     values = {k: float(v) for k, v in values.items()}
     out = []
-    if "group" in overs:
+    spread_overs = {r.over for r in _spread_reads(obj)} if len(set(group)) > 1 else set()
+    if spread_overs:
+        out.append(("G", point["group_size"], _group_text(point, group)))
+    elif "group" in overs:
         out.append(("G", point["group_size"], f"a group of G = {point['group_size']} equal responses (--group-size): "
                     "group_sum(x) = G·x, group_mean(x) = x, group_std(x) = 0, group_count(x) = G"))
-    if "batch" in overs:
+    if "batch" in spread_overs:
+        out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} responses (--batch-size), N/G "
+                    "such groups: a batch reduction of a value that reads A is over their advantages, of any other "
+                    "value batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, batch_mean(x) = x"))
+    elif "batch" in overs:
         out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} such responses (--batch-size): "
                     "batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, batch_mean(x) = x, "
                     "batch_count(x) = N·|y| or N"))
@@ -112,7 +169,7 @@ def statements(obj, point: dict, stats: dict, values: dict) -> list[dict]:
     return [{"name": n, "value": v, "text": t} for n, v, t in out]
 
 
-def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = ()) -> str:
+def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = (), spread_gradient: bool = False) -> str:
     """What the weight is on the uniform batch, and what the analysis does not claim there.
     `moved`: the statistics held away from their uniform value; `in_weight`: the held values
     ∂ℓ/∂r reads ('ess = 1'), at which w and its boundaries are evaluated."""
@@ -125,6 +182,10 @@ def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = ()) 
         text = ("a prefix reduction passes a gradient: w at position p is ∂ℓ_p/∂r with the whole prefix moving "
                 "together, which is not token p's own gradient (that also collects the later tokens' terms: not "
                 "derived)")
+    if spread_gradient:
+        text = ("a group or batch reduction that reads A passes a gradient: w is ∂ℓ/∂r with every response's r "
+                "moving together, which is not one token's own gradient where the group's advantages differ (that "
+                "also collects the other responses' terms: not derived)")
     if moved:
         text += (f"; {', '.join(map(display_name, moved))} held away from its value on the uniform batch: no "
                  "uniform batch has it, and w is the token's weight given that value")

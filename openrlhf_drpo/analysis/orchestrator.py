@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis import budgets
 from openrlhf_drpo.analysis.admissibility import admissibility, limits, tails
-from openrlhf_drpo.analysis.alerts import domain_alerts, on_policy_alerts, result_alerts
+from openrlhf_drpo.analysis.alerts import Alert, domain_alerts, level_alerts, on_policy_alerts, result_alerts
 from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
 from openrlhf_drpo.analysis.channels import entropy_channel, reference_channel
@@ -21,7 +21,9 @@ from openrlhf_drpo.lang.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
-from openrlhf_drpo.analysis.view import analysis_view, locality_of, mismatch_range, names_of_view
+from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_weight, names_of_view,
+                                         reference_split)
+from openrlhf_drpo.lang.names import display_name
 
 
 def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
@@ -30,7 +32,13 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
     read, and the typed result is built last."""
     original = obj
-    obj, scope = analysis_view(obj, seq_len, rho, **point)
+    full, scope = analysis_view(obj, seq_len, rho, **point)
+    names = names_of_view(original)
+    # w is the other terms' where the terms that read π_ref are a channel of their own (k3's β·(q − 1)
+    # would make w unbounded and move with |A|, which the policy terms do not)
+    rest, _ = reference_split(full.expr, original.expr, names["rho_ref"])
+    obj = full if rest is None else Objective(full.name, full.path, full.source, rest, dict(full.params),
+                                              dict(full.options), {}, full.description)
     ctx = Ctx(obj)
     arb = Arbiter(obj, ctx.dl)        # ∂ℓ/∂r derived once, for every numeric check
     facts = grid_facts(arb)
@@ -49,9 +57,8 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     facts["range"] = _closed(facts["range"], corners)
     claims = _derivation(ctx, arb, facts, corners)
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
-    names = names_of_view(original)
-    result["entropy"] = entropy_channel(ctx, names["H"])
-    result["reference"] = reference_channel(ctx, names["rho_ref"], original)
+    result["entropy"] = entropy_channel(ctx, names["H"], full)
+    result["reference"] = reference_channel(ctx, names["rho_ref"], original, full)
     result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
     result["on_policy"] = on_policy(obj, ctx.dl)
     if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):
@@ -73,12 +80,45 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     }
     result["claims"] = claim_evidence(ctx, arb, result, facts)
     result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False])
-                          + domain_alerts(facts) + on_policy_alerts(result["on_policy"]))
+                          + domain_alerts(facts) + on_policy_alerts(result["on_policy"]) + level_alerts(original))
+    _degenerate(result, original, seq_len, rho, point)
     result["admissibility"] = admissibility(ctx, arb, result, tail_facts)
     result["notes"] = ctx.notes
     result["hang_guard"] = ctx.guard
     result["w"], result["w_numeric"] = claims["w"], arb.w
     return Analysis(**result)
+
+
+def _degenerate(result, original, seq_len, rho, point) -> None:
+    """Where w ≡ 0 (or is nowhere finite) for a sign of A but not once the held point is moved
+    (analysis.view.moved_weight), that is the held point's property, not the objective's: said in
+    the held lines, its claims 'held point only', and its no-gradient warnings replaced by one
+    that says so (a normalized advantage on equal responses is 0 by the group, not by ℓ)."""
+    boundary = result["claims"]["boundary"]
+    signs = [adv for adv in ("positive", "negative") if boundary[adv]["claim"] == "w ≡ 0" or result["bounded"] is None]
+    if not signs or not result["scope"].get("held"):
+        return
+    moved = moved_weight(original, seq_len, rho, point, result["scope"]["held"])
+    signs = [adv for adv in signs if moved[adv]]
+    if not signs:
+        return
+    where = ", ".join([f"the group's advantages A·({', '.join(f'{float(c):g}' for c in moved['point']['group'])})"]
+                      + [f"{display_name(k)} = {float(v):g}" for k, v in moved["point"]["held"].items()])
+    for adv in signs:
+        x = moved[adv]
+        said = (f"at another held point ({where}) w = {x['w']:.6g} at r = {x['r']:g}, μ = {x['mu']:g}, "
+                f"A = {x['A']:g}: a property of the held point, not of the objective")
+        boundary[adv] = {**boundary[adv], "status": "held point only", "evidence": f"{boundary[adv]['evidence']}; {said}"}
+        result["warnings"] = [a for a in result["warnings"] if a.values.get("adv") != adv or a.kind not in (
+            "no gradient", "on policy zero", "on policy undefined", "undefined")]
+        result["warnings"].append(Alert("degenerate held point", {"adv": adv, "said": said}))
+    bounded = result["claims"].get("bounded")
+    if len(signs) == 2 and bounded and bounded["status"] == "proven":
+        result["claims"]["bounded"] = {**bounded, "status": "held point only"}
+    result["scope"]["held"].append({"name": "degenerate", "value": None, "text": (
+        f"the held point is degenerate for {' and '.join({'positive': 'A > 0', 'negative': 'A < 0'}[a] for a in signs)}: "
+        f"w is 0 or not finite there because of the held values, not of the objective (with {where}, w ≠ 0); "
+        "set another (--group, --set)")})
 
 
 def _derivation(ctx, arb, facts, corners) -> dict:

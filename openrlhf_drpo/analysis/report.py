@@ -122,6 +122,10 @@ def _locality(res, evidence):
 
 @line("weight")
 def _weight(res, evidence):
+    if res.reference is not None and res.reference["own"]:
+        return ["", "  induced weight  w = (∂ℓ/∂r)/A of the terms that do not read π_ref, so that "
+                "∇ℓ = w·r·A·∇log π + (∂ℓ_ref/∂log π)·∇log π (the reference terms' own channel below: nothing about "
+                "w reads it)", f"    w = {_weight_text(res)}"]
     return ["", "  induced weight  w = (∂ℓ/∂r)/A, so that ∇ℓ = w·r·A·∇log π", f"    w = {_weight_text(res)}"]
 
 
@@ -135,7 +139,8 @@ def _entropy(res, evidence):
 @line("reference")
 def _reference(res, evidence):
     ref = res.reference
-    return ["", f"  reference  the terms that read π_ref, {ref['terms']}, give w·r·A the part ∂ℓ_ref/∂log π "
+    said = "are their own channel beside w·r·A, " if ref["own"] else "give w·r·A the part "
+    return ["", f"  reference  the terms that read π_ref, {ref['terms']}, {said}∂ℓ_ref/∂log π "
             "(π_ref fixed), in q = π_ref/π",
             f"    ∂ℓ_ref/∂log π = {_formula(ref['grad'])}", _checked(ref["check"])]
 

@@ -53,8 +53,8 @@ def _entropy(channel) -> dict:
 
 
 def _reference(channel) -> dict:
-    return {"terms": channel["terms"], "grad_log_pi": None if channel["grad"] is None else _sympy(channel["grad"]),
-            "check": channel["check"]}
+    return {"terms": channel["terms"], "own_channel": channel["own"],
+            "grad_log_pi": None if channel["grad"] is None else _sympy(channel["grad"]), "check": channel["check"]}
 
 
 def _formulas(res) -> dict:

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from openrlhf_drpo.analysis.held import GROUP_SIZE, HELD, OnPolicy, exactness, holdable, statements, statistics
-from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.analysis.held import (GROUP_SIZE, HELD, OnPolicy, exactness, held_group, holdable, spread,
+                                         statements, statistics)
+from openrlhf_drpo.lang.ir import Node, add, is_num, neg, postorder, sub
 from openrlhf_drpo.lang.names import display_name
 from openrlhf_drpo.lang.levels import WIDTHS, kept_whole, locality, reductions
 from openrlhf_drpo.lang.objective import Objective
 from openrlhf_drpo.lang.walks import VIEW_NAMES, derivative, numpy_plan, reads_whole_response, uniform_view
 
 
-def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, batch_size=None, position=None,
-                  held=None) -> tuple[Objective, dict]:
+def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_size=None, position=None,
+                  held=None, group=None) -> tuple[Objective, dict]:
     """The token-level objective in r, μ and A that is analysed, and what it stands for. A
     sequence objective is studied on a response whose tokens share r, μ and A (|y| = seq_len
     tokens): each reduction is its value there, r is the response's ratio, and every token's
@@ -23,7 +24,11 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, ba
     π_old/π_rollout held at `rho`. The third version's reductions are studied on a uniform batch
     of `batch_size` responses (default: one group) in groups of `group_size`, at `position` (default
     the last token); π_ref, H and each statistic a binding names (analysis.held) are held at
-    `held`'s values or their defaults. Existing token-level objectives are unchanged."""
+    `held`'s values or their defaults. `group`: the group's advantages as multiples of the token's
+    A, its response first (analysis.held.held_group; default: binary rewards with a spread, half
+    the group scoring A, half 0), which sets G. Existing token-level objectives are unchanged."""
+    group = held_group(group_size, group)
+    group_size = len(group)
     batch_size = group_size if batch_size is None else batch_size
     position = seq_len if position is None else position
     _check_point(seq_len, group_size, batch_size, position)
@@ -39,22 +44,68 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=GROUP_SIZE, ba
     view_names = names_of_view(obj)
     point = {"seq_len": seq_len, "position": position, "group_size": group_size, "batch_size": batch_size}
     values = {view_names[k]: Fraction(v) for k, v in point.items()}
-    stats = statistics(obj, obj.options["anchor"], view_names, values)
+    stats = statistics(obj, obj.options["anchor"], view_names, values, group)
     _check_held(obj, held or {}, holdable(obj, stats))
     chosen = {**HELD, **{k: v for k, (_, v) in stats.items()}, **{k: Fraction(v) for k, v in (held or {}).items()}}
     values |= {view_names["rho"]: Fraction(rho), view_names["rho_ref"]: chosen["rho_ref"], view_names["H"]: chosen["H"],
                **{k: chosen[k] for k in stats}}
     expr = _replace(obj.expr, {node: Node("param", value=k) for k, (node, _) in stats.items()})
-    expr = uniform_view(expr, obj.options["anchor"], view_names)
+    expr = uniform_view(expr, obj.options["anchor"], view_names, group)
     used = {n.value for n in expr.walk() if n.op == "param"}
     params = dict(obj.params) | {k: v for k, v in values.items() if k in used and k not in obj.params}
     scope["rho_name"] = view_names["rho"] if view_names["rho"] in used else None
-    scope["held"] = statements(obj, point, stats, chosen)
+    scope["held"] = statements(obj, point, stats, chosen, group)
     if scope["held"]:
         moved = [k for k, (_, v) in stats.items() if chosen[k] != v or isinstance(v, OnPolicy)]
-        scope["exact"] = exactness(obj, locality_of(obj), moved, _in_weight(expr, scope["held"], view_names))
+        weighed = reference_split(expr, obj.expr, view_names["rho_ref"])[0] or expr      # what w is derived from
+        scope["exact"] = exactness(obj, locality_of(obj), moved, _in_weight(weighed, scope["held"], view_names),
+                                   spread(obj, group))
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope
+
+
+def terms(n: Node, sign: int = 1) -> list:
+    """The top-level sum's terms, each (±1, node)."""
+    if n.op == "add":
+        return terms(n.args[0], sign) + terms(n.args[1], sign)
+    if n.op == "sub":
+        return terms(n.args[0], sign) + terms(n.args[1], -sign)
+    if n.op == "neg":
+        return terms(n.args[0], -sign)
+    return [(sign, n)]
+
+
+def term_sum(parts) -> Node:
+    out = None
+    for s, t in parts:
+        out = (t if s > 0 else neg(t)) if out is None else add(out, t) if s > 0 else sub(out, t)
+    return out
+
+
+def _reads(n: Node, param: str) -> bool:
+    return any(m.op == "param" and m.value == param for m in n.walk())
+
+
+def reference_split(view: Node, original: Node, ref_name: str) -> tuple[Node | None, list]:
+    """(the rest, the reference terms): the terms of the view's top-level sum that read π_ref
+    (the parameter ref_name), each paired (view, file) with the file's own term, and the sum of
+    the others where those are a channel of their own: each a whole term of the file's sum too,
+    and the rest has a derivative in r (w is then the rest's, and ∂ℓ_ref/∂log π is reported
+    beside it, never read by w's warnings). The rest is None where they are not separable
+    (r·A·(π_ref/π)^β: the whole ℓ is the reference term, and w reads it)."""
+    pairs = list(zip(terms(view), terms(original)))
+    if len(terms(view)) != len(pairs) or len(terms(original)) != len(pairs):
+        # the view changed the sum's shape (group_mean(a + b) is a + b there): the whole objective
+        return None, [((1, view), (1, original))]
+    chosen = [(v, o) for v, o in pairs if _reads(v[1], ref_name)]
+    if not chosen:
+        return None, []
+    others = [v for v, _ in pairs if not _reads(v[1], ref_name)]
+    rest = term_sum(others) if others else None
+    try:
+        return (None if rest is None or is_num(derivative(rest), 0) else rest), chosen
+    except ValueError:      # NonLocal (a ValueError): a reduction of the policy left in it
+        return None, chosen
 
 
 def _in_weight(expr: Node, held: list, view_names: dict) -> list[str]:
@@ -100,7 +151,7 @@ def held_names(obj: Objective) -> set[str]:
     names = names_of_view(obj)
     point = {names[k]: Fraction(1) for k in ("seq_len", "position", "group_size", "batch_size")}
     point[names["group_size"]] = point[names["batch_size"]] = Fraction(GROUP_SIZE)
-    return holdable(obj, statistics(obj, obj.options["anchor"], names, point))
+    return holdable(obj, statistics(obj, obj.options["anchor"], names, point, held_group(GROUP_SIZE, None)))
 
 
 def held_value_error(name: str, value) -> str | None:
@@ -154,3 +205,44 @@ def mismatch_range(view: Objective, rho_name: str, dl) -> dict:
     return {"w": [float(finite.min()), float(finite.max())] if finite.size else [None, None],
             "kept": [float(kept.min()), float(kept.max())] if kept.size else None,
             "grid": list(MISMATCH_GRID), "status": "numeric"}
+
+
+# the held group and values the degeneracy check moves to: a group with a spread of both signs,
+# each held value moved off its own (an entropy stays ≥ 0 and a ratio > 0)
+OTHER_GROUP = (1, 0, Fraction(-1, 2), 2)
+
+
+def other_point(obj: Objective, seq_len, rho, point: dict, held: list) -> dict:
+    """The held point moved: the group to OTHER_GROUP's pattern (G ≥ 2), each held value v (H,
+    ρ_ref, a statistic) to 3v/2 + 1/4: {'group': ..., 'held': {name: value}} for analysis_view."""
+    own = len(point["group"]) if point.get("group") else point.get("group_size") or GROUP_SIZE
+    G = max(own, 2)
+    group = tuple((OTHER_GROUP * G)[:G])
+    names = held_names(obj)
+    values = {h["name"]: Fraction(h["value"]) * Fraction(3, 2) + Fraction(1, 4) for h in held
+              if h["name"] in names and h["value"] is not None}
+    batch = point.get("batch_size")
+    return {"group": group, "held": values, "position": point.get("position"),
+            "batch_size": None if batch is None else G * max(batch // own, 1)}
+
+
+def moved_weight(obj: Objective, seq_len, rho, point: dict, held: list) -> dict:
+    """Per sign of A, a point where the objective's w is a nonzero finite number once the held
+    point is moved (other_point), as {'r', 'mu', 'A', 'w'}, or None: where the analysis finds
+    w ≡ 0 (or nowhere finite) and the moved point does not, the held point is degenerate, and
+    the finding is a property of it, not of the objective."""
+    import numpy as np
+    moved = other_point(obj, seq_len, rho, point, held)
+    view, _ = analysis_view(obj, seq_len, rho, **moved)
+    r = np.array([0.5, 0.9, 1.0, 1.1, 2.0])[:, None]
+    mu = np.array([0.05, 0.3])[None, :]
+    params = {k: float(v) for k, v in view.params.items()}
+    run = numpy_plan(derivative(view.expr))
+    out = {}
+    for adv, a in (("positive", 0.7), ("negative", -0.7)):
+        w = np.broadcast_to(run({**params, "r": r, "mu": mu, "pi": mu * r, "A": a})[0] / a, (5, 2))
+        ok = np.isfinite(w) & (w != 0)
+        i, j = np.argwhere(ok)[0] if ok.any() else (None, None)
+        out[adv] = None if i is None else {"r": float(r[i, 0]), "mu": float(mu[0, j]), "A": a, "w": float(w[i, j])}
+    out["point"] = moved
+    return out

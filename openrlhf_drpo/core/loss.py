@@ -62,6 +62,8 @@ class CompiledLoss(nn.Module):
         self.names = self.objective.names()
         self.uses_rollout = self.objective.reads_rollout()
         self.kept_whole = kept_whole(self.objective.expr)
+        for text in self.objective.by_position():       # a silent surprise otherwise: [1.5, 0, 0] for [1.5, 1.5, 1.5]
+            warnings.warn(f"{who}: objective '{self.objective.name}': {text}", stacklevel=2)
         self._inputs = objective_inputs(self.objective)
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: LossMetrics | None = None     # the last call's

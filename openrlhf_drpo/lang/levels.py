@@ -19,17 +19,24 @@ _POLICY = set(POLICY) | {"logp", "log_ratio"}
 _GRADIENT = set(GRADIENT) | {"logp", "log_ratio"}
 
 
-def levels(root: Node) -> dict[Node, str]:
+# the token-level built-ins every host holds constant along a response (one advantage per response):
+# a group reduction that is token-level only through them is position by position, where a reader
+# expects each response once (a longer response's later tokens are compared with fewer others)
+PER_RESPONSE = ("A",)
+
+
+def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
     """Each node's level (LEVELS): a number or parameter is a constant; seq_len, a response
     reduction and a group reduction of a response-level value are one value per response; a batch
     reduction one for the batch; every other built-in, a prefix and a group reduction of a
-    token-level value, one per token. An operation is at its widest argument's level."""
+    token-level value, one per token. An operation is at its widest argument's level.
+    `per_response`: built-ins taken as one value per response (PER_RESPONSE: what hosts give)."""
     out: dict[Node, str] = {}
     for n in postorder(root):
         if n.op in ("num", "param"):
             out[n] = "constant"
         elif n.op == "var":
-            out[n] = "response" if n.value == "seq_len" else "token"
+            out[n] = "response" if n.value == "seq_len" or n.value in per_response else "token"
         elif n.op in OPS and OPS[n.op].reduce:
             over, arg = OPS[n.op].over, out[n.args[0]]
             out[n] = {"response": "response", "prefix": "token", "suffix": "token", "batch": "batch",
@@ -91,6 +98,16 @@ def reductions(root: Node) -> list[Reduction]:
             out.append(Reduction(n, OPS[n.op].over, argument_level(n, level), reads and n.args[0] in policy,
                                  reads and n.args[0] in live and n in reached))
     return out
+
+
+def by_position_only(root: Node) -> list[Node]:
+    """The group reductions (counts aside) whose argument is token-level only through a built-in
+    hosts hold constant along a response (PER_RESPONSE): group_mean(A) is position by position,
+    so a winning response longer than the others gets A − A = 0 past their ends;
+    group_mean(seq_mean(A)) reduces each response once."""
+    token, held = levels(root), levels(root, PER_RESPONSE)
+    return [n for n in root.walk() if n.op in OPS and OPS[n.op].over == "group" and OPS[n.op].reduce != "count"
+            and token[n.args[0]] == "token" and held[n.args[0]] != "token"]
 
 
 def locality(root: Node) -> str:

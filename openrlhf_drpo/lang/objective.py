@@ -10,7 +10,7 @@ from fractions import Fraction
 
 from openrlhf_drpo.lang.errors import DslError
 from openrlhf_drpo.lang.ir import Node, Pos, num, postorder, tree_size
-from openrlhf_drpo.lang.levels import locality
+from openrlhf_drpo.lang.levels import PER_RESPONSE, by_position_only, locality
 from openrlhf_drpo.lang.names import canonical_name, display_name
 from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.printing import RENDER_LIMIT, render
@@ -85,6 +85,20 @@ class Objective:
         """token, response, group or batch: the widest reduction a value of the current policy
         passes through (lang.levels.locality)."""
         return locality(self.expr)
+
+    def by_position(self) -> list[str]:
+        """One sentence per group reduction that reads a per-response value (A) at token level
+        (lang.levels.by_position_only): what it does there and the form that reduces each
+        response once, e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
+        out = []
+        for n in by_position_only(self.expr):
+            held = sorted({m.value for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE})
+            swap = {m: Node("seq_mean", (m,)) for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE}
+            out.append(f"{render(n)} reduces a token-level value position by position: {', '.join(held)} is one value "
+                       f"per response in every host, so past the end of a group's shorter responses a longer one's tokens "
+                       f"are compared with fewer others or none (with none, group_mean(A) is its own A and group_std(A) is 0); write "
+                       f"{render(_swapped(n, swap))} to reduce each response once")
+        return out
 
     def reads_rollout(self) -> bool:
         """Whether training needs the rollout engine's log-probs (μ is them, or π_rollout is named)."""
@@ -178,3 +192,10 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
         seen[key] = pair
         out[name.strip()] = value
     return out
+
+
+def _swapped(n: Node, swap: dict) -> Node:
+    new: dict = {}
+    for m in postorder(n):
+        new[m] = swap[m] if m in swap else Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
+    return new[n]

@@ -162,7 +162,55 @@ def held_count(over: str, level: str, point: dict) -> Node:
     return mul(point["batch_size"], point["seq_len"]) if level == "token" else point["batch_size"]
 
 
-def uniform_view(n: Node, anchor: str, names: dict | None = None) -> Node:
+def spread(kind: str, xs: list, n: Node) -> Node:
+    """A group or batch reduction's value over n elements that hold the values xs (x, share) in
+    those shares (the held group's responses, analysis.held; shares sum to 1): the sum n·Σ share·x,
+    the mean Σ share·x, the sample std over the n elements, the count n."""
+    def total(f):
+        out = None
+        for x, share in xs:
+            out = mul(num(share), f(x)) if out is None else add(out, mul(num(share), f(x)))
+        return out
+    mean = total(lambda x: x)
+    if kind == "sum":
+        return mul(n, mean)
+    if kind == "count":
+        return n
+    if kind == "mean":
+        return mean
+    return Node("sqrt", (mul(div(n, sub(n, ONE)), total(lambda x: power(sub(x, mean), num(2)))),))
+
+
+def _response(n: Node, c: Fraction, new: dict, level: dict, point: dict) -> Node:
+    """n's value in a response of the held group whose advantage is c·A: A scaled, a value that is
+    already the group's or the batch's (new's, a wider reduction) kept, the rest rebuilt as in
+    uniform_view (`new` holds its values on the token's own response)."""
+    out: dict = {}
+    for m in postorder(n):
+        if m.op == "var" and m.value == "A":
+            out[m] = mul(num(c), new[m])
+        elif m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch"):
+            out[m] = new[m]
+        elif m.op in OPS and OPS[m.op].reduce:
+            out[m] = OPS[m.op].uniform(out[m.args[0]], held_count(OPS[m.op].over, argument_level(m, level), point))
+        else:
+            out[m] = Node(m.op, tuple(out[a] for a in m.args), m.value, m.pos) if m.args else new[m]
+    return out[n]
+
+
+def _reads_own_advantage(n: Node) -> bool:
+    """Whether n reads its response's A outside a group or batch reduction (whose value is the group's)."""
+    stack = [n]
+    while stack:
+        m = stack.pop()
+        if m.op == "var" and m.value == "A":
+            return True
+        if not (m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch")):
+            stack.extend(m.args)
+    return False
+
+
+def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple | None = None) -> Node:
     """The objective on a uniform batch, in r, μ, A and parameters (`names`, VIEW_NAMES by
     default): N responses in groups of G, each of |y| tokens, every token sharing r, μ, A and the
     held inputs, seen at position p of its response. Each reduction is its value there
@@ -171,7 +219,9 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None) -> Node:
     times the train/rollout ratio ρ: π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
     @anchor = old; π_ref = μ·ρ_ref (so π_ref/π = ρ_ref/r); H is a parameter; Σ_v π_v² =
     sg(π² + (1 − π)²) (the rest of the mass on one other token). A token-level objective that
-    names none of these is returned as it is."""
+    names none of these is returned as it is. `group`: the group's advantages as multiples of the
+    token's A (its response first; the batch holds N/G such groups): a group or batch reduction of
+    a value that reads A is then its value over them (spread), all else shared."""
     names = {**VIEW_NAMES, **(names or {})}
     point = {k: Node("param", value=v) for k, v in names.items()}
     mu, pi = Node("var", value="mu"), Node("var", value="pi")
@@ -184,8 +234,16 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None) -> Node:
         if m.op == "var" and m.value in held:
             new[m] = held[m.value]
         elif m.op in OPS and OPS[m.op].reduce:
-            count = held_count(OPS[m.op].over, argument_level(m, level), point)
-            new[m] = OPS[m.op].uniform(new[m.args[0]], count)
+            op, x = OPS[m.op], new[m.args[0]]
+            count = held_count(op.over, argument_level(m, level), point)
+            spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.reduce in (
+                "sum", "mean", "std") and _reads_own_advantage(m.args[0])
+            if spreads:
+                shares = {c: Fraction(group.count(c), len(group)) for c in group}
+                new[m] = spread(op.reduce, [(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],
+                                num(len(group)) if op.over == "group" else count)
+            else:
+                new[m] = op.uniform(x, count)
         else:
             new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
     return new[n]

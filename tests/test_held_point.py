@@ -1,0 +1,172 @@
+"""What the analysis holds, and what it says of it (issue 36 item 6): a held group a researcher
+recognizes (binary rewards with a spread, settable from the API and the command line) on which a
+group-normalized advantage is not 0; a degenerate held point said so, never 'proven'; a group
+reduction of A, which is position by position, warned of in the report and when the loss is
+built; the reference terms in a channel of their own, and channel formulas in the parameters'
+names. The gradient checks are autograd through CompiledLoss's plain path on a real group."""
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from openrlhf_drpo import lang
+from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.cli import analyze_main
+from openrlhf_drpo.core import CompiledLoss
+
+# GRPO's group-normalized advantage written in the file: (R − mean)/(std + ε) over the group's responses
+GN = ("adv = (seq_mean(A) - group_mean(seq_mean(A)))/(group_std(seq_mean(A)) + 1e-6)\n"
+      "min(r*adv, clip(r, 0.8, 1.2)*adv)")
+
+
+def normalized(c):
+    """The token's (the first response's) normalized advantage per unit of A on a group whose
+    advantages are A·c, by NumPy's sample std: an oracle that shares no code with the analysis."""
+    c = np.asarray(c, dtype=float)
+    return (c[0] - c.mean()) / (c.std(ddof=1) + 1e-6)
+
+
+def kinds(res):
+    return [a.kind for a in res.warnings]
+
+
+def test_a_group_normalized_advantage_is_analysed_on_a_group_with_a_spread():
+    """The default group is binary rewards with a spread (half scoring A, half 0): PPO's clip
+    boundaries show, and w on policy is the normalized advantage per unit of A, not 0."""
+    res = analyze(lang.parse(GN, "gn.dsl"))
+    out = to_json(res)
+    assert out["text"]["boundary"]["positive"]["r"] == ["1.2"] and out["text"]["boundary"]["negative"]["r"] == ["0.8"]
+    assert "no gradient" not in kinds(res) and "degenerate held point" not in kinds(res)
+    assert math.isclose(float(np.asarray(res.w(1.0, 0.5, 1.0))), normalized([1, 1, 1, 1, 0, 0, 0, 0]), rel_tol=1e-9)
+    assert any("their advantages are A·(1, 1, 1, 1, 0, 0, 0, 0)" in h["text"] for h in out["scope"]["held"])
+
+
+# a reduction inside another: the centred value's std reads the group's mean, one value for the group
+NESTED = ("R = seq_mean(A)\nc = R - group_mean(R)\nadv = c/(group_std(c) + 0.1)\n"
+          "min(r*adv, clip(r, 0.8, 1.2)*adv) + 0.5*group_mean(exp(c))*log(r)")
+
+
+@pytest.mark.parametrize("text", [GN, NESTED], ids=["normalized", "nested"])
+@pytest.mark.parametrize("log_r, A", [(0.1, 0.7), (0.35, 0.7), (0.1, -0.7), (-0.35, -0.7), (-0.1, 1.3)])
+def test_on_a_group_with_the_held_advantages_the_tokens_gradient_is_the_derived_weight(text, log_r, A):
+    """A group of 4 responses of 3 tokens with advantages A·(1, 1, 0, 0) (the default for G = 4),
+    all sharing log π and log μ: autograd's ∂loss/∂log π at the first response's tokens is
+    w·r·A/n, w from the analysis at that held group."""
+    obj = lang.parse(text, "gn.dsl")
+    c = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    old = torch.full((4, 3), -1.3, dtype=torch.float64)
+    logp = (old + log_r).requires_grad_()
+    advantages = (A * c)[:, None].expand(4, 3)
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    loss, _ = CompiledLoss(obj, fused=False)(logp, old, advantages, mask, groups=torch.zeros(4, dtype=torch.long))
+    (grad,) = torch.autograd.grad(loss, logp)
+    w = analyze(obj, group_size=4).w
+    r, mu = math.exp(log_r), math.exp(-1.3)
+    expected = float(np.asarray(w(r, mu, A))) * r * A
+    assert torch.allclose(-12 * grad[0], torch.full((3,), expected, dtype=torch.float64), rtol=1e-9, atol=1e-15)
+
+
+def test_the_held_group_is_set_from_the_api_and_the_command_line(tmp_path, capsys):
+    res = analyze(lang.parse(GN, "gn.dsl"), group=(1, 0))
+    assert math.isclose(float(np.asarray(res.w(1.0, 0.5, 1.0))), normalized([1, 0]), rel_tol=1e-9)
+    path = tmp_path / "gn.dsl"
+    path.write_text(GN + "\n")
+    assert analyze_main(["--group", "1,0,0", "--json", str(path)]) == 0
+    held = json.loads(capsys.readouterr().out)["scope"]["held"]
+    assert any("a group of G = 3 responses" in h["text"] and "A·(1, 0, 0)" in h["text"] for h in held)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--group", "0,1"], "the first response is the analysed token's"),
+    (["--group", "1,x"], "write decimal numbers separated by commas"),
+    (["--group", "1,0", "--group-size", "3"], "--group has 2 responses but --group-size is 3"),
+])
+def test_a_held_group_that_cannot_be_held_is_refused_by_name(argv, said, tmp_path, capsys):
+    path = tmp_path / "gn.dsl"
+    path.write_text(GN + "\n")
+    with pytest.raises(SystemExit):
+        analyze_main(argv + [str(path)])
+    assert said in capsys.readouterr().err
+
+
+def test_a_degenerate_held_point_is_said_and_its_zero_weight_never_proven():
+    """On equal responses the normalized advantage is 0 by the group, not by ℓ: the report says
+    the held point is degenerate, and no claim of no gradient is 'proven'."""
+    res = analyze(lang.parse(GN, "gn.dsl"), group=(1, 1, 1, 1))
+    assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
+    assert {res.claims["boundary"][adv]["status"] for adv in ("positive", "negative")} == {"held point only"}
+    text = report(res)
+    assert "the held point is degenerate for A > 0 and A < 0" in text and "(proven" not in text.split("warnings")[1]
+
+
+def test_a_zero_weight_that_every_held_point_has_stays_proven():
+    """A mask no ratio passes: w ≡ 0 at any held group, so that stays a proven property of ℓ."""
+    res = analyze(lang.parse("[r > 2]*[r < 1]*r*(seq_mean(A) - group_mean(seq_mean(A)))", "never.dsl"))
+    assert kinds(res).count("no gradient") == 2 and "degenerate held point" not in kinds(res)
+    assert res.claims["boundary"]["positive"]["status"] == "proven"
+
+
+# a group reduction of A reads it position by position; the fix each warning names
+BY_POSITION = [
+    ("r*(A - group_mean(A))", ["group_mean(seq_mean(A))"]),
+    ("r*A/(group_std(A) + 1)", ["group_std(seq_mean(A))"]),
+    ("x = 2*A\nr*(A - group_mean(x))", ["group_mean(2 * seq_mean(A))"]),
+    ("r*(A - group_mean(seq_mean(A)))", []),
+    ("r*A*group_count(A)", []),                                   # a count reads no value
+    ("r*(A - group_sum(A*prefix_sum(1))/group_sum(prefix_sum(1)))", []),   # token-level by its prefix too (OTB)
+    ("r*group_mean(r*A)", []),
+]
+
+
+@pytest.mark.parametrize("text, fixes", BY_POSITION)
+def test_a_group_reduction_of_a_is_warned_of_in_the_report_and_when_the_loss_is_built(text, fixes):
+    obj = lang.parse(text, "bp.dsl")
+    said = [a for a in report(analyze(obj)).splitlines() if "position by position" in a]
+    assert [f for f in fixes if not any(f"write {f} to reduce each response once" in s for s in said)] == []
+    assert len(said) == len(fixes)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CompiledLoss(obj, fused=False)
+    built = [str(w.message) for w in caught if "position by position" in str(w.message)]
+    assert len(built) == len(fixes) and all(f in b for f, b in zip(fixes, built))
+
+
+def test_what_the_position_by_position_warning_says_is_what_the_loss_does():
+    """A winning response longer than the others: with group_mean(A) its later tokens get no
+    gradient ([1.5, 0, 0]); with group_mean(seq_mean(A)), every token the same ([1.5, 1.5, 1.5])."""
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]], dtype=torch.bool)
+    A = torch.tensor([[2.0], [-0.25], [-0.25]], dtype=torch.float64).expand(3, 3)
+    per_token = {}
+    for text in ("r*(A - group_mean(A))", "r*(A - group_mean(seq_mean(A)))"):
+        logp = torch.full((3, 3), -1.0, dtype=torch.float64, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss, _ = CompiledLoss(lang.parse(text, "g.dsl"), fused=False)(logp, logp.detach(), A, mask,
+                                                                             groups=torch.zeros(3, dtype=torch.long))
+        (grad,) = torch.autograd.grad(loss, logp)
+        per_token[text] = (-5 * grad[0]).tolist()
+    assert per_token["r*(A - group_mean(A))"] == pytest.approx([1.5, 0.0, 0.0])
+    assert per_token["r*(A - group_mean(seq_mean(A)))"] == pytest.approx([1.5, 1.5, 1.5])
+
+
+KL_ENTROPY = "β = 0.04\nδ = 0.01\nr*A - β*(π_ref/π - log(π_ref/π) - 1) + δ*H"
+
+
+@pytest.mark.parametrize("spec, w_range", [("grpo_k3", [0.0, 1.0]), (KL_ENTROPY, [1.0, 1.0])])
+def test_the_reference_terms_are_their_own_channel_and_no_warning_about_w_reads_them(spec, w_range):
+    obj = lang.load(spec) if "\n" not in spec else lang.parse(spec, "klh.dsl")
+    res = analyze(obj)
+    assert res.reference["own"] and res.weight_range == w_range
+    assert {"unbounded", "entangled"} & set(kinds(res)) == set()
+    out = to_json(res)
+    assert out["text"]["reference"] == "β·(q − 1)" and out["reference"]["own_channel"]
+    assert "  induced weight  w = (∂ℓ/∂r)/A of the terms that do not read π_ref" in report(res)
+
+
+def test_channel_formulas_show_the_parameters_names():
+    out = to_json(analyze(lang.parse(KL_ENTROPY, "klh.dsl")))
+    assert (out["text"]["w_H"], out["text"]["reference"]) == ("δ", "β·(q − 1)")
