@@ -58,14 +58,23 @@ def test_drpo_train_refuses_at_launch_an_input_its_flags_do_not_give_naming_the_
     assert "trust-region" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name, flags", [
-    ("k3", KL_FLAGS), ("group", ["--train.micro_batch_size", "2"]), ("batch", ["--train.micro_batch_size", "4"]),
-    ("collision", []),
+@pytest.mark.parametrize("name, refused, flags", [
+    ("k3", [], KL_FLAGS), ("group", ["--train.micro_batch_size", "1"], ["--train.micro_batch_size", "2"]),
+    ("batch", [], ["--train.micro_batch_size", "4"]), ("collision", ["--ds.packing_samples"], []),
 ])
-def test_the_flags_a_refusal_names_make_drpo_train_accept_the_objective(name, flags, tmp_path):
+def test_the_flags_a_refusal_names_make_drpo_train_accept_the_objective(name, refused, flags, tmp_path):
+    """The same objective refused without the flags and accepted with them: OpenRLHF's args then
+    carry the objective's own text to the actors, and the loss built from them reads the input."""
+    import json
+    from openrlhf_drpo.hosts.openrlhf.actor import build_loss
     from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
+    with pytest.raises(SystemExit, match=f"^drpo-train: error: objective '{name}' "):
+        openrlhf_args(train_flags(tmp_path, "unused", _objective(tmp_path, name), *refused))
     args = openrlhf_args(train_flags(tmp_path, "unused", _objective(tmp_path, name), *flags))
-    assert name in args.drpo.spec
+    spec = json.loads(args.drpo.spec)
+    assert spec["source"] == OBJECTIVES[name]
+    reads = {"k3": "ref_log_probs", "group": "groups", "batch": "batch", "collision": "sum_pi_sq"}[name]
+    assert reads in build_loss(spec).inputs()
 
 
 def _flat(**changes):
