@@ -36,11 +36,12 @@ def insert(path: pathlib.Path, text: str, before: str = None, after: str = None)
 
 
 def copy_of_repo(dest: pathlib.Path) -> pathlib.Path:
-    """The package, its docs and the tests the recipes name, in the temporary folder `dest`."""
-    for part in ("openrlhf_drpo", "docs", "tests"):
-        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "golden"))
-    for part in ("README.md", "setup.cfg"):
-        shutil.copy(ROOT / part, dest / part)
+    """The checkout (the package, its docs, the tests the recipes name and the build files, as
+    test_language installs it) in the temporary folder `dest`."""
+    dest = dest / "repo"
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".hypothesis",
+                                                              ".pytest_cache", ".benchmarks", "runs", "golden", ".venv*", ".whl",
+                                                              ".gpuwhl"))
     return dest
 
 
@@ -92,12 +93,16 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out == {"weight": "r**2", "claim": "proven", "fused": True, "plain": True}, out
-    assert "passed" in (p := pytest_in(copy, "tests/test_operations.py", "-k", "cube")).stdout and p.returncode == 0, \
-        p.stdout[-3000:]
     undocumented = pytest_in(copy, *docs_check)
     assert undocumented.returncode == 1 and "cube" in undocumented.stdout, undocumented.stdout[-2000:]
     insert(copy / "docs/language.md", block("atom-doc"), after="- `softsign(x)`:")
     assert pytest_in(copy, *docs_check).returncode == 0
+    # the recipe followed exactly leaves every test file it touches passing, not only cube's rows: the
+    # table's tests (cube among their rows), the parser's and the two pages it changes or reads
+    table = pytest_in(copy, "-rA", "tests/test_operations.py", "tests/test_language.py")
+    assert table.returncode == 0 and "[cube" in table.stdout, table.stdout[-3000:]
+    pages = pytest_in(copy, "tests/test_docs.py", "-k", "contributing.md or language.md or every_function")
+    assert pages.returncode == 0 and re.search(r"^6 passed", pages.stdout, re.M), pages.stdout[-3000:]
 
 
 def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_tests_check_it(tmp_path):
@@ -132,14 +137,21 @@ def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_
 HOST = """
 import torch
 from openrlhf_drpo.hosts.toy import ToyLoss
-from openrlhf_drpo.core import Aggregation, CompiledLoss
 g = torch.Generator().manual_seed(1)
 logp = -torch.rand(2, 4, generator=g, dtype=torch.float64)
-old, A = logp - 0.2, torch.randn(2, 4, generator=g, dtype=torch.float64)
+old = logp - 0.3 * torch.rand(2, 4, generator=g, dtype=torch.float64)
+A = torch.randn(2, 4, generator=g, dtype=torch.float64)
 mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-loss, floats = ToyLoss("drpo", delta=0.2).step(logp, old, A, mask, 11.0)
-ref, _ = CompiledLoss("drpo", delta=0.2)(logp, old, A, mask, aggregation=Aggregation("token-mean", norm=11.0))
-assert torch.equal(loss, ref) and set(floats) >= {"drpo_w_mean", "drpo_ratio_max"}, (loss, ref, floats)
+x = logp.clone().requires_grad_()
+loss, floats = ToyLoss("drpo", delta=0.2).step(x, old, A, mask, 11.0)
+# by hand (objectives/drpo.dsl, δ = 0.2, μ = π_old): the token sum of ℓ = r·A − |A|/(2δ)·μ·(r − 1)²
+# over the normalizer 11, negated; no code of the package's
+y = logp.clone().requires_grad_()
+r = torch.exp(y - old)
+hand = -((r * A - A.abs() / 0.4 * torch.exp(old) * (r - 1) ** 2) * mask).sum() / 11.0
+(gx,), (gy,) = torch.autograd.grad(loss, x), torch.autograd.grad(hand, y)
+assert torch.allclose(loss, hand, rtol=1e-12) and torch.allclose(gx, gy, rtol=1e-10, atol=1e-15), (loss, hand)
+assert abs(floats["drpo_ratio_max"] - r[mask.bool()].max().item()) < 1e-6, floats
 try:
     ToyLoss("tis_ppo")
 except ValueError as e:
@@ -147,7 +159,7 @@ except ValueError as e:
 """
 
 
-def test_a_host_added_as_the_page_says_takes_its_layer_and_equals_the_core(copy):
+def test_a_host_added_as_the_page_says_takes_its_layer_and_gives_the_objectives_loss_by_hand(copy):
     (copy / "openrlhf_drpo/hosts/toy.py").write_text(block("host-module"), encoding="utf-8")
     layers = ("tests/test_layers.py",)
     assert pytest_in(copy, *layers).returncode == 1         # before: the new module has no place

@@ -201,7 +201,9 @@ def test_each_clip_cap_and_baseline_acts_on_the_test_batch(name, undone):
     assert not (torch.allclose(l0, l1, rtol=1e-6) and torch.allclose(g0, g1, rtol=1e-6, atol=1e-12))
 
 
-def test_otbs_baseline_is_zero_on_a_lone_tail_and_in_a_group_of_one():
+def test_the_test_batch_has_a_lone_tail_and_a_group_of_one_where_the_otb_reference_has_no_baseline():
+    """A check of the test batch and the reference (no project code): the batch has both places
+    where OTB's baseline is zero, so that the comparison above holds otb to them."""
     b = batch(0)
     clean = {**b, "m": b["mask"].to(F64)}
     adv = otb_advantages(clean)
@@ -209,8 +211,9 @@ def test_otbs_baseline_is_zero_on_a_lone_tail_and_in_a_group_of_one():
     assert torch.equal(adv[6], b["A"][6] * clean["m"][6])            # a group of one: no baseline
 
 
-def test_the_test_batchs_ess_is_below_one_and_caps_some_ratios():
-    # so that trust_the_batch's cap and its (1 − ESS)·KL term both act on it
+def test_the_test_batch_has_an_ess_below_one_that_caps_some_ratios():
+    """A check of the test batch (no project code): trust_the_batch's cap and its (1 − ESS)·KL term
+    both act on it, so that the comparison above holds the objective to them."""
     b = batch(0)
     ratio = torch.exp(b["new"] - b["old"])[b["mask"]]
     ess = ratio.sum() ** 2 / (ratio.square().sum() + 1e-8) / ratio.numel()

@@ -474,7 +474,7 @@ def test_the_installed_openrlhf_version_is_checked(monkeypatch):
     assert torch.isfinite(loss) and len(rest) == 4
 
 
-def test_emit_torch_prints_readable_code_that_runs():
+def test_emit_torch_prints_readable_code_whose_three_functions_give_drpo_and_its_gradient_by_hand():
     proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.cli", "drpo", "--emit-torch"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -482,8 +482,19 @@ def test_emit_torch_prints_readable_code_that_runs():
     assert src.startswith("# objective drpo (objectives/drpo.dsl), maximized: r * A - |A| / (2 * δ) * μ * (r - 1)^2")
     ns = {}
     exec(src, ns)
-    new, old, A, mask = batch(4)
-    assert torch.allclose(ns["objective"](new, old, A), ObjectiveLoss("drpo")._value(new, old, A))
+    new, old, A, _ = batch(4)
+    for clamped in (False, True):       # a ratio past the clamp at 20: the eager code's other branch
+        new[2, 3] = old[2, 3] + (21 if clamped else 0.1)
+        # by hand, from the paper's formula (δ = 12.5, μ = π_old, r clamped at ±20 as OpenRLHF does)
+        lp = new.clone().requires_grad_()
+        r = torch.exp((lp - old).clamp(-20, 20))
+        ell = r * A - A.abs() / 25 * torch.exp(old) * (r - 1) ** 2
+        (grad,) = torch.autograd.grad(ell.sum(), lp)
+        assert torch.allclose(ns["objective"](new.clone(), old, A), ell.detach(), rtol=1e-12, atol=1e-12)
+        for fn in ("objective_and_grad", "objective_and_grad_eager"):
+            value, dvalue = ns[fn](new.clone(), old, A)[:2]
+            assert torch.allclose(value, ell.detach(), rtol=1e-12, atol=1e-12), (fn, clamped)
+            assert torch.allclose(dvalue, grad, rtol=1e-12, atol=1e-12) and (dvalue[2, 3] == 0) == clamped, (fn, clamped)
 
 
 # ---------------------------------------------------------------- numerics, fuzzed

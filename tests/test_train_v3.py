@@ -58,14 +58,23 @@ def test_drpo_train_refuses_at_launch_an_input_its_flags_do_not_give_naming_the_
     assert "trust-region" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name, flags", [
-    ("k3", KL_FLAGS), ("group", ["--train.micro_batch_size", "2"]), ("batch", ["--train.micro_batch_size", "4"]),
-    ("collision", []),
+@pytest.mark.parametrize("name, refused, flags", [
+    ("k3", [], KL_FLAGS), ("group", ["--train.micro_batch_size", "1"], ["--train.micro_batch_size", "2"]),
+    ("batch", [], ["--train.micro_batch_size", "4"]), ("collision", ["--ds.packing_samples"], []),
 ])
-def test_the_flags_a_refusal_names_make_drpo_train_accept_the_objective(name, flags, tmp_path):
+def test_the_flags_a_refusal_names_make_drpo_train_accept_the_objective(name, refused, flags, tmp_path):
+    """The same objective refused without the flags and accepted with them: OpenRLHF's args then
+    carry the objective's own text to the actors, and the loss built from them reads the input."""
+    import json
+    from openrlhf_drpo.hosts.openrlhf.actor import build_loss
     from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
+    with pytest.raises(SystemExit, match=f"^drpo-train: error: objective '{name}' "):
+        openrlhf_args(train_flags(tmp_path, "unused", _objective(tmp_path, name), *refused))
     args = openrlhf_args(train_flags(tmp_path, "unused", _objective(tmp_path, name), *flags))
-    assert name in args.drpo.spec
+    spec = json.loads(args.drpo.spec)
+    assert spec["source"] == OBJECTIVES[name]
+    reads = {"k3": "ref_log_probs", "group": "groups", "batch": "batch", "collision": "sum_pi_sq"}[name]
+    assert reads in build_loss(spec).inputs()
 
 
 def _flat(**changes):
@@ -139,16 +148,17 @@ def test_micro_batches_hold_whole_groups_in_a_new_order_each_epoch():
     assert list(GroupBatches(items, 4, shuffle=False)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def _run(tiny_model, tmp_path, name, *flags, prepare=None, micro_batches=3):
+def _run(tiny_model, tmp_path, name, *flags, prepare=None, micro_batches=3, responses=4, observe=None):
     """Three optimizer steps of the real ActorPPOTrainer.ppo_train (DeepSpeed CPU, ZeRO-2), the
-    objective installed as the Ray actor installs it; records each loss call's inputs and gradients."""
+    objective installed as the Ray actor installs it; records each loss call's inputs and gradients,
+    and what `observe(actor, old, rollouts)` finds at the call (rollouts: what was appended so far)."""
     from openrlhf.utils import get_strategy
     from openrlhf_drpo.hosts.openrlhf.actor import _DrpoPolicyModelActor
     from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     args = openrlhf_args(train_flags(tmp_path / "ckpt", tiny_model, _objective(tmp_path, name), *flags))
     actor = _DrpoPolicyModelActor(1, 0, "127.0.0.1", int(os.environ["MASTER_PORT"]))
     actor.init_model_from_pretrained(get_strategy(args), tiny_model, max_steps=4)
-    loss_fn, calls, losses = actor.trainer.actor_loss_fn, [], []
+    loss_fn, calls, losses, rollouts = actor.trainer.actor_loss_fn, [], [], []
     forward, backward = loss_fn.forward, actor.trainer.strategy.backward
 
     def recording_forward(log_probs, old, adv, action_mask=None, **kw):
@@ -157,7 +167,7 @@ def _run(tiny_model, tmp_path, name, *flags, prepare=None, micro_batches=3):
         grads = torch.autograd.grad(out[0], [log_probs] + ([given["entropy"]] if "entropy" in given else []),
                                     retain_graph=True)
         calls.append({"log_probs": log_probs.detach(), "old": old, "adv": adv, "mask": action_mask, "loss": out[0],
-                      "grads": grads, "kw": kw, "given": given})
+                      "grads": grads, "kw": kw, "given": given, **(observe(actor, old, rollouts) if observe else {})})
         return out
 
     def recording_backward(loss, *a, **k):
@@ -165,11 +175,12 @@ def _run(tiny_model, tmp_path, name, *flags, prepare=None, micro_batches=3):
         return backward(loss, *a, **k)
     loss_fn.forward, actor.trainer.strategy.backward = recording_forward, recording_backward
     before = [p.detach().clone() for p in actor.actor.model.parameters()]
-    for seed in range(3):       # three rollouts of 2 prompts × 2 responses, one optimizer step each
-        exp = _experience(actor.tokenizer, actor.actor, seed)
-        exp.index = [0, 1, 2, 3]        # each response's place in its rollout, as OpenRLHF's experience maker sets it
+    for seed in range(3):       # three rollouts of prompts × 2 responses, one optimizer step each
+        exp = _experience(actor.tokenizer, actor.actor, seed, B=responses)
+        exp.index = list(range(responses))     # each response's place in its rollout, as OpenRLHF's experience maker sets it
         if prepare:
             prepare(exp)
+        rollouts.append({"old": exp.action_log_probs.clone(), "sequences": exp.sequences.clone()})
         actor.append(exp)       # as Ray calls it
         status = actor.fit(kl_ctl=0.5)
     assert any(not torch.equal(a.detach(), b) for a, b in zip(actor.actor.model.parameters(), before)), "no change"
@@ -230,16 +241,41 @@ def check_reference(tiny_model, tmp_path):
         assert torch.allclose(call["grads"][0].double(), expected, rtol=1e-4, atol=1e-7)
 
 
+def _rows(old, rollouts):
+    """Each row of a loss call: (rollout, response) of the response it is, found by its old
+    log-probs (the replay buffer shuffles the rows and keeps no index)."""
+    return [next((k, j) for k, e in enumerate(rollouts) for j in range(len(e["old"])) if torch.equal(e["old"][j], row))
+            for row in old]
+
+
+def _by_hand(actor, old, rollouts):
+    """Each row's rollout place and its Σ_v π_v² by a softmax written here (float64) over the tiny
+    model's own logits for the row's sequence at the call (the update comes after it), not from
+    drpo-train's forward or its sum_pi_sq_from_logits."""
+    rows = _rows(old, rollouts)
+    sequences = torch.stack([rollouts[k]["sequences"][j] for k, j in rows])
+    model = getattr(actor.actor.model, "module", actor.actor.model)      # the HF model inside DeepSpeed's engine
+    with torch.no_grad():
+        logits = model(sequences, attention_mask=torch.ones_like(sequences)).logits.double()
+    z = logits[:, :-1][:, -old.shape[1]:] / actor.actor.temperature      # the logits that predict each response token
+    p = torch.exp(z - z.max(-1, keepdim=True).values)
+    p = p / p.sum(-1, keepdim=True)
+    return {"rows": rows, "sum_pi_sq": (p * p).sum(-1)}
+
+
 def check_entropy(tiny_model, tmp_path, name, chunked):
     """H is the actor's entropy on the policy's graph, its gradient the objective's; a batch mean
     over the optimizer step's one micro-batch; Σ_v π_v² a fixed input (chunked off: from
-    OpenRLHF's logits); group ids kept from the rollout index."""
+    OpenRLHF's logits), equal to one computed here; group ids kept from the rollout index."""
     import pathlib
     tmp_path = pathlib.Path(tmp_path)
-    # grouped: micro-batches of one prompt's 2 responses, 2 to an optimizer step
-    step = STEP_OF_4 if name == "entropy" else ("--train.batch_size", "4", "--train.micro_batch_size", "2")
+    # grouped: rollouts of 4 prompts × 2 responses, micro-batches of 2 prompts' groups (so that group
+    # ids ignored or all equal give another baseline), 2 to an optimizer step
+    step = STEP_OF_4 if name == "entropy" else ("--rollout.batch_size", "4", "--train.batch_size", "8",
+                                                "--train.micro_batch_size", "4")
     actor, status, calls, _ = _run(tiny_model, tmp_path, name, "--drpo.chunked_logprobs", chunked, *step,
-                                   micro_batches=3 if name == "entropy" else 6)
+                                   micro_batches=3 if name == "entropy" else 6, responses=4 if name == "entropy" else 8,
+                                   observe=None if name == "entropy" else _by_hand)
     assert ("drpo_chunk" in vars(actor.actor)) == (chunked == "on")
     for call in calls:
         H = call["given"]["entropy"]
@@ -254,13 +290,22 @@ def check_entropy(tiny_model, tmp_path, name, chunked):
             batch_mean = (r * mask).sum() / mask.sum()      # the step's whole batch: its one micro-batch
             ell = torch.minimum(r * adv, r.clamp(0.8, 1.2) * adv) - 0.05 * batch_mean
         else:
-            sq, groups = call["given"]["sum_pi_sq"], call["given"]["groups"]
-            assert not sq.requires_grad and bool(((sq > 0) & (sq <= 1)).all())
-            # one of the rollout's two prompts, whole: responses 0, 1 or 2, 3 (index // 2)
-            assert groups.tolist() in ([0, 0], [1, 1])
+            sq = call["sum_pi_sq"]
+            given = call["given"]["sum_pi_sq"]
+            assert not given.requires_grad and torch.allclose(given.double(), sq, rtol=1e-5, atol=1e-7)
+            # two prompts whole, each response's group its rollout index // 2
+            groups = torch.tensor([j // 2 for _, j in call["rows"]])
+            assert len(set(groups.tolist())) == 2 and call["given"]["groups"].tolist() == groups.tolist()
             seq_mean = (adv * mask).sum(-1) / mask.sum(-1)
-            same = (groups[:, None] == groups[None, :]).double()
-            baseline = (same @ seq_mean / same.sum(-1))[:, None]       # the mean over the response's group
-            ell = r * (adv - baseline) - 0.1 * sq.double() * r
+
+            def ell_of(groups):
+                same = (groups[:, None] == groups[None, :]).double()
+                baseline = (same @ seq_mean / same.sum(-1))[:, None]       # the mean over the response's group
+                ratio = torch.exp(lp - call["old"].double())       # a graph of its own for each
+                return ratio * (adv - baseline) - 0.1 * sq * ratio
+            ell = ell_of(groups)
+            # the case can tell: one group for the whole call would be another gradient
+            one_group = _per_token_grad(ell_of(torch.zeros_like(groups)), lp, mask, call["kw"])
+            assert not torch.allclose(call["grads"][0].double(), one_group, rtol=1e-4, atol=1e-7)
         assert torch.allclose(call["grads"][0].double(), _per_token_grad(ell, lp, mask, call["kw"]),
                               rtol=1e-4, atol=1e-7)
