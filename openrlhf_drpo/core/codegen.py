@@ -29,7 +29,7 @@ from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.parser import Objective
 from openrlhf_drpo.lang.printing import render
 from openrlhf_drpo.core.reverse_mode import reverse_gradient
-from openrlhf_drpo.core.rewrites import annotate_levels, filters, rewrite_logs, select_masks
+from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
 from openrlhf_drpo.lang.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
@@ -340,6 +340,9 @@ def _reverse_functions(value, params, kept, per_response, entropy) -> str:
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     value = annotate_levels(select_masks(rewrite_logs(obj.expr)))
+    # autograd (the plain path) and the reverse mode differentiate each select's policy inputs
+    # selected too (guard_selects): a filter zeroes the gradient where it drops, not 0·NaN
+    guarded = guard_selects(value)
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
     entropy, v3 = "H" in obj.names(), third_version(obj.expr)      # v3: the reverse mode, which gives H its gradient
@@ -349,7 +352,7 @@ def torch_source(obj: Objective) -> str:
     except NonLocal:
         nonlocal_ = True
     if nonlocal_ or v3:
-        fused = _reverse_functions(value, obj.params, kept, nonlocal_, entropy)
+        fused = _reverse_functions(guarded, obj.params, kept, nonlocal_, entropy)
     else:
         fused = _fused_functions(value, obj.params, kept)
     reduces = any(map(reads_whole_response, value.walk()))
@@ -369,7 +372,7 @@ def torch_source(obj: Objective) -> str:
     ]
     return "\n".join(h for h in header if h is not None) + "\n".join([
         _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
-                  [value], obj.params),
+                  [guarded], obj.params),
         "",
         "",
         fused,

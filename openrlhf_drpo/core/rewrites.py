@@ -4,7 +4,7 @@ with its argument's level, and the objective's filters (the [...] factors that d
 responses for the whole update)."""
 from __future__ import annotations
 
-from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.lang.ir import ONE, Node, div, mul, neg, postorder
 from openrlhf_drpo.lang.levels import argument_level, levels
 from openrlhf_drpo.lang.operations import OPS
 
@@ -27,18 +27,57 @@ def rewrite_logs(root: Node) -> Node:
 
 def select_masks(root: Node) -> Node:
     """[c]·x as select(c, x): x where c holds, else 0, even where x is inf or NaN (an IS weight
-    that overflowed on a token the band drops), as PolicyLoss selects its factor
-    (torch.where(keep, ratio, 0)) before multiplying: [c]·k·ℓ is select(c, k)·ℓ, so autograd's
-    backward through the product never meets 0·inf either."""
+    that overflowed on a token the band drops). A select is lifted out of the product, negation
+    or quotient it is a factor of ([c]·k·ℓ is select(c, k·ℓ)), so that a non-finite ℓ never
+    meets 0 either; where c holds the product is the one written, in its order."""
     new: dict = {}
     for n in postorder(root):
         args = tuple(new[a] for a in n.args)
-        if n.op == "mul" and "ind" in (args[0].op, args[1].op):
-            c, x = (args[0], args[1]) if args[0].op == "ind" else (args[1], args[0])
-            new[n] = Node("select", (c.args[0], x), pos=n.pos)
-        else:
-            new[n] = Node(n.op, args, n.value, n.pos) if n.args else n
+        new[n] = _lifted(n.op, args) if n.op in _LIFTS else Node(n.op, args, n.value, n.pos) if n.args else n
     return new[root]
+
+
+# each operation a select is lifted out of, rebuilt on the select's own argument (ir's helpers: 1·z is z)
+_LIFTS = {"mul": mul, "neg": neg, "div": div}
+
+
+def _lifted(op: str, args: tuple) -> Node:
+    for i, a in enumerate(args[:1] if op == "div" else args):       # (a quotient's numerator only)
+        if a.op in ("ind", "select"):
+            y = ONE if a.op == "ind" else a.args[1]
+            return Node("select", (a.args[0], _lifted(op, args[:i] + (y,) + args[i + 1:])))
+    return _LIFTS[op](*args)
+
+
+def guard_selects(root: Node) -> Node:
+    """Each select(c, x) with what x reads of the policy (π's leaves, and reductions of π, which
+    spread a gradient over other tokens) selected by c too: the gradient reaching them is then 0
+    where c fails, whatever x's own backward holds there (0·NaN after a division by a group's zero
+    spread, the log of a negative number), in autograd and in the reverse mode alike: the double
+    `where` (forward mode's rule select(c, dx) needs none). Where c holds every value is unchanged;
+    where it fails x's is dropped by its select."""
+    reads: set = set()
+    for n in postorder(root):
+        if (n.op == "var" and n.value in _POLICY) or (n.op in OPS and OPS[n.op].gradient not in ("zero", "none")
+                                                       and any(a in reads for a in n.args)):
+            reads.add(n)
+    memo: dict = {}
+
+    def walk(n: Node, c):     # c: the condition of the selects n sits under, up to a reduction (None: none)
+        if n not in reads:
+            return n
+        if (n, c) not in memo:
+            if not n.args:
+                out = n
+            elif n.op == "select":
+                out = Node("select", (n.args[0], walk(n.args[1], n.args[0] if c is None else Node("and", (c, n.args[0])))))
+            elif OPS[n.op].reduce:
+                out = Node(n.op, (walk(n.args[0], None),), n.value, n.pos)
+            else:
+                out = Node(n.op, tuple(walk(a, c) for a in n.args), n.value, n.pos)
+            memo[n, c] = out if c is None or (n.args and not OPS[n.op].reduce) else Node("select", (c, out))
+        return memo[n, c]
+    return walk(root, None)
 
 
 def annotate_levels(root: Node) -> Node:
