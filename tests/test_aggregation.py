@@ -137,3 +137,27 @@ def test_the_token_sum_mode_of_a_three_token_response_of_ones_is_exactly_three(p
     new, old, A, mask = verl_batch()
     loss, _ = ours("seq-mean-token-sum", new[:1], old[:1], torch.ones_like(A[:1]), mask[:1], path)
     assert loss == -3.0
+
+
+# ---------------------------------------------------------------- an overflowing branch that min and clip drop
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rollout", [False, True], ids=["", "rollout_given"])
+def test_gspo_is_finite_in_fp32_where_its_unclipped_branch_overflows(path, rollout):
+    """One token at a log-ratio of +800 in a six-token response: s = e^133, inf in fp32 (finite in
+    float64), and min(s·A, clip(s)·A) takes the clipped branch, whose gradient is 0. The unclipped
+    branch's derivative (inf) met 0 there: the gradient and drpo_w_mean were NaN on every path."""
+    old = torch.full((2, 6), -1.0, dtype=F64)
+    new = old + 0.02 * torch.arange(12, dtype=F64).view(2, 6)
+    new[0, 0], old[0, 0] = -4.0, -804.0
+    A = torch.tensor([[1.0], [-0.5]], dtype=F64).expand(2, 6)
+    out = {}
+    for dtype in (torch.float32, F64):
+        given = dict(rollout_log_probs=(old - 0.05).to(dtype)) if rollout else {}
+        out[dtype] = call(build("gspo", path), new.to(dtype), old.to(dtype), A.to(dtype), None, **given)
+    (loss, grad, metrics), (ref_loss, ref_grad, ref_metrics) = out[torch.float32], out[F64]
+    assert torch.isfinite(grad).all() and all(map(math.isfinite, metrics.values()))
+    assert grad[0].abs().max() == 0 and ref_grad[0].abs().max() == 0
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-5, atol=1e-7)
+    assert math.isclose(loss.item(), ref_loss.item(), rel_tol=1e-6)
+    assert all(math.isclose(metrics[k], ref_metrics[k], rel_tol=1e-5, abs_tol=1e-7) for k in metrics), (metrics,
+                                                                                                     ref_metrics)

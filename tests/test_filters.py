@@ -1,6 +1,6 @@
 """[cond]·x where the condition fails (issue 36, item 1): the value is 0 and the gradient is 0, whatever
-x holds there (NaN, ±inf, a reduction over a group of one or an empty group), on the plain, the
-fused and the sync-free path, held to an independent float64 reference that never evaluates x
+x holds there (NaN, ±inf, a reduction over a group of one or an empty group), and the branch min
+and clip drop gives no gradient either, on the plain, the fused and the sync-free path, held to an independent float64 reference that never evaluates x
 where the condition fails (it gathers the kept tokens first: no select, no generated code)."""
 import math
 
@@ -92,6 +92,23 @@ def mixed_batch():
     return logp, old, A, mask, torch.tensor([0, 0, 1, 2, 0])
 
 
+def overflow_batch():
+    """mixed_batch with a log-ratio of +1000 at a token of A > 0: e^1000 is inf in float64."""
+    logp, old, A, mask, groups = mixed_batch()
+    logp[0, 0] = old[0, 0] + 1000
+    return logp, old, A, mask, groups
+
+
+def raw_ppo_reference(logp, old, A, mask, groups):
+    """min(s·A, clip(s, 0.8, 1.2)·A), s = e^(log π − log μ): each token's chosen branch alone (the
+    clipped one is chosen only out of the band, where it is constant)."""
+    s = torch.exp(logp.detach() - old)
+    first = (s * A <= torch.clamp(s, 0.8, 1.2) * A) & mask
+    second = ~first & mask
+    return token_mean([torch.exp(logp[first] - old[first]) * A[first], torch.clamp(s[second], 0.8, 1.2) * A[second]],
+                      mask)
+
+
 DAPO = """R = seq_mean(A)
 s = group_std(R)
 Â = (R - group_mean(R))/s
@@ -118,6 +135,9 @@ CASES = {
                                                    lambda lp, o, A: ratio(lp, o) * torch.exp(-1000 * A))),
     "quotient_by_zero_dropped": ("[A != 0]*(r/A)", mixed_batch,
                                  per_token_reference(lambda lp, o, A: A != 0, lambda lp, o, A: ratio(lp, o) / A)),
+    # min and clip select a branch too: the dropped one's derivative is inf here
+    "min_drops_an_overflowing_branch": ("s = exp(log(π) - log(μ))\nmin(s*A, clip(s, 0.8, 1.2)*A)", overflow_batch,
+                                        raw_ppo_reference),
     # a condition on π (a boundary), x NaN past it: the same selection
     "boundary_on_r": ("[r < 1]*A*sqrt(1 - r)", mixed_batch,
                       per_token_reference(lambda lp, o, A: ratio(lp, o) < 1,

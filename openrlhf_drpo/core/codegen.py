@@ -268,7 +268,7 @@ def _fused_functions(value, params, kept) -> str:
     as floats, and a branch on the data, which a compiled graph should not have)."""
     extra = ("r", "raw", "mu", "keep")
     head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
-    grad = derivative(value, GRAD_SEEDS)
+    grad = select_masks(derivative(value, GRAD_SEEDS))     # [c]·dx selects: min's other branch may be inf
     outputs = [value, grad] + [kept] * (kept is not None)
     raw_only = not _reads_clamped_ratio(value)
 
@@ -278,7 +278,7 @@ def _fused_functions(value, params, kept) -> str:
         return _tuple(results[:2] + [*extra[:-1], results[2] if keep == "1.0" else f"{keep} * {results[2]}"])
     lines, results = _emit(outputs, params, inplace=True)
     compiled = [*head, *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
-    fast_grad = derivative(value, UNCLAMPED_SEEDS)
+    fast_grad = select_masks(derivative(value, UNCLAMPED_SEEDS))
     fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
     # the eager kernel only reads ∂ℓ/∂log π (GPG's is A itself: a copy would cost more than its loss)
     fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True, borrow=(1,))
@@ -340,9 +340,7 @@ def _reverse_functions(value, params, kept, per_response, entropy) -> str:
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     value = annotate_levels(select_masks(rewrite_logs(obj.expr)))
-    # autograd (the plain path) and the reverse mode differentiate each select's policy inputs
-    # selected too (guard_selects): a filter zeroes the gradient where it drops, not 0·NaN
-    guarded = guard_selects(value)
+    guarded = guard_selects(value)     # for autograd and the reverse mode: a dropped branch's gradient is 0, not 0·NaN
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
     entropy, v3 = "H" in obj.names(), third_version(obj.expr)      # v3: the reverse mode, which gives H its gradient

@@ -7,6 +7,7 @@ from __future__ import annotations
 from openrlhf_drpo.lang.ir import ONE, Node, div, mul, neg, postorder
 from openrlhf_drpo.lang.levels import argument_level, levels
 from openrlhf_drpo.lang.operations import OPS
+from openrlhf_drpo.lang.walks import constant_nodes
 
 
 # log of a built-in probability is emitted as the log-prob itself: exact for tiny π
@@ -54,23 +55,57 @@ def guard_selects(root: Node) -> Node:
     spread a gradient over other tokens) selected by c too: the gradient reaching them is then 0
     where c fails, whatever x's own backward holds there (0·NaN after a division by a group's zero
     spread, the log of a negative number), in autograd and in the reverse mode alike: the double
-    `where` (forward mode's rule select(c, dx) needs none). Where c holds every value is unchanged;
-    where it fails x's is dropped by its select."""
-    reads: set = set()
-    for n in postorder(root):
-        if (n.op == "var" and n.value in _POLICY) or (n.op in OPS and OPS[n.op].gradient not in ("zero", "none")
-                                                       and any(a in reads for a in n.args)):
-            reads.add(n)
+    `where` (forward mode's rule select(c, dx) needs none). min, max and clip select a branch
+    too, each guarded by its own condition (GSPO's unclipped branch s·A is inf in fp32 where the
+    clipped one is chosen). Every value is unchanged (but a −0 may read +0)."""
+    known: dict = {}
+
+    def reads(n: Node) -> bool:      # whether a gradient reaches π's leaves through n
+        if n not in known:
+            known[n] = (n.value in _POLICY) if n.op == "var" else bool(n.args) and OPS[n.op].gradient not in (
+                "zero", "none") and any(reads(a) for a in n.args)
+        return known[n]
+    for n in postorder(root):       # (children first: no deep recursion)
+        reads(n)
     memo: dict = {}
 
-    def walk(n: Node, c):     # c: the condition of the selects n sits under, up to a reduction (None: none)
-        if n not in reads:
+    def under(c, cond):
+        return cond if c is None else Node("and", (c, cond))
+
+    def branch(cond, x, c):          # x where cond holds, what it reads of π guarded by cond too
+        return Node("select", (cond, walk(x, under(c, cond))))
+
+    def extreme(op, args, c):        # as lang.lowerings.torch_extreme: the first attaining it wins
+        first, rest = args[0], (args[1] if len(args) == 2 else Node(op, args[1:]))
+        if _constant(rest):          # torch.clamp(first, bound): NaN stays, a tie is first's
+            loses = Node("gt" if op == "min" else "lt", (first, rest))
+            wins = Node("not", (loses,))
+        else:                        # torch.where(first <= rest, first, rest)
+            wins = Node("le" if op == "min" else "ge", (first, rest))
+            loses = Node("not", (wins,))
+        if _constant(rest) or len(args) == 2:
+            other = Node("select", (loses, rest)) if _constant(rest) else branch(loses, rest, c)
+        else:
+            other = Node("select", (loses, extreme(op, args[1:], under(c, loses))))
+        return Node("add", (branch(wins, first, c), other))
+
+    def walk(n: Node, c):     # c: the conditions n's value is selected by, up to a reduction (None: none)
+        if not reads(n):
             return n
         if (n, c) not in memo:
             if not n.args:
                 out = n
             elif n.op == "select":
-                out = Node("select", (n.args[0], walk(n.args[1], n.args[0] if c is None else Node("and", (c, n.args[0])))))
+                out = branch(n.args[0], n.args[1], c)
+            elif n.op in ("min", "max"):
+                out = extreme(n.op, n.args, c)
+            elif n.op == "clip" and _constant(n.args[1]) and _constant(n.args[2]):   # torch.clamp(x, lo, hi)
+                x, lo, hi = n.args
+                inside = Node("and", (Node("not", (Node("lt", (x, lo)),)), Node("not", (Node("gt", (x, hi)),))))
+                out = Node("add", (branch(inside, x, c),
+                                   Node("select", (Node("not", (inside,)), Node("clip", (Node("sg", (x,)), lo, hi))))))
+            elif n.op == "clip":    # min(max(x, lo), hi), as lang.lowerings.torch_clip
+                out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
             elif OPS[n.op].reduce:
                 out = Node(n.op, (walk(n.args[0], None),), n.value, n.pos)
             else:
@@ -78,6 +113,11 @@ def guard_selects(root: Node) -> Node:
             memo[n, c] = out if c is None or (n.args and not OPS[n.op].reduce) else Node("select", (c, out))
         return memo[n, c]
     return walk(root, None)
+
+
+def _constant(n: Node) -> bool:
+    """Folded to a number in the generated code (a literal, which the lowerings treat apart)."""
+    return n in constant_nodes(n)
 
 
 def annotate_levels(root: Node) -> Node:
