@@ -170,3 +170,19 @@ def test_the_dapo_filter_drops_the_lone_response_gradient_and_all(path):
     loss, _ = build(DAPO, path)(lp, old, A, mask, groups=groups)
     grad, = torch.autograd.grad(loss, lp)
     assert grad[2].tolist() == [0.0, 0.0] and grad[:2].abs().min() > 0
+
+
+def test_a_chain_of_mins_over_its_own_bindings_compiles_and_its_paths_agree():
+    """b_{i+1} = min(b_i, 2·b_i − 1), 24 deep: each b_i sits in both branches of the next min, so
+    guarding every copy by all the conditions above it would take 2^24 copies (guard_selects' budget
+    falls back to the nearest condition)."""
+    text = "\n".join(["b0 = r*A"] + [f"b{i + 1} = min(b{i}, 2*b{i} - 1)" for i in range(24)] + ["b24"])
+    logp, old, A, mask, _ = mixed_batch()
+    out = []
+    for path in PATHS:
+        lp = logp.clone().requires_grad_()
+        loss, _ = build(text, path)(lp, old, A, mask)
+        out.append((loss.detach(), torch.autograd.grad(loss, lp)[0]))
+    for loss, grad in out[1:]:
+        torch.testing.assert_close(loss, out[0][0], rtol=1e-12, atol=0)
+        torch.testing.assert_close(grad, out[0][1], rtol=1e-12, atol=0)

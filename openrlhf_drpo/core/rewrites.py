@@ -57,7 +57,22 @@ def guard_selects(root: Node) -> Node:
     spread, the log of a negative number), in autograd and in the reverse mode alike: the double
     `where` (forward mode's rule select(c, dx) needs none). min, max and clip select a branch
     too, each guarded by its own condition (GSPO's unclipped branch s·A is inf in fp32 where the
-    clipped one is chosen). Every value is unchanged (but a −0 may read +0)."""
+    clipped one is chosen). Every value is unchanged (but a −0 may read +0).
+    A node under nested branches is guarded by all their conditions, so a node shared by many
+    (a chain of min's of its own bindings) has one copy per path: past a budget of copies, each
+    is guarded by its nearest condition alone (one copy per branch above it)."""
+    try:
+        return _guarded(root, 8 * len(postorder(root)) + 256)
+    except _OverBudget:
+        return _guarded(root, None)
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _guarded(root: Node, budget: int | None) -> Node:
+    """guard_selects' walk: the conditions nested, in at most `budget` copies (None: the nearest only)."""
     known: dict = {}
 
     def reads(n: Node) -> bool:      # whether a gradient reaches π's leaves through n
@@ -70,7 +85,7 @@ def guard_selects(root: Node) -> Node:
     memo: dict = {}
 
     def under(c, cond):
-        return cond if c is None else Node("and", (c, cond))
+        return cond if c is None or budget is None else Node("and", (c, cond))
 
     def branch(cond, x, c):          # x where cond holds, what it reads of π guarded by cond too
         return Node("select", (cond, walk(x, under(c, cond))))
@@ -111,6 +126,8 @@ def guard_selects(root: Node) -> Node:
             else:
                 out = Node(n.op, tuple(walk(a, c) for a in n.args), n.value, n.pos)
             memo[n, c] = out if c is None or (n.args and not OPS[n.op].reduce) else Node("select", (c, out))
+            if budget is not None and len(memo) > budget:
+                raise _OverBudget
         return memo[n, c]
     return walk(root, None)
 
