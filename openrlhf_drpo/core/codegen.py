@@ -340,7 +340,6 @@ def _reverse_functions(value, params, kept, per_response, entropy) -> str:
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     value = annotate_levels(select_masks(rewrite_logs(obj.expr)))
-    guarded = guard_selects(value)     # for autograd and the reverse mode: a dropped branch's gradient is 0, not 0·NaN
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
     entropy, v3 = "H" in obj.names(), third_version(obj.expr)      # v3: the reverse mode, which gives H its gradient
@@ -350,7 +349,7 @@ def torch_source(obj: Objective) -> str:
     except NonLocal:
         nonlocal_ = True
     if nonlocal_ or v3:
-        fused = _reverse_functions(guarded, obj.params, kept, nonlocal_, entropy)
+        fused = _reverse_functions(guard_selects(value), obj.params, kept, nonlocal_, entropy)   # (as autograd's)
     else:
         fused = _fused_functions(value, obj.params, kept)
     reduces = any(map(reads_whole_response, value.walk()))
@@ -370,7 +369,7 @@ def torch_source(obj: Objective) -> str:
     ]
     return "\n".join(h for h in header if h is not None) + "\n".join([
         _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
-                  [guarded], obj.params),
+                  [guard_selects(value)], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
         "",
         "",
         fused,
