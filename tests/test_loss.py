@@ -123,14 +123,15 @@ def batch(seed, B=6, T=12, extreme=False):
 
 
 def agg_coef(mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=None):
-    """d loss / d(per-token loss) for each aggregation mode, as OpenRLHF's aggregate_loss scales it."""
+    """d loss / d(per-token loss) for each aggregation mode, as OpenRLHF's aggregate_loss scales it
+    (the token-sum modes, which it lacks, as verl's agg_loss)."""
     if mode == "token-mean":
         return mask * dp_size / (batch_num_tokens if batch_num_tokens else mask.sum() * dp_size)
     cnt = mask.sum(-1, keepdim=True)
     valid = (cnt > 0).double()
     nseq = global_batch_size / dp_size if global_batch_size else valid.sum()
-    per = {"seq-mean-token-mean": 1 / (cnt + 1e-8), "seq-mean-token-sum": cnt / (cnt + 1e-8),
-           "seq-mean-token-sum-norm": cnt / mask.shape[-1] / (cnt + 1e-8)}[mode]
+    per = {"seq-mean-token-mean": 1 / (cnt + 1e-8), "seq-mean-token-sum": 1.0,
+           "seq-mean-token-sum-norm": 1 / mask.shape[-1]}[mode]
     return mask * per * valid / nseq
 
 

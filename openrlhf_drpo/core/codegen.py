@@ -29,7 +29,7 @@ from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.parser import Objective
 from openrlhf_drpo.lang.printing import render
 from openrlhf_drpo.core.reverse_mode import reverse_gradient
-from openrlhf_drpo.core.rewrites import annotate_levels, filters, rewrite_logs, select_masks
+from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
 from openrlhf_drpo.lang.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
@@ -268,7 +268,7 @@ def _fused_functions(value, params, kept) -> str:
     as floats, and a branch on the data, which a compiled graph should not have)."""
     extra = ("r", "raw", "mu", "keep")
     head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
-    grad = derivative(value, GRAD_SEEDS)
+    grad = select_masks(derivative(value, GRAD_SEEDS))     # [c]·dx selects: min's other branch may be inf
     outputs = [value, grad] + [kept] * (kept is not None)
     raw_only = not _reads_clamped_ratio(value)
 
@@ -278,7 +278,7 @@ def _fused_functions(value, params, kept) -> str:
         return _tuple(results[:2] + [*extra[:-1], results[2] if keep == "1.0" else f"{keep} * {results[2]}"])
     lines, results = _emit(outputs, params, inplace=True)
     compiled = [*head, *_prelude(_used(outputs, extra), raw_only), *lines, f"    return {returned(results)}"]
-    fast_grad = derivative(value, UNCLAMPED_SEEDS)
+    fast_grad = select_masks(derivative(value, UNCLAMPED_SEEDS))
     fast_outputs = [value, fast_grad] + [kept] * (kept is not None)
     # the eager kernel only reads ∂ℓ/∂log π (GPG's is A itself: a copy would cost more than its loss)
     fast_lines, fast_results = _emit(fast_outputs, params, inplace=True, floats=True, borrow=(1,))
@@ -349,7 +349,7 @@ def torch_source(obj: Objective) -> str:
     except NonLocal:
         nonlocal_ = True
     if nonlocal_ or v3:
-        fused = _reverse_functions(value, obj.params, kept, nonlocal_, entropy)
+        fused = _reverse_functions(guard_selects(value), obj.params, kept, nonlocal_, entropy)   # (as autograd's)
     else:
         fused = _fused_functions(value, obj.params, kept)
     reduces = any(map(reads_whole_response, value.walk()))
@@ -369,7 +369,7 @@ def torch_source(obj: Objective) -> str:
     ]
     return "\n".join(h for h in header if h is not None) + "\n".join([
         _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
-                  [value], obj.params),
+                  [guard_selects(value)], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
         "",
         "",
         fused,

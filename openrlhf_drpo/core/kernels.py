@@ -24,14 +24,15 @@ def aggregation_coef(m, mode):
     """(coef, count): d loss / d ℓ = −coef/count (ℓ the per-token objective; the loss is minus
     its aggregate), exactly as OpenRLHF's aggregate_loss scales it (m is the float mask), where
     a given normalizer (batch_num_tokens or global_batch_size, over dp_size) replaces count.
-    Token mode divides by the token count; sample mode averages the per-sequence means over
-    non-empty sequences. The token-sum modes weight each sequence's mean by its length (or
-    length / T)."""
+    Token mode divides by the token count; sample mode averages the per-sequence means (over
+    length + 1e-8, as OpenRLHF and verl) over non-empty sequences. The token-sum modes are verl's
+    agg_loss: each sequence's token sum (over T, the padded length, for -norm), averaged over
+    non-empty sequences."""
     if mode == "token-mean":
         return m, m.sum()
     count = m.sum(dim=-1, keepdim=True)
-    per_seq = {"seq-mean-token-mean": 1.0, "seq-mean-token-sum": count,
-               "seq-mean-token-sum-norm": count / m.shape[-1]}[mode] / (count + 1e-8)
+    per_seq = {"seq-mean-token-mean": 1 / (count + 1e-8), "seq-mean-token-sum": 1.0,
+               "seq-mean-token-sum-norm": 1 / max(m.shape[-1], 1)}[mode]
     seq = (count > 0).to(m.dtype)
     return m * (per_seq * seq), seq.sum()
 
@@ -64,19 +65,33 @@ def per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext=Non
     return value, grad, grad * coef, r, raw, mu, inside, entropy
 
 
-def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext=None):
+def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext=None,
+           metrics=True):
     """The mask, the aggregation's coef and count, and the generated function's per-token results
     (per_token), with the metrics' ratio in RATIO_RANGE where the generated one is unclamped."""
     keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
     m = keep.to(logp.dtype)
     coef, count = aggregation_coef(m, mode)
+    own = coef
     if weights is not None:
-        coef = coef * weights      # a host's per-token weights (verl's rollout IS weights): in the sum, not the count
+        # a host's per-token weights (verl's rollout IS weights): in the sum, not the count, and
+        # selected by the mask as every input (a NaN in a masked slot stays out)
+        coef = coef * torch.where(keep, weights, 0.0)
     value, grad, total, r, raw, mu, inside, entropy = per_token(value_and_grad, logp, anchor, A, old, rollout, keep,
                                                                 coef, ext)
+    if metrics and weights is not None and getattr(value_and_grad, "includes_coef", False):
+        grad = _own_gradient(value_and_grad, logp, anchor, A, old, rollout, keep, own, ext)
     if clamp_ratio:
         r = r.clamp(*RATIO_RANGE)
     return keep, m, coef, count, value, grad, total, r, raw, mu, inside, entropy
+
+
+def _own_gradient(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext):
+    """∂ℓ/∂log π per unit of the aggregation's own weight coef, without the host's weights: w is
+    the objective's, on every path (a reduction spreads a token's gradient by the weights of the
+    tokens that read it, so with uneven host weights (0/1 masks) the weighted gradient per unit of
+    a token's weight is not the objective's): one more evaluation, only for such an objective."""
+    return per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext)[1]
 
 
 def _loss_and_stats(terms, A, norm, dot, log_ratio=None):
@@ -161,7 +176,7 @@ def grad_kernel(value_and_grad, mode, logp, anchor, A, action_mask, scale, g, ol
     dtype = logp.dtype
     ext, _ = rank_sums(third_version_inputs(ext, compute_dtype(logp)), totals)
     logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
-    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, False, ext)
+    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, False, ext, metrics=False)
     grad, entropy = _gradients(terms, scale)
     return (grad * g).to(dtype), None if entropy is None else (entropy * g).to(dtype)
 
@@ -199,8 +214,9 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
         return exact()
     m = _float_mask(action_mask, logp.dtype)
     coef, count = aggregation_coef(m, mode)
-    if weights is not None:
-        coef = coef * weights
+    own = coef
+    if weights is not None:     # selected by the mask, as kernel's
+        coef = coef * torch.where(action_mask != 0, weights, 0.0)
     tokens = count if mode == "token-mean" else m.sum()
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as kernel, in the same dtype
     entropy = None
@@ -219,6 +235,8 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     if getattr(value_and_grad, "includes_coef", False):    # the gradient of Σ coef·ℓ; value and raw may be views
         total, grad = grad, torch.eq(coef, 0, out=torch.empty_like(coef)).add_(coef)   # coef, or 1 where it is 0
         grad = scratch = torch.div(total, grad, out=grad)     # as _per_token; free once w is computed
+        if weights is not None:     # w leaves the host's weights out, as kernel's
+            grad = scratch = _own_gradient(value_and_grad, logp, anchor, A, old, rollout, action_mask != 0, own, ext)
         spare = torch.empty_like(m)
     loss, log_ratio = _dot(value, coef) * scale, _dot(raw, m)
     if clamp_ratio:

@@ -13,6 +13,14 @@ from openrlhf_drpo.lang.walks import constant_nodes
 _MF = Node("var", value="mf")       # masked tokens receive nothing
 
 
+def _times(a: Node, partial: Node) -> Node:
+    """a·partial, where a selected partial (select's own: [c]·x) selects the product: 0 where c
+    fails even where the adjoint a is not finite there (x's value dropped, inf or NaN)."""
+    if partial.op == "select":
+        return Node("select", (partial.args[0], _times(a, partial.args[1])))
+    return mul(a, partial)
+
+
 def reverse_gradient(value: Node, seeds: dict) -> Node:
     """d(Σ coef·ℓ)/d(leaves) per token, as an IR expression, in reverse mode: each node's
     adjoint goes to its arguments through its rule's partial derivatives (the forward rule
@@ -35,7 +43,7 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
                     continue
                 partial = op.gradient(n, [ONE if j == i else ZERO for j in range(len(n.args))])
                 if not is_num(partial, 0):
-                    contributions.append((x, mul(a, partial)))
+                    contributions.append((x, _times(a, partial)))
         for x, c in contributions:
             adj[x] = add(adj[x], c) if x in adj else c
     total = ZERO

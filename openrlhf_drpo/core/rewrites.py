@@ -4,9 +4,10 @@ with its argument's level, and the objective's filters (the [...] factors that d
 responses for the whole update)."""
 from __future__ import annotations
 
-from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.lang.ir import ONE, Node, div, mul, neg, postorder
 from openrlhf_drpo.lang.levels import argument_level, levels
 from openrlhf_drpo.lang.operations import OPS
+from openrlhf_drpo.lang.walks import constant_nodes
 
 
 # log of a built-in probability is emitted as the log-prob itself: exact for tiny π
@@ -27,18 +28,113 @@ def rewrite_logs(root: Node) -> Node:
 
 def select_masks(root: Node) -> Node:
     """[c]·x as select(c, x): x where c holds, else 0, even where x is inf or NaN (an IS weight
-    that overflowed on a token the band drops), as PolicyLoss selects its factor
-    (torch.where(keep, ratio, 0)) before multiplying: [c]·k·ℓ is select(c, k)·ℓ, so autograd's
-    backward through the product never meets 0·inf either."""
+    that overflowed on a token the band drops). A select is lifted out of the product, negation
+    or quotient it is a factor of ([c]·k·ℓ is select(c, k·ℓ)), so that a non-finite ℓ never
+    meets 0 either; where c holds the product is the one written, in its order."""
     new: dict = {}
     for n in postorder(root):
         args = tuple(new[a] for a in n.args)
-        if n.op == "mul" and "ind" in (args[0].op, args[1].op):
-            c, x = (args[0], args[1]) if args[0].op == "ind" else (args[1], args[0])
-            new[n] = Node("select", (c.args[0], x), pos=n.pos)
-        else:
-            new[n] = Node(n.op, args, n.value, n.pos) if n.args else n
+        new[n] = _lifted(n.op, args) if n.op in _LIFTS else Node(n.op, args, n.value, n.pos) if n.args else n
     return new[root]
+
+
+# each operation a select is lifted out of, rebuilt on the select's own argument (ir's helpers: 1·z is z)
+_LIFTS = {"mul": mul, "neg": neg, "div": div}
+
+
+def _lifted(op: str, args: tuple) -> Node:
+    for i, a in enumerate(args[:1] if op == "div" else args):       # (a quotient's numerator only)
+        if a.op in ("ind", "select"):
+            y = ONE if a.op == "ind" else a.args[1]
+            return Node("select", (a.args[0], _lifted(op, args[:i] + (y,) + args[i + 1:])))
+    return _LIFTS[op](*args)
+
+
+def guard_selects(root: Node) -> Node:
+    """Each select(c, x) with what x reads of the policy (π's leaves, and reductions of π, which
+    spread a gradient over other tokens) selected by c too: the gradient reaching them is then 0
+    where c fails, whatever x's own backward holds there (0·NaN after a division by a group's zero
+    spread, the log of a negative number), in autograd and in the reverse mode alike: the double
+    `where` (forward mode's rule select(c, dx) needs none). min, max and clip select a branch
+    too, each guarded by its own condition (GSPO's unclipped branch s·A is inf in fp32 where the
+    clipped one is chosen). Every value is unchanged (but a −0 may read +0).
+    A node under nested branches is guarded by all their conditions, so a node shared by many
+    (a chain of min's of its own bindings) has one copy per path: past a budget of copies, each
+    is guarded by its nearest condition alone (one copy per branch above it)."""
+    try:
+        return _guarded(root, 8 * len(postorder(root)) + 256)
+    except _OverBudget:
+        return _guarded(root, None)
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _guarded(root: Node, budget: int | None) -> Node:
+    """guard_selects' walk: the conditions nested, in at most `budget` copies (None: the nearest only)."""
+    known: dict = {}
+
+    def reads(n: Node) -> bool:      # whether a gradient reaches π's leaves through n
+        if n not in known:
+            known[n] = (n.value in _POLICY) if n.op == "var" else bool(n.args) and OPS[n.op].gradient not in (
+                "zero", "none") and any(reads(a) for a in n.args)
+        return known[n]
+    for n in postorder(root):       # (children first: no deep recursion)
+        reads(n)
+    memo: dict = {}
+
+    def under(c, cond):
+        return cond if c is None or budget is None else Node("and", (c, cond))
+
+    def branch(cond, x, c):          # x where cond holds, what it reads of π guarded by cond too
+        return Node("select", (cond, walk(x, under(c, cond))))
+
+    def extreme(op, args, c):        # as lang.lowerings.torch_extreme: the first attaining it wins
+        first, rest = args[0], (args[1] if len(args) == 2 else Node(op, args[1:]))
+        if _constant(rest):          # torch.clamp(first, bound): NaN stays, a tie is first's
+            loses = Node("gt" if op == "min" else "lt", (first, rest))
+            wins = Node("not", (loses,))
+        else:                        # torch.where(first <= rest, first, rest)
+            wins = Node("le" if op == "min" else "ge", (first, rest))
+            loses = Node("not", (wins,))
+        if _constant(rest) or len(args) == 2:
+            other = Node("select", (loses, rest)) if _constant(rest) else branch(loses, rest, c)
+        else:
+            other = Node("select", (loses, extreme(op, args[1:], under(c, loses))))
+        return Node("add", (branch(wins, first, c), other))
+
+    def walk(n: Node, c):     # c: the conditions n's value is selected by, up to a reduction (None: none)
+        if not reads(n):
+            return n
+        if (n, c) not in memo:
+            if not n.args:
+                out = n
+            elif n.op == "select":
+                out = branch(n.args[0], n.args[1], c)
+            elif n.op in ("min", "max"):
+                out = extreme(n.op, n.args, c)
+            elif n.op == "clip" and _constant(n.args[1]) and _constant(n.args[2]):   # torch.clamp(x, lo, hi)
+                x, lo, hi = n.args
+                inside = Node("and", (Node("not", (Node("lt", (x, lo)),)), Node("not", (Node("gt", (x, hi)),))))
+                out = Node("add", (branch(inside, x, c),
+                                   Node("select", (Node("not", (inside,)), Node("clip", (Node("sg", (x,)), lo, hi))))))
+            elif n.op == "clip":    # min(max(x, lo), hi), as lang.lowerings.torch_clip
+                out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
+            elif OPS[n.op].reduce:
+                out = Node(n.op, (walk(n.args[0], None),), n.value, n.pos)
+            else:
+                out = Node(n.op, tuple(walk(a, c) for a in n.args), n.value, n.pos)
+            memo[n, c] = out if c is None or (n.args and not OPS[n.op].reduce) else Node("select", (c, out))
+            if budget is not None and len(memo) > budget:
+                raise _OverBudget
+        return memo[n, c]
+    return walk(root, None)
+
+
+def _constant(n: Node) -> bool:
+    """Folded to a number in the generated code (a literal, which the lowerings treat apart)."""
+    return n in constant_nodes(n)
 
 
 def annotate_levels(root: Node) -> Node:
