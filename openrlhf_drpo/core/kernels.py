@@ -79,11 +79,19 @@ def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, wei
         coef = coef * torch.where(keep, weights, 0.0)
     value, grad, total, r, raw, mu, inside, entropy = per_token(value_and_grad, logp, anchor, A, old, rollout, keep,
                                                                 coef, ext)
-    if metrics and weights is not None and getattr(value_and_grad, "includes_coef", False):
+    if metrics and _host_weighted(value_and_grad, weights, ext):
         grad = _own_gradient(value_and_grad, logp, anchor, A, old, rollout, keep, own, ext)
     if clamp_ratio:
         r = r.clamp(*RATIO_RANGE)
     return keep, m, coef, count, value, grad, total, r, raw, mu, inside, entropy
+
+
+def _host_weighted(value_and_grad, weights, ext) -> bool:
+    """Whether w needs _own_gradient: a host's weights under an objective whose gradient goes
+    through a reduction (not the loss core's own per-rank 1/N fold, `rank_fold`, which is uniform
+    on a rank). Decided by the configuration alone: its collectives never depend on the values."""
+    return (weights is not None and getattr(value_and_grad, "includes_coef", False)
+            and not (ext or {}).get("rank_fold", False))
 
 
 def _own_gradient(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext):
@@ -235,7 +243,7 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     if getattr(value_and_grad, "includes_coef", False):    # the gradient of Σ coef·ℓ; value and raw may be views
         total, grad = grad, torch.eq(coef, 0, out=torch.empty_like(coef)).add_(coef)   # coef, or 1 where it is 0
         grad = scratch = torch.div(total, grad, out=grad)     # as _per_token; free once w is computed
-        if weights is not None:     # w leaves the host's weights out, as kernel's
+        if _host_weighted(value_and_grad, weights, ext):     # w leaves the host's weights out, as kernel's
             grad = scratch = _own_gradient(value_and_grad, logp, anchor, A, old, rollout, action_mask != 0, own, ext)
         spare = torch.empty_like(m)
     loss, log_ratio = _dot(value, coef) * scale, _dot(raw, m)

@@ -125,8 +125,10 @@ class CompiledLoss(nn.Module):
         if mask is None:
             mask = torch.ones_like(log_probs, dtype=torch.bool)
         ext, entropy, with_entropy = extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg)
-        weights, norm = _weights_and_norm(self.fused and ext is not None and ext["pg"] is not None, agg, log_probs,
-                                          mask, mode)
+        across_ranks = self.fused and ext is not None and ext["pg"] is not None
+        weights, norm = _weights_and_norm(across_ranks, agg, log_probs, mask, mode)
+        if across_ranks and agg.weights is None:     # weights that are only each rank's 1/N: w needs no second pass
+            ext = {**ext, "rank_fold": True}
         fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights, entropy, ext)
