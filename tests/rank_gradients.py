@@ -1,7 +1,8 @@
 """A drpo-train plugin (--drpo.plugin rank_gradients, with tests/ on PYTHONPATH) for
 tests/test_two_ranks.py: every optimizer step's whole actor gradient, as DeepSpeed reduced it over
-the data-parallel ranks, saved before the step to config["out"]/step{k}.pt, and rollouts that do
-not depend on the trainer. Nothing else of the run changes.
+the data-parallel ranks, saved before the step to config["out"]/step{k}.pt with the number of
+ranks, the step's rollout to rollout{k}.pt, and rollouts that do not depend on the trainer.
+Nothing else of the run changes.
 
 - trainer: OpenRLHF's single controller, which before fit() has each policy rank wrap its
   strategy's optimizer_step (through Ray's __ray_call__: the policy actor class stays drpo-train's).
@@ -31,8 +32,9 @@ def record_gradients(policy_actor, out: str) -> None:
         # the same collectives on every rank, parameter by parameter, before DeepSpeed steps
         grads = [safe_get_full_grad(p).detach().float().reshape(-1) for p in model.model.parameters()]
         step = next(steps)
-        if torch.distributed.get_rank() == 0:
-            torch.save(torch.cat(grads), os.path.join(out, f"step{step}.pt"))
+        if torch.distributed.get_rank() == 0:       # with the ranks that made it
+            torch.save({"ranks": torch.distributed.get_world_size(), "grad": torch.cat(grads)},
+                       os.path.join(out, f"step{step}.pt"))
         return optimizer_step(optimizer, model, scheduler, **kwargs)
     strategy.optimizer_step = recording_step
 

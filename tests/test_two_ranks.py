@@ -57,6 +57,8 @@ def test_two_ranks_step_the_gradient_one_rank_steps_on_the_same_rollouts(task, t
     rollouts, one = _run(task, tmp_path / "one", objective, 1)
     same, two = _run(task, tmp_path / "two", objective, 2)
     assert same == rollouts
+    assert [s["ranks"] for s in one + two] == [1] * STEPS + [2] * STEPS
     for step, (g1, g2) in enumerate(zip(one, two), 1):
+        g1, g2 = g1["grad"], g2["grad"]
         error = float((g2 - g1).norm() / g1.norm())
         assert error < TOLERANCE, f"step {step}: |g2 - g1|/|g1| = {error:.2e}"
