@@ -19,7 +19,7 @@ if os.environ.get("CI"):
 # The suite runs on two workers (`pytest -n 2`, pytest-xdist, `--dist loadfile` in setup.cfg): each
 # file whole on one worker (its module fixtures run once). The files that start Ray, vLLM and
 # DeepSpeed are the longest: they go first, so that the short ones fill in around them at the end.
-PROCESSES = ("test_lab.py", "test_pipeline.py", "test_train.py", "test_train_v3.py")
+PROCESSES = ("test_lab.py", "test_pipeline.py", "test_two_ranks.py", "test_train.py", "test_train_v3.py")
 
 
 def pytest_collection_modifyitems(config, items):
