@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import sympy
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
@@ -35,9 +36,22 @@ SEQ_LEN = 4       # tokens per response where the analysis of a sequence objecti
 
 
 def weight_fn(name, rho=1.0):
-    """The analysis's vectorized w(r, μ, A) for a shipped objective (cached per name and ρ)."""
+    """The analysis's vectorized w(r, μ, A) for a shipped objective (cached per name and ρ), and
+    its π_ref channel's ∂ℓ_ref/∂log π as a function of (r, μ, A, q = π_ref/π) where the analysis
+    reports the π_ref terms on their own (else None)."""
     if (name, rho) not in _WEIGHTS:
-        _WEIGHTS[name, rho] = analyze(lang.load(name), seq_len=SEQ_LEN, rho=rho).w
+        obj = lang.load(name)
+        # at call's held point: groups of one (a group of equal responses), not the analysis's default spread group
+        res = analyze(obj, seq_len=SEQ_LEN, rho=rho, group=(1,))
+        ref = res.reference if res.reference and res.reference["own"] else None
+        g = None
+        if ref is not None:
+            grad = ref["grad"].subs({s: float(obj.params[s.name]) for s in ref["grad"].free_symbols
+                                     if s.name in obj.params})
+            names = {s.name: s for s in grad.free_symbols}
+            args = [names.get(n, sympy.Symbol(n)) for n in ("r", "μ", "A", "q")]
+            g = sympy.lambdify(args, grad, "numpy")
+        _WEIGHTS[name, rho] = (res.w, g)
     return _WEIGHTS[name, rho]
 
 
@@ -139,8 +153,12 @@ def oracle_grad(name, new, old, A, mask, coef, rho=1.0):
     """-w·r·A times the aggregation coefficient, with w from the analysis: SymPy of the IR's derivative
     rules, which the fused kernel shares (the plain path's autograd does not)."""
     r = torch.exp((new - old).clamp(-20, 20)).numpy()
-    w = weight_fn(name, rho)(r, np.exp(old.numpy()), A.numpy())
-    return torch.from_numpy(-w * r * A.numpy()) * coef
+    w, ref = weight_fn(name, rho)
+    mu = np.exp(old.numpy())
+    grad = w(r, mu, A.numpy()) * r * A.numpy()
+    if ref is not None:     # the π_ref channel, at the held π_ref = μ (call's held): q = μ/π = 1/r
+        grad = grad + np.broadcast_to(ref(r, mu, A.numpy(), 1 / r), r.shape)
+    return torch.from_numpy(-grad) * coef
 
 
 # The plain path's gradient is torch's autograd of the value: independent of the IR's derivative

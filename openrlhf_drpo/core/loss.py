@@ -125,10 +125,8 @@ class CompiledLoss(nn.Module):
         if mask is None:
             mask = torch.ones_like(log_probs, dtype=torch.bool)
         ext, entropy, with_entropy = extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg)
-        across_ranks = self.fused and ext is not None and ext["pg"] is not None
-        weights, norm = _weights_and_norm(across_ranks, agg, log_probs, mask, mode)
-        if across_ranks and agg.weights is None:     # weights that are only each rank's 1/N: w needs no second pass
-            ext = {**ext, "rank_fold": True}
+        weights, norm, ext = _weights_and_norm(self.fused and ext is not None and ext["pg"] is not None, agg,
+                                               log_probs, mask, mode, ext)
         fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
         if self.fused:
             loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights, entropy, ext)
@@ -207,19 +205,21 @@ COMPILE_OPTIONS = {"dynamic": True, "options": {"realize_opcount_threshold": 300
                                                 "realize_acc_reads_threshold": 64}}
 
 
-def _weights_and_norm(across_ranks: bool, agg: Aggregation, logp, mask, mode):
-    """(weights, norm) as the kernels take them: the aggregation's, the normalizer a 0-d tensor.
+def _weights_and_norm(across_ranks: bool, agg: Aggregation, logp, mask, mode, ext):
+    """(weights, norm, ext) as the kernels take them: the aggregation's, the normalizer a 0-d tensor.
     across_ranks (the fused loss of a batch reduction over a process group): its reverse mode
     all-reduces the reduction's adjoint before the kernel's scale −1/N, so each rank's own 1/N
     goes into its tokens' weights first (what autograd's all_reduce does on the plain path), and
-    the kernel's normalizer is 1."""
+    the kernel's normalizer is 1; without a host's weights, ext says so (`rank_fold`: uniform on a
+    rank, so w needs no second pass, kernels._host_weighted)."""
     norm = _normalizer(agg.norm, logp)
     if not across_ranks:
-        return agg.weights, norm
+        return agg.weights, norm, ext
     dtype = compute_dtype(logp)
     denominator = norm if norm is not None else aggregation_coef((mask != 0).to(dtype), mode)[1].clamp(min=1)
     ones = torch.ones_like(logp, dtype=dtype)
-    return (1.0 if agg.weights is None else agg.weights) / denominator * ones, _normalizer(1.0, logp)
+    return ((1.0 if agg.weights is None else agg.weights) / denominator * ones, _normalizer(1.0, logp),
+            {**ext, "rank_fold": True} if agg.weights is None else ext)
 
 
 def _normalizer(norm, logp):
