@@ -108,7 +108,11 @@ def w_range(arb, facts):
     ext = []
     for sign in SIDE_SIGNS:
         for mag in sorted(set(MAGNITUDES) | set(arb.magnitudes) | set(DENSE_MAGNITUDES * (len(arb.magnitudes) > 1))):
-            r = pis / mus
+            r = np.broadcast_to(pis / mus, (mus.size, pis.size))
+            # and both sides of each threshold along these rows: a band 2e-4 wide in π − μ
+            # falls between the 240 values of π, while w in it grows as 1/μ
+            r = np.concatenate([r, arb.row_thresholds(r, mus[:, 0], np.full(mus.size, sign * mag),
+                                                      arb.row_quantities)], axis=1)
             ext.append(arb.w(np.where(r == 1, np.nan, r), mus, sign * mag).ravel())
             ext.append(arb.w(small_r, np.unique(arb.mu)[:, None], sign * mag).ravel())
     for A in (1e-9, -1e-9, 1e9, -1e9):     # |A| → 0 or ∞, for weights that depend on it
