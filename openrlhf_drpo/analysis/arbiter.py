@@ -173,6 +173,7 @@ class Arbiter:
         self.np, self.obj, self.dl = np, obj, dl
         self.params = {k: float(v) for k, v in obj.params.items()}
         found = thresholds(obj.expr, dl, params_key(self.params))
+        self.found = found
         self.row_quantities = found["rows"]
         # beside the regular grid: both sides of every threshold the objective compares |A|, μ,
         # r or π with (and the inside of each band of |A| and μ), and the domain's corners

@@ -38,6 +38,33 @@ def check_weight(arb, w_symbolic) -> dict:
                         "derived": float(ws[i, j]), "numeric": float(arb.W[i, j])}}
 
 
+def settle_zero_weight(ctx, arb, facts, tail_facts, cases, check) -> None:
+    """Per sign of A where every derived piece of w is 0 (SymPy: r/group_mean(r) − 1 on a uniform
+    group) and the arbiter confirms it, the grid's sign changes, touches and jumps are the doubles'
+    rounding of that 0 (±1 ulp), not events of w, and w tends to 0 at both tails; where both signs
+    are 0, so is the range. A note gives the size of the rounding."""
+    np = arb.np
+    if check["status"] != "confirmed":
+        return
+    zero = [adv for adv, _ in SIGNS
+            if all(e == 0 for c in cases if c["advantage"] == adv for e, _ in c["_pieces"])]
+    for adv in zero:
+        f = facts[adv]
+        f["rounding"] += f["events"] + f["touches"] + f["jumps"]
+        f["events"], f["touches"], f["jumps"] = [], [], []
+        tail_facts["by_sign"][adv] = {side: {"kind": "is 0", "sign": None, "note": None} for side in ("zero", "infinity")}
+        side = arb.valid & ((arb.sign > 0) == (adv == "positive"))
+        top = float(np.max(np.abs(arb.W[side]), initial=0.0))
+        if top > 0:
+            ctx.note(f"for A {'>' if adv == 'positive' else '<'} 0, w = 0 (derived), and the doubles give it as "
+                     f"|w| ≤ {top:.3g} (rounding): no sign change, touch or jump of w")
+    if zero:
+        facts["continuous"] = not any(facts[adv][k] for adv, _ in SIGNS for k in ("jumps", "poles")) and not any(
+            e["kind"] == "jumps across 0" or e["kind"].startswith("w = 0") for adv, _ in SIGNS for e in facts[adv]["events"])
+    if len(zero) == len(SIGNS) and facts["range"] is not None:
+        facts["range"] = [0.0, 0.0]
+
+
 def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     """candidates[adv]: [(r_expr, pi_expr(), g, explicit)] from the symbolic path, where g(r, μ, A)
     is 0 on the candidate. A candidate is a boundary if the arbiter finds w changing sign (or

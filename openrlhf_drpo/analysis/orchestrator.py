@@ -12,7 +12,7 @@ from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
 from openrlhf_drpo.analysis.channels import entropy_channel, reference_channel
 from openrlhf_drpo.analysis.claims import claims as claim_evidence
-from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries
+from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries, settle_zero_weight
 from openrlhf_drpo.analysis.context import Ctx
 from openrlhf_drpo.analysis.events import facts as grid_facts
 from openrlhf_drpo.analysis.extremes import on_policy
@@ -47,7 +47,7 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     tail_facts = tails(arb)
     corners = limits(tail_facts)
     facts["range"] = _closed(facts["range"], corners)
-    claims = _derivation(ctx, arb, facts, corners)
+    claims = _derivation(ctx, arb, facts, corners, tail_facts)
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
     names = names_of_view(original)
     result["entropy"] = entropy_channel(ctx, names["H"])
@@ -81,7 +81,7 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     return Analysis(**result)
 
 
-def _derivation(ctx, arb, facts, corners) -> dict:
+def _derivation(ctx, arb, facts, corners, tail_facts) -> dict:
     """The derivation's claims, or, where SymPy is not tried (past a budget) or gives out, the
     numeric arbiter's alone, with a note that says why."""
     claims, why = None, None
@@ -94,7 +94,7 @@ def _derivation(ctx, arb, facts, corners) -> dict:
     else:
         try:
             with time_limit(budgets.HANG_SECONDS):
-                claims = _derived(ctx, arb, facts, corners)
+                claims = _derived(ctx, arb, facts, corners, tail_facts)
         except Timeout:
             ctx.hang("the derivation")
             why = f"the hang guard fired at {budgets.HANG_SECONDS:g} s of CPU time"
@@ -135,10 +135,11 @@ def _widen(facts, on_policy_facts):
             rng[1] = None if rng[1] is None else max(rng[1], hi)
 
 
-def _derived(ctx, arb, facts, corners) -> dict:
+def _derived(ctx, arb, facts, corners, tail_facts) -> dict:
     """The derivation's claims, each boundary already confirmed or dropped by the arbiter."""
     cases, candidates, entangled = derive(ctx)
     w = case_dispatch(ctx, cases)
+    settle_zero_weight(ctx, arb, facts, tail_facts, cases, check_weight(arb, w))
     boundary, notes = confirm_boundaries(ctx, arb, facts, candidates)
     ctx.notes += notes
     num = Numeric(ctx, w, cases, entangled)
