@@ -139,7 +139,8 @@ def _derived(ctx, arb, facts, corners, tail_facts) -> dict:
     """The derivation's claims, each boundary already confirmed or dropped by the arbiter."""
     cases, candidates, entangled = derive(ctx)
     w = case_dispatch(ctx, cases)
-    settle_zero_weight(ctx, arb, facts, tail_facts, cases, check_weight(arb, w))
+    checks = [check_weight(arb, w)]
+    settle_zero_weight(ctx, arb, facts, tail_facts, cases, checks[0])
     boundary, notes = confirm_boundaries(ctx, arb, facts, candidates)
     ctx.notes += notes
     num = Numeric(ctx, w, cases, entangled)
@@ -148,7 +149,6 @@ def _derived(ctx, arb, facts, corners, tail_facts) -> dict:
     # the one-line w is printed too: checked like the cases (for a smooth objective it is
     # derived on its own, with the parameters symbolic)
     values = {ctx.param_syms[k]: v for k, v in ctx.param_vals.items()}
-    checks = [check_weight(arb, w)]
     try:
         whole = numpy_fn([ctx.r, ctx.mu, ctx.A], weight.subs(values))
         checks.append(check_weight(arb, whole))
