@@ -103,7 +103,8 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 changed, defined, kind = changes_sign_at(arb, r_star, mu, A)
                 if changed.any():
                     kinds = sorted(set(kind[changed]))     # each label from probing the boundary itself
-                    reachable = bool((changed & (mu * r_star <= 1)).any())
+                    # met inside the domain: with its far side too (1/μ is π = 1, the domain's edge)
+                    reachable = bool((changed & (mu * (r_star + 1e-7 * np.maximum(r_star, 1.0)) <= 1)).any())
                 elif (r_star > 0).any() and not defined[r_star > 0].any() and \
                         not undefined_at(arb, r_star[r_star > 0], mu[r_star > 0], A[r_star > 0]).all():
                     kinds, reachable = ["unconfirmed"], False    # ℓ overflows a double there: kept, flagged
