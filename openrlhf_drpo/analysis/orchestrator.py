@@ -155,6 +155,9 @@ def _derived(ctx, arb, facts, corners, tail_facts) -> dict:
     except NotImplementedError:     # a function numpy lacks (LambertW): the cases' check stands
         pass
     worst = next((c for c in checks if c["status"] == "disagrees"), checks[0])
+    # "the weight depends on |A|" is a claim that something exists: it rests on the arbiter
+    # finding w differ between magnitudes of A, not on a formula that names |A| (2^log|A|/|A|^log 2 is 1)
+    found = entangled and len(arb.magnitudes) > 1
     return {"weight": weight, "cases": cases, "boundary": boundary, "range": sampled,
-            "exact_range": exact, "w": w, "geometry": geometry(ctx, cases, boundary, entangled),
+            "exact_range": exact, "w": w, "geometry": geometry(ctx, cases, boundary, found),
             "weight_check": worst}
