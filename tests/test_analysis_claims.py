@@ -19,6 +19,8 @@ STEEP = "A*5.5*exp(-100*(r - 1.2)^2)"
 EDGE_BOUND = "min(r*A, clip(r, 0.8, min(1.105, 1/μ))*A)"
 # bands 1e-4 wide in r, and 2e-4 wide in π − μ, on r > 1 only
 R_BAND = "r*A - [r > 1.1 and r < 1.1001]*|A|*(r - 1)^2*100"
+# w = −1 on the band 1e-20 < r < 1e-10, below the grid's smallest r (1e-15), and 1 elsewhere
+LOW_BAND = "r*A - [r > 1e-20 and r < 1e-10]*2*r*A"
 # w = sech²(r − 1): the formula names |A| (2^log|A| is |A|^log 2), the weight does not depend on it
 SOFT_CLIP = "A*tanh((r - 1)*2^log(|A|)/|A|^log(2))"
 PI_BAND = ("[π - μ <= 0.2999 or π - μ >= 0.3001]*(r*A) + "
@@ -47,6 +49,8 @@ WRONG_CLAIMS = [
     (R_BAND, "symmetric in log r for a band on r > 1 only", lambda res: res.admissibility["symmetric_log_r"]["value"]),
     (PI_BAND, "symmetric in log r for a band on r > 1 only", lambda res: res.admissibility["symmetric_log_r"]["value"]),
     (PI_BAND, "bounded for a band whose w grows as 1/μ", lambda res: res.bounded is not False),
+    (LOW_BAND, "a band's upper edge without its lower edge", lambda res: any(
+        {str(r) for r in side["r"]} != {"1/100000000000000000000", "1/10000000000"} for side in res.boundary.values())),
     (SOFT_CLIP, "advantage-entangled where w does not depend on |A|", lambda res: res.geometry == "advantage-entangled"),
     (SOFT_CLIP, "the weight depends on |A| where it does not", lambda res: any(a.kind == "entangled" for a in res.warnings)),
 ]
@@ -66,6 +70,7 @@ def test_the_weights_the_table_rests_on_are_what_its_comments_say_by_the_arbiter
     assert steep[0] > 0 > steep[1] and np.all(np.abs(steep) < 2e-6)
     assert w(EDGE_BOUND, [1 / 0.95 * (1 - 1e-9)], 0.95)[0] == 1.0     # w = 1 up to π = 1
     assert w(PI_BAND, [1 + 0.3 / 1e-9], 1e-9)[0] == pytest.approx(10 - 10 * (1 + 0.3 / 1e-9), rel=1e-9)
+    assert w(LOW_BAND, [1e-21, 1e-15, 1e-9], 1.0).tolist() == [1.0, -1.0, 1.0]
     soft = analyze(lang.parse(SOFT_CLIP)).w_numeric
     r = np.geomspace(1e-3, 1e3, 61)
     for mag in (1e-3, 0.37, 1e3):

@@ -78,7 +78,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
         events = facts[adv]["events"]
         used = np.zeros(len(events), dtype=bool)
         out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
-        for r_expr, pi_expr, g, explicit in candidates[adv]:
+        for r_expr, pi_expr, g, explicit, edge in candidates[adv]:
             if any(_same_place(r_expr, x) for x in out["r"]):
                 continue
             hit, before = boundary_at(arb, g, events), used.copy()
@@ -87,6 +87,13 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
                 where = describe([events[i] for i in np.nonzero(hit)[0]])   # the located points, for the geometry
                 used |= hit
+                reachable = True
+            elif edge:
+                # a piece's edge below the grid's r (a band's lower edge at r = 1e-20): w's
+                # change there, probed along it; none is no place at all
+                kinds = _edge_below_grid(arb, explicit, sign)
+                if not kinds:
+                    continue
                 reachable = True
             elif explicit is not None:
                 # a zero the grid's rows did not meet: probed on its own curve r*(μ) at many μ,
@@ -138,6 +145,24 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     out["numeric"].append({"where": describe(group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _edge_below_grid(arb, explicit, sign) -> list:
+    """The labels of w's sign changes on a piece's edge r*(μ, A) where it lies below the
+    grid's smallest r (inside the domain, which the grid does not sample there), probed at
+    r*·(1 ± 1e-7) at the arbiter's μ and |A|."""
+    np = arb.np
+    lowest = float(np.nanmin(arb.R))
+    mags = np.asarray(arb.magnitudes, dtype=float)
+    mus = np.unique(arb.mu[:, 0])
+    A, mu = np.repeat(sign * mags, mus.size), np.tile(mus, mags.size)
+    with np.errstate(all="ignore"):
+        r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
+    below = np.isfinite(r_star) & (r_star > 0) & (r_star < lowest)
+    if not below.any():
+        return []
+    changed, _, kind = changes_sign_at(arb, r_star[below], mu[below], A[below], relative=True)
+    return sorted(set(kind[changed]))
 
 
 def _same_place(a, b) -> bool:

@@ -302,13 +302,14 @@ def boundary_at(arb, g, events):
     return (np.sign(gl) != np.sign(gh)) & np.isfinite(gl) & np.isfinite(gh) | (gl == 0) | (gh == 0)
 
 
-def changes_sign_at(arb, r, mu, A):
-    """Outside the domain too: does w change state across r (relative 1e-7)? Returns that,
+def changes_sign_at(arb, r, mu, A, relative=False):
+    """Outside the domain too: does w change state across r (1e-7 of max(r, 1), or of r
+    itself where relative, for r far below 1)? Returns that,
     where w is defined on both sides at all (ℓ may overflow a double out there), and each
     point's kind, from probing it: w = 0 on the side away from r = 1 ("w = 0 beyond") or
     toward it ("w = 0 before"), else a sign change, continuous or not."""
     np = arb.np
-    h = 1e-7 * np.maximum(r, 1.0)
+    h = 1e-7 * (r if relative else np.maximum(r, 1.0))
     with np.errstate(invalid="ignore"):         # a candidate's r*(μ, A) may be inf or nan there
         s = state(arb.w(r - h, mu, A)), state(arb.w(r + h, mu, A))
         defined = (s[0] != 2) & (s[1] != 2) & np.isfinite(r) & (r - h > 0)
