@@ -314,7 +314,12 @@ def changes_sign_at(arb, r, mu, A, relative=False):
         s = state(arb.w(r - h, mu, A)), state(arb.w(r + h, mu, A))
         defined = (s[0] != 2) & (s[1] != 2) & np.isfinite(r) & (r - h > 0)
     changed = (s[0] != s[1]) & defined
-    return changed, defined, kind_at(arb, r, mu, A, s)
+    # labelled where it changes only (four more evaluations each; "" elsewhere)
+    kind = np.full(np.shape(changed), "", dtype=object)
+    if changed.any():
+        pick = (lambda x: np.broadcast_to(x, np.shape(changed))[changed])
+        kind[changed] = kind_at(arb, pick(r), pick(mu), pick(A), (pick(s[0]), pick(s[1])))
+    return changed, defined, kind
 
 
 def undefined_at(arb, r, mu, A):
