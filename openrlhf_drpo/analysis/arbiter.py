@@ -192,12 +192,12 @@ class Arbiter:
         cap = 1 / self.mu
         R = np.tile(base, (len(rows), 1))
         R[R > cap * (1 + 1e-12)] = np.nan                        # π > 1 is outside the domain
-        # per row: thresholds on π (r = c/μ), and on quantities that read r with μ or A (π − μ),
-        # searched up to π = 1 exactly (r = 1 is not sampled): at μ = 1e-12 the grid's last r
-        # before 1/μ is 1e11 (π = 0.1), and a band at π − μ ≈ 0.3 lies beyond it
-        R = np.concatenate([R, found["pi"][None, :] / self.mu, np.where(cap > 1, cap, np.nan)], axis=1)
-        R = np.concatenate([R, self.row_thresholds(np.sort(R, axis=1), self.mu[:, 0], (self.sign * self.mag)[:, 0],
-                                                   found["rows"])], axis=1)
+        # per row: thresholds on π (r = c/μ), and on quantities that read r with μ or A (π − μ)
+        # (at the corners' μ, the last r before 1/μ is 1e11: a band at π − μ ≈ 0.3 beyond it is
+        # extremes.w_range's, which searches it as μ → 0)
+        R = np.concatenate([R, found["pi"][None, :] / self.mu,
+                            self.row_thresholds(R, self.mu[:, 0], (self.sign * self.mag)[:, 0], found["rows"]),
+                            np.where(cap > 1, cap, np.nan)], axis=1)    # π = 1 exactly (r = 1 is not sampled)
         R[(R > cap * (1 + 1e-12)) | (R == 1.0)] = np.nan
         self.R = np.sort(R, axis=1)                              # nan last
         self.W = self.w(self.R, self.mu, self.sign * self.mag)
