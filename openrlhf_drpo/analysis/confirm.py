@@ -52,7 +52,10 @@ def settle_zero_weight(ctx, arb, facts, tail_facts, cases, check) -> None:
         f = facts[adv]
         f["rounding"] += f["events"] + f["touches"] + f["jumps"]
         f["events"], f["touches"], f["jumps"] = [], [], []
-        tail_facts["by_sign"][adv] = {side: {"kind": "is 0", "sign": None, "note": None} for side in ("zero", "infinity")}
+        tails = tail_facts["by_sign"][adv]
+        for side in ("zero", "infinity"):
+            if tails[side]["kind"] != "is 0 (cut off)":     # exact zeros in doubles already say so
+                tails[side] = {"kind": "is 0", "sign": None, "note": None}
         side = arb.valid & ((arb.sign > 0) == (adv == "positive"))
         top = float(np.max(np.abs(arb.W[side]), initial=0.0))
         if top > 0:

@@ -124,7 +124,9 @@ def facts(arb) -> dict:
     # a change closed onto π = 1 itself (the row's last point): w differs only at the domain's
     # edge, and what lies beyond it (π > 1) holds no token, so it is no boundary met there
     # (a clip bound min(1.105, 1/μ) is 1/μ for μ > 0.905); candidates on it are probed outside
-    found = [f for f in found if not (f[2] == 1 / float(arb.mu[f[0], 0]) and np.nextafter(f[2], 0) <= f[1])]
+    # (where w is defined on both sides: w undefined at π = 1, log(1 − π), is an edge of its own)
+    found = [f for f in found if not (f[2] == 1 / float(arb.mu[f[0], 0]) and np.nextafter(f[2], 0) <= f[1]
+                                      and 2 not in (f[6], f[7]))]
     found = _merge(arb, found)
     rounding = _rounding(arb, found)
     for (row, lo, hi, wl, wh, early, gl, gh), rounded in zip(found, rounding):
@@ -165,12 +167,13 @@ def facts(arb) -> dict:
         edge = _edge_growth(arb, e)
         # a jump keeps its size as the bracket is halved 40 more times; a steep continuous
         # change (slope 1e3 where w is 1e-40 elsewhere on the row) shrinks with it
-        for i in np.nonzero((size > 1e-6 * top) & ~(size <= 1e-3 * e["gap"]))[0]:
+        shrank = size <= 1e-3 * e["gap"]
+        for i in np.nonzero(size > 1e-6 * top)[0]:
             adv = "positive" if e["A"][i] > 0 else "negative"
             where = {"mu": float(e["mu"][i]), "A": float(e["A"][i]), "r": float((e["lo"][i] + e["hi"][i]) / 2)}
             if edge[i]:     # steep, continuous growth up to where w ends: not a jump
                 out[adv]["undefined"].append({**where, "below": bool(edge[i] < 0), "w_grows": True})
-            else:
+            elif not shrank[i]:
                 out[adv]["poles" if top[i] > 100 * e["early"][i] else "jumps"].append(where)
     out["range"] = w_range(arb, out)
     out["continuous"] = not any(out[a][k] for a in ("positive", "negative")
