@@ -25,8 +25,10 @@ def numpy_fn(args, expr):
         steps, boolean = plan[0]
         slots, marks = list(values), []
         shapes = [np.shape(v) for v in values]
-        for fn, ins in steps:
+        for fn, ins, done in steps:
             slots.append(fn(marks, shapes, *[slots[k] for k in ins]))
+            for k in done:      # freed after its last use, as the walk freed its temporaries:
+                slots[k] = None     # 37 live arrays of 160 KB made every allocation a fresh mmap
         out = np.asarray(slots[-1], dtype=bool if boolean else float)
         return out, functools.reduce(np.logical_or, marks, False)
 
@@ -46,8 +48,8 @@ def numpy_fn(args, expr):
 
 
 def _compile(args, expr):
-    """(steps, boolean): each step (fn(marks, shape, *inputs), input slots) appends one slot
-    after the arguments' slots; fn records in marks where a value it computes is not finite
+    """(steps, boolean): each step (fn(marks, shapes, *inputs), input slots, the slots used last
+    there) appends one slot after the arguments' slots; fn records in marks where a value it computes is not finite
     (an intermediate that left the doubles). The last slot is the expression's value."""
     import numpy as np
     import sympy as sp
@@ -123,6 +125,8 @@ def _compile(args, expr):
         return slot[e]
 
     emit(lambda marks, shapes, x: x, [node(expr)])
+    last = {k: i for i, (_, ins) in enumerate(steps) for k in ins}
+    steps = [(fn, ins, [k for k in set(ins) if last[k] == i and k >= len(args)]) for i, (fn, ins) in enumerate(steps)]
     # a bare Symbol is a Boolean to SymPy too: w = r is a number
     return steps, isinstance(expr, sp.logic.boolalg.Boolean) and not isinstance(expr, sp.Symbol)
 
