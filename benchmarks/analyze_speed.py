@@ -101,6 +101,8 @@ PATHOLOGICAL = {
                      + "]*r*A",
     "mu_thresholds_30": "[" + " or ".join(f"(π - μ > {i / 100:g}*μ and r < {1 + i / 40:g})" for i in range(30))
                         + "]*r*A",
+    # issue 36: an advantage weighted by the entropy (a v3 construct), with a clip (2.6 s CPU cold before)
+    "entropy_weighted_clip": "ψ = 0.4\nAe = A + min(ψ*sg(H), |A|/2)\nmin(r*Ae, clip(r, 0.8, 1.28)*Ae)",
 }
 
 

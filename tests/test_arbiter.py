@@ -391,9 +391,6 @@ NOTCH = ("[π - μ <= 0.2999 or π - μ >= 0.3001]*(r*A) + "
          "[not (π - μ <= 0.2999 or π - μ >= 0.3001)]*(-|A|/(2*0.1)*(r - 1)^2)")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 (open analysis bug): the derived range [1, 1] misses the band, "
-                   "and the arbiter samples it only down to μ ≈ 5e-8 (w = −3/μ), so its extremes [−6.0e7, 6.0e7] "
-                   "are reported as 'bounded: yes'")
 def test_a_narrow_band_whose_weight_grows_as_mu_shrinks_is_not_reported_bounded():
     obj = lang.parse(f"δ = 0.3\n{NOTCH}")
     res = analyze(obj)

@@ -182,6 +182,18 @@ def _merge_tails(found) -> dict:
     return out
 
 
+def _threshold_ts(arb, t, mu, A):
+    """|log r| on both sides of every threshold of the objective at μ (in r, in π, and the
+    quantities read per row, π − μ), inside the domain: a band that lies on one side of r = 1
+    only (a notch 1e-4 wide at r ≈ 1.1) falls between the 400 values of t, and is asymmetric."""
+    np = arb.np
+    rs = np.concatenate([np.exp(-t[::-1]), np.exp(t)])
+    found = np.concatenate([arb.found["r"], arb.found["pi"] / mu,
+                            arb.row_thresholds(rs[None, :], np.array([mu]), np.array([A]), arb.row_quantities)[0]])
+    found = found[np.isfinite(found) & (found > mu) & (found < 1 / mu)]
+    return np.unique(np.abs(np.log(found[found != 1])))
+
+
 def _symmetric(ctx, arb, res) -> dict:
     """w(e^t) = w(e^−t) for each sign of A, wherever both ratios lie in the domain (e^t ≤ 1/μ),
     on the arbiter's μ and |A|; derived as well where SymPy reduces the difference of the
@@ -190,18 +202,24 @@ def _symmetric(ctx, arb, res) -> dict:
     by = {}
     for adv, sign in SIGNS:
         worst, gap = None, 0.0
-        for mu in MUS[:-1]:           # at μ = 1 no r > 1 is in the domain
-            t = np.linspace(0, -np.log(mu), SYMMETRY_T + 1)[1:]
-            for mag in arb.magnitudes:
-                a, b = arb.w(np.exp(t), mu, sign * mag), arb.w(np.exp(-t), mu, sign * mag)
-                with np.errstate(invalid="ignore"):
-                    rel = np.abs(a - b) / np.fmax(1.0, np.fmax(np.abs(a), np.abs(b)))
-                rel = np.where(np.isnan(a) != np.isnan(b), np.inf, np.nan_to_num(rel, nan=0.0))
-                k = int(np.argmax(rel))
-                if rel[k] > max(gap, 1e-6):       # the example is the largest difference
-                    gap = float(rel[k])
-                    worst = {"mu": float(mu), "A": float(sign * mag), "r": float(np.exp(t[k])),
-                             "w": [None if np.isnan(x) else float(x) for x in (a[k], b[k])]}   # None: undefined
+        # the regular values of t first, then (where they show no asymmetry) both sides of
+        # each threshold: the example stays the largest difference on the regular ones
+        for extra in (False, True):
+            if worst is not None:
+                break
+            for mu in MUS[:-1]:           # at μ = 1 no r > 1 is in the domain
+                regular = np.linspace(0, -np.log(mu), SYMMETRY_T + 1)[1:]
+                for mag in arb.magnitudes:
+                    t = _threshold_ts(arb, regular, mu, sign * mag) if extra else regular
+                    a, b = arb.w(np.exp(t), mu, sign * mag), arb.w(np.exp(-t), mu, sign * mag)
+                    with np.errstate(invalid="ignore"):
+                        rel = np.abs(a - b) / np.fmax(1.0, np.fmax(np.abs(a), np.abs(b)))
+                    rel = np.where(np.isnan(a) != np.isnan(b), np.inf, np.nan_to_num(rel, nan=0.0))
+                    k = int(np.argmax(rel)) if rel.size else 0
+                    if rel.size and rel[k] > max(gap, 1e-6):       # the example is the largest difference
+                        gap = float(rel[k])
+                        worst = {"mu": float(mu), "A": float(sign * mag), "r": float(np.exp(t[k])),
+                                 "w": [None if np.isnan(x) else float(x) for x in (a[k], b[k])]}   # None: undefined
         by[adv] = {"value": worst is None, "example": worst}
 
     def derived():

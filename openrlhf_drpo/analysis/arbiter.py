@@ -173,6 +173,8 @@ class Arbiter:
         self.np, self.obj, self.dl = np, obj, dl
         self.params = {k: float(v) for k, v in obj.params.items()}
         found = thresholds(obj.expr, dl, params_key(self.params))
+        self.found = found
+        self.row_quantities = found["rows"]
         # beside the regular grid: both sides of every threshold the objective compares |A|, μ,
         # r or π with (and the inside of each band of |A| and μ), and the domain's corners
         candidates = tuple(np.unique(np.concatenate([MAGNITUDES, found["A"]])))
@@ -191,7 +193,10 @@ class Arbiter:
         R = np.tile(base, (len(rows), 1))
         R[R > cap * (1 + 1e-12)] = np.nan                        # π > 1 is outside the domain
         # per row: thresholds on π (r = c/μ), and on quantities that read r with μ or A (π − μ)
-        R = np.concatenate([R, found["pi"][None, :] / self.mu, self._row_thresholds(R, found["rows"]),
+        # (at the corners' μ, the last r before 1/μ is 1e11: a band at π − μ ≈ 0.3 beyond it is
+        # extremes.w_range's, which searches it as μ → 0)
+        R = np.concatenate([R, found["pi"][None, :] / self.mu,
+                            self.row_thresholds(R, self.mu[:, 0], (self.sign * self.mag)[:, 0], found["rows"]),
                             np.where(cap > 1, cap, np.nan)], axis=1)    # π = 1 exactly (r = 1 is not sampled)
         R[(R > cap * (1 + 1e-12)) | (R == 1.0)] = np.nan
         self.R = np.sort(R, axis=1)                              # nan last
@@ -203,14 +208,14 @@ class Arbiter:
             a = np.where(self.valid, np.abs(self.W), np.nan)
             self.row_scale = np.nan_to_num(np.nanmedian(np.where(a > 0, a, np.nan), axis=1), nan=1.0)[:, None]
 
-    def _row_thresholds(self, R, quantities):
-        """Both sides of each place along a row where a compared quantity that reads r with μ
-        or A (|π − μ| ≤ 0.1, A·(r − 1) ≤ 0) changes sign: the first ROW_THRESHOLDS per row."""
+    def row_thresholds(self, R, mu, A, quantities):
+        """Both sides of each place along a row (r ascending, at μ and A per row) where a
+        compared quantity that reads r with μ or A (|π − μ| ≤ 0.1, A·(r − 1) ≤ 0) changes
+        sign: the first ROW_THRESHOLDS per row."""
         np = self.np
         out = np.full((R.shape[0], 2 * ROW_THRESHOLDS), np.nan)
         if not quantities:
             return out
-        mu, A = self.mu[:, 0], (self.sign * self.mag)[:, 0]
 
         def env(x, row):
             return {"r": x, "mu": mu[row], "pi": mu[row] * x, "A": A[row], **self.params}

@@ -120,8 +120,9 @@ def claims(ctx, arb, res, facts) -> dict:
                 reach.append({"status": "found", "evidence": "met by w's sign changes on the grid"})
                 continue
             proof = ctx.limited("the boundary lies outside the domain",
-                                lambda: (p - 1).is_positive is True, False)
-            reach.append({"status": "proven", "evidence": "π > 1 for every μ > 0 (SymPy)"} if proof else
+                                lambda: "π > 1" if (p - 1).is_positive is True else
+                                "π ≥ 1, the domain's edge or beyond," if (p - 1).is_nonnegative is True else None, None)
+            reach.append({"status": "proven", "evidence": f"{proof} for every μ > 0 (SymPy)"} if proof else
                          {"status": "unconfirmed", "evidence": f"not met at {grid}; found only outside the domain"})
         out["reachable"][adv] = reach
     # every operation continuous in r where it stands (its row says; x^c only for c ≥ 0, ...) and

@@ -38,6 +38,36 @@ def check_weight(arb, w_symbolic) -> dict:
                         "derived": float(ws[i, j]), "numeric": float(arb.W[i, j])}}
 
 
+def settle_zero_weight(ctx, arb, facts, tail_facts, cases, check) -> None:
+    """Per sign of A where every derived piece of w is 0 (SymPy: r/group_mean(r) − 1 on a uniform
+    group) and the arbiter confirms it, the grid's sign changes, touches and jumps are the doubles'
+    rounding of that 0 (±1 ulp), not events of w, and w tends to 0 at both tails; where both signs
+    are 0, so is the range. A note gives the size of the rounding."""
+    np = arb.np
+    if check["status"] != "confirmed":
+        return
+    zero = [adv for adv, _ in SIGNS
+            if all(e == 0 for c in cases if c["advantage"] == adv for e, _ in c["_pieces"])]
+    for adv in zero:
+        f = facts[adv]
+        f["rounding"] += f["events"] + f["touches"] + f["jumps"]
+        f["events"], f["touches"], f["jumps"] = [], [], []
+        tails = tail_facts["by_sign"][adv]
+        for side in ("zero", "infinity"):
+            if tails[side]["kind"] != "is 0 (cut off)":     # exact zeros in doubles already say so
+                tails[side] = {"kind": "is 0", "sign": None, "note": None}
+        side = arb.valid & ((arb.sign > 0) == (adv == "positive"))
+        top = float(np.max(np.abs(arb.W[side]), initial=0.0))
+        if top > 0:
+            ctx.note(f"for A {'>' if adv == 'positive' else '<'} 0, w = 0 (derived), and the doubles give it as "
+                     f"|w| ≤ {top:.3g} (rounding): no sign change, touch or jump of w")
+    if zero:
+        facts["continuous"] = not any(facts[adv][k] for adv, _ in SIGNS for k in ("jumps", "poles")) and not any(
+            e["kind"] == "jumps across 0" or e["kind"].startswith("w = 0") for adv, _ in SIGNS for e in facts[adv]["events"])
+    if len(zero) == len(SIGNS) and facts["range"] is not None:
+        facts["range"] = [0.0, 0.0]
+
+
 def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     """candidates[adv]: [(r_expr, pi_expr(), g, explicit)] from the symbolic path, where g(r, μ, A)
     is 0 on the candidate. A candidate is a boundary if the arbiter finds w changing sign (or
@@ -51,7 +81,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
         events = facts[adv]["events"]
         used = np.zeros(len(events), dtype=bool)
         out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
-        for r_expr, pi_expr, g, explicit in candidates[adv]:
+        for r_expr, pi_expr, g, explicit, edge in candidates[adv]:
             if any(_same_place(r_expr, x) for x in out["r"]):
                 continue
             hit, before = boundary_at(arb, g, events), used.copy()
@@ -60,6 +90,13 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
                 where = describe([events[i] for i in np.nonzero(hit)[0]])   # the located points, for the geometry
                 used |= hit
+                reachable = True
+            elif edge:
+                # a piece's edge below the grid's r (a band's lower edge at r = 1e-20): w's
+                # change there, probed along it; none is no place at all
+                kinds = _edge_below_grid(arb, explicit, sign)
+                if not kinds:
+                    continue
                 reachable = True
             elif explicit is not None:
                 # a zero the grid's rows did not meet: probed on its own curve r*(μ) at many μ,
@@ -76,7 +113,8 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                 changed, defined, kind = changes_sign_at(arb, r_star, mu, A)
                 if changed.any():
                     kinds = sorted(set(kind[changed]))     # each label from probing the boundary itself
-                    reachable = bool((changed & (mu * r_star <= 1)).any())
+                    # met inside the domain: with its far side too (1/μ is π = 1, the domain's edge)
+                    reachable = bool((changed & (mu * (r_star + 1e-7 * np.maximum(r_star, 1.0)) <= 1)).any())
                 elif (r_star > 0).any() and not defined[r_star > 0].any() and \
                         not undefined_at(arb, r_star[r_star > 0], mu[r_star > 0], A[r_star > 0]).all():
                     kinds, reachable = ["unconfirmed"], False    # ℓ overflows a double there: kept, flagged
@@ -110,6 +148,24 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     out["numeric"].append({"where": describe(group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _edge_below_grid(arb, explicit, sign) -> list:
+    """The labels of w's sign changes on a piece's edge r*(μ, A) where it lies below the
+    grid's smallest r (inside the domain, which the grid does not sample there), probed at
+    r*·(1 ± 1e-7) at the arbiter's μ and |A|."""
+    np = arb.np
+    lowest = float(np.nanmin(arb.R))
+    mags = np.asarray(arb.magnitudes, dtype=float)
+    mus = np.unique(arb.mu[:, 0])
+    A, mu = np.repeat(sign * mags, mus.size), np.tile(mus, mags.size)
+    with np.errstate(all="ignore"):
+        r_star = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
+    below = np.isfinite(r_star) & (r_star > 0) & (r_star < lowest)
+    if not below.any():
+        return []
+    changed, _, kind = changes_sign_at(arb, r_star[below], mu[below], A[below], relative=True)
+    return sorted(set(kind[changed]))
 
 
 def _same_place(a, b) -> bool:

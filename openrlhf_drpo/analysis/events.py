@@ -20,10 +20,11 @@ CLUSTER = 1e-4              # relative: changes of state this close may be round
 def _bisect(arb, lo, hi, mu, A, split):
     """Shrink [lo, hi] around an event; split(w_lo, w_mid, w_hi) says, per bracket,
     whether the event lies in the lower half. Returns lo, hi and w at both ends, with
-    |w| at both ends a third of the way in (to tell a pole from a finite jump)."""
+    |w| at both ends a third of the way in (to tell a pole from a finite jump) and the
+    difference of w across the bracket then (a continuous change shrinks from it)."""
     np = arb.np
     wl, wh = arb.w(lo, mu, A), arb.w(hi, mu, A)
-    early = None
+    early = gap = None
     for i in range(BISECTIONS):
         mid = (lo + hi) / 2
         wm = arb.w(mid, mu, A)
@@ -32,7 +33,8 @@ def _bisect(arb, lo, hi, mu, A, split):
         lo, wl = np.where(low, lo, mid), np.where(low, wl, wm)
         if i == BISECTIONS // 3:
             early = np.fmax(np.abs(wl), np.abs(wh))
-    return lo, hi, wl, wh, early
+            gap = np.abs(wh - wl)
+    return lo, hi, wl, wh, early, gap
 
 
 def locate(arb):
@@ -60,8 +62,8 @@ def locate(arb):
             out[name] = None
             continue
         mu, A = arb.mu[rows, 0], (arb.sign * arb.mag)[rows, 0]
-        lo, hi, wl, wh, early = _bisect(arb, R[rows, j], R[rows, j + 1], mu, A, split)
-        out[name] = {"row": rows, "lo": lo, "hi": hi, "wl": wl, "wh": wh, "early": early,
+        lo, hi, wl, wh, early, gap = _bisect(arb, R[rows, j], R[rows, j + 1], mu, A, split)
+        out[name] = {"row": rows, "lo": lo, "hi": hi, "wl": wl, "wh": wh, "early": early, "gap": gap,
                      "mu": mu, "A": A, "gl": S[rows, j], "gh": S[rows, j + 1], "j": j}
     out["peak"] = _peaks(arb)
     return out
@@ -119,6 +121,12 @@ def facts(arb) -> dict:
         for i in range(e["row"].size):
             found.append((int(e["row"][i]), float(e["lo"][i]), float(e["hi"][i]), float(e["wl"][i]),
                           float(e["wh"][i]), float(e["early"][i]), int(e["gl"][i]), int(e["gh"][i])))
+    # a change closed onto π = 1 itself (the row's last point): w differs only at the domain's
+    # edge, and what lies beyond it (π > 1) holds no token, so it is no boundary met there
+    # (a clip bound min(1.105, 1/μ) is 1/μ for μ > 0.905); candidates on it are probed outside
+    # (where w is defined on both sides: w undefined at π = 1, log(1 − π), is an edge of its own)
+    found = [f for f in found if not (f[2] == 1 / float(arb.mu[f[0], 0]) and np.nextafter(f[2], 0) <= f[1]
+                                      and 2 not in (f[6], f[7]))]
     found = _merge(arb, found)
     rounding = _rounding(arb, found)
     for (row, lo, hi, wl, wh, early, gl, gh), rounded in zip(found, rounding):
@@ -149,8 +157,7 @@ def facts(arb) -> dict:
         else:
             inner, outer = (sl, sh) if where["r"] > 1 else (sh, sl)
             kind = ("w = 0 beyond" if outer == 0 else "w = 0 before" if inner == 0 else
-                    "crosses 0" if max(abs(wl), abs(wh)) <= 1e-6 * float(arb.row_scale[row, 0])
-                    else "jumps across 0")
+                    "crosses 0" if _shrank(arb, row, wl, wh, early) else "jumps across 0")
             out[adv]["events"].append({**where, "kind": kind, "lo": lo, "hi": hi})
     if ev["jump"] is not None:
         e = ev["jump"]
@@ -158,12 +165,15 @@ def facts(arb) -> dict:
             size = np.abs(e["wh"] - e["wl"])
             top = np.fmax(np.abs(e["wl"]), np.abs(e["wh"]))
         edge = _edge_growth(arb, e)
+        # a jump keeps its size as the bracket is halved 40 more times; a steep continuous
+        # change (slope 1e3 where w is 1e-40 elsewhere on the row) shrinks with it
+        shrank = size <= 1e-3 * e["gap"]
         for i in np.nonzero(size > 1e-6 * top)[0]:
             adv = "positive" if e["A"][i] > 0 else "negative"
             where = {"mu": float(e["mu"][i]), "A": float(e["A"][i]), "r": float((e["lo"][i] + e["hi"][i]) / 2)}
             if edge[i]:     # steep, continuous growth up to where w ends: not a jump
                 out[adv]["undefined"].append({**where, "below": bool(edge[i] < 0), "w_grows": True})
-            else:
+            elif not shrank[i]:
                 out[adv]["poles" if top[i] > 100 * e["early"][i] else "jumps"].append(where)
     out["range"] = w_range(arb, out)
     out["continuous"] = not any(out[a][k] for a in ("positive", "negative")
@@ -245,10 +255,18 @@ def _merge(arb, found):
     return out
 
 
+def _shrank(arb, row, wl, wh, early) -> bool:
+    """A sign change located to a double's resolution is continuous where |w| on both sides
+    is small against the row's scale, or 1,000 times smaller than 40 halvings before: a
+    steep crossing (slope −1100 where the row's median |w| is 1e-40) shrinks with its
+    bracket, a jump across 0 does not."""
+    top = max(abs(wl), abs(wh))
+    return top <= 1e-6 * float(arb.row_scale[row, 0]) or top <= 1e-3 * early
+
+
 def _continuous(arb, ev) -> bool:
-    row, _, _, wl, wh, _, gl, gh = ev
-    return 2 not in (gl, gh) and math.isfinite(wl) and math.isfinite(wh) and \
-        max(abs(wl), abs(wh)) <= 1e-6 * float(arb.row_scale[row, 0])
+    row, _, _, wl, wh, early, gl, gh = ev
+    return 2 not in (gl, gh) and math.isfinite(wl) and math.isfinite(wh) and _shrank(arb, row, wl, wh, early)
 
 
 def _one_zero(arb, a, b) -> bool:
@@ -287,18 +305,24 @@ def boundary_at(arb, g, events):
     return (np.sign(gl) != np.sign(gh)) & np.isfinite(gl) & np.isfinite(gh) | (gl == 0) | (gh == 0)
 
 
-def changes_sign_at(arb, r, mu, A):
-    """Outside the domain too: does w change state across r (relative 1e-7)? Returns that,
+def changes_sign_at(arb, r, mu, A, relative=False):
+    """Outside the domain too: does w change state across r (1e-7 of max(r, 1), or of r
+    itself where relative, for r far below 1)? Returns that,
     where w is defined on both sides at all (ℓ may overflow a double out there), and each
     point's kind, from probing it: w = 0 on the side away from r = 1 ("w = 0 beyond") or
     toward it ("w = 0 before"), else a sign change, continuous or not."""
     np = arb.np
-    h = 1e-7 * np.maximum(r, 1.0)
+    h = 1e-7 * (r if relative else np.maximum(r, 1.0))
     with np.errstate(invalid="ignore"):         # a candidate's r*(μ, A) may be inf or nan there
         s = state(arb.w(r - h, mu, A)), state(arb.w(r + h, mu, A))
         defined = (s[0] != 2) & (s[1] != 2) & np.isfinite(r) & (r - h > 0)
     changed = (s[0] != s[1]) & defined
-    return changed, defined, kind_at(arb, r, mu, A, s)
+    # labelled where it changes only (four more evaluations each; "" elsewhere)
+    kind = np.full(np.shape(changed), "", dtype=object)
+    if changed.any():
+        pick = (lambda x: np.broadcast_to(x, np.shape(changed))[changed])
+        kind[changed] = kind_at(arb, pick(r), pick(mu), pick(A), (pick(s[0]), pick(s[1])))
+    return changed, defined, kind
 
 
 def undefined_at(arb, r, mu, A):

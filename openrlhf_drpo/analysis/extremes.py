@@ -106,11 +106,16 @@ def w_range(arb, facts):
     pis = np.logspace(-16, 0, 240)[None, :]
     small_r = np.logspace(-20, -16, 5)[None, :]
     ext = []
-    for sign in SIDE_SIGNS:
-        for mag in sorted(set(MAGNITUDES) | set(arb.magnitudes) | set(DENSE_MAGNITUDES * (len(arb.magnitudes) > 1))):
-            r = pis / mus
-            ext.append(arb.w(np.where(r == 1, np.nan, r), mus, sign * mag).ravel())
-            ext.append(arb.w(small_r, np.unique(arb.mu)[:, None], sign * mag).ravel())
+    mags = sorted(set(MAGNITUDES) | set(arb.magnitudes) | set(DENSE_MAGNITUDES * (len(arb.magnitudes) > 1)))
+    A = np.repeat(np.outer(SIDE_SIGNS, mags).ravel(), mus.size)[:, None]
+    mu = np.tile(mus, (2 * len(mags), 1))
+    r = np.broadcast_to(pis / mu, (mu.size, pis.size))
+    # and both sides of each threshold along these rows (one search for all): a band 2e-4 wide
+    # in π − μ falls between the 240 values of π, while w in it grows as 1/μ
+    r = np.concatenate([r, arb.row_thresholds(r, mu[:, 0], A[:, 0], arb.row_quantities)], axis=1)
+    ext.append(arb.w(np.where(r == 1, np.nan, r), mu, A).ravel())
+    for a in A[::mus.size, 0]:
+        ext.append(arb.w(small_r, np.unique(arb.mu)[:, None], a).ravel())
     for A in (1e-9, -1e-9, 1e9, -1e9):     # |A| → 0 or ∞, for weights that depend on it
         first = arb.mag[:, 0] == arb.magnitudes[0]
         ext.append(arb.w(arb.R[first], arb.mu[first], A).ravel())

@@ -86,6 +86,15 @@ def settle(dom, cond, x=None, exact=None):
     rels = relations(sp, cond)
     if any(rel.lhs != x or not rel.rhs.is_number for rel in rels):
         return cond
+    # thresholds are told apart as doubles: two that are one double, or one that is an end of
+    # x's range as a double only (r > 1e-20 is t < 1 − 1e-20, which reads t < 1: always), keep
+    # the condition as built rather than drop a band's edge
+    ends = [sp.Integer(0)] + ([dom.tmax] if x == dom.t and dom.tmax is not None else [sp.Integer(1)] * (x == dom.mu))
+    by_float = {}
+    for c in {rel.rhs for rel in rels} | set(ends):
+        by_float.setdefault(float(c), set()).add(c)
+    if any(len(cs) > 1 for cs in by_float.values()):
+        return cond
     exact = {**{float(rel.rhs): rel.rhs for rel in rels}, **(exact or {})}
     cuts, probes = probe_points(dom, x, {float(rel.rhs) for rel in rels})
     return intervals(sp, x, cuts, exact, list(truth_at(sp, [x], cond, [probes])))

@@ -12,7 +12,7 @@ from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
 from openrlhf_drpo.analysis.channels import entropy_channel, reference_channel
 from openrlhf_drpo.analysis.claims import claims as claim_evidence
-from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries
+from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries, settle_zero_weight
 from openrlhf_drpo.analysis.context import Ctx
 from openrlhf_drpo.analysis.events import facts as grid_facts
 from openrlhf_drpo.analysis.extremes import on_policy
@@ -55,7 +55,7 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     tail_facts = tails(arb)
     corners = limits(tail_facts)
     facts["range"] = _closed(facts["range"], corners)
-    claims = _derivation(ctx, arb, facts, corners)
+    claims = _derivation(ctx, arb, facts, corners, tail_facts)
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
     result["entropy"] = entropy_channel(ctx, names["H"], full)
     result["reference"] = reference_channel(ctx, names["rho_ref"], original, full)
@@ -121,7 +121,7 @@ def _degenerate(result, original, seq_len, rho, point) -> None:
         "set another (--group, --set)")})
 
 
-def _derivation(ctx, arb, facts, corners) -> dict:
+def _derivation(ctx, arb, facts, corners, tail_facts) -> dict:
     """The derivation's claims, or, where SymPy is not tried (past a budget) or gives out, the
     numeric arbiter's alone, with a note that says why."""
     claims, why = None, None
@@ -134,7 +134,7 @@ def _derivation(ctx, arb, facts, corners) -> dict:
     else:
         try:
             with time_limit(budgets.HANG_SECONDS):
-                claims = _derived(ctx, arb, facts, corners)
+                claims = _derived(ctx, arb, facts, corners, tail_facts)
         except Timeout:
             ctx.hang("the derivation")
             why = f"the hang guard fired at {budgets.HANG_SECONDS:g} s of CPU time"
@@ -175,10 +175,12 @@ def _widen(facts, on_policy_facts):
             rng[1] = None if rng[1] is None else max(rng[1], hi)
 
 
-def _derived(ctx, arb, facts, corners) -> dict:
+def _derived(ctx, arb, facts, corners, tail_facts) -> dict:
     """The derivation's claims, each boundary already confirmed or dropped by the arbiter."""
     cases, candidates, entangled = derive(ctx)
     w = case_dispatch(ctx, cases)
+    checks = [check_weight(arb, w)]
+    settle_zero_weight(ctx, arb, facts, tail_facts, cases, checks[0])
     boundary, notes = confirm_boundaries(ctx, arb, facts, candidates)
     ctx.notes += notes
     num = Numeric(ctx, w, cases, entangled)
@@ -187,13 +189,15 @@ def _derived(ctx, arb, facts, corners) -> dict:
     # the one-line w is printed too: checked like the cases (for a smooth objective it is
     # derived on its own, with the parameters symbolic)
     values = {ctx.param_syms[k]: v for k, v in ctx.param_vals.items()}
-    checks = [check_weight(arb, w)]
     try:
         whole = numpy_fn([ctx.r, ctx.mu, ctx.A], weight.subs(values))
         checks.append(check_weight(arb, whole))
     except NotImplementedError:     # a function numpy lacks (LambertW): the cases' check stands
         pass
     worst = next((c for c in checks if c["status"] == "disagrees"), checks[0])
+    # "the weight depends on |A|" is a claim that something exists: it rests on the arbiter
+    # finding w differ between magnitudes of A, not on a formula that names |A| (2^log|A|/|A|^log 2 is 1)
+    found = entangled and len(arb.magnitudes) > 1
     return {"weight": weight, "cases": cases, "boundary": boundary, "range": sampled,
-            "exact_range": exact, "w": w, "geometry": geometry(ctx, cases, boundary, entangled),
+            "exact_range": exact, "w": w, "geometry": geometry(ctx, cases, boundary, found),
             "weight_check": worst}

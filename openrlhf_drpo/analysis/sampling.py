@@ -11,65 +11,25 @@ from openrlhf_drpo.analysis.budgets import BUDGET, size
 # ------------------------------------------------------------------ numerics
 def numpy_fn(args, expr):
     """A vectorized evaluator for the small expressions the analysis produces. SymPy's
-    lambdify would do, but its first call imports printer modules for ~0.3 s."""
+    lambdify would do, but its first call imports printer modules for ~0.3 s. The expression
+    is compiled on the first call into a flat list of numpy steps, one per distinct
+    subexpression (walking SymPy's tree on every call, asking its assumptions at each node,
+    cost trust_the_batch a third of its time); the steps are the walk's own operations, in its
+    order, so the values are the same to the bit."""
     import numpy as np
-    import sympy as sp
-    unary = _unary_functions(sp)
-    rel = {sp.Lt: np.less, sp.Le: np.less_equal, sp.Gt: np.greater, sp.Ge: np.greater_equal,
-           sp.Eq: np.equal, sp.Ne: np.not_equal}
-
-    def ev(e, env):
-        if e in env:
-            return env[e]
-        if e is sp.true or e is sp.false:
-            return bool(e)
-        if e in (sp.zoo, sp.nan, sp.I) or (e.is_number and e.is_extended_real is False):
-            return np.nan           # complex, or undefined: not a real value of w
-        if e.is_Number or e.is_NumberSymbol:      # 2/5, 1e200, E, pi, oo
-            return float(e)
-        if e.is_Add:
-            return mark(sum(ev(a, env) for a in e.args))
-        if e.is_Mul:
-            out = 1.0
-            for a in e.args:
-                out = mark(out * ev(a, env))
-            return out
-        if e.is_Pow:
-            return mark(np.power(ev(e.base, env), ev(e.exp, env)))
-        if e.func in unary:
-            return mark(unary[e.func](ev(e.args[0], env)))
-        if isinstance(e, (sp.Min, sp.Max)):
-            return functools.reduce(np.minimum if isinstance(e, sp.Min) else np.maximum, [ev(a, env) for a in e.args])
-        if e.func in rel:
-            return rel[e.func](ev(e.lhs, env), ev(e.rhs, env))
-        if isinstance(e, sp.And):     # functools.reduce broadcasts operands of different shapes
-            return functools.reduce(np.logical_and, [ev(a, env) for a in e.args])
-        if isinstance(e, sp.Or):
-            return functools.reduce(np.logical_or, [ev(a, env) for a in e.args])
-        if isinstance(e, sp.Not):
-            return np.logical_not(ev(e.args[0], env))
-        if isinstance(e, sp.ITE):
-            return np.where(ev(e.args[0], env), ev(e.args[1], env), ev(e.args[2], env))
-        if isinstance(e, sp.Piecewise):
-            conds = [ev(c, env) for _, c in e.args]
-            vals = [ev(x, env) for x, _ in e.args]
-            shape = np.broadcast_shapes(*(np.shape(x) for x in conds + vals), *(np.shape(v) for v in env.values()))
-            conds = [np.broadcast_to(c, shape) for c in conds]
-            vals = [np.broadcast_to(v, shape) for v in vals]
-            return np.select(conds, vals, default=np.nan)
-        raise NotImplementedError(e.func)   # e.g. LambertW: callers fall back to SymPy
-
-    marks = []
-
-    def mark(x):
-        marks.append(~np.isfinite(x))
-        return x
+    plan = []
 
     def run(values):
-        marks.clear()
-        # a bare Symbol is a Boolean to SymPy too: w = r is a number
-        boolean = isinstance(expr, sp.logic.boolalg.Boolean) and not isinstance(expr, sp.Symbol)
-        out = np.asarray(ev(expr, dict(zip(args, values))), dtype=bool if boolean else float)
+        if not plan:
+            plan.append(_compile(args, expr))
+        steps, boolean = plan[0]
+        slots, marks = list(values), []
+        shapes = [np.shape(v) for v in values]
+        for fn, ins, done in steps:
+            slots.append(fn(marks, shapes, *[slots[k] for k in ins]))
+            for k in done:      # freed after its last use, as the walk freed its temporaries:
+                slots[k] = None     # 37 live arrays of 160 KB made every allocation a fresh mmap
+        out = np.asarray(slots[-1], dtype=bool if boolean else float)
         return out, functools.reduce(np.logical_or, marks, False)
 
     def f(*values):
@@ -86,6 +46,89 @@ def numpy_fn(args, expr):
             return out
     return f
 
+
+def _compile(args, expr):
+    """(steps, boolean): each step (fn(marks, shapes, *inputs), input slots, the slots used last
+    there) appends one slot after the arguments' slots; fn records in marks where a value it computes is not finite
+    (an intermediate that left the doubles). The last slot is the expression's value."""
+    import numpy as np
+    import sympy as sp
+    unary = _unary_functions(sp)
+    rel = {sp.Lt: np.less, sp.Le: np.less_equal, sp.Gt: np.greater, sp.Ge: np.greater_equal,
+           sp.Eq: np.equal, sp.Ne: np.not_equal}
+    slot = {a: k for k, a in enumerate(args)}
+    steps = []
+
+    def emit(fn, ins):
+        steps.append((fn, ins))
+        return len(args) + len(steps) - 1
+
+    def mark(marks, x):
+        marks.append(~np.isfinite(x))
+        return x
+
+    def add(marks, shape, *xs):
+        return mark(marks, sum(xs))
+
+    def mul(marks, shape, *xs):
+        out = 1.0
+        for x in xs:
+            out = mark(marks, out * x)
+        return out
+
+    def piecewise(marks, shapes, *xs):
+        conds, vals = xs[1::2], xs[::2]
+        shape = np.broadcast_shapes(*(np.shape(x) for x in xs), *shapes)
+        return np.select([np.broadcast_to(c, shape) for c in conds], [np.broadcast_to(v, shape) for v in vals],
+                         default=np.nan)
+
+    def const(v):
+        return lambda marks, shape: v
+
+    def reduce(f):
+        return lambda marks, shape, *xs: functools.reduce(f, xs)
+
+    def node(e):
+        if e in slot:
+            return slot[e]
+        if e is sp.true or e is sp.false:
+            fn, ins = const(bool(e)), []
+        elif e in (sp.zoo, sp.nan, sp.I) or (e.is_number and e.is_extended_real is False):
+            fn, ins = const(np.nan), []     # complex, or undefined: not a real value of w
+        elif e.is_Number or e.is_NumberSymbol:      # 2/5, 1e200, E, pi, oo
+            fn, ins = const(float(e)), []
+        elif e.is_Add:
+            fn, ins = add, [node(a) for a in e.args]
+        elif e.is_Mul:
+            fn, ins = mul, [node(a) for a in e.args]
+        elif e.is_Pow:
+            fn, ins = (lambda marks, shape, b, x: mark(marks, np.power(b, x))), [node(e.base), node(e.exp)]
+        elif e.func in unary:
+            fn, ins = (lambda marks, shape, x, u=unary[e.func]: mark(marks, u(x))), [node(e.args[0])]
+        elif isinstance(e, (sp.Min, sp.Max)):
+            fn, ins = reduce(np.minimum if isinstance(e, sp.Min) else np.maximum), [node(a) for a in e.args]
+        elif e.func in rel:
+            fn, ins = (lambda marks, shape, x, y, f=rel[e.func]: f(x, y)), [node(e.lhs), node(e.rhs)]
+        elif isinstance(e, sp.And):     # functools.reduce broadcasts operands of different shapes
+            fn, ins = reduce(np.logical_and), [node(a) for a in e.args]
+        elif isinstance(e, sp.Or):
+            fn, ins = reduce(np.logical_or), [node(a) for a in e.args]
+        elif isinstance(e, sp.Not):
+            fn, ins = (lambda marks, shape, x: np.logical_not(x)), [node(e.args[0])]
+        elif isinstance(e, sp.ITE):
+            fn, ins = (lambda marks, shape, c, x, y: np.where(c, x, y)), [node(a) for a in e.args]
+        elif isinstance(e, sp.Piecewise):
+            fn, ins = piecewise, [node(x) for pair in e.args for x in pair]
+        else:
+            raise NotImplementedError(e.func)   # e.g. LambertW: callers fall back to SymPy
+        slot[e] = emit(fn, ins)
+        return slot[e]
+
+    emit(lambda marks, shapes, x: x, [node(expr)])
+    last = {k: i for i, (_, ins) in enumerate(steps) for k in ins}
+    steps = [(fn, ins, [k for k in set(ins) if last[k] == i and k >= len(args)]) for i, (fn, ins) in enumerate(steps)]
+    # a bare Symbol is a Boolean to SymPy too: w = r is a number
+    return steps, isinstance(expr, sp.logic.boolalg.Boolean) and not isinstance(expr, sp.Symbol)
 
 
 @functools.lru_cache(maxsize=1)

@@ -50,7 +50,7 @@ def derive(ctx):
     cases, candidates = [], {}
     entangled = False
     for adv, sign in SIGNS:
-        found = [_candidate(ctx, sp.Integer(1), probe=False)]
+        found = [_candidate(ctx, sp.Integer(1), probe=None)]
         for direction in DIRECTIONS:
             s, tmax, pieces = case_weight(ctx, sign, direction)
             entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
@@ -67,15 +67,16 @@ def derive(ctx):
                 elif isinstance(zero[0], sp.Expr) and zero[0].is_real is not False and zero[0] != 0:
                     # (a Symbol is a Boolean to SymPy too; r = 1 itself is the seam's candidate)
                     found.append(_candidate(ctx, ctx.tidy(1 + s * zero[0]).subs(a_back)))
-            found += [_candidate(ctx, (1 + s * e).subs(a_back), probe=False) for e in edges(ctx, pieces)]
+            found += [_candidate(ctx, (1 + s * e).subs(a_back), probe="edge") for e in edges(ctx, pieces)]
         candidates[adv] = [c for c in found if c is not None]
     return cases, candidates, entangled
 
 
-def _candidate(ctx, r_star, probe=True):
-    """A place the symbolic path says w may change sign, as (r*, π*(), g, explicit): g(r, μ, A)
-    is 0 there, and explicit(μ, A) gives r* for a closed-form zero of w, which the arbiter
-    also probes outside the domain (an edge or r = 1 is only a place w might jump)."""
+def _candidate(ctx, r_star, probe="zero"):
+    """A place the symbolic path says w may change sign, as (r*, π*(), g, explicit, edge):
+    g(r, μ, A) is 0 there, and explicit(μ, A) gives r* for a closed-form zero of w, which the
+    arbiter also probes outside the domain, or for a piece's edge (edge True), only a place w
+    might jump, probed where the grid does not reach (r < 1e-15); r = 1 (probe None) is not."""
     sp = ctx.sp
     if isinstance(r_star, sp.logic.boolalg.BooleanAtom):    # an implicit edge that is constant: no place
         return None
@@ -85,11 +86,11 @@ def _candidate(ctx, r_star, probe=True):
             g = numpy_fn([ctx.r, ctx.mu, ctx.A], h)
         except Exception:       # noqa: BLE001 - an implicit edge numpy cannot build: left to the arbiter
             return None
-        return r_star, (lambda: sp.Eq(h.subs(ctx.r, ctx.pi / ctx.mu), 0)), g, None
+        return r_star, (lambda: sp.Eq(h.subs(ctx.r, ctx.pi / ctx.mu), 0)), g, None, False
     explicit = numpy_fn([ctx.mu, ctx.A], r_star)
     # π* is built only for a candidate the arbiter keeps: tidying each one costs SymPy time
     return r_star, (lambda: ctx.tidy(ctx.mu * r_star)), (lambda r, mu, A: r - explicit(mu, A)), \
-        explicit if probe else None
+        explicit if probe else None, probe == "edge"
 
 
 # ------------------------------------------------------------------ cases
