@@ -89,6 +89,13 @@ for text in OBJECTIVES:
             loss.backward()
             print(json.dumps(dict(key=[text, path, variant], issued=issued, loss=loss.item(), grad=lp.grad.tolist(),
                                   collectives=group._get_sequence_number_for_group() - before)), flush=True)
+    for path in ("eager", "sync-free", "plain"):     # each rank's own token count as its normalizer
+        new, old, A, mask = halves("clean")[rank]
+        loss_fn = CompiledLoss(load(text), fused=PATHS[path]["fused"])
+        loss_fn.sync_free = PATHS[path].get("sync_free", False)
+        loss, metrics = loss_fn(new.clone().requires_grad_(), old, A, mask, aggregation=Aggregation(process_group=group))
+        loss.backward()
+        print(json.dumps(dict(key=[text, path, "local"], w_mean=metrics.floats()["drpo_w_mean"])), flush=True)
 dist.barrier()
 dist.destroy_process_group()      # a clean exit on every rank, whatever the load (no teardown race)
 # and no interpreter teardown: gloo's C++ threads can abort it ("terminate called without an active
@@ -178,3 +185,15 @@ def test_the_two_ranks_gradient_is_the_hand_written_gradient_of_the_whole_batch(
     assert torch.allclose(got, whole, rtol=1e-10, atol=1e-15)
     assert math.isclose(sum(call["loss"] for call in both), loss.item(), rel_tol=1e-12)
     assert (whole != 0).sum() > 0      # not vacuous
+
+
+@pytest.mark.parametrize("text", OBJECTIVES)
+def test_w_mean_is_the_same_on_every_path_with_each_ranks_own_normalizer(ranks, text):
+    """Without a global normalizer each rank folds its own 1/N into its tokens' weights, and the
+    batch reductions' adjoint sums those over the ranks: w_mean is the objective's own all the same
+    (the fused paths once divided by the folded weight: 0.1376 where the plain path gives 0.0778)."""
+    for rank in (0, 1):
+        got = {path: calls(ranks, text, path, "local")[rank]["w_mean"] for path in ("eager", "sync-free", "plain")}
+        assert got["eager"] == pytest.approx(got["plain"], rel=1e-12) and \
+            got["sync-free"] == pytest.approx(got["plain"], rel=1e-12), (rank, got)
+        assert got["plain"] != 0

@@ -3,6 +3,7 @@ x holds there (NaN, ±inf, a reduction over a group of one or an empty group), a
 and clip drop gives no gradient either, on the plain, the fused and the sync-free path, held to an independent float64 reference that never evaluates x
 where the condition fails (it gathers the kept tokens first: no select, no generated code)."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -186,3 +187,16 @@ def test_a_chain_of_mins_over_its_own_bindings_compiles_and_its_paths_agree():
     for loss, grad in out[1:]:
         torch.testing.assert_close(loss, out[0][0], rtol=1e-12, atol=0)
         torch.testing.assert_close(grad, out[0][1], rtol=1e-12, atol=0)
+
+
+def test_a_filter_over_a_chain_past_the_guard_budget_is_said_not_silent():
+    """Past guard_selects' budget a branch is guarded by its nearest condition only, which no longer
+    keeps [A > 0]'s dropped log(A) = NaN out of the plain path's gradient: the construction says so,
+    and within the budget (6 deep) it stays silent and exact."""
+    deep = lambda n: "\n".join(["b0 = r*log(A)"] + [f"b{i + 1} = min(b{i}, 2*b{i} - 1)" for i in range(n)]  # noqa: E731
+                               + [f"[A > 0]*b{n}"])
+    with pytest.warns(UserWarning, match="too deeply for every branch to be guarded"):
+        CompiledLoss(lang.parse(deep(7), "deep.dsl"), fused=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CompiledLoss(lang.parse(deep(6), "deep.dsl"), fused=False)

@@ -210,8 +210,9 @@ def _weights_and_norm(across_ranks: bool, agg: Aggregation, logp, mask, mode, ex
     across_ranks (the fused loss of a batch reduction over a process group): its reverse mode
     all-reduces the reduction's adjoint before the kernel's scale −1/N, so each rank's own 1/N
     goes into its tokens' weights first (what autograd's all_reduce does on the plain path), and
-    the kernel's normalizer is 1; without a host's weights, ext says so (`rank_fold`: uniform on a
-    rank, so w needs no second pass, kernels._host_weighted)."""
+    the kernel's normalizer is 1; without a host's weights and with a global normalizer, ext says
+    so (`rank_fold`: the same 1/N on every rank, so w needs no second pass, kernels._host_weighted;
+    each rank's own 1/N is not uniform once the reduction's adjoint is summed over the ranks)."""
     norm = _normalizer(agg.norm, logp)
     if not across_ranks:
         return agg.weights, norm, ext
@@ -219,7 +220,7 @@ def _weights_and_norm(across_ranks: bool, agg: Aggregation, logp, mask, mode, ex
     denominator = norm if norm is not None else aggregation_coef((mask != 0).to(dtype), mode)[1].clamp(min=1)
     ones = torch.ones_like(logp, dtype=dtype)
     return ((1.0 if agg.weights is None else agg.weights) / denominator * ones, _normalizer(1.0, logp),
-            {**ext, "rank_fold": True} if agg.weights is None else ext)
+            {**ext, "rank_fold": True} if agg.weights is None and norm is not None else ext)
 
 
 def _normalizer(norm, logp):

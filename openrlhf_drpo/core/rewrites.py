@@ -4,6 +4,8 @@ with its argument's level, and the objective's filters (the [...] factors that d
 responses for the whole update)."""
 from __future__ import annotations
 
+import warnings
+
 from openrlhf_drpo.lang.ir import ONE, Node, div, mul, neg, postorder
 from openrlhf_drpo.lang.levels import argument_level, levels
 from openrlhf_drpo.lang.operations import OPS
@@ -60,10 +62,15 @@ def guard_selects(root: Node) -> Node:
     clipped one is chosen). Every value is unchanged (but a −0 may read +0).
     A node under nested branches is guarded by all their conditions, so a node shared by many
     (a chain of min's of its own bindings) has one copy per path: past a budget of copies, each
-    is guarded by its nearest condition alone (one copy per branch above it)."""
+    is guarded by its nearest condition alone (one copy per branch above it), which no longer
+    keeps an outer filter's non-finite branch out of the gradient: said in a warning."""
     try:
         return _guarded(root, 8 * len(postorder(root)) + 256)
     except _OverBudget:
+        warnings.warn("openrlhf_drpo: the objective nests its filters and min/max/clip branches too deeply for "
+                      "every branch to be guarded by all the conditions above it: a NaN or inf in a branch that an "
+                      "outer filter drops can reach the gradient on the plain path and in reverse mode (keep the "
+                      "values a filter drops finite, or nest fewer min/max/clip levels under it)", stacklevel=2)
         return _guarded(root, None)
 
 
