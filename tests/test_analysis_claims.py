@@ -23,6 +23,18 @@ R_BAND = "r*A - [r > 1.1 and r < 1.1001]*|A|*(r - 1)^2*100"
 LOW_BAND = "r*A - [r > 1e-20 and r < 1e-10]*2*r*A"
 # w = sech²(r − 1): the formula names |A| (2^log|A| is |A|^log 2), the weight does not depend on it
 SOFT_CLIP = "A*tanh((r - 1)*2^log(|A|)/|A|^log(2))"
+# w = sech²(|A|(r − 1)) ∈ (0, 1]: at |A| = 1000 a peak 1e-3 wide at r = 1, sharp on the grid, not a pole
+SHARP_PEAK = "A*tanh(|A|*(r - 1))/|A|"
+# w = 1 + 5·e^(−x²)(1 − 2000·r·x), x = 1000(r − 1.5): a bump 1e-3 wide, |w| ≤ 6434.23, no pole
+BUMP = "r*A*(1 + 5*exp(-(1000*(r - 1.5))^2))"
+# w = 3.5e6/(1e6·√14·|A| + 7) at the held group: it grows as |A| → 0 but only to 5e5, at every r and μ
+SMALL_A = "adv = (A - group_mean(A))/(group_std(A) + 1e-6)\nr*adv"
+# OTB: B = 4AW/(8W + 1e-8), W = 2(π² − π + 1 − μ) at the held group, < 0 off policy for μ > 3/4: a
+# pole 1e-9 wide in π where 8W = −1e-8 (μ = 0.9, π = 0.8872983338), between the grid's points
+OTB_POLE = """W = prefix_sum(1 - 2π_old + sum_π_sq)
+B = [group_count(A) >= 2]*group_sum(A*W)/(group_sum(W) + 1e-8)
+adv = A - B
+min(r*adv, clip(r, 0.8, 1.2)*adv)"""
 PI_BAND = ("[π - μ <= 0.2999 or π - μ >= 0.3001]*(r*A) + "
            "[not (π - μ <= 0.2999 or π - μ >= 0.3001)]*(-|A|/(2*0.1)*(r - 1)^2)")
 
@@ -33,6 +45,12 @@ def _numeric_boundaries(res):
 
 def _kinds(res):
     return {k for side in res.boundary.values() for k in side["kind"]} | {b["kind"] for b in _numeric_boundaries(res)}
+
+
+def _sure_bounded(res):
+    line = next(x for x in report(res).splitlines() if x.strip().startswith("bounded "))
+    return res.claims["bounded"]["status"] != "proven" and line.strip().startswith("bounded             yes") \
+        and "unconfirmed" not in line
 
 
 WRONG_CLAIMS = [
@@ -53,6 +71,16 @@ WRONG_CLAIMS = [
         {str(r) for r in side["r"]} != {"1/100000000000000000000", "1/10000000000"} for side in res.boundary.values())),
     (SOFT_CLIP, "advantage-entangled where w does not depend on |A|", lambda res: res.geometry == "advantage-entangled"),
     (SOFT_CLIP, "the weight depends on |A| where it does not", lambda res: any(a.kind == "entangled" for a in res.warnings)),
+    (SHARP_PEAK, "a pole at a finite peak", lambda res: bool(res.arbiter["poles"]) or not res.smooth),
+    (SHARP_PEAK, "unbounded where w ∈ (0, 1]", lambda res: res.bounded is not True or res.weight_range[1] > 1 + 1e-9),
+    (BUMP, "a pole at a finite bump", lambda res: bool(res.arbiter["poles"]) or not res.smooth),
+    (BUMP, "unbounded where |w| ≤ 6434.23", lambda res: res.bounded is not True),
+    (SMALL_A, "unbounded where w ≤ 5e5", lambda res: res.bounded is not True or res.weight_range[1] > 5e5),
+    (SMALL_A, "extreme ratios dominate where w does not read r",
+     lambda res: any(a.kind.startswith("unbounded") for a in res.warnings)),
+    (OTB_POLE, "bounded across a pole", lambda res: res.bounded is not False or not res.arbiter["poles"]),
+    (OTB_POLE, "bounded: yes, unqualified, while the range is unconfirmed", lambda res: _sure_bounded(res)),
+    (R_BAND, "bounded: yes, unqualified, while the range is unconfirmed", lambda res: _sure_bounded(res)),
 ]
 
 
@@ -75,6 +103,29 @@ def test_the_weights_the_table_rests_on_are_what_its_comments_say_by_the_arbiter
     r = np.geomspace(1e-3, 1e3, 61)
     for mag in (1e-3, 0.37, 1e3):
         assert soft(r, 1e-3, mag) == pytest.approx(1 / np.cosh(r - 1) ** 2, rel=1e-12)
+
+
+def test_the_peaks_and_poles_the_new_rows_rest_on_are_what_their_comments_say_by_the_arbiters_own_rules():
+    def w(text, r, mu, mag=1.0):
+        return analyze(lang.parse(text)).w_numeric(np.asarray(r, dtype=float), mu, mag)
+    r = np.linspace(0.99, 1.01, 2001)
+    assert w(SHARP_PEAK, r, 0.5, 1e3) == pytest.approx(1 / np.cosh(1e3 * (r - 1)) ** 2, rel=1e-9, abs=1e-300)
+    bump = w(BUMP, np.linspace(1.49, 1.51, 200001), 0.5)
+    assert 6434 < bump.max() < 6434.3 and -6432.3 < bump.min() < -6432
+    held = analyze(lang.parse(SMALL_A)).w_numeric
+    for mag in (1e-12, 1e-3, 1e3):
+        assert held(np.array([1e-6, 1.0, 1e6]), 1e-6, mag) == pytest.approx(3.5e6 / (1e6 * 14 ** 0.5 * mag + 7))
+    pole = (1 + np.sqrt(1 - 4 * (0.1 + 6.25e-10))) / 2 / 0.9       # π² − π + 0.1 + 1e-8/16 = 0
+    for h, size in ((1e-10, 4), (1e-12, 4e2)):      # |w| 100 times larger 100 times closer, either sign
+        near = w(OTB_POLE, [pole * (1 - h), pole * (1 + h)], 0.9)
+        assert np.all(np.abs(near) > size) and near[0] < 0 < near[1]
+
+
+def test_the_admissibility_says_bounded_as_surely_as_the_range_and_the_advantage_when_it_is_the_cause():
+    out = report(analyze(lang.parse(R_BAND)))
+    assert "bounded             yes: w ∈ [" in out and "(unconfirmed, as the range above)" in out
+    grows = analyze(lang.parse("r*A + r"))      # w = 1 + 1/A: unbounded as |A| → 0 at every r
+    assert [a.kind for a in grows.warnings if a.kind.startswith("unbounded")] == ["unbounded in |A|"]
 
 
 def test_a_weight_identically_zero_says_its_rounding_in_a_note_not_as_events():

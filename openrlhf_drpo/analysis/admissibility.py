@@ -19,8 +19,9 @@ def admissibility(ctx, arb, res, tail_facts) -> dict:
     """Each property with how it is known: 'derived' (SymPy, confirmed by the IR's float
     rules) or 'numeric' (the IR's float rules alone, on the samples stated); the tails are
     tails(arb), found before the range, which closes over their limits (limits)."""
+    # bounded is the range's claim (claims.bounded): "yes" only as sure as the range it rests on
     return {"w_at_1": _w_at_1(ctx, res), "bounded": {"value": res["bounded"], "range": res["weight_range"],
-                                                       "status": "the range's (weight_range; arbiter.range)"},
+                                                       "status": res["claims"]["bounded"]["status"]},
             "tails": tail_facts, "symmetric_log_r": _symmetric(ctx, arb, res)}
 
 

@@ -55,6 +55,9 @@ TEXT = {
     "unbounded": lambda lo, hi:
         f"w is unbounded (range [{fmt(lo)}, {fmt(hi)}]): tokens with extreme ratios (rare tokens, small μ) can "
         "dominate the gradient",
+    "unbounded in |A|": lambda lo, hi:
+        f"w is unbounded (range [{fmt(lo)}, {fmt(hi)}]) as |A| → 0 or ∞, not by the ratio: tokens with extreme "
+        "advantages (small or large |A|) can dominate the gradient",
     "entangled": lambda: "the weight depends on |A|: the trust region moves with the advantage's magnitude",
     "numeric range": lambda: "the range is numeric (sampled over the domain), not an exact bound",
     "weight disagrees": _disagrees,

@@ -11,7 +11,8 @@ from openrlhf_drpo.analysis.events import describe
 # Every kind an Alert can be (analysis.alert_text words each one; a kind it lacks fails its test).
 KINDS = (
     "no gradient", "zero on part", "zero on policy", "touches only", "no boundary", "unreachable",
-    "partly unreachable", "numeric boundary", "range unknown", "unbounded", "entangled", "numeric range",
+    "partly unreachable", "numeric boundary", "range unknown", "unbounded", "unbounded in |A|", "entangled",
+    "numeric range",
     "weight disagrees", "range disagrees", "self-check failed", "self-check unconfirmed",
     "undefined", "pole", "touches", "undefined share", "on policy undefined", "on policy zero",
     "on policy negative",
@@ -54,8 +55,9 @@ def _absence(res, adv) -> Alert | None:
     return None
 
 
-def result_alerts(res, exact_range) -> list[Alert]:
-    """What the result's own fields warn of, per sign of A and then for w as a whole."""
+def result_alerts(res, exact_range, by_magnitude=False) -> list[Alert]:
+    """What the result's own fields warn of, per sign of A and then for w as a whole; by_magnitude:
+    w is unbounded only as |A| → 0 or ∞ (analysis.extremes.w_range)."""
     out = []
     lo, hi = res["weight_range"]
     for adv in ("positive", "negative"):
@@ -75,7 +77,7 @@ def result_alerts(res, exact_range) -> list[Alert]:
     if res["bounded"] is None:
         out.append(Alert("range unknown"))
     elif not res["bounded"]:
-        out.append(Alert("unbounded", {"lo": lo, "hi": hi}))
+        out.append(Alert("unbounded in |A|" if by_magnitude else "unbounded", {"lo": lo, "hi": hi}))
     if res["geometry"] == "advantage-entangled":
         out.append(Alert("entangled"))
     if not all(exact_range) and None not in (lo, hi):

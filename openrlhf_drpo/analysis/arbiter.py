@@ -11,7 +11,7 @@ import functools
 import math
 import warnings
 
-from openrlhf_drpo.lang.ir import Node, postorder
+from openrlhf_drpo.lang.ir import ZERO, Node, postorder
 from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.walks import numpy_plan
 
@@ -46,16 +46,17 @@ def params_key(params):
 
 def _compared(*roots):
     """(a − b, the variables it reads) for every pair the objective compares: each comparison,
-    each pair of a min or max, a clip's argument against either bound."""
-    reads, out, seen = {}, [], set()
+    each pair of a min or max, a clip's argument against either bound; and apart, each divisor
+    against 0 (where a pole may lie: analysis.events probes it, the grid does not take it in)."""
+    reads, out, divisors, seen = {ZERO: frozenset()}, [], [], set()
     for m in postorder(Node("tuple", roots)):
         reads[m] = frozenset([m.value]) if m.op == "var" else frozenset().union(*(reads[a] for a in m.args))
         pairs = OPS[m.op].compares(*m.args) if m.op in OPS and OPS[m.op].compares else []
         for a, b in pairs:
             if reads[a] | reads[b] and (a, b) not in seen:
                 seen.add((a, b))
-                out.append((Node("sub", (a, b)), reads[a] | reads[b]))
-    return out
+                (out if OPS[m.op].branching else divisors).append((Node("sub", (a, b)), reads[a] | reads[b]))
+    return out, divisors
 
 
 def state(v):
@@ -84,6 +85,7 @@ def _crossings(run, k, xs, env):
     return i, row, (lo + hi) / 2
 
 
+POLE_STEPS = (1e-9, 1e-11, 1e-13)   # relative distances from a divisor's zero, each 100 times closer
 SIDE = 1e-6     # a threshold's two sides, relative to it: clear of a derived formula's rounding
 
 
@@ -101,11 +103,13 @@ def _sides(x, ratio=False):
 def thresholds(expr, dl, params) -> dict:
     """The objective's thresholds, each as the two doubles either side of it: "A" (|A|), "mu",
     "r", "pi" found once along that variable, with a point inside each band of |A| and μ; and
-    "rows", the quantities that read r or π with μ or A (searched per row by the Arbiter)."""
+    "rows", the quantities that read r or π with μ or A (searched per row by the Arbiter); and
+    "divisors", those divisors that read r or π (analysis.events' poles)."""
     import numpy as np
     params = dict(params)
     groups = {}
-    for q, reads in _compared(expr, dl):
+    branches, divisors = _compared(expr, dl)
+    for q, reads in branches:
         name = (next(iter(reads)) if len(reads) == 1 else "muA" if reads == {"mu", "A"} else "rows")
         groups.setdefault(name, []).append(q)
     n = THRESHOLD_SAMPLES
@@ -135,7 +139,8 @@ def thresholds(expr, dl, params) -> dict:
             found["mu"] += [x for s in SIDE_SIGNS for x in search(groups["muA"], "mu", {"A": s * mag})]
         found["mu"] = _bands(found["mu"])
     return {**{v: np.array(sorted(set(x)), dtype=float) for v, x in found.items()},
-            "rows": tuple(groups.get("rows", ())[:ROW_QUANTITIES])}
+            "rows": tuple(groups.get("rows", ())[:ROW_QUANTITIES]),
+            "divisors": tuple(q for q, reads in divisors if reads & {"r", "pi"})[:ROW_QUANTITIES]}
 
 
 def _bands(xs):
@@ -226,6 +231,31 @@ class Arbiter:
         keep = rank < ROW_THRESHOLDS
         for k, side in enumerate(_sides(x[keep], ratio=True)):
             out[row[keep], 2 * rank[keep] + k] = side
+        return out
+
+    def divisor_poles(self):
+        """Poles where a divisor that reads r or π is 0 along a row: |w| beside its zero grows at
+        least 5-fold each time the distance shrinks 100-fold (1/x 100-fold, 1/√x 10-fold), on either
+        side, w defined on both; a zero the numerator shares (sin(x)/x) stays finite. OTB's
+        4AW/(8W + 1e-8) with W < 0 has a pole 1e-9 wide in π, between the grid's points.
+        [(row, r, the sign of w toward it)], one per side that grows."""
+        np = self.np
+        if not self.found["divisors"]:
+            return []
+        mu, A = self.mu[:, 0], (self.sign * self.mag)[:, 0]
+
+        def env(x, row):
+            return {"r": x, "mu": mu[row], "pi": mu[row] * x, "A": A[row], **self.params}
+        _, row, x = _crossings(numpy_plan(*self.found["divisors"]), len(self.found["divisors"]), self.R, env)
+        out = []
+        with np.errstate(all="ignore"):
+            w = np.stack([[self.w(x * (1 + side * h), mu[row], A[row]) for h in POLE_STEPS] for side in (-1.0, 1.0)])
+            # w defined on both sides: a divisor's zero at an edge of the undefined region
+            # (d log(r − 0.5)/dr = 1/(r − 0.5)) is that edge's, which events classifies
+            inside = np.all(np.isfinite(w), axis=(0, 1))
+            for a, v in zip(np.abs(w), w):
+                grows = inside & (a[1] > 5 * a[0]) & (a[2] > 5 * a[1])
+                out += [(int(i), float(r), float(np.sign(s))) for i, r, s in zip(row[grows], x[grows], v[2][grows])]
         return out
 
     def _depends_on_magnitude(self, base, mus, mags) -> bool:

@@ -11,7 +11,7 @@ import math
 
 from openrlhf_drpo.analysis.arbiter import BISECTIONS, state
 from openrlhf_drpo.lang.walks import numpy_plan
-from openrlhf_drpo.analysis.extremes import w_range
+from openrlhf_drpo.analysis.extremes import HUGE, w_range
 
 UNDERFLOW = 1e-200          # |w| this small beside an exact 0: a double's underflow (e^-745), not a mask
 CLUSTER = 1e-4              # relative: changes of state this close may be rounding around one zero
@@ -85,12 +85,17 @@ def _peaks(arb):
     j = j + 2
     lo, hi = arb.R[rows, j - 1], arb.R[rows, j + 1]
     mu, A = arb.mu[rows, 0], (arb.sign * arb.mag)[rows, 0]
-    for _ in range(BISECTIONS):     # ternary search for the largest |w| in [lo, hi]
+    early = None
+    for i in range(BISECTIONS):     # ternary search for the largest |w| in [lo, hi]
         m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
         f1, f2 = (np.nan_to_num(np.abs(arb.w(m, mu, A)), nan=np.inf) for m in (m1, m2))
         lo, hi = np.where(f1 < f2, m1, lo), np.where(f1 < f2, hi, m2)
+        if i == 2 * BISECTIONS // 3:    # the bracket 1e-7 of its width: a finite peak is resolved by now
+            early = np.fmax(f1, f2)
     top = np.nan_to_num(np.abs(arb.w((lo + hi) / 2, mu, A)), nan=np.inf)
-    pole = top > 100 * a[rows, j]
+    # a pole keeps growing as the bracket shrinks 3e3-fold over the last 20 steps (1/(r − c) by
+    # 3e3, 1/√|r − c| by 55); a sharp finite peak (sech² at |A| = 1000, a bump 1e-3 wide) stops
+    pole = (top > 100 * a[rows, j]) & ((top > 10 * early) | (top > HUGE))
     return {"mu": mu[pole], "A": A[pole], "r": ((lo + hi) / 2)[pole]}
 
 
@@ -115,6 +120,10 @@ def facts(arb) -> dict:
     if ev["peak"] is not None:
         for mu, A, r in zip(ev["peak"]["mu"], ev["peak"]["A"], ev["peak"]["r"]):
             out["positive" if A > 0 else "negative"]["poles"].append({"mu": float(mu), "A": float(A), "r": float(r)})
+    for row, r, towards in arb.divisor_poles():
+        adv = "positive" if arb.sign[row, 0] > 0 else "negative"
+        out[adv]["poles"].append({"mu": float(arb.mu[row, 0]), "A": float((arb.sign * arb.mag)[row, 0]), "r": r,
+                                  "towards": towards})
     found = []
     if ev["change"] is not None:
         e = ev["change"]

@@ -116,13 +116,28 @@ def w_range(arb, facts):
     ext.append(arb.w(np.where(r == 1, np.nan, r), mu, A).ravel())
     for a in A[::mus.size, 0]:
         ext.append(arb.w(small_r, np.unique(arb.mu)[:, None], a).ravel())
-    for A in (1e-9, -1e-9, 1e9, -1e9):     # |A| → 0 or ∞, for weights that depend on it
-        first = arb.mag[:, 0] == arb.magnitudes[0]
-        ext.append(arb.w(arb.R[first], arb.mu[first], A).ravel())
     ext = np.concatenate(ext)
     ext = ext[np.isfinite(ext)]
     unbounded_lo = ext.size and ext.min() < lo - 1e-3 * max(1.0, abs(lo))
     unbounded_hi = ext.size and ext.max() > hi + 1e-3 * max(1.0, abs(hi))
+    # |A| → 0 or ∞, for weights that depend on it: a side grows without bound only where w keeps
+    # growing from |A| = 1e-9 on to 1e-12 (1e9 to 1e12); w that settles there (3.5e6/(3.7e6·|A| + 7)
+    # → 5e5) is bounded, and the range takes in its value at 1e-12 (1e12)
+    first = arb.mag[:, 0] == arb.magnitudes[0]
+    R, M = arb.R[first], arb.mu[first]
+    grows, settles = [], []
+    for sign in SIDE_SIGNS:
+        for steps in ((1e-9, 10 ** -10.5, 1e-12), (1e9, 10 ** 10.5, 1e12)):
+            w0, w1, w2 = (arb.w(R, M, sign * a) for a in steps)
+            with np.errstate(all="ignore"):
+                keeps = (np.abs(w2 - w1) > 0.5 * np.abs(w1 - w0)) & (np.sign(w2 - w1) == np.sign(w1 - w0))
+            grows.append(np.where(keeps, w2, np.nan).ravel())
+            settles.append(np.where(keeps, np.nan, w2).ravel())
+    grows, settles = (x[np.isfinite(x)] for x in (np.concatenate(grows), np.concatenate(settles)))
+    by_magnitude = (bool(grows.size and grows.min() < lo - 1e-3 * max(1.0, abs(lo))),
+                    bool(grows.size and grows.max() > hi + 1e-3 * max(1.0, abs(hi))))
+    if settles.size and len(arb.magnitudes) > 1:   # (where w does not read |A|, the grid's values again)
+        lo, hi = min(lo, float(settles.min())), max(hi, float(settles.max()))
     for adv in ("positive", "negative"):
         near = facts[adv]["poles"] + [u for u in facts[adv]["undefined"] if u["w_grows"]]
         for p in near:
@@ -143,6 +158,9 @@ def w_range(arb, facts):
         lo, hi = (0.0 if abs(x) <= tiny else x for x in (lo, hi))
     unbounded_lo |= lo < -HUGE
     unbounded_hi |= hi > HUGE
+    # unbounded by small or large |A| alone, nowhere by r or μ: the warning names the advantage
+    facts["unbounded_by_magnitude"] = any(by_magnitude) and not (unbounded_lo or unbounded_hi)
+    unbounded_lo, unbounded_hi = unbounded_lo or by_magnitude[0], unbounded_hi or by_magnitude[1]
     return [None if unbounded_lo else lo, None if unbounded_hi else hi]
 
 

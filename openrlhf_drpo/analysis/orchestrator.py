@@ -79,7 +79,8 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
         "poles": any(facts[adv]["poles"] for adv, _ in SIGNS),
     }
     result["claims"] = claim_evidence(ctx, arb, result, facts)
-    result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False])
+    result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False],
+                                        facts.get("unbounded_by_magnitude", False))
                           + domain_alerts(facts) + on_policy_alerts(result["on_policy"]) + level_alerts(original))
     _degenerate(result, original, seq_len, rho, point)
     result["admissibility"] = admissibility(ctx, arb, result, tail_facts)

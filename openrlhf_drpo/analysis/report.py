@@ -270,7 +270,8 @@ def _admissibility(adm) -> list[str]:
     w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
     how = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
     lo, hi = adm["bounded"]["range"]
-    bounded = {True: f"yes: w ∈ [{fmt(lo)}, {fmt(hi)}]", None: "unknown"}.get(
+    sure = "" if adm["bounded"]["status"] == "proven" else f" ({adm['bounded']['status']}, as the range above)"
+    bounded = {True: f"yes: w ∈ [{fmt(lo)}, {fmt(hi)}]{sure}", None: "unknown"}.get(
         adm["bounded"]["value"], f"no: w ∈ [{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]")
     # a w(1) that is not 1 never prints as 1 ("no: 1"): 12 digits where 6 would round it there
     near = lambda x: f"{float(x):.12g}" if x is not None and fmt(x) == "1" and float(x) != 1 else fmt(x)  # noqa: E731

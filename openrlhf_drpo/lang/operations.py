@@ -205,12 +205,13 @@ OPS: dict[str, Op] = {
                      gradient=lambda n, d: add(mul(d[0], n.args[1]), mul(n.args[0], d[1])),
                      continuous=True, branching=False, piecewise=False, exact=lambda a, b: a * b, not_real=None,
                      compares=None),
-    # continuous only where the divisor does not vary: 1/(r − 1.3) has a pole in the domain
+    # continuous only where the divisor does not vary: 1/(r − 1.3) has a pole in the domain; the
+    # arbiter probes either side of the divisor's zeros (a pole 1e-9 wide in π falls between its points)
     "div": _operator("/", 6, 2, lambda sp, a, b: a / b, lambda a, b: a / b,
                      gradient=lambda n, d: sub(div(d[0], n.args[1]),
                                                div(mul(n.args[0], d[1]), Node("pow", (n.args[1], num(2))))),
                      continuous=lambda n: _constant(n.args[1]), branching=False, piecewise=False,
-                     exact=lambda a, b: None if b == 0 else a / b, not_real=None, compares=None),
+                     exact=lambda a, b: None if b == 0 else a / b, not_real=None, compares=lambda a, b: [(b, ZERO)]),
     "neg": _operator("-", 7, 1, lambda sp, a: -a, lambda a: -a, gradient=lambda n, d: neg(d[0]),
                      continuous=True, branching=False, piecewise=False, exact=lambda a: -a, not_real=None,
                      compares=None),
