@@ -136,6 +136,7 @@ def test_every_claim_at_a_degenerate_held_point_is_held_point_only(text):
     assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
     text_out = report(res)
     assert "proven" not in text_out and "w(1) = 1            no: " in text_out
+    assert all(w.startswith("held point only: ") or "at this held point only" in w for w in out["warnings"])
     assert all("held point only" in line for line in text_out.splitlines()
                if line.startswith(("    w(1) = 1", "    bounded  ", "    symmetric in log r", "    (tails")))
 
@@ -155,6 +156,7 @@ def test_a_zero_weight_on_equal_responses_that_no_moved_point_shows_is_unconfirm
     out = to_json(res)
     assert set(claim_statuses(out)) == {"unconfirmed"}
     assert "proven" not in report(res) and "(unconfirmed: evidence under" in report(res)
+    assert out["warnings"] and all(w.startswith("unconfirmed: ") for w in out["warnings"])
 
 
 def test_the_json_held_lines_carry_the_group_and_the_moved_point(tmp_path, capsys):

@@ -127,6 +127,9 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
             "no gradient", "on policy zero", "on policy undefined", "undefined")]
         result["warnings"].append(Alert("degenerate held point", {"adv": adv, "said": said}))
     status = "held point only" if found else "unconfirmed"
+    # every other warning but the objective's own (a group reduction by position) is the held point's too
+    result["warnings"] = [a if a.kind in ("degenerate held point", "by position") else
+                          Alert(a.kind, {**a.values, "held": status}) for a in result["warnings"]]
     for key in ("bounded", "smooth"):
         if key in result["claims"]:
             result["claims"][key] = {**result["claims"][key], "status": status}
