@@ -171,6 +171,17 @@ def test_the_json_held_lines_carry_the_group_and_the_moved_point(tmp_path, capsy
     assert [h["group"] for h in spread if h["name"] == "G"] == [[1.0, 0.0, 0.0]]
 
 
+@pytest.mark.parametrize("text, point, said, group", [
+    (MASKED, {"group": (1, 1, 1, 1)}, "(--group 1,1,1,1: every response's advantage is A)", [1.0] * 4),
+    ("r*A - 0.1*group_mean(r)", {"group": (1, 0)}, "(G from --group 1,0: no group reduction here reads A)",
+     [1.0, 0.0]),
+    ("r*A - 0.1*group_mean(r)", {"group_size": 3}, "a group of G = 3 equal responses (--group-size)", None),
+])
+def test_the_held_groups_line_says_where_g_came_from(text, point, said, group):
+    (held,) = [h for h in to_json(analyze(lang.parse(text, "g.dsl"), **point))["scope"]["held"] if h["name"] == "G"]
+    assert said in held["text"] and held.get("group") == group
+
+
 def test_a_zero_weight_that_every_held_point_has_stays_proven():
     """A mask no ratio passes: w ≡ 0 at any held group, so that stays a proven property of ℓ."""
     res = analyze(lang.parse("[r > 2]*[r < 1]*r*(seq_mean(A) - group_mean(seq_mean(A)))", "never.dsl"))
