@@ -105,7 +105,7 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
     moved = _moved(original, seq_len, rho, point, result["scope"]["held"])
     found = [adv for adv in signs if moved[adv]]
     equal = equal_group(original, held_group(point.get("group_size"), point.get("group")))
-    unsettled = [adv for adv in signs if not moved[adv]] if equal and not found else []
+    unsettled = [adv for adv in signs if not moved[adv]] if equal else []
     if not found and not unsettled:
         return None
     where = ", ".join([f"the group's advantages A·({', '.join(f'{float(c):g}' for c in moved['point']['group'])})"]
@@ -133,7 +133,8 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
     for key in ("bounded", "smooth"):
         if key in result["claims"]:
             result["claims"][key] = {**result["claims"][key], "status": status}
-    text = (f"the held point is degenerate for {' and '.join({'positive': 'A > 0', 'negative': 'A < 0'}[a] for a in found)}: "
+    sides = " and ".join({"positive": "A > 0", "negative": "A < 0"}[a] for a in found)
+    text = (f"the held point is degenerate for {sides}: "
             f"w is 0 or not finite there because of the held values, not of the objective (with {where}, w ≠ 0); "
             "set another (--group, --set)" if found else
             f"the held group's advantages are equal: w is 0 or not finite here and at another held point ({where}) "
@@ -156,7 +157,8 @@ def _moved(original, seq_len, rho, point, held) -> dict:
     for adv, sign in SIGNS:
         ok = arb.valid & (arb.W != 0) & (arb.sign == sign)
         # the one nearest r = 1, μ = 1 and |A| = 1 (the domain's corners are what a reader expects least)
-        far = np.where(ok, np.abs(np.log(np.where(ok, arb.R, 1.0))) + np.abs(np.log(arb.mu)) + np.abs(np.log(arb.mag)), np.inf)
+        far = np.abs(np.log(np.where(ok, arb.R, 1.0))) + np.abs(np.log(arb.mu)) + np.abs(np.log(arb.mag))
+        far = np.where(ok, far, np.inf)
         i, j = np.unravel_index(np.argmin(far), far.shape) if ok.any() else (None, None)
         out[adv] = None if i is None else {"r": float(arb.R[i, j]), "mu": float(arb.mu[i, 0]),
                                            "A": float(arb.sign[i, 0] * arb.mag[i, 0]), "w": float(arb.W[i, j])}
