@@ -74,7 +74,8 @@ def _group(text):
     try:
         return held_group(None, [Fraction(part.strip()) for part in text.split(",")])
     except (ValueError, ZeroDivisionError) as e:
-        why = str(e) if "first response" in str(e) else "write decimal numbers separated by commas, e.g. 1,1,0,0"
+        why = (str(e) if "first response" in str(e) or "finite float" in str(e) else
+               "write decimal numbers separated by commas, e.g. 1,1,0,0")
         raise argparse.ArgumentTypeError(f"--group {text!r}: {why}") from None
 
 

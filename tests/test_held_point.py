@@ -84,13 +84,22 @@ def test_the_held_group_is_set_from_the_api_and_the_command_line(tmp_path, capsy
     (["--group", "0,1"], "the first response is the analysed token's"),
     (["--group", "1,x"], "write decimal numbers separated by commas"),
     (["--group", "1,0", "--group-size", "3"], "--group has 2 responses but --group-size is 3"),
+    (["--group", "1,1e400"], "entry 2 is past the largest double"),
+    (["--group", "1,0,-1e309"], "entry 3 is past the largest double"),
+    (["--group", "1,inf"], "write decimal numbers separated by commas"),
 ])
 def test_a_held_group_that_cannot_be_held_is_refused_by_name(argv, said, tmp_path, capsys):
     path = tmp_path / "gn.dsl"
     path.write_text(GN + "\n")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         analyze_main(argv + [str(path)])
-    assert said in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_.value.code != 0 and said in err and "Traceback" not in err and "internal error" not in err
+
+
+def test_a_held_group_past_the_largest_double_is_refused_from_the_api():
+    with pytest.raises(ValueError, match="entry 2 is past the largest double"):
+        analyze(lang.parse(GN, "gn.dsl"), group=(1, 10 ** 400))
 
 
 def test_a_degenerate_held_point_is_said_and_its_zero_weight_never_proven():
@@ -101,6 +110,76 @@ def test_a_degenerate_held_point_is_said_and_its_zero_weight_never_proven():
     assert {res.claims["boundary"][adv]["status"] for adv in ("positive", "negative")} == {"held point only"}
     text = report(res)
     assert "the held point is degenerate for A > 0 and A < 0" in text and "(proven" not in text.split("warnings")[1]
+
+
+# a mask past every r the old sampling of the moved point tried, and a DAPO-style filter of equal groups
+MASKED = "r*(A - group_mean(seq_mean(A)))*[r > 3]"
+DAPO = ("R = seq_mean(A)\ns = group_std(R)\n"
+        "[s > 0]*min(r*(R - group_mean(R))/s, clip(r, 0.8, 1.28)*(R - group_mean(R))/s)")
+
+
+def claim_statuses(out):
+    """Every status a claim carries in the JSON report: the claims' and the admissibility's."""
+    claims = out["claims"]
+    return ([claims["boundary"][adv]["status"] for adv in ("positive", "negative")]
+            + [claims[k]["status"] for k in ("bounded", "smooth")]
+            + [out["admissibility"][k]["status"] for k in ("w_at_1", "bounded", "tails", "symmetric_log_r")])
+
+
+@pytest.mark.parametrize("text", [MASKED, DAPO], ids=["masked", "dapo"])
+def test_every_claim_at_a_degenerate_held_point_is_held_point_only(text):
+    """On equal responses w is 0 (or nowhere finite) by the group; with the group's advantages
+    spread, w = 0.375 for r > 3 (MASKED): every claim, admissibility included, says so."""
+    res = analyze(lang.parse(text, "d.dsl"), group=(1, 1, 1, 1))
+    out = to_json(res)
+    assert set(claim_statuses(out)) == {"held point only"}
+    assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
+    text_out = report(res)
+    assert "proven" not in text_out and "w(1) = 1            no: " in text_out
+    assert all(w.startswith("held point only: ") or "at this held point only" in w for w in out["warnings"])
+    assert all("held point only" in line for line in text_out.splitlines()
+               if line.startswith(("    w(1) = 1", "    bounded  ", "    symmetric in log r", "    (tails")))
+
+
+def test_the_moved_point_is_searched_past_the_objectives_thresholds():
+    """The moved held point's w, found on the arbiter's grid (its thresholds included): 0.375 =
+    1 − mean(1, 0, −0.5, 2) just past r = 3, where the mask opens."""
+    out = to_json(analyze(lang.parse(MASKED, "m.dsl"), group=(1, 1, 1, 1)))
+    said = out["claims"]["boundary"]["positive"]["evidence"]
+    assert "w = 0.375 at r = 3.000003" in said and "(the group's advantages A·(1, 0, -0.5, 2))" in said
+
+
+def test_a_zero_weight_on_equal_responses_that_no_moved_point_shows_is_unconfirmed_never_proven():
+    """A mask on |A| past the arbiter's magnitudes: w is 0 on the grid at the moved point too,
+    and on equal responses that settles nothing: every claim 'unconfirmed', no warning 'proven'."""
+    res = analyze(lang.parse("r*(A - group_mean(seq_mean(A)))*[abs(A) > 1e7]", "big.dsl"), group=(1, 1, 1, 1))
+    out = to_json(res)
+    assert set(claim_statuses(out)) == {"unconfirmed"}
+    assert "proven" not in report(res) and "(unconfirmed: evidence under" in report(res)
+    assert out["warnings"] and all(w.startswith("unconfirmed: ") for w in out["warnings"])
+
+
+def test_the_json_held_lines_carry_the_group_and_the_moved_point(tmp_path, capsys):
+    path = tmp_path / "m.dsl"
+    path.write_text(MASKED + "\n")
+    assert analyze_main(["--group", "1,1,1,1", "--json", str(path)]) == 0
+    held = {h["name"]: h for h in json.loads(capsys.readouterr().out)["scope"]["held"]}
+    assert held["G"]["group"] == [1.0, 1.0, 1.0, 1.0] and "(--group 1,1,1,1:" in held["G"]["text"]
+    assert held["degenerate"]["moved"] == {"group": [1.0, 0.0, -0.5, 2.0], "held": {},
+                                           "found": ["positive", "negative"]}
+    spread = to_json(analyze(lang.parse(GN, "gn.dsl"), group=(1, 0, 0)))["scope"]["held"]
+    assert [h["group"] for h in spread if h["name"] == "G"] == [[1.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("text, point, said, group", [
+    (MASKED, {"group": (1, 1, 1, 1)}, "(--group 1,1,1,1: every response's advantage is A)", [1.0] * 4),
+    ("r*A - 0.1*group_mean(r)", {"group": (1, 0)}, "(G from --group 1,0: no group reduction here reads A)",
+     [1.0, 0.0]),
+    ("r*A - 0.1*group_mean(r)", {"group_size": 3}, "a group of G = 3 equal responses (--group-size)", None),
+])
+def test_the_held_groups_line_says_where_g_came_from(text, point, said, group):
+    (held,) = [h for h in to_json(analyze(lang.parse(text, "g.dsl"), **point))["scope"]["held"] if h["name"] == "G"]
+    assert said in held["text"] and held.get("group") == group
 
 
 def test_a_zero_weight_that_every_held_point_has_stays_proven():
@@ -116,6 +195,9 @@ BY_POSITION = [
     ("r*A/(group_std(A) + 1)", ["group_std(seq_mean(A))"]),
     ("x = 2*A\nr*(A - group_mean(x))", ["group_mean(2 * seq_mean(A))"]),
     ("r*(A - group_mean(seq_mean(A)))", []),
+    ("r*(A - group_mean(prefix_mean(A)))", ["group_mean(seq_mean(A))"]),     # A's running mean is A
+    ("r*A/(group_std(prefix_mean(seq_mean(A))) + 1)", ["group_std(seq_mean(A))"]),
+    ("r*(A - group_mean(prefix_sum(A)))", []),                     # p·A: positional by its prefix
     ("r*A*group_count(A)", []),                                   # a count reads no value
     ("r*(A - group_sum(A*prefix_sum(1))/group_sum(prefix_sum(1)))", []),   # token-level by its prefix too (OTB)
     ("r*group_mean(r*A)", []),

@@ -88,4 +88,8 @@ TEXT = {
 
 
 def alert_text(alert) -> str:
-    return TEXT[alert.kind](**alert.values)
+    """The warning's sentence; at a degenerate held point ('held': the status every claim there
+    carries) led by it, since what it says is the held point's."""
+    values = {k: v for k, v in alert.values.items() if k != "held"}
+    text = TEXT[alert.kind](**values)
+    return f"{alert.values['held']}: {text}" if alert.values.get("held") else text

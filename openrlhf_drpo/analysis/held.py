@@ -16,6 +16,7 @@ from openrlhf_drpo.lang.walks import to_sympy, uniform_view
 
 GROUP_SIZE = 8      # responses per prompt where nothing says otherwise (TRL's num_generations default)
 HELD = {"H": Fraction(1), "rho_ref": Fraction(1)}      # H in nats; ρ_ref = π_ref/μ (π_ref = μ)
+FLOAT_MAX = 1.7976931348623157e308       # the largest finite double: a held advantage is read as one
 STATISTIC_SIZE = 400        # operations of a binding the uniform value is simplified for
 
 
@@ -47,6 +48,10 @@ def held_group(group_size, group) -> tuple:
     except (TypeError, ValueError):
         raise ValueError(f"group {tuple(group)!r}: each response's advantage is a finite number (a multiple of the "
                          "token's A), e.g. group=(1, 1, 0, 0)") from None
+    too_large = [v for v in values if abs(v) > Fraction(FLOAT_MAX)]
+    if too_large:       # exact as a Fraction, but every report and check reads it as a double
+        raise ValueError(f"each response's advantage is a finite float (a multiple of the token's A), and entry "
+                         f"{values.index(too_large[0]) + 1} is past the largest double (±{FLOAT_MAX:.4g})")
     if not values or values[0] != 1:
         shown = ", ".join(f"{float(v):g}" for v in values)
         raise ValueError(f"group ({shown}): the first response is the analysed token's, whose advantage is A itself: "
@@ -66,6 +71,13 @@ def spread(obj, group) -> bool:
     """Whether a reduction that passes a gradient reads the held group's spread advantages: w is
     then ∂ℓ/∂r with every response's r moving together, which is not one token's own gradient."""
     return len(set(group)) > 1 and any(r.gradient for r in _spread_reads(obj))
+
+
+def equal_group(obj, group) -> bool:
+    """Whether a group or batch reduction reads A while the held group's advantages are all equal:
+    each such statistic is then trivial there (group_mean(A) = A, group_std(A) = 0), so a weight
+    that vanishes at this held point says nothing of the objective until another point shows it."""
+    return len(set(group)) == 1 and bool(_spread_reads(obj))
 
 
 def statistics(obj, anchor: str, names: dict, values: dict, group=None) -> dict:
@@ -129,9 +141,10 @@ def _group_text(point, group) -> str:
             "group_count(x) = G; of any other value, as on equal responses (group_mean(x) = x, group_std(x) = 0)")
 
 
-def statements(obj, point: dict, stats: dict, values: dict, group=(1,)) -> list[dict]:
+def statements(obj, point: dict, stats: dict, values: dict, group=(1,), explicit=False) -> list[dict]:
     """What the view holds that obj reads, each {name, value, text} in the order the report
-    lists them (the uniform batch's shape first)."""
+    lists them (the uniform batch's shape first); G's also {group}, the advantages as multiples
+    of A, where they enter the view or --group (`explicit`) set them."""
     overs = {OPS[n.op].over for n in obj.expr.walk() if n.op in OPS and OPS[n.op].reduce}
     reads = obj.names()
     values = {k: float(v) for k, v in values.items()}
@@ -140,7 +153,10 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,)) -> list[
     if spread_overs:
         out.append(("G", point["group_size"], _group_text(point, group)))
     elif "group" in overs:
-        out.append(("G", point["group_size"], f"a group of G = {point['group_size']} equal responses (--group-size): "
+        shown = ",".join(f"{float(c):g}" for c in group)
+        source = ("--group-size" if not explicit else f"--group {shown}: every response's advantage is A"
+                  if len(set(group)) == 1 else f"G from --group {shown}: no group reduction here reads A")
+        out.append(("G", point["group_size"], f"a group of G = {point['group_size']} equal responses ({source}): "
                     "group_sum(x) = G·x, group_mean(x) = x, group_std(x) = 0, group_count(x) = G"))
     if "batch" in spread_overs:
         out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} responses (--batch-size), N/G "
@@ -166,7 +182,11 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,)) -> list[
         out.append((name, values[name], f"{display_name(name)} = {render(node)} held as a parameter at "
                     f"{values[name]:.12g} (its value on the uniform batch{where and ' ' + where}: "
                     f"{float(default):.12g}; --set {name}=X): no gradient passes through it"))
-    return [{"name": n, "value": v, "text": t} for n, v, t in out]
+    said = [{"name": n, "value": v, "text": t} for n, v, t in out]
+    for h in said:
+        if h["name"] == "G" and (spread_overs or explicit):
+            h["group"] = [float(c) for c in group]
+    return said
 
 
 def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = (), spread_gradient: bool = False) -> str:

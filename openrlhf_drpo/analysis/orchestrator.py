@@ -21,8 +21,10 @@ from openrlhf_drpo.lang.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
-from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_weight, names_of_view,
+from openrlhf_drpo.analysis.held import equal_group, held_group
+from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
                                          reference_split)
+from openrlhf_drpo.lang.walks import derivative
 from openrlhf_drpo.lang.names import display_name
 
 
@@ -82,44 +84,95 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False],
                                         facts.get("unbounded_by_magnitude", False))
                           + domain_alerts(facts) + on_policy_alerts(result["on_policy"]) + level_alerts(original))
-    _degenerate(result, original, seq_len, rho, point)
-    result["admissibility"] = admissibility(ctx, arb, result, tail_facts)
+    held_point = _degenerate(result, original, seq_len, rho, point)
+    result["admissibility"] = _qualified(admissibility(ctx, arb, result, tail_facts), held_point)
     result["notes"] = ctx.notes
     result["hang_guard"] = ctx.guard
     result["w"], result["w_numeric"] = claims["w"], arb.w
     return Analysis(**result)
 
 
-def _degenerate(result, original, seq_len, rho, point) -> None:
+def _degenerate(result, original, seq_len, rho, point) -> str | None:
     """Where w ≡ 0 (or is nowhere finite) for a sign of A but not once the held point is moved
-    (analysis.view.moved_weight), that is the held point's property, not the objective's: said in
-    the held lines, its claims 'held point only', and its no-gradient warnings replaced by one
-    that says so (a normalized advantage on equal responses is 0 by the group, not by ℓ)."""
+    (_moved), that is the held point's property, not the objective's: said in the held lines
+    and its no-gradient warnings replaced by one that says so (a normalized advantage on equal
+    responses is 0 by the group, not by ℓ). Where nothing is found there but the held group's
+    advantages are equal (held.equal_group), it is unconfirmed, never proven. Returns the status
+    every claim then carries ('held point only' or 'unconfirmed'), or None."""
     boundary = result["claims"]["boundary"]
     signs = [adv for adv in ("positive", "negative") if boundary[adv]["claim"] == "w ≡ 0" or result["bounded"] is None]
     if not signs or not result["scope"].get("held"):
-        return
-    moved = moved_weight(original, seq_len, rho, point, result["scope"]["held"])
-    signs = [adv for adv in signs if moved[adv]]
-    if not signs:
-        return
+        return None
+    moved = _moved(original, seq_len, rho, point, result["scope"]["held"])
+    found = [adv for adv in signs if moved[adv]]
+    equal = equal_group(original, held_group(point.get("group_size"), point.get("group")))
+    unsettled = [adv for adv in signs if not moved[adv]] if equal else []
+    if not found and not unsettled:
+        return None
     where = ", ".join([f"the group's advantages A·({', '.join(f'{float(c):g}' for c in moved['point']['group'])})"]
                       + [f"{display_name(k)} = {float(v):g}" for k, v in moved["point"]["held"].items()])
-    for adv in signs:
+    for adv in found + unsettled:
         x = moved[adv]
-        said = (f"at another held point ({where}) w = {x['w']:.6g} at r = {x['r']:g}, μ = {x['mu']:g}, "
-                f"A = {x['A']:g}: a property of the held point, not of the objective")
-        boundary[adv] = {**boundary[adv], "status": "held point only", "evidence": f"{boundary[adv]['evidence']}; {said}"}
+        said = (f"at another held point ({where}) w = {x['w']:.6g} at r = {x['r']:.7g}, μ = {x['mu']:.6g}, "
+                f"A = {x['A']:g}: a property of the held point, not of the objective" if x else
+                f"at another held point ({where}) w is 0 or not finite at all the arbiter's {moved['points']:,} grid "
+                "points too, but this group's equal advantages make every group statistic of A trivial: whether "
+                "that is the objective's or the held point's is not settled")
+        boundary[adv] = {**boundary[adv], "status": "held point only" if x else "unconfirmed",
+                         "evidence": f"{boundary[adv]['evidence']}; {said}"}
+        if not x:       # the warnings say 'unconfirmed' with the evidence under the boundary
+            result["warnings"] = [Alert(a.kind, {**a.values, "proven": False}) if a.values.get("adv") == adv
+                                  and "proven" in a.values else a for a in result["warnings"]]
+            continue
         result["warnings"] = [a for a in result["warnings"] if a.values.get("adv") != adv or a.kind not in (
             "no gradient", "on policy zero", "on policy undefined", "undefined")]
         result["warnings"].append(Alert("degenerate held point", {"adv": adv, "said": said}))
-    bounded = result["claims"].get("bounded")
-    if len(signs) == 2 and bounded and bounded["status"] == "proven":
-        result["claims"]["bounded"] = {**bounded, "status": "held point only"}
-    result["scope"]["held"].append({"name": "degenerate", "value": None, "text": (
-        f"the held point is degenerate for {' and '.join({'positive': 'A > 0', 'negative': 'A < 0'}[a] for a in signs)}: "
-        f"w is 0 or not finite there because of the held values, not of the objective (with {where}, w ≠ 0); "
-        "set another (--group, --set)")})
+    status = "held point only" if found else "unconfirmed"
+    # every other warning but the objective's own (a group reduction by position) is the held point's too
+    result["warnings"] = [a if a.kind in ("degenerate held point", "by position") else
+                          Alert(a.kind, {**a.values, "held": status}) for a in result["warnings"]]
+    for key in ("bounded", "smooth"):
+        if key in result["claims"]:
+            result["claims"][key] = {**result["claims"][key], "status": status}
+    sides = " and ".join({"positive": "A > 0", "negative": "A < 0"}[a] for a in found)
+    text = (f"the held point is degenerate for {sides}: "
+            f"w is 0 or not finite there because of the held values, not of the objective (with {where}, w ≠ 0); "
+            "set another (--group, --set)" if found else
+            f"the held group's advantages are equal: w is 0 or not finite here and at another held point ({where}) "
+            "on the arbiter's grid, which settles nothing (every group statistic of A is trivial here): every "
+            "claim below is unconfirmed; set another (--group)")
+    result["scope"]["held"].append({"name": "degenerate", "value": None, "text": text, "moved": {
+        "group": [float(c) for c in moved["point"]["group"]],
+        "held": {k: float(v) for k, v in moved["point"]["held"].items()}, "found": found}})
+    return status
+
+
+def _moved(original, seq_len, rho, point, held) -> dict:
+    """Per sign of A, a point of the arbiter's grid (its thresholds included) where the view at the
+    moved held point (analysis.view.moved_view) has a nonzero finite w, as {'r', 'mu', 'A', 'w'},
+    or None; with 'point' (the moved point) and 'points' (the grid's size)."""
+    import numpy as np
+    view, moved = moved_view(original, seq_len, rho, point, held)
+    arb = Arbiter(view, derivative(view.expr))
+    out = {"point": moved, "points": int(arb.inside.sum())}
+    for adv, sign in SIGNS:
+        ok = arb.valid & (arb.W != 0) & (arb.sign == sign)
+        # the one nearest r = 1, μ = 1 and |A| = 1 (the domain's corners are what a reader expects least)
+        far = np.abs(np.log(np.where(ok, arb.R, 1.0))) + np.abs(np.log(arb.mu)) + np.abs(np.log(arb.mag))
+        far = np.where(ok, far, np.inf)
+        i, j = np.unravel_index(np.argmin(far), far.shape) if ok.any() else (None, None)
+        out[adv] = None if i is None else {"r": float(arb.R[i, j]), "mu": float(arb.mu[i, 0]),
+                                           "A": float(arb.sign[i, 0] * arb.mag[i, 0]), "w": float(arb.W[i, j])}
+    return out
+
+
+def _qualified(adm: dict, status: str | None) -> dict:
+    """At a degenerate held point every admissibility property carries its status, the method it
+    rests on kept as 'basis' (a property found at the held point only is not the objective's)."""
+    if status is None:
+        return adm
+    return {**adm, **{k: {**adm[k], "status": status, "basis": adm[k]["status"]}
+                      for k in ("w_at_1", "bounded", "tails", "symmetric_log_r")}}
 
 
 def _derivation(ctx, arb, facts, corners, tail_facts) -> dict:

@@ -268,7 +268,9 @@ def to_json(res: Analysis) -> dict:
 def _admissibility(adm) -> list[str]:
     """The properties gate papers derive by hand (analysis.admissibility), each with how it is known."""
     w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
-    how = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
+    words = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
+    # at a degenerate held point each property carries that status, its method kept as 'basis'
+    how = lambda x: f"{x['status']}; {words[x['basis']]}" if "basis" in x else words[x["status"]]  # noqa: E731
     lo, hi = adm["bounded"]["range"]
     sure = "" if adm["bounded"]["status"] == "proven" else f" ({adm['bounded']['status']}, as the range above)"
     bounded = {True: f"yes: w ∈ [{fmt(lo)}, {fmt(hi)}]{sure}", None: "unknown"}.get(
@@ -292,13 +294,13 @@ def _admissibility(adm) -> list[str]:
     smp = tails["samples"]
     return [
         "", "  admissibility",
-        f"    w(1) = 1            {at_one} ({how[w1['status']]}: r = 1 at μ ∈ [1e-6, 1], |A| ∈ [1e-3, 1e3])",
-        f"    bounded             {bounded}",
+        f"    w(1) = 1            {at_one} ({how(w1)}: r = 1 at μ ∈ [1e-6, 1], |A| ∈ [1e-3, 1e3])",
+        f"    bounded             {bounded}" + (f" ({adm['bounded']['status']})" if "basis" in adm["bounded"] else ""),
         "    tail r → 0          " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['zero'])}" for a, t in sides),
         "    tail r → 1/μ        " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['infinity'])}" for a, t in sides)
         + " (π = 1, μ → 0)",
-        f"    symmetric in log r  {symmetric} ({how[sym['status']]}: w(e^t) against w(e^−t) inside the domain)",
-        f"    (tails numeric: log|w| against log r, r from {smp['r'][0]:g} to 0.1 at μ ∈ "
+        f"    symmetric in log r  {symmetric} ({how(sym)}: w(e^t) against w(e^−t) inside the domain)",
+        f"    (tails {how(tails)}: log|w| against log r, r from {smp['r'][0]:g} to 0.1 at μ ∈ "
         f"{{{', '.join(f'{m:g}' for m in smp['mu'])}}}, and along π = 1 from r = 10 to {smp['r'][1]:g}; "
         f"|A| ∈ {{{magnitudes(smp['magnitudes'])}}})",
     ]

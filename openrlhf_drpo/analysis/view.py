@@ -27,7 +27,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
     `held`'s values or their defaults. `group`: the group's advantages as multiples of the token's
     A, its response first (analysis.held.held_group; default: binary rewards with a spread, half
     the group scoring A, half 0), which sets G. Existing token-level objectives are unchanged."""
-    group = held_group(group_size, group)
+    explicit, group = group is not None, held_group(group_size, group)
     group_size = len(group)
     batch_size = group_size if batch_size is None else batch_size
     position = seq_len if position is None else position
@@ -54,7 +54,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
     used = {n.value for n in expr.walk() if n.op == "param"}
     params = dict(obj.params) | {k: v for k, v in values.items() if k in used and k not in obj.params}
     scope["rho_name"] = view_names["rho"] if view_names["rho"] in used else None
-    scope["held"] = statements(obj, point, stats, chosen, group)
+    scope["held"] = statements(obj, point, stats, chosen, group, explicit)
     if scope["held"]:
         moved = [k for k, (_, v) in stats.items() if chosen[k] != v or isinstance(v, OnPolicy)]
         weighed = reference_split(expr, obj.expr, view_names["rho_ref"])[0] or expr      # what w is derived from
@@ -226,23 +226,10 @@ def other_point(obj: Objective, seq_len, rho, point: dict, held: list) -> dict:
             "batch_size": None if batch is None else G * max(batch // own, 1)}
 
 
-def moved_weight(obj: Objective, seq_len, rho, point: dict, held: list) -> dict:
-    """Per sign of A, a point where the objective's w is a nonzero finite number once the held
-    point is moved (other_point), as {'r', 'mu', 'A', 'w'}, or None: where the analysis finds
-    w ≡ 0 (or nowhere finite) and the moved point does not, the held point is degenerate, and
-    the finding is a property of it, not of the objective."""
-    import numpy as np
+def moved_view(obj: Objective, seq_len, rho, point: dict, held: list) -> tuple[Objective, dict]:
+    """The analysis view at the held point moved (other_point), and that point: where the analysis
+    finds w ≡ 0 (or nowhere finite) and the moved view does not (the orchestrator searches it on
+    the arbiter's grid, thresholds included), the held point is degenerate, and the finding is a
+    property of it, not of the objective."""
     moved = other_point(obj, seq_len, rho, point, held)
-    view, _ = analysis_view(obj, seq_len, rho, **moved)
-    r = np.array([0.5, 0.9, 1.0, 1.1, 2.0])[:, None]
-    mu = np.array([0.05, 0.3])[None, :]
-    params = {k: float(v) for k, v in view.params.items()}
-    run = numpy_plan(derivative(view.expr))
-    out = {}
-    for adv, a in (("positive", 0.7), ("negative", -0.7)):
-        w = np.broadcast_to(run({**params, "r": r, "mu": mu, "pi": mu * r, "A": a})[0] / a, (5, 2))
-        ok = np.isfinite(w) & (w != 0)
-        i, j = np.argwhere(ok)[0] if ok.any() else (None, None)
-        out[adv] = None if i is None else {"r": float(r[i, 0]), "mu": float(mu[0, j]), "A": a, "w": float(w[i, j])}
-    out["point"] = moved
-    return out
+    return analysis_view(obj, seq_len, rho, **moved)[0], moved

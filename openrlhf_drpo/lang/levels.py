@@ -30,7 +30,8 @@ def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
     reduction and a group reduction of a response-level value are one value per response; a batch
     reduction one for the batch; every other built-in, a prefix and a group reduction of a
     token-level value, one per token. An operation is at its widest argument's level.
-    `per_response`: built-ins taken as one value per response (PER_RESPONSE: what hosts give)."""
+    `per_response`: built-ins taken as one value per response (PER_RESPONSE: what hosts give), and
+    a prefix mean of such a value is it (prefix_mean(A) is A at every position; prefix_sum(A) is p·A)."""
     out: dict[Node, str] = {}
     for n in postorder(root):
         if n.op in ("num", "param"):
@@ -41,6 +42,8 @@ def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
             over, arg = OPS[n.op].over, out[n.args[0]]
             out[n] = {"response": "response", "prefix": "token", "suffix": "token", "batch": "batch",
                       "group": "token" if arg == "token" else "response"}[over]
+            if per_response and over == "prefix" and OPS[n.op].reduce == "mean" and arg != "token":
+                out[n] = arg    # the running mean of a value constant along the response is that value
         else:
             out[n] = max((out[a] for a in n.args), key=LEVELS.index, default="constant")
     return out

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 from openrlhf_drpo.lang.errors import DslError
 from openrlhf_drpo.lang.ir import Node, Pos, num, postorder, tree_size
-from openrlhf_drpo.lang.levels import PER_RESPONSE, by_position_only, locality
+from openrlhf_drpo.lang.levels import PER_RESPONSE, by_position_only, levels, locality
 from openrlhf_drpo.lang.names import canonical_name, display_name
 from openrlhf_drpo.lang.operations import OPS
 from openrlhf_drpo.lang.printing import RENDER_LIMIT, render
@@ -91,9 +91,14 @@ class Objective:
         (lang.levels.by_position_only): what it does there and the form that reduces each
         response once, e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
         out = []
+        by_response = {m for m, lv in levels(self.expr, PER_RESPONSE).items() if lv != "token"}
+        whole = {m for m, lv in levels(self.expr).items() if lv != "token"}
         for n in by_position_only(self.expr):
             held = sorted({m.value for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE})
             swap = {m: Node("seq_mean", (m,)) for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE}
+            # a prefix mean of a per-response value is that value (lang.levels): the fix drops it
+            swap.update({m: m.args[0] if m.args[0] in whole else _swapped(m.args[0], swap) for m in n.walk()
+                         if m.op == "prefix_mean" and m in by_response})
             out.append(f"{render(n)} reduces a token-level value position by position: {', '.join(held)} is one value "
                        f"per response in every host, so past the end of a group's shorter responses a longer one's tokens "
                        f"are compared with fewer others or none (with none, group_mean(A) is its own A and group_std(A) is 0); write "
