@@ -266,10 +266,10 @@ def to_json(res: Analysis) -> dict:
 
 
 def _admissibility(adm) -> list[str]:
-    """The properties gate papers derive by hand (analysis.admissibility), each with how it is known."""
+    """The properties gate papers derive by hand (analysis.admissibility), each with how it is known
+    (at a degenerate held point each carries that status, its method kept as 'basis')."""
     w1, sym, tails = adm["w_at_1"], adm["symmetric_log_r"], adm["tails"]
     words = {"derived": "derived, and confirmed by the IR's float rules", "numeric": "numeric"}
-    # at a degenerate held point each property carries that status, its method kept as 'basis'
     how = lambda x: f"{x['status']}; {words[x['basis']]}" if "basis" in x else words[x["status"]]  # noqa: E731
     lo, hi = adm["bounded"]["range"]
     sure = "" if adm["bounded"]["status"] == "proven" else f" ({adm['bounded']['status']}, as the range above)"
@@ -281,9 +281,8 @@ def _admissibility(adm) -> list[str]:
               "no: " + ", ".join(f"{near(w[0]) if near(w[0]) == near(w[1]) else f'{near(w[0])} to {near(w[1])}'} for "
                                  f"{'A > 0' if adv == 'positive' else 'A < 0'}" for adv, w in w1["w"].items()))
     sides = [(adv, "A > 0" if adv == "positive" else "A < 0") for adv in ("positive", "negative")]
-    if sym["value"]:
-        symmetric = "yes, for both signs of A"
-    else:
+    symmetric = "yes, for both signs of A"
+    if not sym["value"]:
         parts = []
         for adv, text in sides:
             x = sym["by_sign"][adv]["example"]
@@ -295,7 +294,7 @@ def _admissibility(adm) -> list[str]:
     return [
         "", "  admissibility",
         f"    w(1) = 1            {at_one} ({how(w1)}: r = 1 at μ ∈ [1e-6, 1], |A| ∈ [1e-3, 1e3])",
-        f"    bounded             {bounded}" + (f" ({adm['bounded']['status']})" if "basis" in adm["bounded"] else ""),
+        f"    bounded             {bounded}" + (f" ({adm['bounded']['status']})" if "basis" in adm["bounded"] and adm["bounded"]["value"] is not True else ""),
         "    tail r → 0          " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['zero'])}" for a, t in sides),
         "    tail r → 1/μ        " + "; ".join(f"{t}: {_tail(tails['by_sign'][a]['infinity'])}" for a, t in sides)
         + " (π = 1, μ → 0)",
