@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from openrlhf_drpo import lang
+import dsl
 
 
 AGAINST = None     # --against DIR
@@ -131,7 +131,7 @@ def main():
     beside = Path(sys.executable).parent / "drpo-analyze"
     exe = str(beside) if beside.exists() else shutil.which("drpo-analyze")
     exe = exe or sys.exit("drpo-analyze is not installed (bash scripts/setup.sh)")
-    names = lang.shipped_names()
+    names = dsl.shipped_names()
     wall([exe, "surrogate"])    # warm the OS file cache and Lark's grammar cache once
     per = {n: timed([exe, n, "--json"], args.repeat) for n in names}
     library = timed([exe, *names, "--json"], args.repeat)

@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 import loss_speed     # this script's folder is on sys.path
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 from openrlhf_drpo.core import loss as core_loss
@@ -139,7 +139,7 @@ def summarize(errors: dict) -> dict:
 def exactness(device, compiled, deadline):
     batch = edge_batch()
     errors = {"plain fp32": {}, "fused fp32": {}, "fused bf16": {}, "compiled fp32": {}, "compiled bf16": {}}
-    for name in lang.shipped_names():
+    for name in dsl.shipped_names():
         if time.monotonic() > deadline:
             return {"skipped": f"out of time after {len(errors['plain fp32'])} objectives"}
         errors["plain fp32"][name] = compare(name, "fp32", device, CompiledLoss(name, fused=False, compile=False),

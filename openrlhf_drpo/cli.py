@@ -8,16 +8,16 @@ import json
 import os
 import sys
 
-from openrlhf_drpo.lang import DslError, load
+from dsl import DslError, load
 from openrlhf_drpo.analysis.held import GROUP_SIZE
-from openrlhf_drpo.lang.objective import parse_overrides
+from dsl.objective import parse_overrides
 
 
 def _load_all(specs, overrides, held: list | None = None):
     """Each objective takes the overrides naming its parameters; with `held` (drpo-analyze), those
     naming a value its analysis holds (H, rho_ref, a statistic's binding: analysis.view.held_names)
     go to held[i], its own; a name no objective has is an error."""
-    from openrlhf_drpo.lang.objective import param_key
+    from dsl.objective import param_key
     objs = [load(spec) for spec in specs]
     used = set()
     for i, obj in enumerate(objs):

@@ -12,8 +12,8 @@ import scipy.special
 import sympy as sp
 from sympy.printing.numpy import NumPyPrinter
 
-from openrlhf_drpo.lang.ir import postorder
-from openrlhf_drpo.lang.walks import to_sympy
+from dsl.ir import postorder
+from dsl.walks import to_sympy
 
 R, MU, A = sp.Symbol("r", positive=True), sp.Symbol("mu", positive=True), sp.Symbol("A", real=True, nonzero=True)
 HELD = ("sg", "sign")

@@ -4,7 +4,7 @@ and SEQUENCE_OBJECTIVES depend on the policy by construction, so the parser acce
 and a test filters (with assume(), reporting why) only what its own property cannot compare."""
 from hypothesis import strategies as st
 
-from openrlhf_drpo.lang.operations import OPS
+from dsl.operations import OPS
 
 LEAVES = st.sampled_from(["r", "π", "μ", "A", "δ", "2", "0.5"])
 

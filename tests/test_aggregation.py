@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_verl import verl_python
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 from openrlhf_drpo.core.kernels import aggregation_coef
 
@@ -100,7 +100,7 @@ print(json.dumps(out))
 
 def ours(mode, new, old, A, mask, path):
     """(loss, d loss/d ℓ) of r·A at r = 1 (log π = log μ), where ℓ = A and dℓ/d log π = A."""
-    loss, grad, _ = call(build(lang.parse(f"@aggregate = {mode}\nr*A"), path), new, old, A, mask)
+    loss, grad, _ = call(build(dsl.parse(f"@aggregate = {mode}\nr*A"), path), new, old, A, mask)
     return loss.item(), grad / A
 
 

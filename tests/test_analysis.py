@@ -11,7 +11,7 @@ import sympy as sp
 from hypothesis import HealthCheck, event, given, settings
 from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES, draws
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze, self_check
 from openrlhf_drpo.analysis.report import to_json
 
@@ -71,7 +71,7 @@ NUMERIC_W = {   # the piecewise-constant ones, as the paper states them: w ∈ {
                          CLOSED_FORMS, ids=[f"{c[0]}{c[1] or ''}" for c in CLOSED_FORMS])
 def test_analysis_reproduces_the_papers_closed_forms(name, overrides, w_closed, b_pos, b_neg, geometry,
                                                      bounded, smooth, rng):
-    obj = lang.load(name, params=overrides)
+    obj = dsl.load(name, params=overrides)
     res = analyze(obj)
     out = to_json(res)
     params = {k: sp.Rational(str(v)) for k, v in out["params"].items()}
@@ -100,7 +100,7 @@ def test_analysis_reproduces_the_papers_closed_forms(name, overrides, w_closed, 
 
 
 def test_drpo_at_the_papers_delta_warns_that_its_boundary_is_unreachable():
-    out = to_json(analyze(lang.load("drpo")))
+    out = to_json(analyze(dsl.load("drpo")))
     assert out["reachable"] == {"positive": False, "negative": False}
     assert out["weight_range"] == [0.92, 1.08]
     unreachable = [w for w in out["warnings"] if "unreachable" in w]
@@ -109,18 +109,18 @@ def test_drpo_at_the_papers_delta_warns_that_its_boundary_is_unreachable():
     # the A < 0 zero π = μ − 12.5 is at r < 0: no boundary there, and the notes say why
     assert out["boundary"]["negative"]["pi"] == []
     assert any("r = 1 − 25/(2·μ)" in n and "r ≤ 0" in n for n in out["notes"])
-    small = to_json(analyze(lang.load("drpo", params={"δ": "0.2"})))
+    small = to_json(analyze(dsl.load("drpo", params={"δ": "0.2"})))
     assert small["reachable"] == {"positive": True, "negative": True}
     assert not [w for w in small["warnings"] if "unreachable" in w]
 
 
 def test_k3_has_a_positive_boundary_only_below_half():
-    assert to_json(analyze(lang.load("k3", params={"delta": "0.49"})))["boundary"]["positive"]["r"] == ["50"]
-    assert to_json(analyze(lang.load("k3", params={"delta": "0.5"})))["boundary"]["positive"]["r"] == []
+    assert to_json(analyze(dsl.load("k3", params={"delta": "0.49"})))["boundary"]["positive"]["r"] == ["50"]
+    assert to_json(analyze(dsl.load("k3", params={"delta": "0.5"})))["boundary"]["positive"]["r"] == []
 
 
 def test_dual_clip_cuts_negative_advantages_at_c():
-    out = to_json(analyze(lang.load("ppo_dual_clip")))
+    out = to_json(analyze(dsl.load("ppo_dual_clip")))
     assert sorted(out["boundary"]["negative"]["r"]) == ["3", "4/5"]
     assert out["boundary"]["positive"]["r"] == ["6/5"]
 
@@ -128,7 +128,7 @@ def test_dual_clip_cuts_negative_advantages_at_c():
 @functools.lru_cache(maxsize=None)
 def _shipped_json(name) -> str:
     """A shipped objective's JSON, computed once per test process (two tests read it)."""
-    return json.dumps(to_json(analyze(lang.load(name))), sort_keys=True)
+    return json.dumps(to_json(analyze(dsl.load(name))), sort_keys=True)
 
 
 # OTB's ∂ℓ/∂r on the uniform batch, its baseline written out, is past SymPy's budget: its report
@@ -136,7 +136,7 @@ def _shipped_json(name) -> str:
 PROVISIONAL = {"otb": "not derived"}
 
 
-@pytest.mark.parametrize("name", lang.shipped_names())
+@pytest.mark.parametrize("name", dsl.shipped_names())
 def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(name):
     out = json.loads(_shipped_json(name))
     assert set(out) >= {"name", "params", "objective", "weight", "cases", "boundary", "reachable",
@@ -174,7 +174,7 @@ def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(na
 
 
 def test_self_check_fails_on_a_wrong_weight():
-    obj = lang.load("drpo")
+    obj = dsl.load("drpo")
     wrong = lambda rr, mm, aa: np.ones_like(np.asarray(rr, dtype=float))  # the surrogate's w, not DRPO's
     assert not self_check(obj, wrong)["passed"]
     right = analyze(obj).w
@@ -184,7 +184,7 @@ def test_self_check_fails_on_a_wrong_weight():
 def test_a_step_past_its_work_budget_falls_back_and_says_so(monkeypatch):
     import openrlhf_drpo.analysis.budgets as budgets
     monkeypatch.setitem(budgets.BUDGET, "simplify", 0)
-    res = analyze(lang.load("drpo"))
+    res = analyze(dsl.load("drpo"))
     assert any(n.startswith("w at r = 1: ") and "past the work budget of 0" in n for n in res.notes), res.notes
     assert res.admissibility["w_at_1"]["status"] == "numeric"        # the fallback: not derived
     assert res.weight is not None and res.self_check["passed"] and not res.hang_guard["fired"]
@@ -194,7 +194,7 @@ def test_past_the_settling_budget_the_report_is_the_arbiters_and_says_so(monkeyp
     # conditions left as built cost seconds to print and evaluate: the report is the arbiter's
     import openrlhf_drpo.analysis.budgets as budgets
     monkeypatch.setitem(budgets.BUDGET, "settle", 1)
-    res = analyze(lang.load("ppo"))
+    res = analyze(dsl.load("ppo"))
     assert res.weight is None and any("settling one case's conditions took" in n and "numeric arbiter" in n
                                          for n in res.notes), res.notes
     assert not res.hang_guard["fired"]
@@ -203,7 +203,7 @@ def test_past_the_settling_budget_the_report_is_the_arbiters_and_says_so(monkeyp
 def test_past_the_branch_budget_the_report_is_the_arbiters_and_says_so(monkeypatch):
     import openrlhf_drpo.analysis.budgets as budgets
     monkeypatch.setitem(budgets.BUDGET, "branches", 5)
-    out = to_json(analyze(lang.load("ppo")))        # 6 branch points
+    out = to_json(analyze(dsl.load("ppo")))        # 6 branch points
     assert out["weight"] == "None" and out["cases"] == []
     assert any("branch points" in n and "numeric arbiter" in n for n in out["notes"]), out["notes"]
 
@@ -212,7 +212,7 @@ def test_the_hang_guard_is_reported_when_it_fires(monkeypatch):
     import openrlhf_drpo.analysis.budgets as budgets
     from openrlhf_drpo.analysis.report import report
     monkeypatch.setattr(budgets, "HANG_SECONDS", 1e-3)
-    res = analyze(lang.load("gmpo"))
+    res = analyze(dsl.load("gmpo"))
     out = to_json(res)
     assert out["hang_guard"] == {"seconds": 1e-3, "fired": True}
     assert out["weight"] == "None" and out["self_check"]["passed"]
@@ -222,15 +222,15 @@ def test_the_hang_guard_is_reported_when_it_fires(monkeypatch):
 
 def test_the_hang_guard_never_fires_on_the_library():
     for name in ("gmpo", "kpop", "bandpo_chi2", "vespo"):     # the slowest four
-        assert to_json(analyze(lang.load(name)))["hang_guard"] == {"seconds": 20.0, "fired": False}
+        assert to_json(analyze(dsl.load(name)))["hang_guard"] == {"seconds": 20.0, "fired": False}
 
 
 _JSON_OF = """
 import json, sys
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import to_json
-print(json.dumps({n: json.dumps(to_json(analyze(lang.load(n))), sort_keys=True) for n in sys.argv[1:]}))
+print(json.dumps({n: json.dumps(to_json(analyze(dsl.load(n))), sort_keys=True) for n in sys.argv[1:]}))
 """
 
 
@@ -238,7 +238,7 @@ def test_every_shipped_objective_gives_byte_identical_json_under_load_and_in_ano
     """Budgets count work, never seconds: the JSON computed while busy loops hog every core (and
     in another process, whose string hashes differ) is the JSON computed quietly, byte for byte."""
     import os
-    names = lang.shipped_names()
+    names = dsl.shipped_names()
     quiet = {n: _shipped_json(n) for n in names}
     # one busy loop per core: the analysis then gets a fraction of a core, as beside a training run
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
@@ -269,7 +269,7 @@ def test_no_weight_or_boundary_is_printed_as_a_sympy_call(spec, tight, monkeypat
     if tight:
         for key in ("settle", "tidy", "limit"):
             monkeypatch.setitem(budgets.BUDGET, key, 0)
-    res = analyze(lang.load(spec) if "*" not in spec else lang.parse(spec + "\n"))
+    res = analyze(dsl.load(spec) if "*" not in spec else dsl.parse(spec + "\n"))
     text = to_json(res)["text"]
     shown = [report(res), text["weight"] or "", *text["cases"],
              *(e for b in text["boundary"].values() for e in b["r"] + b["pi"])]
@@ -331,7 +331,7 @@ def test_drpo_analyze_never_imports_torch():
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(POLICY_OBJECTIVES)
 def test_any_objective_is_analysed_without_error_and_passes_its_self_check(text):
-    out = to_json(analyze(lang.parse(f"δ = 0.3\n{text}")))      # depends on the policy by construction
+    out = to_json(analyze(dsl.parse(f"δ = 0.3\n{text}")))      # depends on the policy by construction
     json.dumps(out)
     # never a failed self-check; "unconfirmed" only where too few points had a finite value
     assert out["self_check"]["status"] != "failed", (text, out["self_check"])
@@ -343,7 +343,7 @@ def test_the_random_objective_strategies_write_only_objectives_the_parser_accept
     # so the fuzz tests filter nothing for want of the policy (before issue 31: 40% to 60%)
     for strategy in (POLICY_OBJECTIVES, SEQUENCE_OBJECTIVES, RESEARCH_OBJECTIVES):
         for text in draws(strategy, 150):
-            lang.parse(f"δ = 0.3\n{text}")
+            dsl.parse(f"δ = 0.3\n{text}")
 
 
 # Valid objectives that used to end in an internal error (issue 8), each with what the report
@@ -388,8 +388,8 @@ ON_POLICY = [
 @pytest.mark.parametrize("text, status, w", ON_POLICY)
 def test_the_on_policy_weight_is_reported_for_each_sign_of_a(text, status, w):
     from openrlhf_drpo.analysis.extremes import on_policy
-    from openrlhf_drpo.lang.walks import derivative
-    obj = lang.parse(text + "\n")
+    from dsl.walks import derivative
+    obj = dsl.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):
         assert facts[adv]["status"] == status
@@ -401,7 +401,7 @@ def test_json_formulas_read_back_with_sympify_for_names_sympy_treats_specially(n
     path = tmp_path / "special.dsl"
     path.write_text(f"{name} = 0.2\nμ_c = 0.5\nmin(r*A, clip(r, 1 - {name}, 1 + {name})*A) - |A|/(2*{name})*(r-1)^2 "
                     f"+ [μ > μ_c]*A*r\n")
-    res = analyze(lang.load(str(path)))
+    res = analyze(dsl.load(str(path)))
     out = to_json(res)
     names = {n: sp.Symbol(n) for n in out["symbols"]}
     values = {names[k]: v for k, v in out["params"].items()}
@@ -433,7 +433,7 @@ GATES = [
 
 @pytest.mark.parametrize("text, w_closed, tail_order", GATES, ids=["erf", "atan", "softsign"])
 def test_smooth_atom_gates_have_the_hand_derived_weight_range_and_tails(text, w_closed, tail_order):
-    res = analyze(lang.parse(GATE + text))
+    res = analyze(dsl.parse(GATE + text))
     out = to_json(res)
     rr, mm, aa = _random_points()
     expected = np.where(aa > 0, sp.lambdify(r, w_closed(1))(rr), sp.lambdify(r, w_closed(sp.Rational(21, 20)))(rr))
@@ -468,7 +468,7 @@ REPORT_TEXT = [
 @pytest.mark.parametrize("text, shown", REPORT_TEXT)
 def test_the_report_prints_constants_as_numbers_and_exponents_whole(text, shown):
     from openrlhf_drpo.analysis.mathtext import math_text
-    assert math_text(analyze(lang.parse(text + "\n")).weight, weight=True) == shown
+    assert math_text(analyze(dsl.parse(text + "\n")).weight, weight=True) == shown
 
 
 # Conditions as a person writes them (issue 19): in r, thresholds in μ settled over 0 < μ ≤ 1,
@@ -489,7 +489,7 @@ READABLE = [
 @pytest.mark.parametrize("text, case, shown", READABLE)
 def test_conditions_read_as_a_person_writes_them(text, case, shown):
     from openrlhf_drpo.analysis.mathtext import math_text
-    res = analyze(lang.parse(text + "\n"))
+    res = analyze(dsl.parse(text + "\n"))
     assert math_text(res.cases[case]["weight"], weight=True) == shown
     assert res.arbiter["weight"]["status"] == "confirmed" and res.self_check["passed"]
 
@@ -499,12 +499,12 @@ def test_conditions_read_as_a_person_writes_them(text, case, shown):
                                          ("kpop", "(1 if r ≤ 1.2; 0 otherwise) if (A > 0) and (r > 1); ")])
 def test_the_one_line_weight_has_no_redundant_conditions(name, shown):
     from openrlhf_drpo.analysis.mathtext import math_text
-    text = math_text(analyze(lang.load(name)).weight, weight=True)
+    text = math_text(analyze(dsl.load(name)).weight, weight=True)
     assert text.startswith(shown) and "(A > 0) or (r > 1)" not in text, text
 
 
 def test_a_mismatch_objective_linear_in_r_is_analysed_over_rho_not_stopped_by_a_scalar_weight():
     """w = 1/A is one number per sign: the ρ grid's range still reads it (Hypothesis found the crash)."""
-    out = to_json(analyze(lang.parse("pi_rollout + seq_mean(r)", "linear.dsl")))
+    out = to_json(analyze(dsl.parse("pi_rollout + seq_mean(r)", "linear.dsl")))
     assert out["scope"]["mismatch_range"]["w"] == [-1.0, 1.0]
     assert out["scope"]["mismatch_range"]["kept"] == [0.0001, 10000.0]

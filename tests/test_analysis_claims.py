@@ -6,7 +6,7 @@ own float rules (Analysis.w_numeric: an oracle that shares the code under test, 
 import numpy as np
 import pytest
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import report, to_json
 
@@ -86,20 +86,20 @@ WRONG_CLAIMS = [
 
 @pytest.mark.parametrize("text, claim, made", WRONG_CLAIMS, ids=[f"{t[:24]}: {c}" for t, c, _ in WRONG_CLAIMS])
 def test_the_report_makes_no_wrong_claim_about_the_smallest_objective_that_showed_it(text, claim, made):
-    res = analyze(lang.parse(text))
+    res = analyze(dsl.parse(text))
     assert not made(res), f"{claim}:\n{report(res)}"
 
 
 def test_the_weights_the_table_rests_on_are_what_its_comments_say_by_the_arbiters_own_rules():
     def w(text, r, mu):
-        return analyze(lang.parse(text)).w_numeric(np.asarray(r, dtype=float), mu, 1.0)
+        return analyze(dsl.parse(text)).w_numeric(np.asarray(r, dtype=float), mu, 1.0)
     assert np.all(np.abs(w(GROUP_ZERO, [0.5, 1.3, 7.0], 0.1)) <= 4.5e-16)
     steep = w(STEEP, [1.2 - 1e-9, 1.2 + 1e-9], 0.5)
     assert steep[0] > 0 > steep[1] and np.all(np.abs(steep) < 2e-6)
     assert w(EDGE_BOUND, [1 / 0.95 * (1 - 1e-9)], 0.95)[0] == 1.0     # w = 1 up to π = 1
     assert w(PI_BAND, [1 + 0.3 / 1e-9], 1e-9)[0] == pytest.approx(10 - 10 * (1 + 0.3 / 1e-9), rel=1e-9)
     assert w(LOW_BAND, [1e-21, 1e-15, 1e-9], 1.0).tolist() == [1.0, -1.0, 1.0]
-    soft = analyze(lang.parse(SOFT_CLIP)).w_numeric
+    soft = analyze(dsl.parse(SOFT_CLIP)).w_numeric
     r = np.geomspace(1e-3, 1e3, 61)
     for mag in (1e-3, 0.37, 1e3):
         assert soft(r, 1e-3, mag) == pytest.approx(1 / np.cosh(r - 1) ** 2, rel=1e-12)
@@ -107,12 +107,12 @@ def test_the_weights_the_table_rests_on_are_what_its_comments_say_by_the_arbiter
 
 def test_the_peaks_and_poles_the_new_rows_rest_on_are_what_their_comments_say_by_the_arbiters_own_rules():
     def w(text, r, mu, mag=1.0):
-        return analyze(lang.parse(text)).w_numeric(np.asarray(r, dtype=float), mu, mag)
+        return analyze(dsl.parse(text)).w_numeric(np.asarray(r, dtype=float), mu, mag)
     r = np.linspace(0.99, 1.01, 2001)
     assert w(SHARP_PEAK, r, 0.5, 1e3) == pytest.approx(1 / np.cosh(1e3 * (r - 1)) ** 2, rel=1e-9, abs=1e-300)
     bump = w(BUMP, np.linspace(1.49, 1.51, 200001), 0.5)
     assert 6434 < bump.max() < 6434.3 and -6432.3 < bump.min() < -6432
-    held = analyze(lang.parse(SMALL_A)).w_numeric
+    held = analyze(dsl.parse(SMALL_A)).w_numeric
     for mag in (1e-12, 1e-3, 1e3):
         assert held(np.array([1e-6, 1.0, 1e6]), 1e-6, mag) == pytest.approx(3.5e6 / (1e6 * 14 ** 0.5 * mag + 7))
     pole = (1 + np.sqrt(1 - 4 * (0.1 + 6.25e-10))) / 2 / 0.9       # π² − π + 0.1 + 1e-8/16 = 0
@@ -122,20 +122,20 @@ def test_the_peaks_and_poles_the_new_rows_rest_on_are_what_their_comments_say_by
 
 
 def test_the_admissibility_says_bounded_as_surely_as_the_range_and_the_advantage_when_it_is_the_cause():
-    out = report(analyze(lang.parse(R_BAND)))
+    out = report(analyze(dsl.parse(R_BAND)))
     assert "bounded             yes: w ∈ [" in out and "(unconfirmed, as the range above)" in out
-    grows = analyze(lang.parse("r*A + r"))      # w = 1 + 1/A: unbounded as |A| → 0 at every r
+    grows = analyze(dsl.parse("r*A + r"))      # w = 1 + 1/A: unbounded as |A| → 0 at every r
     assert [a.kind for a in grows.warnings if a.kind.startswith("unbounded")] == ["unbounded in |A|"]
 
 
 def test_a_weight_identically_zero_says_its_rounding_in_a_note_not_as_events():
-    out = to_json(analyze(lang.parse(GROUP_ZERO)))
+    out = to_json(analyze(dsl.parse(GROUP_ZERO)))
     assert any("w = 0 (derived)" in n and "rounding" in n for n in out["notes"])
     assert all(t["kind"] == "is 0" for side in out["admissibility"]["tails"]["by_sign"].values() for t in side.values())
 
 
 def test_a_boundary_on_the_domains_edge_is_proven_unreachable_and_the_one_inside_is_reachable():
-    res = analyze(lang.parse(EDGE_BOUND))
+    res = analyze(dsl.parse(EDGE_BOUND))
     pos = res.boundary["positive"]
     by_pi = {str(p): ok for p, ok in zip(pos["pi"], pos["reachable"])}
     assert by_pi == {"221*mu/200": True, "1": False}

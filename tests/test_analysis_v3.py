@@ -4,7 +4,7 @@ and the statistics a file names held at stated points; the entropy's own gradien
 every claim with its evidence.
 
 The per-token gradient on a uniform batch is checked against autograd through the operation rows'
-torch text and lang.lowerings' reduction helpers (the code core.codegen's plain path runs, with the
+torch text and dsl.lowerings' reduction helpers (the code core.codegen's plain path runs, with the
 uniform batch's groups by index); the channels of H and π_ref against autograd through
 CompiledLoss's plain path itself."""
 import functools
@@ -16,16 +16,16 @@ import pytest
 import sympy as sp
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.sampling import numpy_fn
 from openrlhf_drpo.core import CompiledLoss
 from openrlhf_drpo.analysis.report import report, to_json
-from openrlhf_drpo.lang.ir import postorder
-from openrlhf_drpo.lang.levels import argument_level, levels
-from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS
-from openrlhf_drpo.lang.operations import OPS
-from openrlhf_drpo.lang.walks import constant_nodes, evaluate
+from dsl.ir import postorder
+from dsl.levels import argument_level, levels
+from dsl.lowerings import TORCH_REDUCTIONS
+from dsl.operations import OPS
+from dsl.walks import constant_nodes, evaluate
 
 K3 = "β = 0.04\nmin(r*A, clip(r, 0.8, 1.2)*A) - β*(π_ref/π - log(π_ref/π) - 1)"
 ENTROPY_BONUS = "c = 0.01\nmin(r*A, clip(r, 0.8, 1.2)*A) + c*H"
@@ -116,7 +116,7 @@ UNIFORM = [
 @functools.lru_cache(maxsize=None)
 def _weight(text, length, G, N, p, held):
     """w, and the reference terms' ∂ℓ_ref/∂log π where they are a channel of their own (else None)."""
-    res = analyze(lang.parse(text, "v3.dsl"), seq_len=length, group_size=G, batch_size=N, position=p,
+    res = analyze(dsl.parse(text, "v3.dsl"), seq_len=length, group_size=G, batch_size=N, position=p,
                   held=dict(held), group=(1,) * G)
     ref = res.reference
     return res.w, (_valued_formula(res, ref["grad"]) if ref and ref["own"] else None)
@@ -137,7 +137,7 @@ def test_on_a_uniform_batch_each_tokens_gradient_is_the_derived_weight(text, hel
     over n tokens; the reference terms' part where they are a channel of their own),
     w from the analysis at the batch's own G, N, |y| and p: log r = 0.2 (inside a 0.8–1.2 clip),
     0.35 (beyond 1.2 and beyond 1 ± 0.2·H) and −0.2, with A of either sign."""
-    obj = lang.parse(text, "v3.dsl")
+    obj = dsl.parse(text, "v3.dsl")
     G, groups, length = 3, 2, 3
     t, m = uniform_batch(G, groups, length, logp=logp, A=A, H=float(held.get("H", 1)),
                          rho_ref=float(held.get("rho_ref", 1)))
@@ -184,7 +184,7 @@ def test_the_entropy_channel_is_autograds_gradient_in_h_through_the_compiled_los
     """w_H(r, μ, A, H) at each unmasked token is −n·∂loss/∂H of CompiledLoss's plain path (the
     loss is minus the token mean of ℓ over n tokens) at random r, A and H: H stays a symbol in
     w_H, so one formula holds at every H."""
-    obj = lang.parse(text, "h.dsl")
+    obj = dsl.parse(text, "h.dsl")
     channel = analyze(obj).entropy
     assert channel["check"]["status"] == "confirmed" and channel["check"]["points"] == 64
     t = random_tokens()
@@ -213,13 +213,13 @@ def test_the_reference_terms_gradient_reads_in_pi_ref_over_pi_and_is_autograds(t
     """The report names the terms that read π_ref and their ∂ℓ_ref/∂log π in q = π_ref/π (k3's
     β·(q − 1)); that formula is −n·∂loss/∂log π of CompiledLoss's plain path on those terms alone,
     at random π, μ, π_ref and A."""
-    res = analyze(lang.parse(f"β = 0.04\n{text}", "ref.dsl"))
+    res = analyze(dsl.parse(f"β = 0.04\n{text}", "ref.dsl"))
     out = to_json(res)["reference"]
     assert (out["terms"], out["grad_log_pi"], out["check"]["status"]) == (terms, grad, "confirmed")
     assert f"    ∂ℓ_ref/∂log π = {to_json(res)['text']['reference']}" in report(res)
     t = random_tokens(1)
     logp = t["logp"].clone().requires_grad_()
-    loss, _ = CompiledLoss(lang.parse(f"β = 0.04\n{terms}", "terms.dsl"), fused=False)(
+    loss, _ = CompiledLoss(dsl.parse(f"β = 0.04\n{terms}", "terms.dsl"), fused=False)(
         logp, t["old"], t["A"], t["mask"], ref_log_probs=t["ref"])
     (g,) = torch.autograd.grad(loss, logp)
     m, n = t["mask"], int(t["mask"].sum())
@@ -231,7 +231,7 @@ def test_the_reference_terms_gradient_reads_in_pi_ref_over_pi_and_is_autograds(t
 
 def test_a_channel_finite_differences_cannot_check_is_unconfirmed_not_confirmed():
     """exp(10⁴·H) is a finite double only for H < 0.07: too few of the sampled H ∈ [0, 5]."""
-    res = analyze(lang.parse("r*A + exp(10000*H)", "steep.dsl"))
+    res = analyze(dsl.parse("r*A + exp(10000*H)", "steep.dsl"))
     assert res.entropy["check"]["status"] == "unconfirmed" and res.entropy["check"]["points"] < 32
     assert "    (unconfirmed: central finite differences of ℓ in H" in report(res)
     assert "too few points where ℓ is a finite double)" in report(res)
@@ -273,7 +273,7 @@ REPORT_LINES = [
 @pytest.mark.parametrize("text, held, lines", REPORT_LINES,
                          ids=["entropy", "k3", "batch-ess", "batch-ess-held", "batch-ess-moving"])
 def test_the_report_says_what_each_construct_is_analysed_as(text, held, lines):
-    got = report(analyze(lang.parse(text, "v3.dsl"), held=held)).splitlines()
+    got = report(analyze(dsl.parse(text, "v3.dsl"), held=held)).splitlines()
     assert [line for line in lines if line not in got] == []
 
 
@@ -284,25 +284,25 @@ def test_the_report_says_what_each_construct_is_analysed_as(text, held, lines):
     ("β = 0.04\nr*A*(π_ref/π)^β", "w, its cases and its boundaries below are evaluated at the held ρ_ref = 1"),
 ])
 def test_a_weight_that_reads_a_held_value_says_it_is_evaluated_there(text, said):
-    assert said in to_json(analyze(lang.parse(text, "v3.dsl")))["scope"]["exact"]
+    assert said in to_json(analyze(dsl.parse(text, "v3.dsl")))["scope"]["exact"]
 
 
 def test_a_weight_that_reads_no_held_value_does_not_say_so():
-    assert "evaluated at the held" not in to_json(analyze(lang.parse(ENTROPY_BONUS, "v3.dsl")))["scope"]["exact"]
+    assert "evaluated at the held" not in to_json(analyze(dsl.parse(ENTROPY_BONUS, "v3.dsl")))["scope"]["exact"]
 
 
 def test_the_json_holds_both_channels_after_the_weight_and_only_where_read():
-    out = to_json(analyze(lang.parse(f"β = 0.04\n{PPO} + 0.01*H - β*log(π/π_ref)", "both.dsl")))
+    out = to_json(analyze(dsl.parse(f"β = 0.04\n{PPO} + 0.01*H - β*log(π/π_ref)", "both.dsl")))
     keys = list(out)
     assert keys[keys.index("weight"):keys.index("cases") + 1] == ["weight", "entropy", "reference", "cases"]
     assert (out["entropy"]["w_H"], out["text"]["w_H"], out["reference"]["grad_log_pi"]) == ("1/100", "0.01", "-beta")
     assert out["symbols"] == ["r", "mu", "A", "beta", "rho_ref", "H", "q"]     # what its formulas read back over
-    assert {"entropy", "reference"} & set(to_json(analyze(lang.parse(PPO, "ppo.dsl")))) == set()
+    assert {"entropy", "reference"} & set(to_json(analyze(dsl.parse(PPO, "ppo.dsl")))) == set()
 
 
 def test_a_reduction_over_the_whole_sum_makes_the_whole_objective_the_reference_term():
     """group_mean(a + b) is a + b on a group of equal responses: the view's terms are not the file's."""
-    out = to_json(analyze(lang.parse("β = 0.04\ngroup_mean(r*A - β*log(π/π_ref))", "gm.dsl"), group=(1,) * 8))
+    out = to_json(analyze(dsl.parse("β = 0.04\ngroup_mean(r*A - β*log(π/π_ref))", "gm.dsl"), group=(1,) * 8))
     assert (out["reference"]["terms"], out["reference"]["grad_log_pi"], out["reference"]["check"]["status"]) == (
         "group_mean(r * A - β * log(π / π_ref))", "A*r - beta", "confirmed")
     assert not out["reference"]["own_channel"]

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from oracles import bends, located, sign_change, weight_function
 from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analysis_view, analyze
-from openrlhf_drpo.lang.walks import derivative, numpy_plan
+from dsl.walks import derivative, numpy_plan
 from openrlhf_drpo.analysis.report import report, to_json
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -223,7 +223,7 @@ CLAIMS = {
 
 
 def _analyse(name, text):
-    return analyze(lang.parse(text + "\n", path=f"{name}.dsl"))
+    return analyze(dsl.parse(text + "\n", path=f"{name}.dsl"))
 
 
 def _boundaries(out, side, sign):
@@ -341,7 +341,7 @@ ON_POLICY_PEAKS = [
 @pytest.mark.parametrize("text, w", ON_POLICY_PEAKS)
 def test_the_on_policy_interval_reaches_extremes_between_sampled_magnitudes_and_mus(text, w):
     from openrlhf_drpo.analysis.extremes import on_policy
-    obj = lang.parse(text + "\n")
+    obj = dsl.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):
         lo, hi = facts[adv]["w"]
@@ -349,7 +349,7 @@ def test_the_on_policy_interval_reaches_extremes_between_sampled_magnitudes_and_
 
 
 def test_the_table_has_at_least_25_objectives_beyond_the_library():
-    assert len(TABLE) >= 25 and not {t[0] for t in TABLE} & set(lang.shipped_names())
+    assert len(TABLE) >= 25 and not {t[0] for t in TABLE} & set(dsl.shipped_names())
 
 
 @given(st.one_of(RESEARCH_OBJECTIVES, POLICY_OBJECTIVES))
@@ -374,13 +374,13 @@ def test_every_claim_about_a_random_sequence_or_mismatch_objective_holds_where_i
 def test_the_fresh_points_oracle_tells_a_pole_from_a_zero_and_a_kink_from_a_steep_slope():
     # what the check above rests on: a sign change through a pole is not a boundary, and a steep
     # smooth weight is compared (only a jump or a kink within r·(1 ± 1e-7) is left out)
-    pole = weight_function(lang.parse("δ = 0.3\nA*log(|r^2 - 2|)"))     # w = 2r/(r² − 2): no double is √2
+    pole = weight_function(dsl.parse("δ = 0.3\nA*log(|r^2 - 2|)"))     # w = 2r/(r² − 2): no double is √2
     assert sign_change(pole, 1.2, 1.6, 0.1, 1.0)[0] == "pole"
-    kind, r = sign_change(weight_function(lang.parse("δ = 0.3\nA*(r - 2)^2/2")), 1.5, 2.5, 0.1, 1.0)
+    kind, r = sign_change(weight_function(dsl.parse("δ = 0.3\nA*(r - 2)^2/2")), 1.5, 2.5, 0.1, 1.0)
     assert kind == "zero" and r == pytest.approx(2, rel=1e-12)
     rs = np.array([0.5, 1.0, 1.5])
-    assert not bends(weight_function(lang.parse("δ = 0.3\nA*exp(40*r)/40")), rs, 0.1, 1.0).any()     # w = e^{40r}
-    assert bends(weight_function(lang.parse("δ = 0.3\nA*min(r, 1)")), rs, 0.1, 1.0).tolist() == [False, True, False]
+    assert not bends(weight_function(dsl.parse("δ = 0.3\nA*exp(40*r)/40")), rs, 0.1, 1.0).any()     # w = e^{40r}
+    assert bends(weight_function(dsl.parse("δ = 0.3\nA*min(r, 1)")), rs, 0.1, 1.0).tolist() == [False, True, False]
     assert located("π ≈ μ + 0.3", 1 + 0.3 / 1e-9, 1e-9) and not located("π ≈ μ + 0.3", 1.5, 1e-9)
     assert located("r ≈ 2 (π ≈ 2·μ)", 2.0, 0.5) and located("r from 1.5 to 3 as μ and |A| vary (π ...)", 2.0, 0.5)
 
@@ -392,7 +392,7 @@ NOTCH = ("[π - μ <= 0.2999 or π - μ >= 0.3001]*(r*A) + "
 
 
 def test_a_narrow_band_whose_weight_grows_as_mu_shrinks_is_not_reported_bounded():
-    obj = lang.parse(f"δ = 0.3\n{NOTCH}")
+    obj = dsl.parse(f"δ = 0.3\n{NOTCH}")
     res = analyze(obj)
     mu = 1e-9
     r = 1 + 0.3 / mu
@@ -403,7 +403,7 @@ def test_a_narrow_band_whose_weight_grows_as_mu_shrinks_is_not_reported_bounded(
 
 
 def _claims_hold_on_fresh_points(text):
-    obj = lang.parse(f"δ = 0.3\n{text}")         # the strategies depend on the policy by construction
+    obj = dsl.parse(f"δ = 0.3\n{text}")         # the strategies depend on the policy by construction
     res = analyze(obj)
     out = to_json(res)
     view = analysis_view(obj)[0]

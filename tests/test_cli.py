@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from openrlhf_drpo import lang
+import dsl
 
 
 def drpo_analyze(*args, cwd=None):
@@ -55,8 +55,8 @@ def test_a_parameter_set_twice_is_an_error(pairs):
 
 
 def test_the_api_refuses_a_parameter_set_twice_too():
-    with pytest.raises(lang.DslError, match="parameter 'δ' is set twice: δ=0.3 and delta=0.5"):
-        lang.load("drpo", params={"δ": "0.3", "delta": "0.5"})
+    with pytest.raises(dsl.DslError, match="parameter 'δ' is set twice: δ=0.3 and delta=0.5"):
+        dsl.load("drpo", params={"δ": "0.3", "delta": "0.5"})
 
 
 @pytest.mark.parametrize("value, shown", [("1e-400", "δ = 1e-400"), ("1e300", "π: μ + 1e+300")])

@@ -12,13 +12,13 @@ import sys
 import pytest
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core.loss import objective_inputs
 
 F64 = torch.float64
 # every shipped objective with a batch reduction, and a batch mean whose gradient needs a second
 # all-reduce (its adjoint: Σ coef·A over the ranks)
-OBJECTIVES = [n for n in lang.shipped_names() if "batch" in objective_inputs(lang.load(n))] + ["batch_mean(r)*A"]
+OBJECTIVES = [n for n in dsl.shipped_names() if "batch" in objective_inputs(dsl.load(n))] + ["batch_mean(r)*A"]
 PATHS = {"eager": dict(fused=True), "sync-free": dict(fused=True, sync_free=True), "plain": dict(fused=False),
          "lab": dict(fused=True, track_extremes=True)}
 # all-reduces in one loss call, forward and backward, on the fused paths: one per batch reduction
@@ -32,7 +32,7 @@ B, T, NORM = 4, 7, 11.0     # NORM: a global token normalizer, so that the ranks
 
 
 def load(text):
-    return lang.load(text) if text in lang.shipped_names() else lang.parse(text, "batch.dsl")
+    return dsl.load(text) if text in dsl.shipped_names() else dsl.parse(text, "batch.dsl")
 
 
 VARIANTS = ("clean", "junk", "junk-both")

@@ -62,11 +62,11 @@ def pytest_in(copy, *args) -> subprocess.CompletedProcess:
 
 ATOM = """
 import json, torch
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import to_json
 from openrlhf_drpo.core import CompiledLoss
-obj = lang.parse("cube(r)*A/3", "toy.dsl")
+obj = dsl.parse("cube(r)*A/3", "toy.dsl")
 res = to_json(analyze(obj))
 g = torch.Generator().manual_seed(0)
 logp = -torch.rand(3, 5, generator=g, dtype=torch.float64)
@@ -86,7 +86,7 @@ print(json.dumps({"weight": res["weight"], "claim": res["claims"]["smooth"]["sta
 def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_is_documented(copy):
     assert "unknown function 'cube'" in run(copy, ATOM).stderr          # before: not in the language
     docs_check = ("tests/test_docs.py", "-k", "every_function_of_the_language_is_documented")
-    insert(copy / "openrlhf_drpo/lang/operations.py", block("atom-row"), before="# x/(1 + |x|): nan at ±inf")
+    insert(copy / "dsl/operations.py", block("atom-row"), before="# x/(1 + |x|): nan at ±inf")
     insert(copy / "openrlhf_drpo/core/codegen.py", block("atom-kernel"),
            before='**{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")}')
     proc = run(copy, ATOM)
@@ -101,8 +101,11 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
     # table's tests (cube among their rows), the parser's and the two pages it changes or reads
     table = pytest_in(copy, "-rA", "tests/test_operations.py", "tests/test_language.py")
     assert table.returncode == 0 and "[cube" in table.stdout, table.stdout[-3000:]
-    pages = pytest_in(copy, "tests/test_docs.py", "-k", "contributing.md or language.md or every_function")
-    assert pages.returncode == 0 and re.search(r"^6 passed", pages.stdout, re.M), pages.stdout[-3000:]
+    pages = pytest_in(copy, "-rA", "tests/test_docs.py", "-k", "contributing.md or language.md or every_function")
+    ran = set(re.findall(r"^PASSED tests/test_docs.py::(\w+)\[?(docs/\w+\.md|\w+\.md)?", pages.stdout, re.M))
+    assert pages.returncode == 0 and {("test_each_example_in_the_docs_runs_and_shows_its_real_output", "docs/language.md"),
+                                      ("test_every_repository_path_a_page_names_exists", "language.md"),
+                                      ("test_every_function_of_the_language_is_documented", "")} <= ran, pages.stdout[-3000:]
 
 
 def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_tests_check_it(tmp_path):
@@ -110,20 +113,20 @@ def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_
     (group_std's, what reverse mode used to guess) the generated tests fail; with its own they pass.
     In a copy of its own (the other recipes' copy keeps every file within test_layers' sizes)."""
     copy = copy_of_repo(tmp_path)
-    ops, row = copy / "openrlhf_drpo/lang/operations.py", block("reduction-row")
+    ops, row = copy / "dsl/operations.py", block("reduction-row")
     bare = row.split(", adjoint=")[0] + "),"
     insert(ops, bare, before="# prefix_sum's adjoint (not in the language)")
-    insert(copy / "openrlhf_drpo/lang/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
+    insert(copy / "dsl/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
     insert(copy / "openrlhf_drpo/core/codegen.py", block("reduction-kernel"),
            before="    # a reduction's result may share storage")
-    proc = run(copy, "import openrlhf_drpo.lang.operations")
+    proc = run(copy, "import dsl.operations")
     assert "TypeError: operation 'group_max': a reduction declares its adjoint=" in proc.stderr, proc.stderr[-2000:]
     generated = ("tests/test_reductions.py", "tests/test_loss_v3.py", "-k", "group_max")
     ops.write_text(ops.read_text(encoding="utf-8").replace(bare, row.replace("adj.group_ties", "adj.std")),
                    encoding="utf-8")
     proc = pytest_in(copy, *generated)
     assert proc.returncode == 1 and "group_max r*A*{f}(r) fused=True" in proc.stdout, proc.stdout[-3000:]
-    insert(copy / "openrlhf_drpo/lang/adjoints.py", "\n\n" + block("reduction-adjoint"))
+    insert(copy / "dsl/adjoints.py", "\n\n" + block("reduction-adjoint"))
     ops.write_text(ops.read_text(encoding="utf-8").replace(row.replace("adj.group_ties", "adj.std"), row),
                    encoding="utf-8")
     proc = pytest_in(copy, *generated)
@@ -174,10 +177,10 @@ def test_a_host_added_as_the_page_says_takes_its_layer_and_gives_the_objectives_
 
 FIELD = """
 import json
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import report, to_json
-res = analyze(lang.load("drpo"))
+res = analyze(dsl.load("drpo"))
 print(json.dumps({"json": to_json(res).get("operations"),
                   "line": [l for l in report(res).splitlines() if l.startswith("  operations")]}))
 """

@@ -6,7 +6,7 @@ import pytest
 import torch
 from extra_inputs import extra_inputs
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import loss as core_loss
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 
@@ -134,7 +134,7 @@ def counting_backend(monkeypatch):
 
 def test_every_objective_in_one_process_runs_compiled_and_a_new_length_adds_no_graph(counting_backend):
     graphs, runs = counting_backend
-    names = [n for n in lang.shipped_names() if not lang.load(n).reads_rollout()][:12]
+    names = [n for n in dsl.shipped_names() if not dsl.load(n).reads_rollout()][:12]
     assert len(names) == 12
     # each objective: the usual call, then one of a batch of 1, a given norm and given weights (all
     # three, over the objectives), then new sequence lengths; 24 forward graphs in all (and as many
@@ -214,7 +214,7 @@ def host_syncs(loss_fn, logp, old, adv, mask, **kw):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
-@pytest.mark.parametrize("name", lang.shipped_names())
+@pytest.mark.parametrize("name", dsl.shipped_names())
 def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(name, fused):
     """Every shipped objective, fused (the kernels CUDA runs, uncompiled) or plain, with a global
     normalizer and host weights: nothing reads a value on the host, and the metrics stay tensors.

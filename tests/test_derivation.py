@@ -7,7 +7,7 @@ import math
 import pytest
 import sympy as sp
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import report, to_json
 
@@ -15,7 +15,7 @@ BEYOND = "w = 0 beyond"
 
 
 def parse(text):
-    return lang.parse(text + "\n", "natural.dsl")
+    return dsl.parse(text + "\n", "natural.dsl")
 
 
 mu, A = sp.Symbol("mu"), sp.Symbol("A")
@@ -137,7 +137,7 @@ PAIRS = [
                                                        "bandpo_chi2_by_sign", "tanh_as_sigmoid",
                                                        "clip_mu_upper_by_sign", "clip_mu_both_by_sign"])
 def test_equivalent_objectives_get_the_same_claims(first, second):
-    a, b = (lang.load(x) if "*" not in x else parse(x) for x in (first, second))
+    a, b = (dsl.load(x) if "*" not in x else parse(x) for x in (first, second))
     assert _digest(analyze(a)) == _digest(analyze(b))
 
 

@@ -22,7 +22,8 @@ import sys
 
 import pytest
 
-from openrlhf_drpo import lang, objectives
+import dsl
+from dsl import library
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -96,7 +97,7 @@ def rewrite(page, old, new):
 def test_each_example_in_the_docs_runs_and_shows_its_real_output(page, info, text, line, following, tmp_path):
     kind, cwd = info[0], workdir(page, tmp_path)
     if kind == "dsl":
-        lang.parse(text)         # raises its located error if the example is wrong
+        dsl.parse(text)         # raises its located error if the example is wrong
     elif kind == "python":
         proc = run([sys.executable, "-c", text], cwd)
         assert proc.returncode == 0, proc.stderr
@@ -113,7 +114,9 @@ def test_each_example_in_the_docs_runs_and_shows_its_real_output(page, info, tex
         procs = [run(command(cmd), cwd, stdin=subprocess.DEVNULL) for cmd in parts[::2]]
         expected_exit = int(next((w[5:] for w in info if w.startswith("exit=")), 0))
         assert [proc.returncode for proc in procs] == [expected_exit] * len(procs), (info, [p.stderr for p in procs])
-        outputs = [proc.stdout + proc.stderr for proc in procs]
+        # a page shows a shipped file's path as it prints from the checkout's root (this runs in
+        # a folder of its own, where it prints the file's absolute path)
+        outputs = [(proc.stdout + proc.stderr).replace(f"{ROOT}/objectives/", "objectives/") for proc in procs]
         if not any(line.endswith("...") for line in text.splitlines()):
             rewrite(page, text, "".join(f"$ {cmd}\n{out}" for cmd, out in zip(parts[::2], outputs)))
         for cmd, shown, out in zip(parts[::2], parts[1::2], outputs):
@@ -128,13 +131,48 @@ def test_every_page_has_an_example_a_test_runs():
 
 def test_the_library_table_is_the_objective_files_own_headers():
     page = (ROOT / "docs" / "library.md").read_text(encoding="utf-8")
-    assert objectives.library_table() in page, "docs/library.md: paste objectives.library_table()\n" + objectives.library_table()
+    assert library.library_table() in page, "docs/library.md: paste library.library_table()\n" + library.library_table()
 
 
 def test_every_link_between_pages_names_a_page_that_exists():
     for page in PAGES:
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             assert (page.parent / target).exists(), (page.name, target)
+
+
+# a repository path in a page: starts at one of the top-level folders, or at one of the package's
+# own (core/loss.py is openrlhf_drpo/core/loss.py); a path named just after another project
+# (TRL's docs/source/...) is that project's
+TOP = ("dsl", "openrlhf_drpo", "objectives", "examples", "tests", "docs", "benchmarks", "scripts", ".ci")
+INSIDE = ("core", "analysis", "hosts", "lab")
+PATH = re.compile(r"(?<![\w./:~-])((?:[\w.-]+/)+[\w.-]*)")
+OTHERS = re.compile(r"\b(TRL|verl|OpenRLHF|vLLM|DeepSpeed|Ray|NeMo-RL|prime-rl|AReaL)\b[^`|]{0,30}$")
+
+
+def repository_paths(page):
+    for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        for m in PATH.finditer(line):
+            top = m.group(1).split("/")[0]
+            if top in TOP + INSIDE and not OTHERS.search(line[:m.start()]):
+                yield i, m.group(1).rstrip("."), top in INSIDE
+
+
+def missing_paths(page):
+    return [f"{page.name}:{i}: {path}" for i, path, inside in repository_paths(page)
+            if not (ROOT / "openrlhf_drpo" / path if inside else ROOT / path).exists()]
+
+
+@pytest.mark.parametrize("page", PAGES + [ROOT / "CHANGELOG.md"], ids=lambda p: p.name)
+def test_every_repository_path_a_page_names_exists(page):
+    missing = missing_paths(page)
+    assert not missing, "\n".join(missing)
+
+
+def test_the_path_check_flags_a_moved_file_and_passes_another_projects(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("The derivation (`dsl/symbolic.py`) and `openrlhf_drpo/analysis/symbolic.py`, `core/gone.py`;\n"
+                    "as TRL documents it (docs/source/grpo_trainer.md), and objectives/drpo.dsl.\n")
+    assert missing_paths(page) == ["page.md:1: dsl/symbolic.py", "page.md:1: core/gone.py"]
 
 
 def test_the_readme_is_at_most_250_lines():
@@ -144,7 +182,7 @@ def test_the_readme_is_at_most_250_lines():
 
 
 def test_every_function_of_the_language_is_documented():
-    from openrlhf_drpo.lang.operations import FUNCTIONS
+    from dsl.operations import FUNCTIONS
     page = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
     missing = [name for name in FUNCTIONS if not re.search(rf"`{name}[`(]|\b{name}\b", page)]
     assert not missing, f"docs/language.md does not describe: {missing}"

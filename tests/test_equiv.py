@@ -14,17 +14,17 @@ from hypothesis import strategies as st
 from oracles import weight_function
 from strategies import POLICY_OBJECTIVES
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import to_json
 from openrlhf_drpo.analysis.equiv import equivalence
-from openrlhf_drpo.lang.ir import Node, num, postorder
-from openrlhf_drpo.lang.walks import evaluate
+from dsl.ir import Node, num, postorder
+from dsl.walks import evaluate
 
 
 def _obj(spec):
     """A shipped name, or the text of an objective."""
-    return lang.load(spec) if "\n" not in spec else lang.parse(spec, "<test>")
+    return dsl.load(spec) if "\n" not in spec else dsl.parse(spec, "<test>")
 
 
 def _cli(*args, cwd=None):
@@ -179,7 +179,7 @@ def _perturbed(expr: Node, eps) -> Node:
 
 
 def _random_objective(text):
-    return lang.parse(f"δ = 0.3\n{text}")       # the strategy depends on the policy by construction
+    return dsl.parse(f"δ = 0.3\n{text}")       # the strategy depends on the policy by construction
 
 
 @given(POLICY_OBJECTIVES, st.data())
@@ -236,7 +236,7 @@ ADMISSIBLE = [
 
 @pytest.mark.parametrize("name, at_one, bounded, pos, neg, symmetric", ADMISSIBLE, ids=[a[0] for a in ADMISSIBLE])
 def test_the_admissibility_block_matches_the_hand_derivation(name, at_one, bounded, pos, neg, symmetric):
-    out = to_json(analyze(lang.load(name)))
+    out = to_json(analyze(dsl.load(name)))
     adm = json.loads(json.dumps(out["admissibility"]))       # it is JSON
     assert adm["w_at_1"]["value"] is at_one and adm["bounded"]["value"] is bounded
     for adv, (zero, infinity) in (("positive", pos), ("negative", neg)):
@@ -250,14 +250,14 @@ def test_the_admissibility_block_matches_the_hand_derivation(name, at_one, bound
     assert adm["symmetric_log_r"]["value"] is symmetric
     if not symmetric:   # the example is a true asymmetry, by sympy.diff (not the IR's derivative rules)
         x = next(b["example"] for b in adm["symmetric_log_r"]["by_sign"].values() if b["example"])
-        truth = weight_function(lang.load(name))
+        truth = weight_function(dsl.load(name))
         w = [float(truth(np.array([r]), x["mu"], x["A"])[0]) for r in (x["r"], 1 / x["r"])]
         assert w == pytest.approx(x["w"], rel=1e-9) and abs(w[0] - w[1]) > 1e-6
 
 
 @pytest.mark.parametrize("name, status", [("surrogate", "derived"), ("drpo", "derived"), ("kl", "numeric")])
 def test_w_at_one_is_derived_where_sympy_shows_it(name, status):
-    assert analyze(lang.load(name))["admissibility"]["w_at_1"]["status"] == status
+    assert analyze(dsl.load(name))["admissibility"]["w_at_1"]["status"] == status
 
 
 def test_the_report_has_the_admissibility_block():
@@ -306,8 +306,8 @@ def test_sequence_equivalence_holds_on_the_uniform_response_it_states(a, b, ever
 def test_a_mismatch_factor_is_compared_over_rho_not_only_where_it_is_1(a, b):
     # at ρ = π_old/π_rollout = 1 (--rho's default) each factor is 1 and the two agree; the
     # rollout engine's mismatch is part of the domain, so they are not equivalent
-    res = equivalence(lang.load(a), lang.load(b))
+    res = equivalence(dsl.load(a), dsl.load(b))
     assert not res["equivalent"] and res["numeric"]["witness"]["rho"] != 1.0
     assert res["numeric"]["rhos"] and 1.0 in res["numeric"]["rhos"]
-    same = equivalence(lang.load(a), lang.load(a))
+    same = equivalence(dsl.load(a), dsl.load(a))
     assert same["equivalent"] and len(same["numeric"]["rhos"]) >= 7

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import CompiledLoss
 
 F64 = torch.float64
@@ -16,7 +16,7 @@ PATHS = {"plain": dict(fused=False), "fused": dict(fused=True), "sync_free": dic
 
 
 def build(text, path):
-    loss_fn = CompiledLoss(lang.parse(text), fused=PATHS[path]["fused"])
+    loss_fn = CompiledLoss(dsl.parse(text), fused=PATHS[path]["fused"])
     loss_fn.sync_free = PATHS[path].get("sync_free", False)
     return loss_fn
 
@@ -196,7 +196,7 @@ def test_a_filter_over_a_chain_past_the_guard_budget_is_said_not_silent():
     deep = lambda n: "\n".join(["b0 = r*log(A)"] + [f"b{i + 1} = min(b{i}, 2*b{i} - 1)" for i in range(n)]  # noqa: E731
                                + [f"[A > 0]*b{n}"])
     with pytest.warns(UserWarning, match="too deeply for every branch to be guarded"):
-        CompiledLoss(lang.parse(deep(7), "deep.dsl"), fused=False)
+        CompiledLoss(dsl.parse(deep(7), "deep.dsl"), fused=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        CompiledLoss(lang.parse(deep(6), "deep.dsl"), fused=False)
+        CompiledLoss(dsl.parse(deep(6), "deep.dsl"), fused=False)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import report, to_json
 from openrlhf_drpo.cli import analyze_main
@@ -37,7 +37,7 @@ def kinds(res):
 def test_a_group_normalized_advantage_is_analysed_on_a_group_with_a_spread():
     """The default group is binary rewards with a spread (half scoring A, half 0): PPO's clip
     boundaries show, and w on policy is the normalized advantage per unit of A, not 0."""
-    res = analyze(lang.parse(GN, "gn.dsl"))
+    res = analyze(dsl.parse(GN, "gn.dsl"))
     out = to_json(res)
     assert out["text"]["boundary"]["positive"]["r"] == ["1.2"] and out["text"]["boundary"]["negative"]["r"] == ["0.8"]
     assert "no gradient" not in kinds(res) and "degenerate held point" not in kinds(res)
@@ -56,7 +56,7 @@ def test_on_a_group_with_the_held_advantages_the_tokens_gradient_is_the_derived_
     """A group of 4 responses of 3 tokens with advantages A·(1, 1, 0, 0) (the default for G = 4),
     all sharing log π and log μ: autograd's ∂loss/∂log π at the first response's tokens is
     w·r·A/n, w from the analysis at that held group."""
-    obj = lang.parse(text, "gn.dsl")
+    obj = dsl.parse(text, "gn.dsl")
     c = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
     old = torch.full((4, 3), -1.3, dtype=torch.float64)
     logp = (old + log_r).requires_grad_()
@@ -71,7 +71,7 @@ def test_on_a_group_with_the_held_advantages_the_tokens_gradient_is_the_derived_
 
 
 def test_the_held_group_is_set_from_the_api_and_the_command_line(tmp_path, capsys):
-    res = analyze(lang.parse(GN, "gn.dsl"), group=(1, 0))
+    res = analyze(dsl.parse(GN, "gn.dsl"), group=(1, 0))
     assert math.isclose(float(np.asarray(res.w(1.0, 0.5, 1.0))), normalized([1, 0]), rel_tol=1e-9)
     path = tmp_path / "gn.dsl"
     path.write_text(GN + "\n")
@@ -99,13 +99,13 @@ def test_a_held_group_that_cannot_be_held_is_refused_by_name(argv, said, tmp_pat
 
 def test_a_held_group_past_the_largest_double_is_refused_from_the_api():
     with pytest.raises(ValueError, match="entry 2 is past the largest double"):
-        analyze(lang.parse(GN, "gn.dsl"), group=(1, 10 ** 400))
+        analyze(dsl.parse(GN, "gn.dsl"), group=(1, 10 ** 400))
 
 
 def test_a_degenerate_held_point_is_said_and_its_zero_weight_never_proven():
     """On equal responses the normalized advantage is 0 by the group, not by ℓ: the report says
     the held point is degenerate, and no claim of no gradient is 'proven'."""
-    res = analyze(lang.parse(GN, "gn.dsl"), group=(1, 1, 1, 1))
+    res = analyze(dsl.parse(GN, "gn.dsl"), group=(1, 1, 1, 1))
     assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
     assert {res.claims["boundary"][adv]["status"] for adv in ("positive", "negative")} == {"held point only"}
     text = report(res)
@@ -130,7 +130,7 @@ def claim_statuses(out):
 def test_every_claim_at_a_degenerate_held_point_is_held_point_only(text):
     """On equal responses w is 0 (or nowhere finite) by the group; with the group's advantages
     spread, w = 0.375 for r > 3 (MASKED): every claim, admissibility included, says so."""
-    res = analyze(lang.parse(text, "d.dsl"), group=(1, 1, 1, 1))
+    res = analyze(dsl.parse(text, "d.dsl"), group=(1, 1, 1, 1))
     out = to_json(res)
     assert set(claim_statuses(out)) == {"held point only"}
     assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
@@ -144,7 +144,7 @@ def test_every_claim_at_a_degenerate_held_point_is_held_point_only(text):
 def test_the_moved_point_is_searched_past_the_objectives_thresholds():
     """The moved held point's w, found on the arbiter's grid (its thresholds included): 0.375 =
     1 − mean(1, 0, −0.5, 2) just past r = 3, where the mask opens."""
-    out = to_json(analyze(lang.parse(MASKED, "m.dsl"), group=(1, 1, 1, 1)))
+    out = to_json(analyze(dsl.parse(MASKED, "m.dsl"), group=(1, 1, 1, 1)))
     said = out["claims"]["boundary"]["positive"]["evidence"]
     assert "w = 0.375 at r = 3.000003" in said and "(the group's advantages A·(1, 0, -0.5, 2))" in said
 
@@ -152,7 +152,7 @@ def test_the_moved_point_is_searched_past_the_objectives_thresholds():
 def test_a_zero_weight_on_equal_responses_that_no_moved_point_shows_is_unconfirmed_never_proven():
     """A mask on |A| past the arbiter's magnitudes: w is 0 on the grid at the moved point too,
     and on equal responses that settles nothing: every claim 'unconfirmed', no warning 'proven'."""
-    res = analyze(lang.parse("r*(A - group_mean(seq_mean(A)))*[abs(A) > 1e7]", "big.dsl"), group=(1, 1, 1, 1))
+    res = analyze(dsl.parse("r*(A - group_mean(seq_mean(A)))*[abs(A) > 1e7]", "big.dsl"), group=(1, 1, 1, 1))
     out = to_json(res)
     assert set(claim_statuses(out)) == {"unconfirmed"}
     assert "proven" not in report(res) and "(unconfirmed: evidence under" in report(res)
@@ -167,7 +167,7 @@ def test_the_json_held_lines_carry_the_group_and_the_moved_point(tmp_path, capsy
     assert held["G"]["group"] == [1.0, 1.0, 1.0, 1.0] and "(--group 1,1,1,1:" in held["G"]["text"]
     assert held["degenerate"]["moved"] == {"group": [1.0, 0.0, -0.5, 2.0], "held": {},
                                            "found": ["positive", "negative"]}
-    spread = to_json(analyze(lang.parse(GN, "gn.dsl"), group=(1, 0, 0)))["scope"]["held"]
+    spread = to_json(analyze(dsl.parse(GN, "gn.dsl"), group=(1, 0, 0)))["scope"]["held"]
     assert [h["group"] for h in spread if h["name"] == "G"] == [[1.0, 0.0, 0.0]]
 
 
@@ -178,13 +178,13 @@ def test_the_json_held_lines_carry_the_group_and_the_moved_point(tmp_path, capsy
     ("r*A - 0.1*group_mean(r)", {"group_size": 3}, "a group of G = 3 equal responses (--group-size)", None),
 ])
 def test_the_held_groups_line_says_where_g_came_from(text, point, said, group):
-    (held,) = [h for h in to_json(analyze(lang.parse(text, "g.dsl"), **point))["scope"]["held"] if h["name"] == "G"]
+    (held,) = [h for h in to_json(analyze(dsl.parse(text, "g.dsl"), **point))["scope"]["held"] if h["name"] == "G"]
     assert said in held["text"] and held.get("group") == group
 
 
 def test_a_zero_weight_that_every_held_point_has_stays_proven():
     """A mask no ratio passes: w ≡ 0 at any held group, so that stays a proven property of ℓ."""
-    res = analyze(lang.parse("[r > 2]*[r < 1]*r*(seq_mean(A) - group_mean(seq_mean(A)))", "never.dsl"))
+    res = analyze(dsl.parse("[r > 2]*[r < 1]*r*(seq_mean(A) - group_mean(seq_mean(A)))", "never.dsl"))
     assert kinds(res).count("no gradient") == 2 and "degenerate held point" not in kinds(res)
     assert res.claims["boundary"]["positive"]["status"] == "proven"
 
@@ -206,7 +206,7 @@ BY_POSITION = [
 
 @pytest.mark.parametrize("text, fixes", BY_POSITION)
 def test_a_group_reduction_of_a_is_warned_of_in_the_report_and_when_the_loss_is_built(text, fixes):
-    obj = lang.parse(text, "bp.dsl")
+    obj = dsl.parse(text, "bp.dsl")
     said = [a for a in report(analyze(obj)).splitlines() if "position by position" in a]
     assert [f for f in fixes if not any(f"write {f} to reduce each response once" in s for s in said)] == []
     assert len(said) == len(fixes)
@@ -227,7 +227,7 @@ def test_what_the_position_by_position_warning_says_is_what_the_loss_does():
         logp = torch.full((3, 3), -1.0, dtype=torch.float64, requires_grad=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            loss, _ = CompiledLoss(lang.parse(text, "g.dsl"), fused=False)(logp, logp.detach(), A, mask,
+            loss, _ = CompiledLoss(dsl.parse(text, "g.dsl"), fused=False)(logp, logp.detach(), A, mask,
                                                                              groups=torch.zeros(3, dtype=torch.long))
         (grad,) = torch.autograd.grad(loss, logp)
         per_token[text] = (-5 * grad[0]).tolist()
@@ -240,7 +240,7 @@ KL_ENTROPY = "β = 0.04\nδ = 0.01\nr*A - β*(π_ref/π - log(π_ref/π) - 1) + 
 
 @pytest.mark.parametrize("spec, w_range", [("grpo_k3", [0.0, 1.0]), (KL_ENTROPY, [1.0, 1.0])])
 def test_the_reference_terms_are_their_own_channel_and_no_warning_about_w_reads_them(spec, w_range):
-    obj = lang.load(spec) if "\n" not in spec else lang.parse(spec, "klh.dsl")
+    obj = dsl.load(spec) if "\n" not in spec else dsl.parse(spec, "klh.dsl")
     res = analyze(obj)
     assert res.reference["own"] and res.weight_range == w_range
     assert {"unbounded", "entangled"} & set(kinds(res)) == set()
@@ -250,5 +250,5 @@ def test_the_reference_terms_are_their_own_channel_and_no_warning_about_w_reads_
 
 
 def test_channel_formulas_show_the_parameters_names():
-    out = to_json(analyze(lang.parse(KL_ENTROPY, "klh.dsl")))
+    out = to_json(analyze(dsl.parse(KL_ENTROPY, "klh.dsl")))
     assert (out["text"]["w_H"], out["text"]["reference"]) == ("δ", "β·(q − 1)")

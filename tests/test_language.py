@@ -7,14 +7,14 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from openrlhf_drpo import lang
-from openrlhf_drpo.lang import DslError, parse
-from openrlhf_drpo.lang.ir import Node
-from openrlhf_drpo.lang.names import GREEK
-from openrlhf_drpo.lang.operations import OPS
-from openrlhf_drpo.lang.printing import render
+import dsl
+from dsl import DslError, parse
+from dsl.ir import Node
+from dsl.names import GREEK
+from dsl.operations import OPS
+from dsl.printing import render
 
-SHIPPED = lang.shipped_names()
+SHIPPED = dsl.shipped_names()
 # the hint for an unknown function lists the operation table's callable rows in its order, so that
 # an atom added there (docs/contributing.md) joins it without a list here to edit
 CALLABLE = ", ".join(k for k, op in OPS.items() if op.callable)
@@ -29,7 +29,7 @@ def test_library_ships_every_objective_the_paper_compares():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_objective_parses_and_names_its_source(name):
-    obj = lang.load(name)
+    obj = dsl.load(name)
     assert obj.name == name
     assert "source" in obj.description.lower(), "each shipped file names its method and source"
     assert any(m.op == "var" and m.value in ("r", "pi") for m in obj.expr.walk())
@@ -45,7 +45,7 @@ def _ascii_spelling(text: str) -> str:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_unicode_and_ascii_spellings_of_each_shipped_objective_give_identical_ir(name):
-    uni = lang.load(name)
+    uni = dsl.load(name)
     ascii_text = _ascii_spelling(uni.source)
     assert all(ord(c) < 128 for line in ascii_text.splitlines() if not line.startswith("#") for c in line)
     asc = parse(ascii_text, "ascii.dsl")
@@ -64,7 +64,7 @@ def test_unicode_and_ascii_spellings_of_each_shipped_objective_give_identical_ir
     "# a comment\nδ = 12.5   # trailing comment\n\nr*A - |A|/(2δ)*μ*(r-1)^2\n",
 ])
 def test_every_spelling_of_drpo_gives_the_same_ir(text):
-    ref = lang.load("drpo")
+    ref = dsl.load("drpo")
     got = parse(text)
     assert got.expr == ref.expr and got.params == ref.params
 
@@ -96,7 +96,7 @@ def test_pi_is_a_symbol_not_a_constant():
 
 
 def test_options_have_defaults_and_can_be_declared_and_overridden():
-    assert lang.load("drpo").options == {"anchor": "old", "aggregate": "token-mean"}
+    assert dsl.load("drpo").options == {"anchor": "old", "aggregate": "token-mean"}
     obj = parse("@anchor = rollout\n@aggregate = seq-mean-token-sum-norm\nr*A")
     assert obj.options == {"anchor": "rollout", "aggregate": "seq-mean-token-sum-norm"}
     assert obj.with_overrides(options={"anchor": "old"}).options["anchor"] == "old"
@@ -104,7 +104,7 @@ def test_options_have_defaults_and_can_be_declared_and_overridden():
 
 @pytest.mark.parametrize("key", ["ε_high", "eps_high", "epsilon_high"])
 def test_parameters_are_overridden_by_ascii_or_unicode_name(key):
-    obj = lang.load("grpo_clip_higher", params={key: "0.3"})
+    obj = dsl.load("grpo_clip_higher", params={key: "0.3"})
     assert obj.params == {"eps_low": Fraction(1, 5), "eps_high": Fraction(3, 10)}
 
 
@@ -118,7 +118,7 @@ def test_parameters_are_overridden_by_ascii_or_unicode_name(key):
 ])
 def test_bad_overrides_are_located_errors(params, expected):
     with pytest.raises(DslError) as e:
-        lang.load("drpo").with_overrides(params, where="--set")
+        dsl.load("drpo").with_overrides(params, where="--set")
     assert e.value.render() == expected
 
 
@@ -256,7 +256,7 @@ def test_a_constant_that_is_not_real_is_a_located_error_at_every_entry_point(tmp
     script = {"drpo-analyze": ["-m", "openrlhf_drpo.cli", str(bad), "--set", "d=-2"],
               "drpo-train": ["-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", str(bad), "--drpo.set", "d=-2",
                              "--actor.model_name_or_path", "x"],
-              "CompiledLoss": ["-c", "import sys\nfrom openrlhf_drpo.lang import DslError\nfrom openrlhf_drpo.core import CompiledLoss\n"
+              "CompiledLoss": ["-c", "import sys\nfrom dsl import DslError\nfrom openrlhf_drpo.core import CompiledLoss\n"
                                f"try:\n    CompiledLoss({str(bad)!r}, d=-2)\nexcept DslError as e:\n"
                                "    print(e, file=sys.stderr)\n    sys.exit(1)"]}[entry]
     proc = subprocess.run([sys.executable, *script], capture_output=True, text=True, timeout=300)
@@ -269,24 +269,24 @@ def test_a_constant_that_is_not_real_is_a_located_error_at_every_entry_point(tmp
 
 def test_non_utf8_bytes_are_a_located_error():
     with pytest.raises(DslError) as e:
-        lang.parse_bytes("δ = 1\nr*A ".encode() + b"\xff", "bad.dsl")
+        dsl.parse_bytes("δ = 1\nr*A ".encode() + b"\xff", "bad.dsl")
     assert e.value.render() == ("bad.dsl:2:5: error: the file is not UTF-8: byte 0xff cannot be decoded\n"
                                 "hint: save the objective file as UTF-8")
 
 
 def test_overriding_a_parameter_into_a_division_by_zero_is_a_located_error():
     with pytest.raises(DslError) as e:
-        lang.load("drpo", params={"delta": "0"})
+        dsl.load("drpo", params={"delta": "0"})
     assert e.value.render().startswith("objectives/drpo.dsl:4:12: error: division by zero: '2 * δ' is 0 at δ = 0")
 
 
 def test_a_byte_order_mark_is_not_part_of_the_text():
-    assert lang.parse_bytes("\ufeffδ = 1\nr*A - |A|/(2δ)*(r-1)^2".encode(), "bom.dsl").params == {"delta": 1}
+    assert dsl.parse_bytes("\ufeffδ = 1\nr*A - |A|/(2δ)*(r-1)^2".encode(), "bom.dsl").params == {"delta": 1}
 
 
 def test_unknown_objective_name_lists_the_library():
     with pytest.raises(DslError) as e:
-        lang.load("drp")
+        dsl.load("drp")
     assert e.value.render().startswith("drp:1:1: error: no objective file or shipped objective named 'drp'")
     assert "did you mean 'drpo'?" in e.value.render()
 
@@ -311,7 +311,7 @@ def test_arbitrary_text_raises_only_the_languages_own_error(text):
 @given(st.binary(max_size=60))
 def test_arbitrary_bytes_raise_only_the_languages_own_error(data):
     try:
-        lang.parse_bytes(data, "bytes.dsl")
+        dsl.parse_bytes(data, "bytes.dsl")
     except DslError as e:
         assert e.render().startswith("bytes.dsl:")
 
@@ -371,9 +371,9 @@ def test_shipped_objectives_are_found_from_a_regular_install_and_no_local_folder
     (work / "objectives").mkdir(parents=True)
     (work / "objectives" / "drpo.dsl").write_text("r*A*2\n")
     (work / "objectives" / "mine.dsl").write_text("r*A*3\n")
-    code = ("import openrlhf_drpo.lang.parser\nfrom openrlhf_drpo import lang\n"
-            "print(lang.load('drpo').params, openrlhf_drpo.lang.parser.library())\n"
-            "try:\n    lang.load('mine')\nexcept lang.DslError as e:\n    print(e.message)\n")
+    code = ("import dsl, dsl.library\n"
+            "print(dsl.load('drpo').params, dsl.library.folder())\n"
+            "try:\n    dsl.load('mine')\nexcept dsl.DslError as e:\n    print(e.message)\n")
     for env in ({"PYTHONPATH": str(target), "PATH": ""}, None):     # the regular install, then this checkout's
         out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True, env=env,
                              check=True).stdout
@@ -459,13 +459,13 @@ def test_chained_bindings_stay_shared_from_parsing_to_generated_code():
     # would visit 2^60 nodes and never finish; the subprocess's timeout turns that into a failure
     code = f"""
 import torch
-from openrlhf_drpo import lang
-from openrlhf_drpo.lang.ir import postorder, tree_size
+import dsl
+from dsl.ir import postorder, tree_size
 from openrlhf_drpo import ObjectiveLoss
-obj = lang.parse({_chain(60, '+')!r}, "chain.dsl")
+obj = dsl.parse({_chain(60, '+')!r}, "chain.dsl")
 assert len(postorder(obj.expr)) == 63 and tree_size(obj.expr) == 2**62 - 1
 assert obj.canonical().splitlines()[-2:] == ["b60 = b59 + b59", "b60"]
-assert lang.parse(obj.canonical(), "again.dsl").expr == obj.expr
+assert dsl.parse(obj.canonical(), "again.dsl").expr == obj.expr
 lp, old = torch.full((2, 3), -0.5, dtype=torch.float64), torch.full((2, 3), -0.7, dtype=torch.float64)
 A, mask = torch.tensor([[1.0, -2.0, 0.5], [0.25, 1.0, -1.0]], dtype=torch.float64), torch.ones(2, 3)
 grads = []
@@ -491,8 +491,8 @@ def test_a_long_expression_prints_abbreviated_without_a_name_to_refer_to():
 def test_numpy_plan_evaluates_a_min_or_max_of_250_arguments_as_the_ir_does(op, expected):
     # the compiled plan folds them in one reduce: nested calls past 200 levels do not compile
     import numpy as np
-    from openrlhf_drpo.lang.walks import evaluate, numpy_plan
-    from openrlhf_drpo.lang.parser import parse
+    from dsl.walks import evaluate, numpy_plan
+    from dsl.parser import parse
     obj = parse(f"{op}(" + ", ".join(f"r*{i + 1}" for i in range(250)) + ")*A\n")
     env = {"r": 0.5, "mu": 0.5, "pi": 0.25, "A": 1.0}
     got = numpy_plan(obj.expr)({k: np.array([v]) for k, v in env.items()})[0]

@@ -3,11 +3,11 @@ and batch reductions, each value's level and an objective's locality, all decide
 misuse as located errors; and the analysis's stated point for what it does not analyse yet."""
 import pytest
 
-from openrlhf_drpo import lang
-from openrlhf_drpo.lang import DslError
-from openrlhf_drpo.lang.levels import kept_whole, levels, locality, reductions
-from openrlhf_drpo.lang.walks import uniform_view
-from openrlhf_drpo.lang.printing import render
+import dsl
+from dsl import DslError
+from dsl.levels import kept_whole, levels, locality, reductions
+from dsl.walks import uniform_view
+from dsl.printing import render
 
 
 @pytest.mark.parametrize("unicode, ascii_", [
@@ -16,15 +16,15 @@ from openrlhf_drpo.lang.printing import render
     ("r*A + 0.01*H", "r*A + 0.01*H"),
 ])
 def test_the_new_built_ins_have_one_ir_in_unicode_and_ascii(unicode, ascii_):
-    assert lang.parse(unicode).expr == lang.parse(ascii_).expr
+    assert dsl.parse(unicode).expr == dsl.parse(ascii_).expr
 
 
 def test_the_entropy_alone_is_an_objective_with_a_gradient():
-    assert lang.parse("0.01*H").names() == {"H"}
+    assert dsl.parse("0.01*H").names() == {"H"}
 
 
 def test_a_name_for_a_reduction_of_numbers_is_a_binding_not_a_parameter():
-    obj = lang.parse("p = 0.5\nt = prefix_sum(1)\nexp(clip(log(r), -0.1*t^p, 0.1*t^p))*A")
+    obj = dsl.parse("p = 0.5\nt = prefix_sum(1)\nexp(clip(log(r), -0.1*t^p, 0.1*t^p))*A")
     assert obj.params == {"p": 0.5} and "t" in obj.bindings and obj.bindings["t"].op == "prefix_sum"
 
 
@@ -69,7 +69,7 @@ ERRORS = [
 @pytest.mark.parametrize("text, line, col, message, hint", ERRORS, ids=[e[3][:40] for e in ERRORS])
 def test_misuse_of_the_third_version_is_a_located_error(text, line, col, message, hint):
     with pytest.raises(DslError) as e:
-        lang.parse(text, "x.dsl")
+        dsl.parse(text, "x.dsl")
     assert (e.value.line, e.value.col) == (line, col)
     assert str(e.value).startswith(f"x.dsl:{line}:{col}: error: {message}")
     assert hint is None or hint in e.value.hint
@@ -87,7 +87,7 @@ LEVELS = [
 
 @pytest.mark.parametrize("text, level", LEVELS)
 def test_each_value_has_the_level_its_operations_give(text, level):
-    expr = lang.parse(f"δ = 1\nr*A + sg({text})").expr
+    expr = dsl.parse(f"δ = 1\nr*A + sg({text})").expr
     inner = next(n for n in expr.walk() if n.op == "sg").args[0]
     assert levels(expr)[inner] == level, render(inner)
 
@@ -108,7 +108,7 @@ LOCALITY = [
 
 @pytest.mark.parametrize("text, width, whole", LOCALITY)
 def test_an_objectives_locality_is_the_widest_reduction_its_policy_passes_through(text, width, whole):
-    obj = lang.parse(text)
+    obj = dsl.parse(text)
     assert obj.locality() == locality(obj.expr) == width
     assert kept_whole(obj.expr) == whole
 
@@ -119,12 +119,12 @@ def test_an_objectives_locality_is_the_widest_reduction_its_policy_passes_throug
     ("sg(batch_mean(r))*r*A", True, False), ("exp(sg(prefix_sum(log(r)) - log(r)) + log(r))*A", True, False),
 ])
 def test_each_reduction_says_whether_it_reads_the_policy_and_passes_a_gradient(text, policy, gradient):
-    (found,) = reductions(lang.parse(text).expr)
+    (found,) = reductions(dsl.parse(text).expr)
     assert (found.policy, found.gradient) == (policy, gradient)
 
 
 def test_a_group_or_batch_reduction_reads_its_arguments_level():
-    found = {r.node.op: r.level for r in reductions(lang.parse("r*(group_mean(A) + batch_mean(seq_len))").expr)}
+    found = {r.node.op: r.level for r in reductions(dsl.parse("r*(group_mean(A) + batch_mean(seq_len))").expr)}
     assert found == {"group_mean": "token", "batch_mean": "response"}
 
 
@@ -140,4 +140,4 @@ def test_a_group_or_batch_reduction_reads_its_arguments_level():
      "r * A - exp(log(μ * ρ_ref) - log(π)) + 0.1 * H + sg(π^2 + (1 - π)^2)"),
 ])
 def test_the_analysis_holds_the_third_version_at_a_stated_point(text, view):
-    assert render(uniform_view(lang.parse(text).expr, "old")) == view
+    assert render(uniform_view(dsl.parse(text).expr, "old")) == view

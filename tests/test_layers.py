@@ -1,19 +1,24 @@
-"""The package reads top-down: every import inside openrlhf_drpo, at module level or inside a
-function, goes to a module below the importer in LAYERS (so there is no cycle and nothing runs
-back up: the language knows no analysis, the core no host, no host the lab), no private name is
-imported from another module, and no source file or class outgrows a reading."""
+"""The two packages read top-down: every import inside dsl and openrlhf_drpo, at module level or
+inside a function, goes to a module below the importer in LAYERS (so there is no cycle and
+nothing runs back up: the language knows no loss or analysis, the core no host, no host the
+lab), no private name is imported from another module, and no source file or class outgrows a
+reading."""
 import ast
+import subprocess
+import sys
 import pathlib
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "openrlhf_drpo"
-# bottom first: the language, the torch code generated from it and the loss core, the analysis
-# (its engine, the typed result, its entry point and presentation), the shipped library, the
-# hosts, the lab, the command line
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("dsl", "openrlhf_drpo")
+# bottom first: the language (the package dsl, which imports nothing above it), the torch code
+# generated from it and the loss core, the analysis (its engine, the typed result, its entry
+# point and presentation), the hosts, the lab, the command line
 LAYERS = [
-    "lang.errors", "lang.names", "lang.ir", "lang.lowerings", "lang.adjoints", "lang.operations", "lang.levels",
-    "lang.walks", "lang.printing", "lang.source", "lang.objective", "lang.expressions", "lang.parser", "lang",
+    "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.operations", "dsl.levels",
+    "dsl.walks", "dsl.printing", "dsl.source", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
+    "dsl",
     "core.rewrites", "core.reverse_mode", "core.codegen", "core.values", "core.boundary", "core.collectives",
     "core.kernels",
     "core.measures", "core.loss",
@@ -24,40 +29,53 @@ LAYERS = [
     "analysis.alerts", "analysis.alert_text",
     "analysis.claims", "analysis.admissibility", "analysis.equiv", "analysis.result", "analysis.orchestrator",
     "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis",
-    "objectives",
     "hosts", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward", "hosts.openrlhf.loss",
     "hosts.openrlhf.logprobs", "hosts.openrlhf.inputs",
     "hosts.openrlhf.actor", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
     "hosts.verl",
     "lab.toytask", "lab.task", "lab.pipe", "lab.results", "lab.driver", "lab", "lab.__main__",
-    "cli", "trl", "verl", "",
+    "cli", "trl", "verl", "openrlhf_drpo",
 ]
 
 
 def module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    """dsl.parser, dsl, analysis.report (openrlhf_drpo's modules are named inside it), openrlhf_drpo."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(parts[1:] if parts[0] == "openrlhf_drpo" and len(parts) > 1 else parts)
 
 
-MODULES = sorted(module_name(p) for p in PACKAGE.rglob("*.py"))
+SOURCES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+MODULES = sorted(module_name(p) for p in SOURCES)
+
+
+def module_path(name):
+    top = name.split(".")[0]
+    path = ROOT.joinpath(*name.split(".")) if top in PACKAGES else ROOT.joinpath("openrlhf_drpo", *name.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def local(module):
+    """The LAYERS name of an imported module of either package, or None for anything else."""
+    if module == "openrlhf_drpo" or module == "dsl" or module.startswith("dsl."):
+        return module
+    return module[len("openrlhf_drpo."):] if module.startswith("openrlhf_drpo.") else None
 
 
 def imports(name):
-    """(line, module imported, name imported or None) for every import of an openrlhf_drpo module."""
-    path = PACKAGE.joinpath(*name.split(".")) if name else PACKAGE
-    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    """(line, module imported, name imported or None) for every import of a dsl or openrlhf_drpo module."""
+    path = module_path(name)
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.level:
-            raise AssertionError(f"{path}:{node.lineno}: a relative import (this package imports by full name)")
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("openrlhf_drpo"):
-            module = node.module[len("openrlhf_drpo."):] if node.module != "openrlhf_drpo" else ""
+            raise AssertionError(f"{path}:{node.lineno}: a relative import (these packages import by full name)")
+        if isinstance(node, ast.ImportFrom) and local(node.module or "") is not None:
+            module = local(node.module)
             for a in node.names:     # `from openrlhf_drpo.lab import pipe` imports the module lab.pipe
-                sub = f"{module}.{a.name}" if module else a.name
+                sub = f"{module}.{a.name}" if module != "openrlhf_drpo" else a.name
                 out.append((node.lineno, sub, None) if sub in MODULES else (node.lineno, module, a.name))
         elif isinstance(node, ast.Import):
-            out += [(node.lineno, a.name[len("openrlhf_drpo."):], None) for a in node.names
-                    if a.name.startswith("openrlhf_drpo.")]
+            out += [(node.lineno, local(a.name), None) for a in node.names if local(a.name) is not None]
     return path, out
 
 
@@ -70,11 +88,11 @@ def test_a_module_imports_only_from_below_it_and_no_private_name(name):
     rank = LAYERS.index(name)
     path, found = imports(name)
     for line, module, imported in found:
-        assert LAYERS.index(module) < rank, f"{path}:{line} imports openrlhf_drpo.{module}, which is not below it"
+        assert LAYERS.index(module) < rank, f"{path}:{line} imports {module}, which is not below it"
         assert not (imported or "").startswith("_"), f"{path}:{line} imports the private {module}.{imported}"
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_source_file_or_class_outgrows_a_reading(path):
     text = path.read_text(encoding="utf-8")
     assert text.count("\n") <= 400, f"{path} has {text.count(chr(10))} lines"
@@ -82,3 +100,11 @@ def test_no_source_file_or_class_outgrows_a_reading(path):
         if isinstance(node, ast.ClassDef):
             assert node.end_lineno - node.lineno < 120, f"{path}: class {node.name} has " \
                 f"{node.end_lineno - node.lineno + 1} lines"
+
+
+def test_the_language_package_runs_with_nothing_of_openrlhf_drpo():
+    code = ("import sys, dsl, dsl.parser, dsl.walks, dsl.library\n"
+            "dsl.load('otb')\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('openrlhf_drpo', 'objectives')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout == "[]\n", out.stdout

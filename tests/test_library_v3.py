@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import CompiledLoss
 
 F64 = torch.float64
@@ -225,7 +225,7 @@ def test_the_library_objectives_locality_and_inputs_are_what_hosts_must_provide(
             "ctpo": ("response", set()), "otb": ("group", {"sum_pi_sq", "groups"}),
             "trust_the_batch": ("batch", {"batch"}), "oapl": ("response", {"rollout_log_probs", "groups"})}
     for name, (locality, inputs) in want.items():
-        assert (lang.load(name).locality(), set(CompiledLoss(name).inputs())) == (locality, inputs), name
+        assert (dsl.load(name).locality(), set(CompiledLoss(name).inputs())) == (locality, inputs), name
 
 
 @pytest.mark.parametrize("name, rows", [("otb", [0, 1, 2, 6]), ("oapl", [3, 4, 5, 9])])

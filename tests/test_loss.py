@@ -18,16 +18,16 @@ from hypothesis import HealthCheck, assume, event, given, settings, strategies a
 from extra_inputs import extra_inputs
 from strategies import POLICY_OBJECTIVES, draws
 
-from openrlhf_drpo import lang
-from openrlhf_drpo.lang import DslError
+import dsl
+from dsl import DslError
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
 from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss
 from openrlhf_drpo.core.loss import extra_inputs as extra_inputs_of
-from openrlhf_drpo.lang.levels import third_version
+from dsl.levels import third_version
 
-SHIPPED = lang.shipped_names()
+SHIPPED = dsl.shipped_names()
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 _WEIGHTS: dict = {}
 
@@ -40,7 +40,7 @@ def weight_fn(name, rho=1.0):
     its π_ref channel's ∂ℓ_ref/∂log π as a function of (r, μ, A, q = π_ref/π) where the analysis
     reports the π_ref terms on their own (else None)."""
     if (name, rho) not in _WEIGHTS:
-        obj = lang.load(name)
+        obj = dsl.load(name)
         # at call's held point: groups of one (a group of equal responses), not the analysis's default spread group
         res = analyze(obj, seq_len=SEQ_LEN, rho=rho, group=(1,))
         ref = res.reference if res.reference and res.reference["own"] else None
@@ -64,12 +64,12 @@ def token_level(name) -> bool:
 @functools.lru_cache(maxsize=None)
 def analyze_scope(name):
     from openrlhf_drpo.analysis.orchestrator import analysis_view
-    return analysis_view(lang.load(name))[1]
+    return analysis_view(dsl.load(name))[1]
 
 
 # ObjectiveLoss as OpenRLHF's PolicyLoss has no argument for the third version's inputs (drpo-train
 # gives them): those objectives run through the core itself, with them (tests/extra_inputs.py).
-THIRD = {n for n in SHIPPED if third_version(lang.load(n).expr)}
+THIRD = {n for n in SHIPPED if third_version(dsl.load(n).expr)}
 # where the analysis's weight is not each token's on this batch: a prefix's held point is the
 # response's last token (ctpo); a batch statistic is held at its uniform value, and this batch's ESS
 # is not 1 (trust_the_batch); OTB's baseline is held on a group of G equal responses, and its w is
@@ -521,7 +521,7 @@ def _random_case(text, seed):
     """A random objective's loss and gradient by the fused and the plain path on a small batch
     (a clamped ratio at odd seeds: the eager code's other branch), and why the two cannot be
     compared there: an overflow in the random expression, or no gradient on the whole batch."""
-    obj = lang.parse(f"δ = 0.3\n{text}")        # the strategy depends on the policy: never refused
+    obj = dsl.parse(f"δ = 0.3\n{text}")        # the strategy depends on the policy: never refused
     new, old, A, mask = batch(seed, B=3, T=5)
     if seed % 2:
         new[0, 0] = old[0, 0] + 25
@@ -539,7 +539,7 @@ def _random_case(text, seed):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(POLICY_OBJECTIVES, st.integers(0, 10_000))
 def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(text, seed):
-    from openrlhf_drpo.lang.walks import evaluate
+    from dsl.walks import evaluate
     why, obj, (new, old, A), ((l0, g0), (l1, g1)) = _random_case(text, seed)
     event(f"filtered: {why}" if why else "compared")
     assume(why is None)
@@ -579,7 +579,7 @@ ATOM_OBJECTIVES = [
 
 @pytest.mark.parametrize("text", ATOM_OBJECTIVES, ids=["erf_gate", "atan_gate", "softsign_gate", "mixed"])
 def test_objectives_on_the_smooth_atoms_have_the_analysed_gradient_fused_or_plain(text):
-    obj = lang.parse(text + "\n")
+    obj = dsl.parse(text + "\n")
     w = analyze(obj).w
     for seed, extreme, clamped in ((0, False, False), (7, True, False), (3, False, True)):
         new, old, A, mask = batch(seed, B=8, T=16, extreme=extreme)
@@ -612,7 +612,7 @@ def test_compiled_fused_kernel_compiles_once_for_every_sequence_length_and_equal
     # one graph; without it dynamo compiles a static graph, then again for the second length.
     from torch._dynamo.utils import counters
     if name == "smooth_atoms":     # erf, atan and softsign in one objective
-        name = lang.parse(ATOM_OBJECTIVES[-1] + "\n")
+        name = dsl.parse(ATOM_OBJECTIVES[-1] + "\n")
     torch._dynamo.reset()
     counters.clear()
     compiled = ObjectiveLoss(name, aggregate=aggregate, compile=True)
@@ -689,7 +689,7 @@ def test_the_in_place_eager_path_never_writes_into_its_inputs(text, clamped):
     grads = []
     for fused in (True, False):
         lp = new.clone().requires_grad_()
-        ObjectiveLoss(lang.parse(text + "\n", "t.dsl"), fused=fused)(lp, old, A, action_mask=mask)[0].backward()
+        ObjectiveLoss(dsl.parse(text + "\n", "t.dsl"), fused=fused)(lp, old, A, action_mask=mask)[0].backward()
         grads.append(lp.grad)
     assert all(torch.equal(a, b) for a, b in zip(copies, (new, old, A, mask)))
     assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15)

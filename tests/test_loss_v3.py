@@ -14,11 +14,11 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from strategies import V3_OBJECTIVES
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import Aggregation, CompiledLoss
-from openrlhf_drpo.lang import DslError
-from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS
-from openrlhf_drpo.lang.operations import OPS
+from dsl import DslError
+from dsl.lowerings import TORCH_REDUCTIONS
+from dsl.operations import OPS
 
 F64 = torch.float64
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -149,7 +149,7 @@ TABLE = [
 @pytest.mark.parametrize("text", TABLE)
 def test_the_fused_path_equals_the_plain_one_in_loss_and_in_both_gradients(text, mode):
     b = batch(1)
-    obj = lang.parse(f"@aggregate = {mode}\n{text}")
+    obj = dsl.parse(f"@aggregate = {mode}\n{text}")
     kw = dict(aggregation=Aggregation(norm=11.0)) if mode == "token-mean" else {}
     (l0, g0, h0), (l1, g1, h1) = (run(CompiledLoss(obj, fused=f), b, **kw) for f in (True, False))
     assert torch.allclose(l0, l1, rtol=1e-12, atol=1e-15)
@@ -165,7 +165,7 @@ def test_the_fused_path_equals_the_plain_one_in_loss_and_in_both_gradients(text,
 def test_masked_nan_and_inf_never_reach_the_loss_or_either_gradient(text, sync_free):
     b = batch(2)
     for fused in (True, False):
-        loss_fn = CompiledLoss(lang.parse(text), fused=fused)
+        loss_fn = CompiledLoss(dsl.parse(text), fused=fused)
         loss_fn.sync_free = sync_free
         clean, messy = run(loss_fn, b), run(loss_fn, b, clean=False)
         assert torch.equal(clean[0], messy[0]) and torch.equal(clean[1], messy[1]), text
@@ -176,7 +176,7 @@ def test_masked_nan_and_inf_never_reach_the_loss_or_either_gradient(text, sync_f
 @given(V3_OBJECTIVES, st.sampled_from(MODES), st.integers(0, 10_000))
 def test_fused_and_plain_paths_agree_on_random_compositions_of_the_new_reductions(text, mode, seed):
     try:
-        obj = lang.parse(f"δ = 0.3\n@aggregate = {mode}\n{text}")
+        obj = dsl.parse(f"δ = 0.3\n@aggregate = {mode}\n{text}")
     except DslError:
         obj = None
     assume(obj is not None)                 # (no dependence on the policy)
@@ -200,7 +200,7 @@ def test_calls_holding_whole_groups_give_the_gradient_of_one_call_and_a_split_gr
     gives exactly its rows of the one-call gradient; a call that splits a group does not (what a
     host must refuse)."""
     b = batch(3)
-    loss_fn, agg = CompiledLoss(lang.parse(text)), Aggregation(norm=17.0)
+    loss_fn, agg = CompiledLoss(dsl.parse(text)), Aggregation(norm=17.0)
     whole = run(loss_fn, b, aggregation=agg)[1]
     for rows in ([0, 1, 5], [2, 3, 4, 6, 7]):         # whole groups
         assert torch.allclose(run(loss_fn, _split(b, rows), aggregation=agg)[1], whole[rows], rtol=1e-12, atol=1e-15)
@@ -223,7 +223,7 @@ def test_the_entropys_gradient_reaches_the_logits_through_the_hosts_graph():
     hand = -((torch.exp(logp - old) * A + c * H) * mask).sum() / mask.sum()
     (expected,) = torch.autograd.grad(hand, logits, retain_graph=True)
     for fused in (True, False):
-        loss, _ = CompiledLoss(lang.parse(f"r*A + {c}*H"), fused=fused)(logp, old, A, mask, entropy=H)
+        loss, _ = CompiledLoss(dsl.parse(f"r*A + {c}*H"), fused=fused)(logp, old, A, mask, entropy=H)
         (got,) = torch.autograd.grad(loss, logits, retain_graph=True)
         assert torch.allclose(got, expected, rtol=1e-12, atol=1e-15)
 
@@ -232,7 +232,7 @@ _RANK = """
 import json, sys, torch, torch.distributed as dist
 sys.path.insert(0, {tests!r})
 from test_loss_v3 import batch, run, _split
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2)
@@ -241,7 +241,7 @@ out = {{}}
 for text in {texts!r}:
     for fused, sync_free in ((True, False), (True, True), (False, False)):
         for norm in (13.0, None):      # None: each rank's own token count, 14 and 23 here
-            loss_fn = CompiledLoss(lang.parse(text), fused=fused)
+            loss_fn = CompiledLoss(dsl.parse(text), fused=fused)
             loss_fn.sync_free = sync_free
             loss, g, h = run(loss_fn, b, aggregation=Aggregation(norm=norm, process_group=dist.group.WORLD))
             out[f"{{text}}|{{fused}}|{{sync_free}}|{{norm}}"] = [loss.item(), g.tolist(),
@@ -269,7 +269,7 @@ def test_batch_reductions_across_two_ranks_give_the_one_process_gradient(tmp_pat
     ranks = [json.loads(o[0]) for o in outs]
     b = batch(5)
     for text in BATCH_TEXTS:
-        whole = run(CompiledLoss(lang.parse(text), fused=False), b, aggregation=Aggregation(norm=13.0))
+        whole = run(CompiledLoss(dsl.parse(text), fused=False), b, aggregation=Aggregation(norm=13.0))
         for key in [k for k in ranks[0] if k.startswith(text + "|") and k.endswith("|13.0")]:
             (l0, g0, h0), (l1, g1, h1) = ranks[0][key], ranks[1][key]
             assert math.isclose(l0 + l1, whole[0].item(), rel_tol=1e-12), key
@@ -302,7 +302,7 @@ B0 = batch(6)
 def test_a_bad_third_version_input_is_refused_with_its_name_shape_and_fix(change, message):
     args = {**dict(ref_log_probs=B0["ref"], entropy=B0["H"], sum_pi_sq=B0["spq"], groups=B0["groups"]), **change}
     with pytest.raises(ValueError, match="^" + message):
-        CompiledLoss(lang.parse(TABLE[11]))(B0["new"], B0["old"], B0["A"], B0["mask"], **args)
+        CompiledLoss(dsl.parse(TABLE[11]))(B0["new"], B0["old"], B0["A"], B0["mask"], **args)
 
 
 @pytest.mark.parametrize("text, missing, message", [
@@ -317,18 +317,18 @@ def test_an_input_the_objective_reads_and_the_call_lacks_is_refused_naming_what_
     args = dict(ref_log_probs=B0["ref"], entropy=B0["H"], sum_pi_sq=B0["spq"], groups=B0["groups"])
     args[missing] = None
     with pytest.raises(ValueError) as e:
-        CompiledLoss(lang.parse(text, "x.dsl"))(B0["new"], B0["old"], B0["A"], B0["mask"], **args)
+        CompiledLoss(dsl.parse(text, "x.dsl"))(B0["new"], B0["old"], B0["A"], B0["mask"], **args)
     assert str(e.value) == message
 
 
 def test_inputs_lists_what_each_objective_reads_and_what_a_call_keeps_whole_for_hosts_to_refuse():
-    reads = CompiledLoss(lang.parse(TABLE[5] + " + 0.1*H + batch_mean(r)*A", "x.dsl")).inputs()
+    reads = CompiledLoss(dsl.parse(TABLE[5] + " + 0.1*H + batch_mean(r)*A", "x.dsl")).inputs()
     assert reads == {"entropy": "H (the entropy, with its gradient)", "sum_pi_sq": "sum_π_sq (Σ_v π_v²)",
                      "groups": "group_count, group_sum (each prompt's responses whole in one loss call, with their "
                                "group ids)",
                      "batch": "batch_mean (the optimizer step's whole batch in one loss call on each rank)"}
     assert CompiledLoss("ppo").inputs() == {}
-    loss_fn = CompiledLoss(lang.parse(TABLE[9], "ess.dsl"))
+    loss_fn = CompiledLoss(dsl.parse(TABLE[9], "ess.dsl"))
     with pytest.raises(ValueError, match=r"^Toy: objective 'ess' uses batch_mean \(the optimizer step's whole batch "
                                          r"in one loss call on each rank\), but micro_batch < optimizer batch$"):
         loss_fn.refuse_missing({"batch": "micro_batch < optimizer batch"}, "Toy")
@@ -342,7 +342,7 @@ def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(text, fused):
     value on the host (test_core's recorder)."""
     from test_core import HostReads, SyncOps
     b = batch(7)
-    loss_fn = CompiledLoss(lang.parse(text), fused=fused)
+    loss_fn = CompiledLoss(dsl.parse(text), fused=fused)
     loss_fn.sync_free = True
     with HostReads() as reads, SyncOps(reads.seen):
         lp, h = b["new"].clone().requires_grad_(), b["H"].clone().requires_grad_()
@@ -366,7 +366,7 @@ def test_a_group_of_equal_responses_gives_group_std_no_gradient_on_either_path(t
         lp, old = row.repeat(n, 1), (row + 0.1 * torch.randn(1, T, dtype=F64, generator=g)).repeat(n, 1)
         for fused in (False, True):
             x = lp.clone().requires_grad_()
-            loss, _ = CompiledLoss(lang.parse(text), fused=fused)(x, old, torch.ones(n, T, dtype=F64),
+            loss, _ = CompiledLoss(dsl.parse(text), fused=fused)(x, old, torch.ones(n, T, dtype=F64),
                                                                   groups=torch.zeros(n, dtype=torch.long))
             (grad,) = torch.autograd.grad(loss, x)
             if grad.abs().max() > 1e-12:

@@ -22,12 +22,12 @@ from extra_inputs import extra_inputs
 sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
 from gpu_check import edge_batch as gpu_edge_batch     # noqa: E402  (a script's folder, not a package)
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 from openrlhf_drpo.core.loss import extra_inputs as extra_inputs_of
 from openrlhf_drpo.core.kernels import RATIO_RANGE, aggregation_coef
 
-SHIPPED = lang.shipped_names()
+SHIPPED = dsl.shipped_names()
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 GRAD_TOL = {"fp32": 1e-5, "bf16": 2 ** -8 + 1e-5}
 LOSS_TOL = 1e-5
@@ -100,7 +100,7 @@ def test_every_fused_kernel_gives_the_float64_loss_and_gradient_in_fp32_and_bf16
 EXTREMES = [-800.0, -110.0, -90.0, -30.0, 30.0, 90.0, 800.0]
 # objectives that read log π − log μ but never the clamped r: their metrics' ratio comes unclamped
 # from the generated code (a sequence ratio for GSPO, GMPO, ...)
-RAW_RATIO = [n for n in SHIPPED if "r" not in lang.load(n).names()]
+RAW_RATIO = [n for n in SHIPPED if "r" not in dsl.load(n).names()]
 # objectives whose own value overflows past a log-ratio of 88.7 in fp32 (709.8 in float64), and whose
 # gradient underflows below -87: they read exp(log π − log μ) unclamped
 # (trust_the_batch: its batch ESS reads every w, so one inf w makes the loss NaN; FeynRL falls back to

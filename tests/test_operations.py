@@ -1,4 +1,4 @@
-"""Every row of the operation table (openrlhf_drpo.lang.operations.OPS), one by one: its SymPy, Python,
+"""Every row of the operation table (dsl.operations.OPS), one by one: its SymPy, Python,
 numpy and torch lowerings give one value at every special double (±0, ±1e-300, ±1e300, ±inf,
 NaN, ...), each documented difference asserted as what it is; its derivative rule equals
 sympy.diff and torch's autograd at ordinary points, and at every special value the rule gives one
@@ -16,12 +16,12 @@ import pytest
 import sympy as sp
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core.codegen import KERNELS
-from openrlhf_drpo.lang.ir import ONE, ZERO, Node, num
-from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS
-from openrlhf_drpo.lang.operations import FUNCTIONS, OPS, Op
-from openrlhf_drpo.lang.walks import NonLocal, derivative, evaluate, held_count, numpy_plan, to_sympy
+from dsl.ir import ONE, ZERO, Node, num
+from dsl.lowerings import TORCH_REDUCTIONS
+from dsl.operations import FUNCTIONS, OPS, Op
+from dsl.walks import NonLocal, derivative, evaluate, held_count, numpy_plan, to_sympy
 
 NAN, INF = math.nan, math.inf
 SPECIAL = [0.0, -0.0, 1e-300, -1e-300, 1e-8, 0.3, -0.3, 1.0, -1.0, 2.5, -2.5, 6.0, -6.0, 27.0, -27.0, 40.0,
@@ -420,10 +420,10 @@ def test_the_functions_a_user_calls_are_the_callable_rows_each_with_its_signatur
         if not op.callable:
             assert name not in FUNCTIONS
             if name.isidentifier() and name not in ("and", "or", "not"):     # keywords are operators
-                with pytest.raises(lang.DslError, match=rf"unknown function '{name}'"):
-                    lang.parse(f"r*A*{name}(r)")
+                with pytest.raises(dsl.DslError, match=rf"unknown function '{name}'"):
+                    dsl.parse(f"r*A*{name}(r)")
             continue
         sig = op.signature
         assert sig.startswith(f"{name}(") and FUNCTIONS[name] == op.arity
-        with pytest.raises(lang.DslError, match=rf"hint: write {sig.replace('(', '[(]').replace(')', '[)]')}"):
-            lang.parse(f"r*A*{name}()")
+        with pytest.raises(dsl.DslError, match=rf"hint: write {sig.replace('(', '[(]').replace(')', '[)]')}"):
+            dsl.parse(f"r*A*{name}()")

@@ -1,4 +1,4 @@
-"""Every reduction row of the operation table (openrlhf_drpo.lang.operations.OPS), generated from the
+"""Every reduction row of the operation table (dsl.operations.OPS), generated from the
 table as PyTorch's OpInfo generates its operator tests: a row added there is tested here without
 being listed anywhere. For each row, small objectives reading it at a token-level and a
 response-level argument (and H, through its own channel) are compiled both ways; the fused
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core import Aggregation, CompiledLoss
-from openrlhf_drpo.lang.ir import Node
-from openrlhf_drpo.lang.operations import OPS, Op
+from dsl.ir import Node
+from dsl.operations import OPS, Op
 
 F64 = torch.float64
 ROWS = [k for k, op in OPS.items() if op.reduce]
@@ -116,9 +116,9 @@ def objective(name, template):
     """The template with the row: parsed where a user may call it; an internal row (suffix_sum)
     swapped into the IR parsed with a callable reduction in its place."""
     if OPS[name].callable:
-        return lang.parse(template.format(f=name))
+        return dsl.parse(template.format(f=name))
     stand_in = next(k for k in ROWS if OPS[k].callable and OPS[k].over not in ("group", "batch"))
-    obj = lang.parse(template.format(f=stand_in))
+    obj = dsl.parse(template.format(f=stand_in))
     memo = {}
 
     def swap(n):

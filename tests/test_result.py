@@ -6,7 +6,7 @@ from dataclasses import fields
 import pytest
 import sympy as sp
 
-from openrlhf_drpo import lang
+import dsl
 import openrlhf_drpo.analysis.report as report_module
 from openrlhf_drpo.analysis.alert_text import TEXT, alert_text
 from openrlhf_drpo.analysis.alerts import KINDS, Alert
@@ -17,7 +17,7 @@ from openrlhf_drpo.analysis.result import Analysis
 
 @pytest.fixture(scope="module")
 def drpo():
-    return analyze(lang.load("drpo"))
+    return analyze(dsl.load("drpo"))
 
 
 def test_the_json_is_each_declared_field_under_its_name_in_declaration_order(drpo):
@@ -69,6 +69,6 @@ def test_the_result_still_reads_like_the_dict_it_was(drpo):
     assert drpo.get("no such field", "absent") == "absent"
     with pytest.raises(KeyError, match="^'no such field'$"):
         drpo["no such field"]
-    renamed = analyze(lang.load("ppo"))
+    renamed = analyze(dsl.load("ppo"))
     renamed["name"] = "ppo (ε = 0.2)"          # as drpo-lab labels its rows
     assert renamed.name == "ppo (ε = 0.2)" and to_json(renamed)["name"] == "ppo (ε = 0.2)"

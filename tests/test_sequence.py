@@ -10,8 +10,8 @@ import torch
 from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
 from strategies import SEQUENCE_OBJECTIVES, draws
 
-from openrlhf_drpo import lang
-from openrlhf_drpo.lang import DslError
+import dsl
+from dsl import DslError
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
@@ -53,7 +53,7 @@ def run(loss_fn, new, old, A, mask, rollout=None, **scaling):
 ])
 def test_a_reduction_reads_only_its_responses_unmasked_tokens_and_is_zero_on_an_empty_one(kind, reduce):
     new, old, rollout, A, mask = batch(0)
-    objective = compile_objective(lang.parse(f"seq_{kind}(log(π))"))[0]
+    objective = compile_objective(dsl.parse(f"seq_{kind}(log(π))"))[0]
     got = objective(dirty(new, mask), old, A, old, rollout, mask)
     for b in range(new.shape[0]):
         expected = reduce(new[b][mask[b]]) if mask[b].any() else torch.tensor(0.0, dtype=new.dtype)
@@ -62,7 +62,7 @@ def test_a_reduction_reads_only_its_responses_unmasked_tokens_and_is_zero_on_an_
 
 def test_the_response_length_counts_unmasked_tokens():
     new, old, rollout, A, mask = batch(1)
-    objective = compile_objective(lang.parse("seq_len*r"))[0]
+    objective = compile_objective(dsl.parse("seq_len*r"))[0]
     got = objective(new, old, A, None, None, mask)
     assert torch.equal(got, mask.sum(-1, keepdim=True).double() * torch.exp(new - old))
 
@@ -85,7 +85,7 @@ SEQUENCE_TABLE = [
 def test_the_fused_gradient_through_a_reduction_equals_autograd_in_every_aggregation_mode(text, mode):
     new, old, rollout, A, mask = batch(2)
     new[3] = old[3] + 0.2           # one ratio over a whole response: seq_max's ties
-    obj = lang.parse(f"@aggregate = {mode}\n{text}")
+    obj = dsl.parse(f"@aggregate = {mode}\n{text}")
     results = [run(ObjectiveLoss(obj, fused=fused), new, old, A, mask, rollout, **SCALINGS[1]) for fused in (True, False)]
     (l0, g0, _), (l1, g1, _) = results
     assert torch.allclose(l0, l1, rtol=1e-12, atol=1e-15)
@@ -97,7 +97,7 @@ def test_the_fused_gradient_through_a_reduction_equals_autograd_in_every_aggrega
 def test_masked_nan_and_inf_never_reach_a_sequence_objectives_loss_or_gradient(text):
     new, old, rollout, A, mask = batch(3)
     for fused in (True, False):
-        loss_fn = ObjectiveLoss(lang.parse(text), fused=fused)
+        loss_fn = ObjectiveLoss(dsl.parse(text), fused=fused)
         clean = run(loss_fn, new, old, A, mask, rollout)
         messy = run(loss_fn, dirty(new, mask), dirty(old, mask), dirty(A, mask), mask, dirty(rollout, mask))
         assert torch.equal(clean[0], messy[0]) and torch.equal(clean[1], messy[1])
@@ -107,7 +107,7 @@ def test_masked_nan_and_inf_never_reach_a_sequence_objectives_loss_or_gradient(t
 def _random_case(text, mode, seed):
     """A random sequence objective by the fused and the plain path on a small batch, and why the
     two cannot be compared there: an overflow, or no gradient on the whole batch."""
-    obj = lang.parse(f"δ = 0.3\n@aggregate = {mode}\n{text}")     # depends on the policy by construction
+    obj = dsl.parse(f"δ = 0.3\n@aggregate = {mode}\n{text}")     # depends on the policy by construction
     new, old, rollout, A, mask = batch(seed, B=4, T=5)
     out = [run(ObjectiveLoss(obj, fused=f), new, old, A, mask, rollout)[:2] for f in (True, False)]
     loss, grad = out[1]
@@ -144,22 +144,22 @@ def test_the_random_sequence_objectives_fused_and_plain_compare_on_are_rarely_fi
 ])
 def test_a_reduction_the_language_does_not_have_is_a_located_error(text, col, message):
     with pytest.raises(DslError) as e:
-        lang.parse(text, "x.dsl")
+        dsl.parse(text, "x.dsl")
     assert e.value.col == col and message in str(e.value)
     assert str(e.value).startswith(f"x.dsl:1:{col}: error: ")
 
 
 # ---------------------------------------------------------------- the three probabilities
 def test_the_old_and_rollout_policies_have_unicode_and_ascii_names():
-    assert lang.parse("π_old*r*A").expr == lang.parse("pi_old*r*A").expr
-    assert lang.parse("π_rollout*r*A").expr == lang.parse("pi_rollout*r*A").expr
+    assert dsl.parse("π_old*r*A").expr == dsl.parse("pi_old*r*A").expr
+    assert dsl.parse("π_rollout*r*A").expr == dsl.parse("pi_rollout*r*A").expr
 
 
 @pytest.mark.parametrize("anchor, mu_is", [("old", "π_old"), ("rollout", "π_rollout")])
 def test_mu_is_the_policy_the_anchor_names(anchor, mu_is):
     new, old, rollout, A, mask = batch(4)
-    a = run(ObjectiveLoss(lang.parse(f"@anchor = {anchor}\nr*A - (π - μ)^2")), new, old, A, mask, rollout)
-    b = run(ObjectiveLoss(lang.parse(f"@anchor = {anchor}\nexp(log(π) - log({mu_is}))*A - (π - {mu_is})^2")),
+    a = run(ObjectiveLoss(dsl.parse(f"@anchor = {anchor}\nr*A - (π - μ)^2")), new, old, A, mask, rollout)
+    b = run(ObjectiveLoss(dsl.parse(f"@anchor = {anchor}\nexp(log(π) - log({mu_is}))*A - (π - {mu_is})^2")),
             new, old, A, mask, rollout)
     assert torch.allclose(a[0], b[0], rtol=1e-13) and torch.allclose(a[1], b[1], rtol=1e-12, atol=1e-16)
 
@@ -167,7 +167,7 @@ def test_mu_is_the_policy_the_anchor_names(anchor, mu_is):
 def test_an_objective_naming_the_rollout_policy_needs_its_log_probs():
     new, old, rollout, A, mask = batch(5)
     with pytest.raises(ValueError, match="uses π_rollout, but no rollout log-probs were given"):
-        ObjectiveLoss(lang.parse("r*A*min(π_old/π_rollout, 2)"))(new, old, A, action_mask=mask)
+        ObjectiveLoss(dsl.parse("r*A*min(π_old/π_rollout, 2)"))(new, old, A, action_mask=mask)
 
 
 # ---------------------------------------------------------------- OpenRLHF's PolicyLoss, every configuration
@@ -207,7 +207,7 @@ def _config_id(kw):
 def test_every_configuration_policy_loss_refuses_is_refused_and_every_other_is_written():
     for kwargs in CONFIGS:
         if _valid(kwargs):
-            lang.parse(policy_loss_text(**kwargs))
+            dsl.parse(policy_loss_text(**kwargs))
         else:       # refused as PolicyLoss refuses it: the same type, the same message
             kind, message = _refusal(kwargs)
             with pytest.raises(kind, match=f"^{re.escape(message)}$"):
@@ -219,7 +219,7 @@ def test_every_configuration_policy_loss_refuses_is_refused_and_every_other_is_w
 def test_every_policy_loss_configuration_is_an_objective_with_its_loss_and_gradient(kwargs):
     new, old, rollout, A, mask = batch(6, B=8, T=14)
     peer = PolicyLoss(**kwargs)
-    obj = lang.parse(policy_loss_text(**kwargs), "policy_loss.dsl")
+    obj = dsl.parse(policy_loss_text(**kwargs), "policy_loss.dsl")
     for scaling, fused in itertools.product(SCALINGS, (True, False)):
         ours = ObjectiveLoss(obj, fused=fused)
         # PolicyLoss multiplies by the mask, so a masked NaN reaches its result: it gets clean inputs
@@ -238,13 +238,13 @@ def test_every_policy_loss_configuration_is_an_objective_with_its_loss_and_gradi
 ])
 def test_drpo_trains_composition_of_the_is_correction_with_ppo_equals_policy_loss(level, mode, gating, threshold):
     new, old, rollout, A, mask = batch(7, B=8, T=14)
-    composed = compose(lang.load("ppo"), is_correction_factor(level, mode, gating, threshold))
+    composed = compose(dsl.load("ppo"), is_correction_factor(level, mode, gating, threshold))
     peer = PolicyLoss(is_correction_level=level, is_correction_mode=mode, is_correction_gating=gating,
                       is_correction_threshold=threshold)
     expected = run(peer, new, old, A, mask.double(), rollout)
     got = run(ObjectiveLoss(composed), new, old, A, mask, rollout)
     assert torch.allclose(got[0], expected[0], rtol=1e-12) and torch.allclose(got[1], expected[1], rtol=1e-10, atol=1e-15)
-    assert composed.name == "ppo" and composed.params == lang.load("ppo").params
+    assert composed.name == "ppo" and composed.params == dsl.load("ppo").params
 
 
 # ---------------------------------------------------------------- what the objective filters
@@ -258,7 +258,7 @@ def test_the_fraction_filtered_is_openrlhfs_is_filter_ratio(level, gating, thres
     kwargs = dict(is_correction_level=level, is_correction_mode="mask", is_correction_gating=gating,
                   is_correction_threshold=threshold)
     peer = PolicyLoss(**kwargs)(new, old, A, action_mask=mask.double(), rollout_log_probs=rollout)[4]
-    loss_fn = ObjectiveLoss(lang.parse(policy_loss_text(**kwargs)))
+    loss_fn = ObjectiveLoss(dsl.parse(policy_loss_text(**kwargs)))
     ours = loss_fn(dirty(new, mask), dirty(old, mask), dirty(A, mask), action_mask=mask,
                    rollout_log_probs=dirty(rollout, mask))[4]
     assert 0 < peer < 1 and torch.allclose(ours, peer.to(ours.dtype), rtol=1e-6)
@@ -287,7 +287,7 @@ def test_a_token_the_band_drops_is_dropped_even_where_its_is_weight_overflows(kw
     rollout[2, :] = -100.0
     expected = run(PolicyLoss(**kwargs), new, old, A, mask.float(), rollout)
     for fused in (True, False):
-        got = run(ObjectiveLoss(lang.parse(policy_loss_text(**kwargs)), fused=fused), new, old, A, mask, rollout)
+        got = run(ObjectiveLoss(dsl.parse(policy_loss_text(**kwargs)), fused=fused), new, old, A, mask, rollout)
         assert torch.isfinite(got[0]) and torch.isfinite(got[1]).all()
         assert torch.allclose(got[0], expected[0], rtol=1e-5) and torch.allclose(got[1], expected[1], rtol=1e-4, atol=1e-7)
 
@@ -298,7 +298,7 @@ def test_the_response_length_alone_and_empty_inputs_work_on_both_paths(text):
     for shape in ((6, 10), (2, 0)):
         x = [t[: shape[0], : shape[1]] for t in (new, old, A, mask, rollout)]
         for fused in (True, False):
-            loss, grad, _ = run(ObjectiveLoss(lang.parse(text), fused=fused), x[0], x[1], x[2], x[3], x[4])
+            loss, grad, _ = run(ObjectiveLoss(dsl.parse(text), fused=fused), x[0], x[1], x[2], x[3], x[4])
             assert torch.isfinite(loss) and grad.shape == x[0].shape and torch.isfinite(grad).all()
 
 

@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -141,6 +142,12 @@ def test_the_analyzer_installs_and_runs_without_torch_openrlhf_or_vllm(tmp_path)
     proc = sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
               "-w", tmp_path / "dist", src)
     assert proc.returncode == 0, proc.stderr
+    # two packages and nothing else at the top; the shipped files inside the language's
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"dsl", "openrlhf_drpo"}
+    assert sorted(n[len("dsl/objectives/"):] for n in names if n.startswith("dsl/objectives/")) == \
+        sorted(p.name for p in (ROOT / "objectives").glob("*.dsl"))
     python, site = make_venv(tmp_path / "venv")
     for name in ("lark", "sympy", "mpmath", "numpy"):
         link_distribution(name, site)
@@ -160,7 +167,12 @@ def test_the_analyzer_installs_and_runs_without_torch_openrlhf_or_vllm(tmp_path)
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     assert proc.stdout.startswith("drpo — DRPO: Divergence Regularized Policy Optimization\n")
-    assert proc.stdout == here.stdout
+    # the same report, each citing the file it read, which exists
+    (installed,) = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  file ")]
+    (checkout,) = [line.split()[1] for line in here.stdout.splitlines() if line.startswith("  file ")]
+    assert installed.endswith("/dsl/objectives/drpo.dsl") and (tmp_path / installed).is_file(), installed
+    assert (tmp_path / checkout).resolve() == ROOT / "objectives" / "drpo.dsl"
+    assert proc.stdout.replace(installed, checkout) == here.stdout
 
     # building a loss says which extra brings torch
     for name in ("CompiledLoss", "ObjectiveLoss"):

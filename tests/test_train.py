@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
 
 VOCAB = ["<pad>", "<s>", "</s>", "<unk>"] + [str(i) for i in range(10)] + list("+-*/=()x? ") + \
@@ -119,7 +119,7 @@ def test_ppo_train_on_cpu_deepspeed_trains_with_the_installed_objective(tiny_mod
     assert all(np.isfinite(status[k]) for k in METRIC_KEYS)
     assert "policy_loss" in status and "ppo_clip_ratio" in status
     # the loss's gradient inside the real training step equals the analysis's weight
-    w = analyze(lang.load("drpo", params={"delta": "0.2"}))["_w"]
+    w = analyze(dsl.load("drpo", params={"delta": "0.2"}))["_w"]
     assert len(calls) == 4       # 2 experiences x 4 samples, micro-batches of 2
     for lp, old, adv, mask, grad, kw in calls:
         r = torch.exp(lp - old)

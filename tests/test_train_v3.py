@@ -105,9 +105,9 @@ def test_on_several_ranks_groups_and_batches_need_whole_shares_per_rank(changes,
 
 
 def test_objectiveloss_called_as_policyloss_refuses_an_input_that_only_drpo_train_supplies():
-    from openrlhf_drpo import lang
+    import dsl
     from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
-    loss = ObjectiveLoss(lang.parse(OBJECTIVES["k3"], "k3.dsl"))
+    loss = ObjectiveLoss(dsl.parse(OBJECTIVES["k3"], "k3.dsl"))
     x = torch.zeros(2, 3, requires_grad=True)
     with pytest.raises(ValueError, match=r"^objective 'k3' uses π_ref, but no reference log-probs were "
                                          r"given \(ref_log_probs=\): drpo-train gives it in ObjectiveLoss.given"):

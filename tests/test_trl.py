@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from openrlhf_drpo.lang import DslError, parse
+from dsl import DslError, parse
 from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama
 from openrlhf_drpo.trl import TRL_VERSION, ObjectiveGRPOTrainer, TrlObjectiveLoss
 

@@ -68,11 +68,11 @@ def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_
                                     "dsl:<name or path>?<param>=<value>&<param>=<value>")
     assert summary["refusals"] == REFUSALS, summary["refusals"]
     assert summary["equivalents_resolve"], summary["unresolved"]     # each dsl: loss_mode a refusal names
-    from openrlhf_drpo import lang
+    import dsl
     from openrlhf_drpo.core.loss import objective_inputs
     # every shipped objective but those reading what verl's policy loss never receives (the rollout
     # policy, π_ref, H, Σ_v π_v², groups or the whole batch: every input beyond the four)
-    reads = {f"dsl:{n}": objective_inputs(lang.load(n)) for n in lang.shipped_names()}
+    reads = {f"dsl:{n}": objective_inputs(dsl.load(n)) for n in dsl.shipped_names()}
     assert {n for n, r in reads.items() if not r} <= set(summary["registered"])
     assert not {n for n, r in reads.items() if r} & set(summary["registered"]) and "dsl:icepop" in reads
 
@@ -194,7 +194,7 @@ V3 = """
 import json, torch
 import openrlhf_drpo.verl as adapter
 from openrlhf_drpo.core import Aggregation, CompiledLoss
-from openrlhf_drpo.lang import parse
+from dsl import parse
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.workers.config import ActorConfig, PolicyLossConfig
 REFUSED, KL_FORMS, PREFIX = json.loads(%r)

@@ -101,7 +101,7 @@ def main():
         mine = adapter.register(ours, name=f"{ours}@{theirs}:{fused}", fused=fused, **params)
         forms = [(mine, True)]
         if theirs in VERL_FORM:
-            from openrlhf_drpo.lang import parse
+            from dsl import parse
             text = adapter.register(parse(VERL_FORM[theirs], f"<verl {theirs}>"), name=f"verl_{theirs}:{fused}",
                                     fused=fused)
             # the shipped one: the value where it is the same form; verl's form: both
@@ -133,7 +133,7 @@ def main():
     control_differs = not torch.allclose(run(control, old, logp, A, mask, "token-mean", config(control, {}, {}), None)[1],
                                          run("vanilla", old, logp, A, mask, "token-mean", cfg, None)[1], rtol=1e-12, atol=0)
     # a bad objective stops at registration with its located error
-    from openrlhf_drpo.lang import DslError, parse
+    from dsl import DslError, parse
     try:
         adapter.register(parse("δ = 1\nr*A - x\n", "bad.dsl"))
         located = None
@@ -181,7 +181,7 @@ def main():
         except Exception as e:      # noqa: BLE001 (reported by name)
             unresolved.append(f"{loss_mode}: {e}")
     # a path alone (no parameters) is resolved from loss_mode too
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "openrlhf_drpo", "objectives", "spo.dsl")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "objectives", "spo.dsl")
     by_path = torch.equal(run(f"dsl:{path}", old, logp, A, mask, "token-mean", cfg, None)[1],
                           run("dsl:spo", old, logp, A, mask, "token-mean", cfg, None)[1])
     import importlib.util

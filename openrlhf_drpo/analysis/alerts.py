@@ -117,7 +117,7 @@ def domain_alerts(facts) -> list[Alert]:
 
 def level_alerts(obj) -> list[Alert]:
     """What the file's levels warn of, beyond the held point (every token there shares A): a
-    group reduction of A read position by position (lang.objective.Objective.by_position)."""
+    group reduction of A read position by position (dsl.objective.Objective.by_position)."""
     return [Alert("by position", {"text": text}) for text in obj.by_position()]
 
 

@@ -11,9 +11,9 @@ import functools
 import math
 import warnings
 
-from openrlhf_drpo.lang.ir import ZERO, Node, postorder
-from openrlhf_drpo.lang.operations import OPS
-from openrlhf_drpo.lang.walks import numpy_plan
+from dsl.ir import ZERO, Node, postorder
+from dsl.operations import OPS
+from dsl.walks import numpy_plan
 
 # μ across six decades and |A| across six: a value that holds on all of them is reported as a
 # number, one that does not as the interval it spans

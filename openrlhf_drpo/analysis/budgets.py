@@ -74,7 +74,7 @@ def highest_power(n) -> float:
 def branches(n) -> int:
     """Nodes of ∂ℓ/∂r where w may branch (min, max, clip, masks, comparisons, and, or, not):
     the cases SymPy must settle grow with their product."""
-    from openrlhf_drpo.lang.operations import OPS
+    from dsl.operations import OPS
     return sum(1 for m in set(n.walk()) if m.op in OPS and OPS[m.op].branching)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis.sampling import numpy_fn
 from openrlhf_drpo.analysis.view import reference_split, term_sum
-from openrlhf_drpo.lang.ir import ONE, Node, postorder
-from openrlhf_drpo.lang.printing import render
-from openrlhf_drpo.lang.walks import derivative, numpy_plan, to_sympy
+from dsl.ir import ONE, Node, postorder
+from dsl.printing import render
+from dsl.walks import derivative, numpy_plan, to_sympy
 
 FD_POINTS = 64      # random points of each finite-difference check, as the self-check's
 H_RANGE = (0.0, 5.0)        # nats: where the entropy channel is checked (an entropy is ≥ 0)

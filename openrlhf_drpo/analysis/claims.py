@@ -6,7 +6,7 @@ is evidence, so such a claim is "unconfirmed" and carries where it was looked fo
 of existence (a boundary met, a jump, a pole) rests on the points found: "found"."""
 from __future__ import annotations
 
-from openrlhf_drpo.lang.operations import OPS
+from dsl.operations import OPS
 from openrlhf_drpo.analysis.symbolic import SIGNS
 from openrlhf_drpo.analysis.zeros import fixed_sign
 

@@ -7,8 +7,8 @@ import time
 
 from openrlhf_drpo.analysis import budgets
 from openrlhf_drpo.analysis.budgets import BUDGET, OverBudget, Timeout, Unsettled, size, time_limit
-from openrlhf_drpo.lang.objective import Objective
-from openrlhf_drpo.lang.walks import derivative
+from dsl.objective import Objective
+from dsl.walks import derivative
 
 
 def degree(sp, e) -> int:

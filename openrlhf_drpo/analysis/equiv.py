@@ -14,11 +14,11 @@ from openrlhf_drpo.analysis.arbiter import grid_axes
 from openrlhf_drpo.analysis.budgets import SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, highest_power, time_limit
 from openrlhf_drpo.analysis.context import Ctx
 from openrlhf_drpo.analysis.events import describe
-from openrlhf_drpo.lang.ir import Node, num, postorder, sub, tree_size
+from dsl.ir import Node, num, postorder, sub, tree_size
 from openrlhf_drpo.analysis.mathtext import math_text
 from openrlhf_drpo.analysis.symbolic import DIRECTIONS, SIGNS, case_weight
 from openrlhf_drpo.analysis.view import analysis_view
-from openrlhf_drpo.lang.walks import derivative, numpy_plan
+from dsl.walks import derivative, numpy_plan
 
 # |A| from tiny to huge, with intermediate values where an |A|-entangled gate changes shape
 MAGNITUDES = (1e-3, 1.0, 1.5, 7.0, 60.0, 1e3)

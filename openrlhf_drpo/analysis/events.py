@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from openrlhf_drpo.analysis.arbiter import BISECTIONS, state
-from openrlhf_drpo.lang.walks import numpy_plan
+from dsl.walks import numpy_plan
 from openrlhf_drpo.analysis.extremes import HUGE, w_range
 
 UNDERFLOW = 1e-200          # |w| this small beside an exact 0: a double's underflow (e^-745), not a mask

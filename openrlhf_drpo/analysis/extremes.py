@@ -9,7 +9,7 @@ import math
 
 from openrlhf_drpo.analysis.arbiter import (CORNER_MUS, CORNER_RS, DENSE_MAGNITUDES, MAGNITUDES, MUS, SIDE_SIGNS, SIGNS,
                       params_key, thresholds)
-from openrlhf_drpo.lang.walks import numpy_plan
+from dsl.walks import numpy_plan
 
 HUGE = 1e100                # |w| this large before ℓ overflows is reported as unbounded
 ON_POLICY_MAGNITUDES = 61   # |A| log-spaced over MAGNITUDES' span for the on-policy interval

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from openrlhf_drpo.lang.ir import postorder, tree_size
-from openrlhf_drpo.lang.levels import reductions
-from openrlhf_drpo.lang.names import GRADIENT, display_name
-from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
-from openrlhf_drpo.lang.printing import render
-from openrlhf_drpo.lang.walks import to_sympy, uniform_view
+from dsl.ir import postorder, tree_size
+from dsl.levels import reductions
+from dsl.names import GRADIENT, display_name
+from dsl.operations import OPS, passes_no_gradient
+from dsl.printing import render
+from dsl.walks import to_sympy, uniform_view
 
 GROUP_SIZE = 8      # responses per prompt where nothing says otherwise (TRL's num_generations default)
 HELD = {"H": Fraction(1), "rho_ref": Fraction(1)}      # H in nats; ρ_ref = π_ref/μ (π_ref = μ)
@@ -21,7 +21,7 @@ STATISTIC_SIZE = 400        # operations of a binding the uniform value is simpl
 
 
 def _carries_gradient(n) -> bool:
-    """Whether π, r or H reach n through something with a derivative (lang.expressions' rule)."""
+    """Whether π, r or H reach n through something with a derivative (dsl.expressions' rule)."""
     live = set()
     for m in postorder(n):
         counts = m.op in OPS and OPS[m.op].reduce == "count"

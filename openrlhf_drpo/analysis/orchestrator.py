@@ -16,16 +16,16 @@ from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_
 from openrlhf_drpo.analysis.context import Ctx
 from openrlhf_drpo.analysis.events import facts as grid_facts
 from openrlhf_drpo.analysis.extremes import on_policy
-from openrlhf_drpo.lang.ir import tree_size
-from openrlhf_drpo.lang.objective import Objective
+from dsl.ir import tree_size
+from dsl.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
 from openrlhf_drpo.analysis.held import equal_group, held_group
 from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
                                          reference_split)
-from openrlhf_drpo.lang.walks import derivative
-from openrlhf_drpo.lang.names import display_name
+from dsl.walks import derivative
+from dsl.names import display_name
 
 
 def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:

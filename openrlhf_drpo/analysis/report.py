@@ -6,7 +6,7 @@ from dataclasses import fields
 
 from openrlhf_drpo.analysis.alert_text import alert_text
 from openrlhf_drpo.analysis.mathtext import clip_text, fmt, magnitudes, math_text
-from openrlhf_drpo.lang.names import display_name
+from dsl.names import display_name
 from openrlhf_drpo.analysis.result import Analysis
 
 _GEOMETRY = {

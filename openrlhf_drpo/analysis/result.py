@@ -85,7 +85,7 @@ class Analysis:
     scope: dict = declared(json="scope", line="scope")
     objective: str = declared(json="objective", line="objective")
     # token | response | group | batch, the widest a gradient reaches and what a loss call must hold
-    # whole (lang.levels): a chunked or fused host can run only some objectives
+    # whole (dsl.levels): a chunked or fused host can run only some objectives
     locality: dict = declared(json="locality", line="locality")
     weight: object = declared(json="weight", line="weight", encode=_sympy)
     # the entropy's own gradient channel w_H = ∂ℓ/∂H, where the objective reads H (analysis.channels)

@@ -135,7 +135,7 @@ def _compile(args, expr):
 def _unary_functions(sp):
     """SymPy function -> numpy lowering, from the OPS rows whose SymPy lowering is one
     function application (log, exp, Abs, sign, erf, atan, ...): one place per op."""
-    from openrlhf_drpo.lang.operations import OPS
+    from dsl.operations import OPS
     x, out = sp.Symbol("x"), {}
     for op in OPS.values():
         if op.arity == (1, 1) and op.args_kind == "num" and not op.reduce:
@@ -284,7 +284,7 @@ def self_check(obj, w, n=64, seed=0) -> dict:
     The objective is evaluated by the IR's own float rules (never SymPy), with stop-
     gradients held at their base-point values; points that straddle a kink are skipped."""
     import numpy as np
-    from openrlhf_drpo.lang.walks import numpy_plan
+    from dsl.walks import numpy_plan
     params = {k: float(v) for k, v in obj.params.items()}
     rng = np.random.default_rng(seed)
     mu, pi = rng.uniform(0.02, 1.0, size=(2, 8 * n))

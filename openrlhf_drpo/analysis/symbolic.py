@@ -2,7 +2,7 @@
 
 With μ fixed, ∇r = r∇log π, so a per-token objective ℓ(r, μ, A) has gradient
 (∂ℓ/∂r)·r·∇log π and induced weight w = (∂ℓ/∂r)/A relative to the surrogate r·A.
-∂ℓ/∂r comes from the IR's own derivative rules (openrlhf_drpo.lang.walks.derivative), the same ones the
+∂ℓ/∂r comes from the IR's own derivative rules (dsl.walks.derivative), the same ones the
 torch compiler uses. Each case (sign of A × direction of the update) substitutes signed
 positive symbols, A = ±a and r = 1 ± t, so SymPy can settle Piecewise conditions cheaply
 instead of running its general inequality solvers, which can take seconds or recurse.
@@ -11,10 +11,10 @@ What this module derives are claims: analysis.confirm checks each against the nu
 from __future__ import annotations
 
 from openrlhf_drpo.analysis.intervals import flipped, relations
-from openrlhf_drpo.lang.operations import OPS
+from dsl.operations import OPS
 from openrlhf_drpo.analysis.sampling import numpy_fn
 from openrlhf_drpo.analysis.settling import Settle
-from openrlhf_drpo.lang.walks import to_sympy
+from dsl.walks import to_sympy
 from openrlhf_drpo.analysis.zeros import edges, zeros
 
 SIGNS = (("positive", 1), ("negative", -1))

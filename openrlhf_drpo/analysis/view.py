@@ -8,11 +8,11 @@ from fractions import Fraction
 
 from openrlhf_drpo.analysis.held import (GROUP_SIZE, HELD, OnPolicy, exactness, held_group, holdable, spread,
                                          statements, statistics)
-from openrlhf_drpo.lang.ir import Node, add, is_num, neg, postorder, sub
-from openrlhf_drpo.lang.names import display_name
-from openrlhf_drpo.lang.levels import WIDTHS, kept_whole, locality, reductions
-from openrlhf_drpo.lang.objective import Objective
-from openrlhf_drpo.lang.walks import VIEW_NAMES, derivative, numpy_plan, reads_whole_response, uniform_view
+from dsl.ir import Node, add, is_num, neg, postorder, sub
+from dsl.names import display_name
+from dsl.levels import WIDTHS, kept_whole, locality, reductions
+from dsl.objective import Objective
+from dsl.walks import VIEW_NAMES, derivative, numpy_plan, reads_whole_response, uniform_view
 
 
 def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_size=None, position=None,
@@ -172,7 +172,7 @@ def _replace(n: Node, swap: dict) -> Node:
 
 
 def locality_of(obj: Objective) -> dict:
-    """Which tokens' gradients depend on which (lang.levels): `width`, the widest reduction a value
+    """Which tokens' gradients depend on which (dsl.levels): `width`, the widest reduction a value
     of the current policy passes through, under sg too (token, response, group or batch);
     `gradient`, the widest one a gradient passes through (narrower where the wide one reads the
     policy under sg only); `kept_whole`, what one loss call must hold whole for the compiled

@@ -1,7 +1,7 @@
 """The host-neutral loss core: a compiled objective as a torch loss, knowing no training framework
 (it imports torch, numpy, sympy and lark only).
 
-    loss_fn = CompiledLoss("drpo", delta=0.2)     # shipped name, path or lang.Objective
+    loss_fn = CompiledLoss("drpo", delta=0.2)     # shipped name, path or dsl.Objective
     loss, metrics = loss_fn(log_probs, old_log_probs, advantages, mask)
     loss.backward(); metrics.floats()             # {"drpo_w_mean": ..., ...}: one host sync
 

@@ -14,7 +14,7 @@ r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
 A reduction (seq_mean, prefix_sum, group_mean, ...) of the policy makes a token's gradient depend
 on other tokens. Then objective_and_grad is derived in reverse mode from the same rules, and its
 gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is the same one. An objective
-of the third version (lang.levels.third_version: its inputs in `ext`) always takes it, and one
+of the third version (dsl.levels.third_version: its inputs in `ext`) always takes it, and one
 that reads H also returns d(Σ coef·ℓ)/dH, H's own gradient channel."""
 from __future__ import annotations
 
@@ -22,15 +22,15 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from openrlhf_drpo.lang.ir import ONE, Node, mul
-from openrlhf_drpo.lang.levels import third_version
-from openrlhf_drpo.lang.lowerings import TORCH_REDUCTIONS, is_literal
-from openrlhf_drpo.lang.operations import OPS
-from openrlhf_drpo.lang.parser import Objective
-from openrlhf_drpo.lang.printing import render
+from dsl.ir import ONE, Node, mul
+from dsl.levels import third_version
+from dsl.lowerings import TORCH_REDUCTIONS, is_literal
+from dsl.operations import OPS
+from dsl.parser import Objective
+from dsl.printing import render
 from openrlhf_drpo.core.reverse_mode import reverse_gradient
 from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
-from openrlhf_drpo.lang.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
+from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
 

@@ -21,13 +21,13 @@ from fractions import Fraction
 import torch
 from torch import nn
 
-from openrlhf_drpo import lang
+import dsl
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.core.collectives import rank_sums
-from openrlhf_drpo.lang.objective import OPTIONS, Objective
+from dsl.objective import OPTIONS, Objective
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, group_representatives,
                                          refuse_bad_mask)
-from openrlhf_drpo.lang.levels import kept_whole
+from dsl.levels import kept_whole
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, per_token, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
@@ -49,7 +49,7 @@ class CompiledLoss(nn.Module):
         super().__init__()
         who = type(self).__name__
         _check_arguments(who, fused, compile, overrides)
-        obj = objective if isinstance(objective, Objective) else lang.load(objective)
+        obj = objective if isinstance(objective, Objective) else dsl.load(objective)
         options = {k: overrides.pop(k) for k in list(overrides) if k in OPTIONS}
         self.objective = obj.with_overrides(overrides, options, where=who) if (overrides or options) else obj
         self._value, self._value_and_grad, self._value_and_grad_eager, self.source = compile_objective(self.objective)

@@ -1,14 +1,14 @@
 """Reverse mode: the gradient of Σ coef·ℓ per token for an objective with a reduction of the
 policy, where a token's derivative depends on other tokens. Each node's adjoint reaches its
 arguments through its row's rule (the forward rule with a one-hot seed, so both modes share
-lang.operations); a reduction's through its row's adjoint rule (Op.adjoint), gathered from every
+dsl.operations); a reduction's through its row's adjoint rule (Op.adjoint), gathered from every
 token that read it and spread back over the tokens it read, masked tokens receiving nothing.
 coef and mf (the mask as floats) are the generated function's."""
 from __future__ import annotations
 
-from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, is_num, mul, postorder
-from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
-from openrlhf_drpo.lang.walks import constant_nodes
+from dsl.ir import ONE, ZERO, Node, add, is_num, mul, postorder
+from dsl.operations import OPS, passes_no_gradient
+from dsl.walks import constant_nodes
 
 _MF = Node("var", value="mf")       # masked tokens receive nothing
 

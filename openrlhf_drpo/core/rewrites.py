@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import warnings
 
-from openrlhf_drpo.lang.ir import ONE, Node, div, mul, neg, postorder
-from openrlhf_drpo.lang.levels import argument_level, levels
-from openrlhf_drpo.lang.operations import OPS
-from openrlhf_drpo.lang.walks import constant_nodes
+from dsl.ir import ONE, Node, div, mul, neg, postorder
+from dsl.levels import argument_level, levels
+from dsl.operations import OPS
+from dsl.walks import constant_nodes
 
 
 # log of a built-in probability is emitted as the log-prob itself: exact for tiny π
@@ -97,7 +97,7 @@ def _guarded(root: Node, budget: int | None) -> Node:
     def branch(cond, x, c):          # x where cond holds, what it reads of π guarded by cond too
         return Node("select", (cond, walk(x, under(c, cond))))
 
-    def extreme(op, args, c):        # as lang.lowerings.torch_extreme: the first attaining it wins
+    def extreme(op, args, c):        # as dsl.lowerings.torch_extreme: the first attaining it wins
         first, rest = args[0], (args[1] if len(args) == 2 else Node(op, args[1:]))
         if _constant(rest):          # torch.clamp(first, bound): NaN stays, a tie is first's
             loses = Node("gt" if op == "min" else "lt", (first, rest))
@@ -126,7 +126,7 @@ def _guarded(root: Node, budget: int | None) -> Node:
                 inside = Node("and", (Node("not", (Node("lt", (x, lo)),)), Node("not", (Node("gt", (x, hi)),))))
                 out = Node("add", (branch(inside, x, c),
                                    Node("select", (Node("not", (inside,)), Node("clip", (Node("sg", (x,)), lo, hi))))))
-            elif n.op == "clip":    # min(max(x, lo), hi), as lang.lowerings.torch_clip
+            elif n.op == "clip":    # min(max(x, lo), hi), as dsl.lowerings.torch_clip
                 out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
             elif OPS[n.op].reduce:
                 out = Node(n.op, (walk(n.args[0], None),), n.value, n.pos)
@@ -146,7 +146,7 @@ def _constant(n: Node) -> bool:
 
 def annotate_levels(root: Node) -> Node:
     """Each group and batch reduction with its argument's level ('token' or 'response',
-    lang.levels) as its node's value, which its torch text reads; the rest as it is."""
+    dsl.levels) as its node's value, which its torch text reads; the rest as it is."""
     level, new = levels(root), {}
     for n in postorder(root):
         value = argument_level(n, level) if n.op in OPS and OPS[n.op].over in ("group", "batch") else n.value

@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 from trl import GRPOTrainer
 
-from openrlhf_drpo.lang.parser import Objective
+from dsl.parser import Objective
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 
 # TRL's loss types that are a normalization (ours then applies), and those that are a formula:
@@ -67,7 +67,7 @@ class TrlObjectiveLoss(CompiledLoss):
 
 
 class ObjectiveGRPOTrainer(GRPOTrainer):
-    """trl.GRPOTrainer with `objective=` (a shipped name, a path or a lang.Objective) and
+    """trl.GRPOTrainer with `objective=` (a shipped name, a path or a dsl.Objective) and
     `objective_params=` (a dict of its parameters, or the options anchor/aggregate); every other
     argument is GRPOTrainer's. Logs drpo_w_mean, drpo_past_boundary_{diverging,converging},
     drpo_abs_pi_minus_mu and drpo_ratio_max beside TRL's metrics."""

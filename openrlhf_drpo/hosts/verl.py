@@ -19,8 +19,8 @@ import inspect
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from openrlhf_drpo import lang
-from openrlhf_drpo.lang.parser import Objective
+import dsl
+from dsl.parser import Objective
 from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss
 from openrlhf_drpo.core.kernels import compute_dtype
 from openrlhf_drpo.core.loss import objective_inputs
@@ -139,7 +139,7 @@ def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response
 
 
 def register(objective: str | Objective, name: str | None = None, **params) -> str:
-    """Registers `objective` (a shipped name, a path or a lang.Objective) at `params` in verl's
+    """Registers `objective` (a shipped name, a path or a dsl.Objective) at `params` in verl's
     policy-loss registry as dsl:<name> (the objective's own name by default) and returns that
     loss_mode. The objective is parsed and compiled here: a bad file stops with its located error.
     The aggregation is verl's loss_agg_mode (the objective's @aggregate is not used), and an
@@ -185,7 +185,7 @@ def get_policy_loss_fn(name):
             raise ValueError(f"loss_mode {name!r}: write dsl:<name or path>?<param>=<value>&<param>=<value>")
         try:
             register(objective, name=name[len(PREFIX):], **{k: v for k, _, v in pairs})
-        except lang.DslError as e:        # say which loss_mode, then the located error
+        except dsl.DslError as e:        # say which loss_mode, then the located error
             raise ValueError(f"loss_mode {name!r}:\n{e.render()}") from None
     return _verl_get_policy_loss_fn(name)
 
@@ -199,7 +199,7 @@ for _module in [core_algos, *(m for n, m in list(sys.modules.items()) if n.start
     if getattr(_module, "get_policy_loss_fn", None) is _verl_get_policy_loss_fn:
         _module.get_policy_loss_fn = get_policy_loss_fn
 # the shipped objectives verl's policy-loss call can feed (the others would be refused, saying why)
-SHIPPED = [register(n) for n in lang.shipped_names()
-           if not objective_inputs(lang.load(n)).keys() & NOT_GIVEN.keys()]
+SHIPPED = [register(n) for n in dsl.shipped_names()
+           if not objective_inputs(dsl.load(n)).keys() & NOT_GIVEN.keys()]
 __all__ = ["METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "SUPERSEDED", "VERL_VERSION", "VerlObjectiveLoss",
            "get_policy_loss_fn", "policy_loss", "refuse_superseded", "register"]

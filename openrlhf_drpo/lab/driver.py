@@ -50,7 +50,7 @@ ROLLOUT_PROMPTS, SAMPLES = 8, 4
 
 
 def parse_spec(text: str):
-    """`name` or `name:k=v,k=v` -> (name, {k: v}); the objective itself is checked by lang.load."""
+    """`name` or `name:k=v,k=v` -> (name, {k: v}); the objective itself is checked by dsl.load."""
     name, _, rest = text.partition(":")
     params = {}
     for item in filter(None, rest.split(",")):
@@ -82,11 +82,11 @@ def _show(text: str, step: int, last: bool = False) -> None:
 
 def plan(specs, args) -> list[dict]:
     """Every objective x seed, each with its folder, compiled-objective spec and log paths."""
-    from openrlhf_drpo import lang
+    import dsl
     from openrlhf_drpo.hosts.openrlhf.train import objective_spec
     runs = []
     for name, params in specs:
-        spec = objective_spec(lang.load(name).with_overrides(params, {"anchor": "rollout"}, where="drpo-lab"))
+        spec = objective_spec(dsl.load(name).with_overrides(params, {"anchor": "rollout"}, where="drpo-lab"))
         for seed in range(args.seeds):
             folder = os.path.abspath(os.path.join(args.out, "runs", _slug(name, params, seed)))
             runs.append({"name": name, "params": params, "seed": seed, "label": f"{_label(name, params)} seed {seed}",
@@ -187,12 +187,12 @@ def collect(run, args) -> dict:
 
 def analysis_lines(specs) -> str:
     """Each objective's analysis, one line: what to compare the measurements against."""
-    from openrlhf_drpo import lang
+    import dsl
     from openrlhf_drpo.analysis.orchestrator import analyze
     from openrlhf_drpo.analysis.report import comparison
     results = []
     for name, params in specs:
-        res = analyze(lang.load(name).with_overrides(params, where="drpo-lab"))
+        res = analyze(dsl.load(name).with_overrides(params, where="drpo-lab"))
         res["name"] = _label(name, params)
         results.append(res)
     warnings = [f"  {r['name']}: {w}" for r in results for w in r.get("warnings", [])]
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--preset mismatch rounds the engine's weights in CPU mode's vLLM worker; on GPUs, run it with "
                 "CUDA_VISIBLE_DEVICES= (CPU mode)")
     specs = [parse_spec(t) for t in args.objectives]
-    from openrlhf_drpo.lang import DslError
+    from dsl import DslError
     try:
         predicted = analysis_lines(specs)      # checks every objective before anything runs
         runs = plan(specs, args)

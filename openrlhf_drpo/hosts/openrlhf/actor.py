@@ -20,7 +20,7 @@ from openrlhf_drpo.hosts.openrlhf import cpu_mode, inputs, logprobs
 
 def build_loss(spec):
     """The ObjectiveLoss for a spec shipped in the args (its text, not a path)."""
-    from openrlhf_drpo.lang import parse
+    from dsl import parse
     from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
     spec = json.loads(spec) if isinstance(spec, str) else spec
     obj = parse(spec["source"], spec["path"]).with_overrides(spec["params"], spec["options"])

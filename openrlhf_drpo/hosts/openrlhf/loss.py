@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from openrlhf_drpo.lang.parser import Objective
+from dsl.parser import Objective
 from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss  # noqa: F401  (METRIC_KEYS: the names it logs)
 
 OPENRLHF_VERSION = "0.11.2"
@@ -75,7 +75,7 @@ def openrlhf_loss_module():
 class ObjectiveLoss(CompiledLoss):
     """A policy loss compiled from an objective file, called as OpenRLHF's PolicyLoss.
 
-        loss_fn = ObjectiveLoss("drpo", delta=0.2)   # shipped name, path or lang.Objective
+        loss_fn = ObjectiveLoss("drpo", delta=0.2)   # shipped name, path or dsl.Objective
         loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio = loss_fn(
             log_probs, old_log_probs, advantages, action_mask=mask, rollout_log_probs=None,
             dp_size=1, batch_num_tokens=None, global_batch_size=None)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from openrlhf_drpo import lang
-from openrlhf_drpo.lang.ir import num
-from openrlhf_drpo.lang.printing import render
+import dsl
+from dsl.ir import num
+from dsl.printing import render
 from fractions import Fraction
 
 # π_old/π_rollout as PolicyLoss computes it: exp of the log-prob difference (no exp/log round trip)
@@ -180,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def compose(obj: lang.Objective, factor: str) -> lang.Objective:
+def compose(obj: dsl.Objective, factor: str) -> dsl.Objective:
     """`factor · objective`, as one objective (its own text, parameters and options kept)."""
     *head, last = obj.canonical().split("\n")
     text = "\n".join([f"# {obj.name}, times OpenRLHF's train/rollout IS correction", *head, f"{factor}*({last})"])
-    composed = lang.parse(text, f"{obj.path} × IS correction")
+    composed = dsl.parse(text, f"{obj.path} × IS correction")
     composed.name = obj.name
     return composed
 

@@ -105,8 +105,8 @@ _IS_DEFAULTS = {"level": "off", "mode": "mask", "gating": "ratio", "threshold": 
 def prepare_objective(args: argparse.Namespace):
     """Parse, check and compile the objective named in the (flat) args; returns the spec every
     actor rebuilds it from, and the objective. Raises DslError or SystemExit with a clear message."""
-    from openrlhf_drpo.lang import load
-    from openrlhf_drpo.lang.objective import parse_overrides
+    from dsl import load
+    from dsl.objective import parse_overrides
 
     spec_name = getattr(args, "drpo.objective")
     if not spec_name:
@@ -278,7 +278,7 @@ def _ship_spec(ns, cpu: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from openrlhf_drpo.lang import DslError
+    from dsl import DslError
     from openrlhf_drpo.hosts.openrlhf import cpu_mode
     argv = sys.argv[1:] if argv is None else argv
     traceback = "--traceback" in argv

@@ -1,14 +1,14 @@
 """The IR as text: canonical Unicode with only the parentheses precedence requires, each
-operation printed as its row (lang.operations) says."""
+operation printed as its row (dsl.operations) says."""
 from __future__ import annotations
 
 import math
 from decimal import Decimal
 from fractions import Fraction
 
-from openrlhf_drpo.lang.ir import Node, tree_size
-from openrlhf_drpo.lang.names import display_name
-from openrlhf_drpo.lang.operations import OPS
+from dsl.ir import Node, tree_size
+from dsl.names import display_name
+from dsl.operations import OPS
 
 RENDER_LIMIT = 4000     # operations: past this, inlined text is abbreviated (chained bindings grow it 2^n)
 

@@ -1,4 +1,4 @@
-"""The generic walks over the IR, each driven by the operation rows (lang.operations):
+"""The generic walks over the IR, each driven by the operation rows (dsl.operations):
 differentiation, Python floats, numpy plans, SymPy, and the view of a sequence objective
 on a response whose tokens share their values."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import functools
 import math
 from fractions import Fraction
 
-from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, div, is_num, mul, num, postorder, power, sub
-from openrlhf_drpo.lang.levels import argument_level, levels
-from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
+from dsl.ir import ONE, ZERO, Node, add, div, is_num, mul, num, postorder, power, sub
+from dsl.levels import argument_level, levels
+from dsl.operations import OPS, passes_no_gradient
 
 
 def constant_nodes(*roots: Node) -> set:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import difflib
 import unicodedata
 
-from openrlhf_drpo.lang.errors import DslError
-from openrlhf_drpo.lang.ir import Pos
-from openrlhf_drpo.lang.names import display_name
+from dsl.errors import DslError
+from dsl.ir import Pos
+from dsl.names import display_name
 
 BAR_OPEN, BAR_CLOSE = "\ue000", "\ue001"
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻"       # kept as they are: NFKC would turn x⁻¹ into x−1

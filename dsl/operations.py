@@ -5,7 +5,7 @@ analysis, torch source text for the loss, Python floats, numpy text for the nume
 its derivative (in IR, so analysis and codegen differentiate identically), and every property
 the parser, the analysis and the arbiter rely on. Every property is a required keyword: a row
 that leaves one out fails when this module is imported, never by quietly weakening a claim.
-Every walk over the IR (lang.walks, lang.printing) is generic over these rows; how the torch
+Every walk over the IR (dsl.walks, dsl.printing) is generic over these rows; how the torch
 text is updated in place on CPU is codegen's own table (openrlhf_drpo.core.codegen.KERNELS).
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from openrlhf_drpo.lang import adjoints as adj
-from openrlhf_drpo.lang.ir import ONE, ZERO, Node, add, call, div, ind, is_num, mul, neg, num, power, sub
-from openrlhf_drpo.lang.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sigmoid, py_sign,
+from dsl import adjoints as adj
+from dsl.ir import ONE, ZERO, Node, add, call, div, ind, is_num, mul, neg, num, power, sub
+from dsl.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sigmoid, py_sign,
                         py_softplus, torch_clip, torch_extreme, torch_select)
 
 GRADIENTS = ("zero", "none", "reduction")     # besides a rule: see Op.gradient
@@ -26,7 +26,7 @@ GRADIENTS = ("zero", "none", "reduction")     # besides a rule: see Op.gradient
 #   "prefix": its response's up to this token, inclusive (prefix_*); "suffix": from this token on
 #             (internal: the reverse mode's adjoint of a prefix reduction);
 #   "group": the responses sharing its response's group id: one value per response for a
-#            response-level argument, position by position for a token-level one (lang.levels);
+#            response-level argument, position by position for a token-level one (dsl.levels);
 #   "batch": the optimizer step's whole batch, across data-parallel ranks.
 OVER = ("response", "prefix", "suffix", "group", "batch")
 
@@ -68,7 +68,7 @@ class Op:
     printed_as: Callable | None = None  # (*args) -> the Node printed in its place (an internal op)
     # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count') of the unmasked tokens `over`
     # selects (OVER), and its value where every element it reduces holds x ((x, n) -> Node, n the
-    # number of those elements: openrlhf_drpo.lang.walks.uniform_view)
+    # number of those elements: dsl.walks.uniform_view)
     reduce: str = ""
     over: str = ""
     uniform: Callable | None = None
@@ -158,12 +158,12 @@ def _comparison(symbol, torch_symbol, sympy, py):
 
 def _reduction(name, over, kind, callable=True, adjoint=None):
     """A reduction (Op.over): it has no per-token value, so only its torch text (core.codegen's
-    helpers, lang.lowerings) and its value where all it reduces hold x exist. A group or batch
+    helpers, dsl.lowerings) and its value where all it reduces hold x exist. A group or batch
     reduction's torch text also takes its argument's level ('token' or 'response'), which
     core.rewrites writes into the node's value."""
     def unlowered(*a):
         raise ValueError(f"{name} has no per-token value: rewrite reductions first "
-                         "(openrlhf_drpo.lang.walks.uniform_view) or compile them (core.codegen)")
+                         "(dsl.walks.uniform_view) or compile them (core.codegen)")
     if over in ("group", "batch"):
         torch = lambda x, level: f"_{name}({x}, m, logp, {'group' if over == 'group' else 'pg'}, {level!r})"  # noqa: E731
     else:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from openrlhf_drpo.lang.ir import Node, postorder
-from openrlhf_drpo.lang.names import GRADIENT, POLICY
-from openrlhf_drpo.lang.operations import OPS, passes_no_gradient
+from dsl.ir import Node, postorder
+from dsl.names import GRADIENT, POLICY
+from dsl.operations import OPS, passes_no_gradient
 
 LEVELS = ("constant", "batch", "response", "token")      # each holds the ones before it
 WIDTHS = ("token", "response", "group", "batch")         # an objective's locality, narrowest first
@@ -58,7 +58,7 @@ def argument_level(n: Node, level: dict) -> str:
 @dataclass(frozen=True)
 class Reduction:
     node: Node
-    over: str          # what it reads (lang.operations.OVER)
+    over: str          # what it reads (dsl.operations.OVER)
     level: str         # argument_level: 'token' or 'response'
     policy: bool       # its argument reads the current policy (π, r, H or Σ_v π_v²), even under sg
     gradient: bool     # a gradient passes through it: its argument depends on π, r or H outside sg, and

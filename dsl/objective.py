@@ -8,14 +8,14 @@ import unicodedata
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from openrlhf_drpo.lang.errors import DslError
-from openrlhf_drpo.lang.ir import Node, Pos, num, postorder, tree_size
-from openrlhf_drpo.lang.levels import PER_RESPONSE, by_position_only, levels, locality
-from openrlhf_drpo.lang.names import canonical_name, display_name
-from openrlhf_drpo.lang.operations import OPS
-from openrlhf_drpo.lang.printing import RENDER_LIMIT, render
-from openrlhf_drpo.lang.source import did_you_mean
-from openrlhf_drpo.lang.walks import constant_nodes
+from dsl.errors import DslError
+from dsl.ir import Node, Pos, num, postorder, tree_size
+from dsl.levels import PER_RESPONSE, by_position_only, levels, locality
+from dsl.names import canonical_name, display_name
+from dsl.operations import OPS
+from dsl.printing import RENDER_LIMIT, render
+from dsl.source import did_you_mean
+from dsl.walks import constant_nodes
 
 OPTIONS = {
     "anchor": ("old", "rollout"),
@@ -83,12 +83,12 @@ class Objective:
 
     def locality(self) -> str:
         """token, response, group or batch: the widest reduction a value of the current policy
-        passes through (lang.levels.locality)."""
+        passes through (dsl.levels.locality)."""
         return locality(self.expr)
 
     def by_position(self) -> list[str]:
         """One sentence per group reduction that reads a per-response value (A) at token level
-        (lang.levels.by_position_only): what it does there and the form that reduces each
+        (dsl.levels.by_position_only): what it does there and the form that reduces each
         response once, e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
         out = []
         by_response = {m for m, lv in levels(self.expr, PER_RESPONSE).items() if lv != "token"}
@@ -96,7 +96,7 @@ class Objective:
         for n in by_position_only(self.expr):
             held = sorted({m.value for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE})
             swap = {m: Node("seq_mean", (m,)) for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE}
-            # a prefix mean of a per-response value is that value (lang.levels): the fix drops it
+            # a prefix mean of a per-response value is that value (dsl.levels): the fix drops it
             swap.update({m: m.args[0] if m.args[0] in whole else _swapped(m.args[0], swap) for m in n.walk()
                          if m.op == "prefix_mean" and m in by_response})
             out.append(f"{render(n)} reduces a token-level value position by position: {', '.join(held)} is one value "

@@ -8,11 +8,11 @@ import math
 import unicodedata
 from fractions import Fraction
 
-from openrlhf_drpo.lang.ir import Node, Pos, num, postorder
-from openrlhf_drpo.lang.names import BUILTINS, GRADIENT, canonical_name, display_name
-from openrlhf_drpo.lang.operations import FUNCTIONS, OPS, passes_no_gradient
-from openrlhf_drpo.lang.printing import render
-from openrlhf_drpo.lang.source import Source, did_you_mean, lookalike
+from dsl.ir import Node, Pos, num, postorder
+from dsl.names import BUILTINS, GRADIENT, canonical_name, display_name
+from dsl.operations import FUNCTIONS, OPS, passes_no_gradient
+from dsl.printing import render
+from dsl.source import Source, did_you_mean, lookalike
 
 # Reductions other frameworks name that the language spells differently or does not have: each
 # refused by name with the language's own (a batch statistic of the policy must say over what it

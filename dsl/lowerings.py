@@ -1,5 +1,5 @@
 """Lowerings that take more than one expression to write, named by the operation rows
-(lang.operations): torch text for min, max, clip and [c]·x, numpy text for reductions of
+(dsl.operations): torch text for min, max, clip and [c]·x, numpy text for reductions of
 many arguments and for erf, and Python floats that follow IEEE as torch does."""
 from __future__ import annotations
 

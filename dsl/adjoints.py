@@ -1,11 +1,11 @@
-"""The reductions' adjoint rules, named by their rows (lang.operations: Op.adjoint): what reverse
+"""The reductions' adjoint rules, named by their rows (dsl.operations: Op.adjoint): what reverse
 mode (core.reverse_mode) gives a reduction's argument, in IR. A rule (n, a, x) takes the node, its
 adjoint a (at each token that read it) and its argument x, and returns what x's adjoint receives at
 each token: a gathered from every token that read n, spread back over the tokens n read (reverse
 mode masks it: a masked token receives nothing)."""
 from __future__ import annotations
 
-from openrlhf_drpo.lang.ir import ONE, ZERO, Node, div, mul, sub
+from dsl.ir import ONE, ZERO, Node, div, mul, sub
 
 SEQ_LEN = Node("var", value="seq_len")
 

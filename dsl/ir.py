@@ -1,6 +1,6 @@
 """The IR: one small expression tree. What each operation means is its row in
-lang.operations; every walk over the tree (differentiating, lowering, printing) is generic
-(lang.walks, lang.printing).
+dsl.operations; every walk over the tree (differentiating, lowering, printing) is generic
+(dsl.walks, dsl.printing).
 """
 from __future__ import annotations
 
