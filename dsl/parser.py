@@ -26,6 +26,28 @@ def shipped_names() -> list[str]:
     return sorted(p.name[:-4] for p in library.folder().iterdir() if p.name.endswith(".dsl"))
 
 
+def parse_spec(text: str) -> tuple[str, dict[str, str]]:
+    """`name` or `name:k=v,k=v` (drpo-analyze, drpo-lab) -> (name, {k: v}). An existing file is
+    itself, colon or not."""
+    if ":" not in text or Path(text).is_file():
+        return text, {}
+    name, _, rest = text.partition(":")
+    params, col = {}, len(name) + 2
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        if not item:        # drpo:delta=0.2, (a trailing comma) says nothing more
+            col += 1
+            continue
+        if not eq or not key.strip() or not value.strip():
+            raise DslError(f"expected NAME=VALUE after '{name}:', got '{item}'", "<command line>", 1, col, text,
+                           f"write {name}:delta=0.2 or {name}:delta=0.2,eps=0.1")
+        if key.strip() in params:
+            raise DslError(f"'{key.strip()}' is set twice", "<command line>", 1, col, text, "keep one of them")
+        params[key.strip()] = value.strip()
+        col += len(item) + 1
+    return name, params
+
+
 def load(spec: str, params: dict | None = None, options: dict | None = None) -> Objective:
     """A path to a .dsl file or the name of a shipped objective (`drpo`)."""
     path = Path(spec)

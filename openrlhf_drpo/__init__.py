@@ -3,6 +3,8 @@ and compiled to torch losses for OpenRLHF. Torch is imported only when a loss is
 drpo-analyze runs on an install without it (`pip install .`)."""
 import importlib
 
+__version__ = "0.1.0"     # setup.cfg reads it; --version prints it
+
 _LOSSES = {"CompiledLoss": ".core", "Aggregation": ".core", "ObjectiveLoss": ".hosts.openrlhf.loss"}
 
 

@@ -8,20 +8,30 @@ import json
 import os
 import sys
 
-from dsl import DslError, load
-from openrlhf_drpo.analysis.held import GROUP_SIZE
+from dsl import DslError, load, parse_spec, shipped_names
 from dsl.objective import parse_overrides
+from openrlhf_drpo import __version__
+from openrlhf_drpo.analysis.held import GROUP_SIZE
 
 
 def _load_all(specs, overrides, held: list | None = None):
-    """Each objective takes the overrides naming its parameters; with `held` (drpo-analyze), those
-    naming a value its analysis holds (H, rho_ref, a statistic's binding: analysis.view.held_names)
-    go to held[i], its own; a name no objective has is an error."""
+    """Each objective (FILE_OR_NAME or NAME:k=v,...: its own values first) takes the --set overrides
+    naming its parameters; with `held` (drpo-analyze), those naming a value its analysis holds (H,
+    rho_ref, a statistic's binding: analysis.view.held_names) go to held[i], its own; a name no
+    objective has is an error, and so is one set both ways."""
     from dsl.objective import param_key
-    objs = [load(spec) for spec in specs]
+    objs, own = [], []
+    for spec in specs:
+        name, params = parse_spec(spec)
+        objs.append(load(name).with_overrides(params, where="<command line>") if params else load(name))
+        own.append({param_key(k) for k in params})
     used = set()
     for i, obj in enumerate(objs):
         mine = {k: v for k, v in overrides.items() if param_key(k) in obj.params}
+        for k in mine:
+            if param_key(k) in own[i]:
+                raise DslError(f"'{k}' is set twice: in '{specs[i]}' and by --set {k}={mine[k]}", "--set", 1, 1,
+                               f"{k}={mine[k]}", "keep one of them")
         used |= set(mine)
         objs[i] = obj.with_overrides(mine, where="--set")
     rest = {k: v for k, v in overrides.items() if k not in used}
@@ -97,8 +107,11 @@ def _check_plot_path(ap, path: str) -> None:
 
 def analyze_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="drpo-analyze", description=__doc__.splitlines()[0])
-    ap.add_argument("objectives", nargs="+", metavar="FILE_OR_NAME",
-                    help="a .dsl file or the name of a shipped objective (e.g. drpo)")
+    ap.add_argument("objectives", nargs="*", metavar="FILE_OR_NAME",
+                    help="a .dsl file or the name of a shipped objective (e.g. drpo), either with its own "
+                         "parameter values as NAME:k=v,... (e.g. drpo:delta=0.2)")
+    ap.add_argument("--version", action="version", version=f"drpo-analyze {__version__}")
+    ap.add_argument("--list", action="store_true", help="list the shipped objectives, one line each")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="override a parameter (ASCII or Unicode name), e.g. --set delta=0.2")
     ap.add_argument("--json", action="store_true", help="print JSON (a list when several objectives)")
@@ -122,7 +135,11 @@ def analyze_main(argv: list[str] | None = None) -> int:
                     help="with two objectives: do they train identically? exit 0 equivalent, 1 not, 2 on errors")
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
     ap.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)      # drpo --set delta=0.2 spo: names after options too
+    if args.list:
+        return _list(ap, args)
+    if not args.objectives:
+        ap.error("name at least one objective (a .dsl file or a shipped name; --list lists them)")
     if args.group is not None and args.group_size not in (None, len(args.group)):
         ap.error(f"--group has {len(args.group)} responses but --group-size is {args.group_size}")
     args.group_size = len(args.group) if args.group is not None else args.group_size or GROUP_SIZE
@@ -181,6 +198,17 @@ def analyze_main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"drpo-analyze: self-check FAILED for {', '.join(failed)}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _list(ap, args) -> int:
+    """One line per shipped objective: its name and what it is, from its file's header."""
+    from dsl.library import header
+    if args.objectives or args.json or args.plot or args.emit_torch or args.equiv:
+        ap.error("--list takes no objective and no other option")
+    names = shipped_names()
+    width = max(map(len, names))
+    print("\n".join(f"{name:<{width}}  {header(name)[0]}" for name in names))
     return 0
 
 

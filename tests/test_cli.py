@@ -1,12 +1,16 @@
 """drpo-analyze's command line at its edges: every bad argument is a clear message and a
 non-zero exit, never a traceback; overrides mean the same here as in a file, the API and
 drpo-train; numbers print at a readable length."""
+import importlib.metadata
+import json
 import subprocess
 import sys
 
 import pytest
 
 import dsl
+import openrlhf_drpo
+from dsl.library import header
 
 
 def drpo_analyze(*args, cwd=None):
@@ -65,3 +69,48 @@ def test_huge_and_tiny_numbers_print_short(value, shown):
     text = proc.stdout + proc.stderr
     assert shown in text, text
     assert max(len(w) for w in text.split()) < 40, max(text.split(), key=len)
+
+
+@pytest.mark.parametrize("module, name", [("openrlhf_drpo.cli", "drpo-analyze"), ("openrlhf_drpo.lab", "drpo-lab"),
+                                          ("openrlhf_drpo.hosts.openrlhf.train", "drpo-train")])
+def test_each_command_prints_the_projects_version(module, name):
+    proc = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{name} {openrlhf_drpo.__version__}")
+    assert importlib.metadata.version("openrlhf-drpo") == openrlhf_drpo.__version__     # setup.cfg reads it
+
+
+def test_list_prints_each_shipped_objective_on_one_line_from_its_header():
+    proc = drpo_analyze("--list")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == dsl.shipped_names()
+    assert lines[dsl.shipped_names().index("gspo")].split(None, 1)[1] == header("gspo")[0] == \
+        "GSPO: Group Sequence Policy Optimization"
+
+
+def test_an_objective_takes_its_own_values_as_name_colon_pairs():
+    proc = drpo_analyze("drpo:delta=0.2", "spo:ε=0.1,", "drpo", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["name"], r["params"]) for r in json.loads(proc.stdout)] == \
+        [("drpo", {"delta": 0.2}), ("spo", {"eps": 0.1}), ("drpo", {"delta": 12.5})]
+    assert drpo_analyze("drpo:delta=0.2").stdout == drpo_analyze("drpo", "--set", "delta=0.2").stdout
+
+
+def test_objectives_may_follow_options():
+    proc = drpo_analyze("drpo", "--set", "delta=0.2", "spo", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["name"], r["params"]) for r in json.loads(proc.stdout)] == [("drpo", {"delta": 0.2}), ("spo", {"eps": 0.2})]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["drpo:delta"], "<command line>:1:6: error: expected NAME=VALUE after 'drpo:', got 'delta'"),
+    (["drpo:delta=0.1,delta=0.2"], "<command line>:1:16: error: 'delta' is set twice"),
+    (["drpo:delta=0.3", "--set", "delta=0.2"], "--set:1:1: error: 'delta' is set twice: in 'drpo:delta=0.3' and by"),
+    (["drpo:foo=1"], "<command line>:1:1: error: unknown parameter 'foo' for objective 'drpo'"),
+    ([], "error: name at least one objective (a .dsl file or a shipped name; --list lists them)"),
+    (["drpo", "--list"], "error: --list takes no objective and no other option"),
+])
+def test_a_bad_objective_argument_is_a_located_error(args, message):
+    proc = drpo_analyze(*args)
+    assert proc.returncode in (1, 2) and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import dsl
+
 from openrlhf_drpo.lab import driver as lab, results as lab_results, task as labtask, toytask
 
 
@@ -130,11 +132,11 @@ def test_ranks_separate_only_non_overlapping_intervals(cells, expected):
                                             ("spo:ε=0.2,", ("spo", {"ε": "0.2"})),
                                             ("x.dsl:a=1,b=2", ("x.dsl", {"a": "1", "b": "2"}))])
 def test_objective_specs_parse(text, expected):
-    assert lab.parse_spec(text) == expected
+    assert dsl.parse_spec(text) == expected
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["drpo:delta"], "expected OBJECTIVE or OBJECTIVE:NAME=VALUE"),
+    (["drpo:delta"], "expected NAME=VALUE after 'drpo:', got 'delta'"),
     (["drpo", "--updates", "5"], "--updates must divide 32"),
     (["drpo", "--updates", "-4"], "--updates must divide 32"),
     (["drpo", "--updates", "0"], "--updates must divide 32"),

@@ -49,19 +49,6 @@ ROLLOUT_PROMPTS, SAMPLES = 8, 4
 
 
 
-def parse_spec(text: str):
-    """`name` or `name:k=v,k=v` -> (name, {k: v}); the objective itself is checked by dsl.load."""
-    name, _, rest = text.partition(":")
-    params = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise SystemExit(f"drpo-lab: error: {text!r}: expected OBJECTIVE or OBJECTIVE:NAME=VALUE,... "
-                             f"(got {item!r})")
-        params[key.strip()] = value.strip()
-    return name, params
-
-
 def _label(name, params) -> str:
     return name + "".join(f" {k}={v}" for k, v in params.items())
 
@@ -207,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="presets: " + "; ".join(f"{k}: {v['updates']} updates/rollout, lr {v['lr']:g}, "
                                                               f"stresses {v['stresses']}" for k, v in PRESETS.items()))
     p.add_argument("objectives", nargs="+", metavar="OBJECTIVE[:NAME=VALUE,...]")
+    p.add_argument("--version", action="version", version=f"drpo-lab {__import__('openrlhf_drpo').__version__}")
     p.add_argument("--preset", choices=list(PRESETS), default="mild")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
@@ -230,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     if preset.get("engine_int4") and __import__("torch").cuda.is_available():
         p.error("--preset mismatch rounds the engine's weights in CPU mode's vLLM worker; on GPUs, run it with "
                 "CUDA_VISIBLE_DEVICES= (CPU mode)")
-    specs = [parse_spec(t) for t in args.objectives]
-    from dsl import DslError
+    from dsl import DslError, parse_spec
     try:
+        specs = [parse_spec(t) for t in args.objectives]
         predicted = analysis_lines(specs)      # checks every objective before anything runs
         runs = plan(specs, args)
     except DslError as e:

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import importlib.metadata
 import os
 import runpy
 import sys
@@ -281,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     from dsl import DslError
     from openrlhf_drpo.hosts.openrlhf import cpu_mode
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:      # (OpenRLHF's own parser has none)
+        from openrlhf_drpo import __version__
+        print(f"drpo-train {__version__} (OpenRLHF {importlib.metadata.version('openrlhf')})")
+        return 0
     traceback = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
     cpu = cpu_mode_for(argv)
