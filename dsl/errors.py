@@ -11,8 +11,8 @@ class DslError(Exception):
         self.message, self.path, self.line, self.col = message, path, line, col
         self.source_line, self.hint = source_line, hint
 
-    def render(self) -> str:
-        out = [f"{self.path}:{self.line}:{self.col}: error: {self.message}"]
+    def render(self, kind: str = "error") -> str:
+        out = [f"{self.path}:{self.line}:{self.col}: {kind}: {self.message}"]
         if self.source_line is not None:
             # invisible characters (zero-width space, a stray byte-order mark) are shown as �;
             # tabs stay tabs under the line too, so the caret lands under its column
@@ -25,3 +25,8 @@ class DslError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+class DslWarning(UserWarning):
+    """A located warning (a definition the objective never reads), its text rendered as an error's;
+    drpo-analyze prints it to stderr, a library user gets it from the warnings module."""

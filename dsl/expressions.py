@@ -9,7 +9,7 @@ import unicodedata
 from fractions import Fraction
 
 from dsl.ir import Node, Pos, num, postorder
-from dsl.names import BUILTINS, GRADIENT, canonical_name, display_name
+from dsl.names import BUILTINS, GRADIENT, MEANT, canonical_name, display_name
 from dsl.operations import FUNCTIONS, OPS, passes_no_gradient
 from dsl.printing import render
 from dsl.source import Source, did_you_mean, lookalike
@@ -93,6 +93,11 @@ class Expressions:
         if name in FUNCTIONS:
             raise self.src.error(f"'{tok.value}' is a function; call it as {tok.value}(...)", pos)
         known = list(BUILTINS) + list(self.params) + list(self.bindings)
+        meant = MEANT.get(tok.value.lower())
+        if meant is not None and canonical_name(meant) not in self.params:
+            raise self.src.error(f"unknown name '{tok.value}'", pos,
+                                 f"the built-in {meant} is {BUILTINS[canonical_name(meant)]}; or declare "
+                                 f"'{tok.value}' as a parameter on its own line, e.g. '{tok.value} = 0.1'")
         raise self.src.error(f"unknown name '{tok.value}'", pos,
                              f"declare it as a parameter on its own line, e.g. '{tok.value} = 0.1'"
                              f"{lookalike(tok.value, [display_name(k) for k in known]) or did_you_mean(name, known)}")

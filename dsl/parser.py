@@ -5,15 +5,16 @@ located DslError."""
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 
-from dsl.errors import DslError
+from dsl.errors import DslError, DslWarning
 from dsl.expressions import Expressions, check_kind, check_policy
 from dsl import library
 from dsl.ir import Pos
-from dsl.names import BUILTINS, canonical_name
+from dsl.names import BUILTINS, canonical_name, display_name
 from dsl.objective import OPTION_DEFAULTS, OPTIONS, Objective, check_option
 from dsl.operations import OPS, REDUCTIONS
 from dsl.printing import render
@@ -51,6 +52,10 @@ def parse_spec(text: str) -> tuple[str, dict[str, str]]:
 def load(spec: str, params: dict | None = None, options: dict | None = None) -> Objective:
     """A path to a .dsl file or the name of a shipped objective (`drpo`)."""
     path = Path(spec)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.dsl"))
+        raise DslError(f"'{spec}' is a directory, not an objective file", spec, 1, 1,
+                       hint=f"name a .dsl file in it ({', '.join(inside[:8])})" if inside else "it holds no .dsl file")
     if path.is_file():
         data, shown = path.read_bytes(), str(spec)
     else:
@@ -155,6 +160,12 @@ class _Builder(Source):
         check_policy(self, expr, self.meta_pos(objectives[0]))
         for k, v in OPTION_DEFAULTS.items():
             options.setdefault(k, v)
+        read = {n.value for n in expr.walk() if n.op == "param"} | set(exprs.resolved)
+        for name in sorted(seen.keys() - read, key=lambda k: (seen[k].line, seen[k].col)):
+            what = "parameter" if name in params else "definition"
+            warnings.warn(DslWarning(self.error(f"{what} '{display_name(name)}' is never used by the objective",
+                                                seen[name], "a typo where it is used? otherwise delete the line")
+                                     .render("warning")), stacklevel=4)
         order = {k: seen[k] for k in exprs.resolved}
         used = {k: exprs.resolved[k] for k in sorted(order, key=lambda k: (order[k].line, order[k].col))}
         stem = Path(self.path).name

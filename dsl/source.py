@@ -12,6 +12,8 @@ from dsl.ir import Pos
 from dsl.names import display_name
 
 BAR_OPEN, BAR_CLOSE = "\ue000", "\ue001"
+# dashes a word processor puts where minus was meant (U+2212 MINUS SIGN is read as '-')
+DASHES = {"–": "an en dash", "—": "an em dash", "‒": "a figure dash", "‐": "a hyphen", "‑": "a non-breaking hyphen"}
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻"       # kept as they are: NFKC would turn x⁻¹ into x−1
 _OPERAND_END = set("_)]." + BAR_CLOSE + SUPERSCRIPTS)
 
@@ -106,6 +108,13 @@ class Source:
             if not ch.isprintable():
                 return self.error(f"unexpected invisible character U+{ord(ch):04X} {unicodedata.name(ch, '')}".rstrip(),
                                   pos, "delete it (it often comes with text copied from a web page or a word processor)")
+            if ch in DASHES:
+                return self.error(f"unexpected character '{ch}' ({DASHES[ch]})", pos,
+                                  "write '-' (the ASCII hyphen-minus) for minus")
+            if ch == ";":
+                rest = self.norm[offset + 1:].split("\n", 1)[0].strip()
+                return self.error("unexpected ';'", pos, "a statement ends at the end of its line: delete the ';'"
+                                  if not rest or rest.startswith("#") else "write each statement on its own line")
             if ch in SUPERSCRIPTS:
                 return self.error(f"unexpected character '{ch}'", pos,
                                   "a superscript exponent is digits with an optional sign before them, e.g. x⁻¹ or x²")
@@ -118,6 +127,12 @@ class Source:
                 "ambiguous implicit multiplication", pos,
                 "implicit multiplication is allowed only right after a number (2δ, 2(r-1), 2|x|) "
                 "and never in a divisor; write '*' explicitly, e.g. a/(b*c) or a/b*c, |a|*|b|")
+        after = self.norm[tok.end_pos:tok.end_pos + 1] if tok.end_pos is not None else ""
+        if tok.value == "," and before[-1:].isdigit() and after.isdigit():
+            whole = before[len(before.rstrip("0123456789")):]
+            frac = self.norm[tok.end_pos:len(self.norm) - len(self.norm[tok.end_pos:].lstrip("0123456789"))]
+            return self.error("unexpected ',' in a number", pos,
+                              f"a decimal comma: write {whole}.{frac}, with a decimal point")
         expected = sorted({_TOKEN_NAMES.get(t, t) for t in getattr(e, "expected", ()) or ()})
         found = "end of line" if tok.type in ("_NL", "$END") else f"'{self._orig_text(tok)}'"
         hint = self._unclosed(offset) or (f"expected {', '.join(expected[:8])}" if expected else None)

@@ -7,8 +7,10 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 from dsl import DslError, load, parse_spec, shipped_names
+from dsl.errors import DslWarning
 from dsl.objective import parse_overrides
 from openrlhf_drpo import __version__
 from openrlhf_drpo.analysis.held import GROUP_SIZE
@@ -23,7 +25,13 @@ def _load_all(specs, overrides, held: list | None = None):
     objs, own = [], []
     for spec in specs:
         name, params = parse_spec(spec)
-        objs.append(load(name).with_overrides(params, where="<command line>") if params else load(name))
+        with warnings.catch_warnings(record=True) as caught:     # a definition never read, located
+            warnings.simplefilter("always", DslWarning)
+            obj = load(name)
+        for w in caught:
+            print(w.message, file=sys.stderr) if issubclass(w.category, DslWarning) else warnings.showwarning(
+                w.message, w.category, w.filename, w.lineno)
+        objs.append(obj.with_overrides(params, where="<command line>") if params else obj)
         own.append({param_key(k) for k in params})
     used = set()
     for i, obj in enumerate(objs):

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import dsl
 from dsl import DslError, parse
+from dsl.errors import DslWarning
 from dsl.ir import Node
 from dsl.names import GREEK
 from dsl.operations import OPS
@@ -164,6 +165,21 @@ ERRORS = [
      "obj.dsl:1:5: error: unexpected end of line\n    r*|A\n        ^\nhint: the '|' at column 3 is never closed"),
     ('syntax_bad_character', 'r$A',
      "obj.dsl:1:2: error: unexpected character '$'\n    r$A\n     ^\nhint: operators are + - * / ^, comparisons < <= > >= == !=, and/or/not"),
+    ('en_dash_for_minus', 'r*A – 0.1*H',
+     "obj.dsl:1:5: error: unexpected character '–' (an en dash)\n    r*A – 0.1*H\n        ^\nhint: write '-' (the ASCII hyphen-minus) for minus"),
+    ('decimal_comma', 'r*A - 12,25*H',
+     "obj.dsl:1:9: error: unexpected ',' in a number\n    r*A - 12,25*H\n            ^\nhint: a decimal comma: write 12.25, with a decimal point"),
+    ('trailing_semicolon', 'r*A;  # the surrogate',
+     "obj.dsl:1:4: error: unexpected ';'\n    r*A;  # the surrogate\n       ^\nhint: a statement ends at the end of its line: delete the ';'"),
+    ('semicolon_between_statements', 'δ = 1; r*A',
+     "obj.dsl:1:6: error: unexpected ';'\n    δ = 1; r*A\n         ^\nhint: write each statement on its own line"),
+    ('entropy_is_named_H', 'r*A + 0.01*entropy',
+     "obj.dsl:1:12: error: unknown name 'entropy'\n    r*A + 0.01*entropy\n               ^\nhint: the built-in H is the policy's "
+     "entropy at the token, in nats over the vocabulary (with its gradient); or declare 'entropy' as a parameter on its own "
+     "line, e.g. 'entropy = 0.1'"),
+    ('ratio_is_named_r', 'ratio*A',
+     "obj.dsl:1:1: error: unknown name 'ratio'\n    ratio*A\n    ^\nhint: the built-in r is the importance ratio π/μ; or "
+     "declare 'ratio' as a parameter on its own line, e.g. 'ratio = 0.1'"),
     ('unknown_name', 'r*A - foo*(r-1)^2',
      "obj.dsl:1:7: error: unknown name 'foo'\n    r*A - foo*(r-1)^2\n          ^\nhint: declare it as a parameter on its own line, e.g. 'foo = 0.1'"),
     ('unknown_name_suggests', 'delta = 1\nr*A - delt*(r-1)^2',
@@ -497,3 +513,28 @@ def test_numpy_plan_evaluates_a_min_or_max_of_250_arguments_as_the_ir_does(op, e
     env = {"r": 0.5, "mu": 0.5, "pi": 0.25, "A": 1.0}
     got = numpy_plan(obj.expr)({k: np.array([v]) for k, v in env.items()})[0]
     assert got[0] == evaluate(obj.expr, env) == expected
+
+
+def test_a_definition_the_objective_never_reads_is_a_located_warning(tmp_path):
+    (tmp_path / "u.dsl").write_text("# mine\nβ = 0.1\nk = r - 1\nδ = 0.2\nr*A - δ*(r-1)^2\n")
+    with pytest.warns(DslWarning) as caught:
+        dsl.load(str(tmp_path / "u.dsl"))
+    assert [str(w.message).splitlines()[0] for w in caught] == [
+        f"{tmp_path}/u.dsl:2:1: warning: parameter 'β' is never used by the objective",
+        f"{tmp_path}/u.dsl:3:1: warning: definition 'k' is never used by the objective"]
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.cli", "u.dsl"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and proc.stderr == (
+        "u.dsl:2:1: warning: parameter 'β' is never used by the objective\n    β = 0.1\n    ^\n"
+        "hint: a typo where it is used? otherwise delete the line\n"
+        "u.dsl:3:1: warning: definition 'k' is never used by the objective\n    k = r - 1\n    ^\n"
+        "hint: a typo where it is used? otherwise delete the line\n"), proc.stderr
+
+
+def test_a_directory_given_as_an_objective_file_says_so(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a.dsl").write_text("r*A\n")
+    with pytest.raises(DslError) as e:
+        dsl.load(str(tmp_path / "mine"))
+    assert e.value.render() == (f"{tmp_path}/mine:1:1: error: '{tmp_path}/mine' is a directory, not an objective file\n"
+                                "hint: name a .dsl file in it (a.dsl)")
