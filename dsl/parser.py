@@ -70,6 +70,15 @@ def load(spec: str, params: dict | None = None, options: dict | None = None) -> 
     return obj.with_overrides(params, options) if (params or options) else obj
 
 
+def _warn_unused(src, seen: dict, params: dict, read: set) -> None:
+    """A definition the objective never reads is likely a typo where it is read."""
+    for name in sorted(seen.keys() - read, key=lambda k: (seen[k].line, seen[k].col)):
+        what = "parameter" if name in params else "definition"
+        warnings.warn(DslWarning(src.error(f"{what} '{display_name(name)}' is never used by the objective", seen[name],
+                                           "a typo where it is used? otherwise delete the line").render("warning")),
+                      stacklevel=5)
+
+
 def parse_bytes(data: bytes, path: str = "<string>") -> Objective:
     try:
         text = data.decode("utf-8-sig")   # a leading byte-order mark is not part of the text
@@ -160,12 +169,7 @@ class _Builder(Source):
         check_policy(self, expr, self.meta_pos(objectives[0]))
         for k, v in OPTION_DEFAULTS.items():
             options.setdefault(k, v)
-        read = {n.value for n in expr.walk() if n.op == "param"} | set(exprs.resolved)
-        for name in sorted(seen.keys() - read, key=lambda k: (seen[k].line, seen[k].col)):
-            what = "parameter" if name in params else "definition"
-            warnings.warn(DslWarning(self.error(f"{what} '{display_name(name)}' is never used by the objective",
-                                                seen[name], "a typo where it is used? otherwise delete the line")
-                                     .render("warning")), stacklevel=4)
+        _warn_unused(self, seen, params, {n.value for n in expr.walk() if n.op == "param"} | set(exprs.resolved))
         order = {k: seen[k] for k in exprs.resolved}
         used = {k: exprs.resolved[k] for k in sorted(order, key=lambda k: (order[k].line, order[k].col))}
         stem = Path(self.path).name

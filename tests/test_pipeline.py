@@ -4,7 +4,9 @@ DeepSpeed's CPU accelerator, and the weights broadcast back into vLLM. Plus the 
 checks and CPU mode's handling of flags, versions and imports."""
 import argparse
 import importlib.metadata
+import multiprocessing
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from openrlhf_drpo.hosts.openrlhf import cpu_mode
+from openrlhf_drpo.hosts.openrlhf import cpu_mode, vllm_worker
 from openrlhf_drpo.lab import toytask
 
 STEPS = 10
@@ -97,9 +99,65 @@ def test_drpo_train_runs_the_whole_pipeline_on_cpu_and_logs_the_objectives_metri
 
 def test_cpu_modes_vllm_runs_the_model_in_its_engine_core_process_with_no_worker_process(synced_run):
     # a worker process beside the engine core has a queue reader that spins through every
-    # training update on a 2-core machine (cpu_mode._rollout_actor)
+    # training update on a 2-core machine (vllm_worker.rollout_actor)
     *_, vllm = synced_run
     assert any(n.startswith("VLLM::EngineCore") for n in vllm) and not any("Worker" in n for n in vllm), vllm
+
+
+def test_the_rollout_engine_asks_for_amx_tiles_as_it_starts(synced_run):
+    # (vllm_worker.rollout_actor asks in the actor's constructor, before any generation is sent)
+    _, log, *_ = synced_run
+    assert log.count("drpo-train: CPU mode: AMX tiles requested in the vLLM engine: ") == 1, log[-3000:]
+
+
+AMX_CASE = """
+import json, os, sys
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=True, max_model_len=64,
+          worker_extension_cls="openrlhf_drpo.hosts.openrlhf.vllm_worker.CpuWorkerExtension")
+granted = llm.collective_rpc("request_amx")
+out = llm.generate(["w1 w2 w3 w4"], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+print(json.dumps({"granted": granted, "tokens": len(out[0].outputs[0].token_ids)}))
+"""
+
+
+def test_one_short_prompt_first_generates_in_a_bf16_engine_that_asked_for_amx(tmp_path):
+    """vLLM-cpu 0.29.0 on a CPU with AMX: a first step of one short prompt died of SIGILL in the
+    AMX attention kernel (nothing had asked for AMX tiles). The worker extension asks; on a CPU
+    without AMX the same case runs and the answer is no."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    words = ["<pad>", "<s>", "</s>", "<unk>", *(f"w{i}" for i in range(40))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                            unk_token="<unk>").save_pretrained(tmp_path)
+    config = LlamaConfig(vocab_size=len(words), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0)     # head_dim 32: vLLM-cpu's attention has no 8
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", AMX_CASE, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]     # -4: SIGILL
+    amx = "amx_tile" in open("/proc/cpuinfo").read()
+    assert proc.stdout.splitlines()[-1] == f'{{"granted": [{str(amx).lower()}], "tokens": 8}}'
+
+
+def _die_of(signum):
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+@pytest.mark.parametrize("target, args, how", [(_die_of, (signal.SIGILL,), "killed by SIGILL (exit code -4)"),
+                                               (os._exit, (3,), "exit code 3")])
+def test_an_engine_core_process_that_dies_is_reported_with_its_signal_or_exit_code(target, args, how, capfd):
+    proc = multiprocessing.get_context("fork").Process(target=target, args=args, name="EngineCore_DP0")
+    proc.start()
+    vllm_worker.report_death([proc])
+    assert capfd.readouterr().out == (f"drpo-train: the vLLM engine core process EngineCore_DP0 (pid {proc.pid}) died: "
+                                      f"{how}; its Python stack, where it had one, is above\n")
 
 
 def test_weights_reach_vllm_every_step_and_a_run_that_skips_the_reload_drifts(synced_run, task, tmp_path):
@@ -111,7 +169,7 @@ def test_weights_reach_vllm_every_step_and_a_run_that_skips_the_reload_drifts(sy
     assert statistics.median(kl) < 0.02, kl
     # control: vLLM receives every tensor but keeps its old weights (and CPU mode, forced, says
     # that its local Ray replaces the cluster a stale RAY_ADDRESS names)
-    log, unsynced = _run(task, tmp_path, 4, env={cpu_mode.SKIP_RELOAD: "1", "RAY_ADDRESS": "127.0.0.1:9"},
+    log, unsynced = _run(task, tmp_path, 4, env={vllm_worker.SKIP_RELOAD: "1", "RAY_ADDRESS": "127.0.0.1:9"},
                          extra=("--drpo.cpu_mode", "on"))
     assert log.startswith("openrlhf-drpo: CPU mode (--drpo.cpu_mode on): a local Ray on this machine replaces the "
                           "Ray cluster at 127.0.0.1:9 (RAY_ADDRESS)\n"), log[:500]

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from openrlhf_drpo.hosts.openrlhf import cpu_mode
+from openrlhf_drpo.hosts.openrlhf import vllm_worker
 from openrlhf_drpo.lab import toytask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +43,7 @@ def _run(task, out, objective, ranks):
              "--train.num_episodes", str(STEPS), "--actor.num_gpus_per_node", str(ranks),
              "--train.micro_batch_size", str(PROMPTS * SAMPLES // ranks), "--rollout.micro_batch_size", "8",
              "--drpo.plugin", "rank_gradients", "--drpo.plugin_config", config]
-    env = {**os.environ, cpu_mode.SKIP_RELOAD: "1",
+    env = {**os.environ, vllm_worker.SKIP_RELOAD: "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", objective,
                            *OBJECTIVES[objective], *flags], capture_output=True, text=True, env=env, timeout=900)

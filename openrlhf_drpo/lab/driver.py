@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from openrlhf_drpo import __version__
 from openrlhf_drpo.lab.results import aggregate, curves, markdown, plot, summarize
 
 # Off-policyness. updates: each rollout (8 prompts x 4 samples) is cut into that many
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="presets: " + "; ".join(f"{k}: {v['updates']} updates/rollout, lr {v['lr']:g}, "
                                                               f"stresses {v['stresses']}" for k, v in PRESETS.items()))
     p.add_argument("objectives", nargs="+", metavar="OBJECTIVE[:NAME=VALUE,...]")
-    p.add_argument("--version", action="version", version=f"drpo-lab {__import__('openrlhf_drpo').__version__}")
+    p.add_argument("--version", action="version", version=f"drpo-lab {__version__}")
     p.add_argument("--preset", choices=list(PRESETS), default="mild")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)

@@ -5,7 +5,7 @@ Every adaptation lives here, each applied only in the processes that need it:
   `ray_init_kwargs` (a local Ray with logical GPUs), and the actor classes below;
 - Ray workers: `setup_ray_worker` (the runtime env's setup hook) and `adapt_trainer_process`
   (called by the trainer-side actors before OpenRLHF's code runs);
-- the vLLM worker: `CpuWorkerExtension`, in place of OpenRLHF's WorkerWrap: gloo and a repacking reload.
+- the vLLM engine's process: hosts.openrlhf.vllm_worker (gloo, a repacking reload, AMX).
 They patch internals of the pinned versions only; `check_versions` refuses any other.
 This module imports nothing heavy at the top: `install_flash_attn_shim` runs before torch.
 """
@@ -21,10 +21,10 @@ import os
 import sys
 import types
 
+from openrlhf_drpo.hosts.openrlhf import vllm_worker
+
 PINNED = {"openrlhf": "0.11.2", "vllm": "0.29.0", "deepspeed": "0.19.6"}
 ENV_FLAG = "OPENRLHF_DRPO_CPU_MODE"          # "1" in every process of a CPU-mode run
-SKIP_RELOAD = "OPENRLHF_DRPO_SKIP_VLLM_RELOAD"   # diagnostic: receive weights, keep vLLM's old ones
-WEIGHTS_HOOK = "OPENRLHF_DRPO_WEIGHTS_HOOK"     # "module:function" applied to the weights a vLLM engine receives
 
 
 # ---------------------------------------------------------------- flash_attn (every process)
@@ -249,7 +249,7 @@ def adapt_trainer_process() -> None:
     replay_buffer.NaiveReplayBuffer.__init__ = buffer_init
     ds_strategy.DeepspeedStrategy.all_reduce = one_rank_all_reduce(ds_strategy.DeepspeedStrategy.all_reduce)
     # the weight-sync group to vLLM is always NCCL in 0.11.2, whatever --vllm.sync_backend says
-    ppo_actor.stateless_init_process_group = lambda host, port, rank, world_size, device: GlooGroup(
+    ppo_actor.stateless_init_process_group = lambda host, port, rank, world_size, device: vllm_worker.GlooGroup(
         host, port, rank, world_size)
     per_parameter = ppo_actor.ActorPPOTrainer.broadcast_to_vllm
     ppo_actor.ActorPPOTrainer.broadcast_to_vllm = lambda self: _broadcast_at_once(self, per_parameter)
@@ -299,85 +299,6 @@ def _broadcast_at_once(self, per_parameter) -> None:
     torch_dist_barrier_and_cuda_sync()
 
 
-class GlooGroup:
-    """The broadcast side of vLLM's PyNcclCommunicator, over a stateless gloo group (the
-    same call on the trainer's rank 0 and in every vLLM worker)."""
-
-    def __init__(self, host, port, rank, world_size):
-        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
-        self.group = stateless_init_torch_distributed_process_group(host, port, rank, world_size, backend="gloo")
-
-    def broadcast(self, tensor, src=0, stream=None):
-        self.group.broadcast(tensor, src).wait()
-
-
-# ---------------------------------------------------------------- the vLLM worker
-
-class CpuWorkerExtension:
-    """Replaces OpenRLHF's WorkerWrap as vLLM's worker extension (the same two methods the
-    trainer calls). vLLM's CPU backend repacks every linear weight into its own kernel layout after loading:
-    OpenRLHF's per-tensor load_weights then fails, or is silently ignored by the packed kernel.
-    So each broadcast tensor is kept, and on the last one of a sync (OpenRLHF flags it with
-    empty_cache) all are reloaded through vLLM's layer-wise reload, which repacks."""
-
-    def init_process_group(self, master_address, master_port, rank_offset, world_size, group_name,
-                           backend="gloo", use_ray=False):
-        import torch
-        rank = torch.distributed.get_rank() + rank_offset
-        self._model_update_group = GlooGroup(master_address, master_port, rank, world_size)
-        self._received = {}
-
-    def update_weight(self, name, dtype, shape, empty_cache=False):
-        import torch
-        assert dtype == self.model_config.dtype, f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}"
-        weight = torch.empty(shape, dtype=dtype)
-        self._model_update_group.broadcast(weight, src=0)
-        self._received[name] = weight     # by name: a sync broken off midway leaves nothing stale behind
-        if empty_cache:
-            received, self._received = self._received, {}
-            self._reload(received)
-
-    def update_weights_flat(self, names, dtype, shapes):
-        """Every parameter at once, as one flat tensor (the trainer's `_broadcast_at_once`)."""
-        import math
-
-        import torch
-        assert dtype == self.model_config.dtype, f"mismatch dtype: src {dtype}, dst {self.model_config.dtype}"
-        flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=dtype)
-        self._model_update_group.broadcast(flat, src=0)
-        sizes = [math.prod(s) for s in shapes]
-        self._reload({n: w.view(s) for n, w, s in zip(names, flat.split(sizes), shapes)})
-
-    def _reload(self, received: dict) -> None:
-        # a named hook, "module:function", that transforms the weights the engine computes with
-        # (drpo-lab's 4-bit engine sets it in the engine's process; CPU mode imports no lab)
-        if hook := os.environ.get(WEIGHTS_HOOK):
-            module, _, function = hook.partition(":")
-            received = getattr(importlib.import_module(module), function)(received)
-        if os.environ.get(SKIP_RELOAD) != "1":
-            self.reload_weights(weights_iterator=list(received.items()), is_checkpoint_format=True)
-
-
-def _rollout_actor():
-    import ray
-    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
-
-    class CpuRolloutRayActor(RolloutRayActor.__ray_actor_class__):
-        async def __init__(self, *args, **kwargs):
-            kwargs["worker_extension_cls"] = f"{__name__}.CpuWorkerExtension"
-            # vLLM's CPU platform otherwise runs the model in a third process whose queue reader
-            # spins (sched_yield) for 1 s after each read: through the trainer's whole update, on
-            # a 2-core machine. At 0 the engine core (still its own process) runs the model itself
-            # ("uni", OpenRLHF's choice at tensor-parallel size 1). vLLM says "uni" cannot set up
-            # OpenMP binding; driver_environment's "nobind" skips that setup either way.
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            await super().__init__(*args, **kwargs)
-
-        async def update_weights_flat(self, names, dtype, shapes):
-            return await self.llm.collective_rpc("update_weights_flat", args=(names, dtype, shapes))
-    return ray.remote(CpuRolloutRayActor)
-
-
 def _adapted(actor_class):
     """A DeepSpeed actor (reference, reward, critic) that adapts its process before OpenRLHF's
     code runs in it."""
@@ -395,6 +316,6 @@ def actor_patches():
     """(module, name, replacement) for the driver's launcher in CPU mode; train_ppo_ray imports
     these names when runpy runs it, inside the patches."""
     from openrlhf.trainer.ray import launcher, ppo_critic, vllm_engine
-    return [(vllm_engine, "RolloutRayActor", _rollout_actor()),
+    return [(vllm_engine, "RolloutRayActor", vllm_worker.rollout_actor()),
             *[(module, name, _adapted(getattr(module, name))) for module, name in
               ((launcher, "ReferenceModelActor"), (launcher, "RewardModelActor"), (ppo_critic, "CriticModelActor"))]]
