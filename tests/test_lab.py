@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -112,18 +113,21 @@ def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_
     assert a["final_reward"]["ci95"] == pytest.approx([0.72 - 4.302653 * 0.02 / 3 ** 0.5,
                                                        0.72 + 4.302653 * 0.02 / 3 ** 0.5], abs=1e-6)
     assert a["max_grad_norm"]["mean"] == 2.0 and summary[2]["collapsed"] == "2 of 3"
-    assert [s["rank"] for s in summary] == [1, 1, 2]
+    assert summary[1]["final_reward"]["ci95"][1] == pytest.approx(0.70 + 4.302653 * 0.1 / 3 ** 0.5)
+    assert [s["rank"] for s in summary] == [1, 1, 3]      # two intervals lie wholly above c's
     table = lab_results.markdown(rows, summary)
-    assert "| 1 | a | 3 | 0.72 [0.67, 0.77]" in table and "| 2 | c | 3 |" in table and "2 of 3" in table
+    assert "| 1 | a | 3 | 0.72 [0.67, 0.77]" in table and "| 3 | c | 3 |" in table and "2 of 3" in table
 
 
 @pytest.mark.parametrize("cells, expected", [
     ([(0.9, 0.8, 1.0), (0.5, 0.4, 0.6), (0.1, 0.0, 0.2)], [1, 2, 3]),       # all separated
-    ([(0.9, 0.5, 1.3), (0.5, 0.4, 0.6), (0.1, 0.0, 0.45)], [1, 1, 1]),      # a chain of overlaps: one group
+    ([(0.9, 0.5, 1.3), (0.5, 0.4, 0.6), (0.1, 0.0, 0.45)], [1, 1, 2]),      # the ends separate, though each overlaps the middle
+    ([(0.8, 0.75, 0.85), (0.7, 0.6, 0.8), (0.6, 0.5, 0.7), (0.5, 0.4, 0.6), (0.4, 0.3, 0.5), (0.3, 0.2, 0.4)],
+     [1, 1, 2, 2, 3, 4]),                                                    # six in a chain of overlaps: not all rank 1
     ([(0.1, 0.0, 0.2), (0.9, 0.8, 1.0)], [2, 1]),                           # ranked by mean, not by order
     ([(0.5, None, None), (0.5, None, None)], [1, 1]),                        # one seed each: equal means tie
 ])
-def test_ranks_separate_only_non_overlapping_intervals(cells, expected):
+def test_a_rank_counts_the_intervals_wholly_above_it(cells, expected):
     cells = [{"mean": m, "ci95": None if lo is None else [lo, hi]} for m, lo, hi in cells]
     assert lab_results.ranks(cells) == expected
 
@@ -263,3 +267,16 @@ def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch
     # 0.068 and 0.097, stale 0.80 and 2.86)
     assert min(stale) > 2 * max(fresh), (fresh, stale, mild)
     assert found["runs"][0]["preset"] == "mismatch" and "4-bit weights" in stdout
+
+
+@pytest.mark.parametrize("key, values, cut", [
+    ("max_grad_norm", [1.0, 2.0, 90.0], (0.0, None)),      # a spike in one seed: t reaches below 0
+    ("final_reward", [0.2, 0.95, 1.0], (0.0, 1.0)),        # both ends past [0, 1]
+    ("mismatch", [0.10, 0.11, 0.12], (None, None)),        # inside the range: Student's t as it is
+])
+def test_an_interval_is_cut_to_what_the_measure_can_be(key, values, cut):
+    rows = [{**_row("a", i, 0.5), key: v} for i, v in enumerate(values)]
+    half = 4.302653 * statistics.stdev(values) / 3 ** 0.5
+    t = [statistics.mean(values) - half, statistics.mean(values) + half]
+    expected = [t[0] if cut[0] is None else cut[0], t[1] if cut[1] is None else cut[1]]
+    assert lab_results.aggregate(rows)[0][key]["ci95"] == pytest.approx(expected, rel=1e-6)

@@ -15,6 +15,10 @@ COLLAPSE_FRACTION, COLLAPSE_REWARD = 0.5, 2 / 8
 RESULT_KEYS = ("objective", "params", "seed", "preset", "final_reward", "reward_auc", "max_grad_norm",
                "max_token_weight", "mismatch", "collapsed", "dead_steps", "wall_s")
 SUMMARY_KEYS = ("final_reward", "reward_auc", "max_grad_norm", "max_token_weight", "mismatch")
+# what each measure can be: an interval is cut to it (the mean lies inside, so the cut one still
+# holds it at least as often); a reward is distinct targets / 8
+RANGES = {"final_reward": (0.0, 1.0), "reward_auc": (0.0, 1.0), "reward": (0.0, 1.0), "max_grad_norm": (0.0, None),
+          "grad_norm": (0.0, None), "max_token_weight": (0.0, None), "mismatch": (0.0, None)}
 
 
 def collapsed(steps: list[dict]) -> bool:
@@ -66,9 +70,9 @@ def curves(steps: list[dict], updates: list[dict]) -> dict:
     return out
 
 
-def interval(xs: list[float]) -> dict:
+def interval(xs: list[float], bounds: tuple = (None, None)) -> dict:
     """Mean and its two-sided 95% Student-t interval, mean +- t(0.975, n-1) s / sqrt(n), over the
-    finite values; with one value, no interval (None)."""
+    finite values, cut to `bounds` (the measure's range: RANGES); with one value, no interval."""
     xs = _finite(xs)
     if not xs:
         return {"mean": None, "ci95": None}
@@ -77,7 +81,9 @@ def interval(xs: list[float]) -> dict:
         return {"mean": mean, "ci95": None}
     from scipy.stats import t
     half = float(t.ppf(0.975, len(xs) - 1)) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return {"mean": mean, "ci95": [mean - half, mean + half]}
+    lo, hi = bounds
+    return {"mean": mean, "ci95": [mean - half if lo is None else max(lo, mean - half),
+                                   mean + half if hi is None else min(hi, mean + half)]}
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -87,7 +93,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for r in rows:
         groups.setdefault(r["objective"], []).append(r)
     out = [{"objective": name, "params": rs[0]["params"], "preset": rs[0]["preset"], "seeds": len(rs),
-            **{k: interval([r[k] for r in rs]) for k in SUMMARY_KEYS},
+            **{k: interval([r[k] for r in rs], RANGES[k]) for k in SUMMARY_KEYS},
             "collapsed": f"{sum(bool(r['collapsed']) for r in rs)} of {len(rs)}"} for name, rs in groups.items()]
     for row, rank in zip(out, ranks([r["final_reward"] for r in out])):
         row["rank"] = rank
@@ -95,22 +101,12 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 
 def ranks(cells: list[dict]) -> list[int]:
-    """Ranks by mean, highest first, that separate only what the intervals separate: walking
-    down the means, an objective whose interval overlaps any interval of the current group
-    joins it (same rank); the next rank starts only past a gap. No interval: its mean alone."""
-    order = sorted(range(len(cells)), key=lambda i: -(cells[i]["mean"] if cells[i]["mean"] is not None else -math.inf))
+    """Each objective's rank is 1 + the number of objectives whose interval lies wholly above its
+    own (lower end above its upper end): two share a rank unless the intervals separate them
+    from the same others. No interval: its mean alone; no mean: no rank (None)."""
     span = lambda c: c["ci95"] or [c["mean"], c["mean"]]  # noqa: E731
-    out, group, rank = [0] * len(cells), [], 0
-    for i in order:
-        if cells[i]["mean"] is None:
-            out[i] = None
-            continue
-        lo_hi = span(cells[i])
-        if not group or not any(lo_hi[1] >= span(cells[j])[0] and span(cells[j])[1] >= lo_hi[0] for j in group):
-            rank, group = rank + 1, []
-        group.append(i)
-        out[i] = rank
-    return out
+    return [None if c["mean"] is None else
+            1 + sum(o["mean"] is not None and span(o)[0] > span(c)[1] for o in cells) for c in cells]
 
 
 def _cell(c: dict) -> str:
@@ -152,7 +148,7 @@ def plot(runs: list[dict], path: str) -> None:
             values = [[dict(zip(c["step"], c[key])).get(s) for c in cs] for s in steps]
             if log:     # a log axis: the interval of log10 values, so the mean is a geometric mean
                 values = [[math.log10(v) if v is not None and v > 0 else None for v in vs] for vs in values]
-            cells = [interval(vs) for vs in values]
+            cells = [interval(vs, (None, None) if log else RANGES[key]) for vs in values]
             if log:
                 cells = [{"mean": None if c["mean"] is None else 10 ** c["mean"],
                           "ci95": c["ci95"] and [10 ** c["ci95"][0], 10 ** c["ci95"][1]]} for c in cells]
