@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -210,6 +211,11 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
     out, stdout, found = shared         # `found`: results.json (`results` is the module)
     steps, updates = 3, 8
     assert "predicted (drpo-analyze)" in stdout and "binary-tv" in stdout and "measured" in stdout
+    # a line per finished run, with the runs done so far and the time left
+    finished = re.findall(r"^\[(\d)/4\] .*: done, final step's reward [\d.]+; (\d) of 4 runs done, about \d+ min left$",
+                          stdout, re.M)
+    assert sorted(i for i, _ in finished) == ["1", "2", "3", "4"] and sorted(k for _, k in finished) == ["1", "2", "3", "4"], \
+        stdout
     rows, summary = found["runs"], found["summary"]
     assert [(r["objective"], r["seed"]) for r in rows] == [("ppo", 0), ("ppo", 1), ("drpo delta=0.2", 0),
                                                            ("drpo delta=0.2", 1)]

@@ -124,16 +124,22 @@ def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) 
 
 def run_all(task, runs: list[dict], args) -> None:
     """The runs dealt round-robin to --parallel pipelines, side by side."""
-    total, lock = len(runs), threading.Lock()
+    total, lock, done, started = len(runs), threading.Lock(), {}, time.monotonic()
 
     def progress(run, step, reward):
         with lock:
             index = runs.index(run) + 1
+            done[index] = step
             if step == 0:
                 _show(f"[{index}/{total}] {run['label']}: starting", 1)
-            else:
-                _show(f"[{index}/{total}] {run['label']}: step {step}/{args.steps}  reward {reward:.3f}", step,
-                      last=step == args.steps and sys.stdout.isatty())
+            elif step < args.steps:
+                _show(f"[{index}/{total}] {run['label']}: step {step}/{args.steps}  reward {reward:.3f}", step)
+            else:        # a line per finished run, kept, with the study's estimated time left
+                steps = sum(done.values())
+                left = (time.monotonic() - started) / steps * (total * args.steps - steps)
+                _show(f"[{index}/{total}] {run['label']}: done, final step's reward {reward:.3f}; "
+                      f"{sum(s == args.steps for s in done.values())} of {total} runs done, about "
+                      f"{left / 60:.0f} min left", step, last=True)
     groups = [runs[i::args.parallel] for i in range(args.parallel) if runs[i::args.parallel]]
     errors = []
     # each pipeline its own share of the GPUs (not yet run on GPUs); torch only where it matters
