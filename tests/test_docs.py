@@ -68,7 +68,7 @@ def command(line):
     if words[0] in MODULES:
         return [sys.executable, "-m", MODULES[words[0]], *words[1:]]
     assert words[0] == "python3", f"a console block runs drpo-analyze, drpo-train, drpo-lab or python3, not {words[0]}"
-    return [sys.executable, *[str(ROOT / w) if w.startswith("benchmarks/") else w for w in words[1:]]]
+    return [sys.executable, *[str(ROOT / w) if w.startswith(("benchmarks/", "examples/")) else w for w in words[1:]]]
 
 
 def run(argv, cwd, **kwargs):
@@ -173,6 +173,12 @@ def test_the_path_check_flags_a_moved_file_and_passes_another_projects(tmp_path)
     page.write_text("The derivation (`dsl/symbolic.py`) and `openrlhf_drpo/analysis/symbolic.py`, `core/gone.py`;\n"
                     "as TRL documents it (docs/source/grpo_trainer.md), and objectives/drpo.dsl.\n")
     assert missing_paths(page) == ["page.md:1: dsl/symbolic.py", "page.md:1: core/gone.py"]
+
+
+def test_the_verl_configuration_on_the_hosts_page_is_the_example_file():
+    page = (ROOT / "docs" / "hosts.md").read_text(encoding="utf-8")
+    shown = re.search(r"```yaml\n(.*?)```", page, re.S).group(1)
+    assert shown == (ROOT / "examples" / "verl_drpo.yaml").read_text(encoding="utf-8")
 
 
 def test_the_readme_is_at_most_250_lines():

@@ -227,7 +227,7 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
     assert [s["objective"] for s in summary] == ["ppo", "drpo delta=0.2"] and all(s["seeds"] == 2 for s in summary)
     for s in summary:
         mine = [r["final_reward"] for r in rows if r["objective"] == s["objective"]]
-        assert s["final_reward"] == lab_results.interval(mine) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
+        assert s["final_reward"] == lab_results.interval(mine, lab_results.RANGES["final_reward"]) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
     assert (out / "results.md").read_text().startswith("| rank | objective | seeds |")
     assert (out / "curves.png").stat().st_size > 10_000
     # runs dealt round-robin: each pipeline trained its two runs one after the other
