@@ -9,6 +9,8 @@ _LOSSES = {"CompiledLoss": ".core", "Aggregation": ".core", "ObjectiveLoss": ".h
 
 
 def __getattr__(name):
+    if name == "analyze":     # the analysis alone: no torch
+        return importlib.import_module(".analysis", __name__).analyze
     if name not in _LOSSES:
         raise AttributeError(name)
     try:

@@ -28,7 +28,7 @@ LAYERS = [
     "analysis.settling", "analysis.zeros", "analysis.symbolic", "analysis.channels", "analysis.confirm",
     "analysis.alerts", "analysis.alert_text",
     "analysis.claims", "analysis.admissibility", "analysis.equiv", "analysis.result", "analysis.orchestrator",
-    "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis",
+    "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis.notebook", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward", "hosts.openrlhf.loss",
     "hosts.openrlhf.logprobs", "hosts.openrlhf.inputs",
     "hosts.openrlhf.actor", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",

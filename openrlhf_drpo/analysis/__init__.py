@@ -2,4 +2,38 @@
 (context, symbolic, settling, intervals, zeros), confirmed by a numeric arbiter (arbiter, events,
 extremes, sampling, confirm) and stated as claims with their evidence (claims, admissibility,
 alerts), held in one declared result (result) that the presentation renders (report, plot,
-alert_text, mathtext). orchestrator.analyze is the entry point; budgets bounds the work."""
+alert_text, mathtext, notebook). `analyze` is the public entry point; budgets bounds the work."""
+from __future__ import annotations
+
+import dsl
+from openrlhf_drpo.analysis import notebook  # noqa: F401  (registers how a result renders)
+from openrlhf_drpo.analysis.held import GROUP_SIZE
+from openrlhf_drpo.analysis.orchestrator import analyze as _analyze
+from openrlhf_drpo.analysis.result import Analysis
+
+
+def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.0, group_size: int = GROUP_SIZE,
+            group=None, batch_size: int | None = None, position: int | None = None, held: dict | None = None,
+            **params) -> Analysis:
+    """What drpo-analyze prints, as a value: `objective` is a shipped name, a .dsl path, NAME:k=v,...
+    or a dsl.Objective (dsl.parse("r*A - ...") for a formula); keyword `params` override its
+    parameters (ASCII or Unicode names). The others are drpo-analyze's --seq-len, --rho,
+    --group-size, --group, --batch-size, --position and the held values (--set H=...)."""
+    if not isinstance(objective, dsl.Objective):
+        name, own = dsl.parse_spec(objective)
+        objective = dsl.load(name).with_overrides(own, where="<command line>") if own else dsl.load(name)
+    if params:
+        objective = objective.with_overrides(params, where="analyze")
+    if group is not None:
+        from openrlhf_drpo.analysis.held import held_group
+        group = held_group(None, list(group))
+        group_size = len(group)
+    from fractions import Fraction
+
+    from dsl.objective import param_key
+    held = {param_key(k): Fraction(str(v)) for k, v in (held or {}).items()}
+    return _analyze(objective, seq_len, rho, group_size=group_size, batch_size=batch_size, position=position,
+                    group=group, held=held)
+
+
+__all__ = ["Analysis", "analyze"]

@@ -69,9 +69,13 @@ def _formulas(res) -> dict:
     return out
 
 
+RENDER: dict = {}     # "json", "markdown", "html" -> function(Analysis) -> its form, from analysis.notebook
+
+
 @dataclass
 class Analysis:
-    """What drpo-analyze derives for one objective (openrlhf_drpo.analysis.orchestrator.analyze)."""
+    """What drpo-analyze derives for one objective (openrlhf_drpo.analysis.analyze). In a notebook
+    it renders as its report with the plot; to_json() is drpo-analyze --json's."""
     name: str = declared(json="name", line="title")
     path: str = declared()
     description: str = declared()
@@ -111,6 +115,19 @@ class Analysis:
     text: dict = declared(json="text", derive=_formulas)
     w: Callable = declared()            # vectorized w(r, μ, A) as derived, for callers' own checks
     w_numeric: Callable = declared()    # the same by the IR's float rules (nan where undefined): the plot's
+
+    def __repr__(self) -> str:
+        return f"<Analysis of {self.name}: w = {self.text.get('weight')}; {len(self.warnings)} warning(s)>"
+
+    # the presentation registers itself here (analysis.notebook): the result knows no report
+    def to_json(self) -> dict:
+        return RENDER["json"](self)
+
+    def _repr_markdown_(self) -> str:
+        return RENDER["markdown"](self)
+
+    def _repr_html_(self) -> str:
+        return RENDER["html"](self)
 
     def __post_init__(self):
         for f in fields(self):
