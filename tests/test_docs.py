@@ -89,6 +89,8 @@ def matches(expected: list[str], got: list[str]) -> bool:
 
 
 def rewrite(page, old, new):
+    # (an empty old would be found at the page's start: the output would land there)
+    assert old.strip(), f"{page.name}: an empty output block; write a line in it for UPDATE_DOCS to replace"
     if os.environ.get("UPDATE_DOCS"):
         page.write_text(page.read_text(encoding="utf-8").replace(old, new, 1), encoding="utf-8")
 
