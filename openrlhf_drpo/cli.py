@@ -122,6 +122,9 @@ def analyze_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the shipped objectives, one line each")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="override a parameter (ASCII or Unicode name), e.g. --set delta=0.2")
+    ap.add_argument("--sweep", metavar="NAME=V1,V2,...", default=None,
+                    help="analyse one objective at each value of a parameter: one table of boundaries, range and "
+                         "warnings, and with --plot one picture on one colour scale")
     ap.add_argument("--json", action="store_true", help="print JSON (a list when several objectives)")
     ap.add_argument("--plot", metavar="PATH.png", help="write heatmaps of w over (μ, π), like the paper's Figure 1")
     ap.add_argument("--seq-len", type=_positive(int), default=1, metavar="N",
@@ -163,6 +166,8 @@ def analyze_main(argv: list[str] | None = None) -> int:
     try:
         held: list = []
         objs = _load_all(args.objectives, parse_overrides(args.set), None if args.emit_torch else held)
+        if args.sweep is not None:
+            objs, held, labels = _swept(ap, args, objs, held)
         if args.emit_torch:
             from openrlhf_drpo.core.codegen import torch_source
             print("\n\n".join(torch_source(o) for o in objs))
@@ -186,9 +191,17 @@ def analyze_main(argv: list[str] | None = None) -> int:
             raise
         print(e.render(), file=sys.stderr)
         return 1
+    if args.sweep is not None:
+        for res, label in zip(results, labels):
+            res.name = label
     if args.json:
         data = [to_json(r) for r in results]
         print(json.dumps(data if len(data) > 1 else data[0], indent=2, ensure_ascii=False))
+    elif args.sweep is not None:
+        print(f"{objs[0].name}: {labels[0].split(', ')[1].split(' = ')[0]} swept\n\n"
+              + comparison(results, first="value"))
+        warned = [f"  {res.name.split(', ')[1]}: {text}" for res in results for text in res["warnings"]]
+        print("\nwarnings\n" + ("\n".join(warned) if warned else "  none"))
     else:
         print("\n\n".join(report(r) for r in results))
         if len(results) > 1:
@@ -207,6 +220,23 @@ def analyze_main(argv: list[str] | None = None) -> int:
         print(f"drpo-analyze: self-check FAILED for {', '.join(failed)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _swept(ap, args, objs, held):
+    """--sweep NAME=V1,V2,...: the one objective at each value, with its label."""
+    from dsl.names import display_name
+    from dsl.objective import param_key
+    if len(objs) != 1 or args.emit_torch or args.equiv:
+        ap.error("--sweep analyses exactly one objective, without --emit-torch or --equiv")
+    name, eq, values = args.sweep.partition("=")
+    values = [v.strip() for v in values.split(",") if v.strip()]
+    if not eq or not name.strip() or len(values) < 2:
+        ap.error(f"--sweep {args.sweep}: write NAME=V1,V2,... with at least two values, e.g. --sweep delta=0.1,0.2,1")
+    if param_key(name.strip()) not in objs[0].params:
+        objs[0].with_overrides({name.strip(): values[0]}, where="--sweep")     # its located error
+    shown = display_name(param_key(name.strip()))
+    swept = [objs[0].with_overrides({name.strip(): v}, where="--sweep") for v in values]
+    return swept, held * len(values), [f"{objs[0].name}, {shown} = {v}" for v in values]
 
 
 def _list(ap, args) -> int:

@@ -114,3 +114,38 @@ def test_objectives_may_follow_options():
 def test_a_bad_objective_argument_is_a_located_error(args, message):
     proc = drpo_analyze(*args)
     assert proc.returncode in (1, 2) and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_sweep_prints_one_table_of_boundaries_range_and_warnings_per_value(tmp_path):
+    proc = drpo_analyze("drpo", "--sweep", "δ=0.1,0.2,1", "--plot", str(tmp_path / "s.png"))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "drpo: δ swept" and lines[2].split()[:4] == ["value", "w", "range", "boundary"]
+    rows = {line.split("  ")[0]: line for line in lines[4:7]}
+    assert list(rows) == ["drpo, δ = 0.1", "drpo, δ = 0.2", "drpo, δ = 1"]
+    assert "[-9, 11]  μ + 0.1" in rows["drpo, δ = 0.1"] and "μ + 1 (unreachable)  none" in rows["drpo, δ = 1"]
+    assert lines[8] == "warnings" and all(line.startswith("  δ = 1: ") for line in lines[9:11])
+    assert lines[-1] == f"wrote {tmp_path / 's.png'}" and (tmp_path / "s.png").stat().st_size > 10_000
+    one = [drpo_analyze(f"drpo:delta={d}", "--json") for d in ("0.1", "1")]
+    swept = json.loads(drpo_analyze("drpo", "--sweep", "delta=0.1,1", "--json").stdout)
+    assert [s["boundary"] for s in swept] == [json.loads(p.stdout)["boundary"] for p in one]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["drpo", "--sweep", "delta=1"], "write NAME=V1,V2,... with at least two values"),
+    (["drpo", "ppo", "--sweep", "delta=1,2"], "--sweep analyses exactly one objective"),
+    (["drpo", "--sweep", "foo=1,2"], "--sweep:1:1: error: unknown parameter 'foo' for objective 'drpo'"),
+    (["drpo", "--sweep", "delta=1,x"], "--sweep:1:7: error: parameter value 'x' is not a finite number"),
+])
+def test_a_bad_sweep_is_a_clear_error(args, message):
+    proc = drpo_analyze(*args)
+    assert proc.returncode in (1, 2) and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_compared_panels_share_one_colour_scale(tmp_path):
+    from openrlhf_drpo import analyze
+    from openrlhf_drpo.analysis.plot import plot
+    limits = plot([analyze("drpo", delta=0.1), analyze("drpo", delta=1)], str(tmp_path / "w.png"))
+    alone = plot([analyze("drpo", delta=1)], str(tmp_path / "one.png"))
+    assert len(limits) == 4 and len(set(limits)) == 1 and limits[0] != alone[0]
+    assert limits[0][0] < -5 < 5 < limits[0][1] and -1 < alone[0][0] < alone[0][1] < 3

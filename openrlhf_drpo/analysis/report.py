@@ -382,9 +382,9 @@ def _arbiter(a) -> str:
             + f", by the IR's float rules on {a['points']:,} grid points over (μ, π), both signs of A, {mags}")
 
 
-def comparison(results: list) -> str:
-    """One row per objective, side by side."""
-    head = ["objective", "w range", "boundary A>0 (π)", "boundary A<0 (π)", "smooth", "bounded", "geometry"]
+def comparison(results: list, first: str = "objective") -> str:
+    """One row per objective (or per value of a sweep: `first` names the column), side by side."""
+    head = [first, "w range", "boundary A>0 (π)", "boundary A<0 (π)", "smooth", "bounded", "geometry"]
     rows = [head]
     for res in results:
         def side(adv):
