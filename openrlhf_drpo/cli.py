@@ -113,7 +113,7 @@ def _check_plot_path(ap, path: str) -> None:
         ap.error(f"--plot {path}: no such directory: {folder}")
 
 
-def analyze_main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="drpo-analyze", description=__doc__.splitlines()[0])
     ap.add_argument("objectives", nargs="*", metavar="FILE_OR_NAME",
                     help="a .dsl file or the name of a shipped objective (e.g. drpo), either with its own "
@@ -146,7 +146,19 @@ def analyze_main(argv: list[str] | None = None) -> int:
                     help="with two objectives: do they train identically? exit 0 equivalent, 1 not, 2 on errors")
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
     ap.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
+    ap.add_argument("--completion", choices=["bash", "zsh"],
+                    help="print a completion script for drpo-analyze, drpo-lab and drpo-train, e.g. "
+                         "drpo-analyze --completion bash > ~/.drpo-completion.sh, then source it")
+    return ap
+
+
+def analyze_main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_intermixed_args(argv)      # drpo --set delta=0.2 spo: names after options too
+    if args.completion:
+        from openrlhf_drpo.completion import script
+        print(script(ap, args.completion))
+        return 0      # drpo --set delta=0.2 spo: names after options too
     if args.list:
         return _list(ap, args)
     if not args.objectives:

@@ -149,3 +149,23 @@ def test_compared_panels_share_one_colour_scale(tmp_path):
     alone = plot([analyze("drpo", delta=1)], str(tmp_path / "one.png"))
     assert len(limits) == 4 and len(set(limits)) == 1 and limits[0] != alone[0]
     assert limits[0][0] < -5 < 5 < limits[0][1] and -1 < alone[0][0] < alone[0][1] < 3
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_completion_script_completes_each_commands_flags_choices_and_objectives(shell, tmp_path):
+    script = drpo_analyze("--completion", shell)
+    assert script.returncode == 0 and script.stderr == "", script.stderr
+    (tmp_path / "c.sh").write_text(script.stdout)
+    (tmp_path / "mine.dsl").write_text("r*A\n")
+    cases = [("drpo-analyze", "dr"), ("drpo-analyze", "--sw"), ("drpo-analyze", "mi"), ("drpo-lab", "--preset", "st"),
+             ("drpo-train", "--drpo.anc"), ("drpo-train", "--drpo.anchor", "r"), ("drpo-analyze", "--set", "d"),
+             ("drpo-train", "--drpo.objective", "gs"), ("drpo-lab", "--ver")]
+    calls = "\n".join(f"COMP_WORDS=({' '.join(c)}); COMP_CWORD={len(c) - 1}; COMPREPLY=(); _drpo_complete; "
+                      'echo "${COMPREPLY[*]}"' for c in cases)
+    if shell == "zsh":      # (bash runs it: the zsh script is the bash one behind bashcompinit)
+        assert script.stdout.startswith("autoload -U +X bashcompinit && bashcompinit\n")
+        (tmp_path / "c.sh").write_text(script.stdout.split("\n", 1)[1])
+    out = subprocess.run(["bash", "-c", f"source c.sh\n{calls}"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["dro drpo", "--sweep", "mine.dsl", "stress stale", "--drpo.anchor", "rollout",
+                                       "", "gspo", "--version"]

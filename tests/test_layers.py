@@ -34,7 +34,7 @@ LAYERS = [
     "hosts.openrlhf.actor", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
     "hosts.verl",
     "lab.toytask", "lab.task", "lab.pipe", "lab.results", "lab.driver", "lab", "lab.__main__",
-    "cli", "trl", "verl", "openrlhf_drpo",
+    "completion", "cli", "trl", "verl", "openrlhf_drpo",
 ]
 
 

@@ -193,10 +193,7 @@ def analysis_lines(specs) -> str:
     return comparison(results) + ("\nwarnings\n" + "\n".join(warnings) if warnings else "")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drpo-lab", description=__doc__.split("\n")[0],
                                 epilog="presets: " + "; ".join(f"{k}: {v['updates']} updates/rollout, lr {v['lr']:g}, "
                                                               f"stresses {v['stresses']}" for k, v in PRESETS.items()))
@@ -212,6 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=1, help="pipelines side by side, each taking its share of the runs")
     p.add_argument("--pretrain-steps", type=int, default=150, help=argparse.SUPPRESS)
     p.add_argument("--out", default=os.path.join("runs", "lab"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = parser()
     args = p.parse_args(argv)
     args.extra = extra
     preset = PRESETS[args.preset]

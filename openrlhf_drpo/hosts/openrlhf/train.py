@@ -41,7 +41,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _add_drpo_flags(parser: argparse.ArgumentParser) -> None:
+def add_drpo_flags(parser: argparse.ArgumentParser) -> None:
     from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK
     group = parser.add_argument_group("openrlhf-drpo: train with a compiled objective")
     group.add_argument("--drpo.objective", metavar="FILE_OR_NAME", default=None,
@@ -191,7 +191,7 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
         if "actor.model_name_or_path" not in dests:        # not OpenRLHF's parser: leave it be
             return original_parse(parser, args, namespace)
         if "drpo.objective" not in dests:
-            _add_drpo_flags(parser)
+            add_drpo_flags(parser)
         ns = original_parse(parser, args, namespace)
         on_parsed(ns, cpu)
         parsed["ns"] = ns
