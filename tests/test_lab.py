@@ -229,6 +229,7 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
         mine = [r["final_reward"] for r in rows if r["objective"] == s["objective"]]
         assert s["final_reward"] == lab_results.interval(mine, lab_results.RANGES["final_reward"]) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
     assert (out / "results.md").read_text().startswith("| rank | objective | seeds |")
+    assert (out / "results.html").read_text().count("<table>") == 2     # the tables and the curves, in one file
     assert (out / "curves.png").stat().st_size > 10_000
     # runs dealt round-robin: each pipeline trained its two runs one after the other
     for p, runs in (("p0", ["ppo-s0", "drpo-delta0.2-s0"]), ("p1", ["ppo-s1", "drpo-delta0.2-s1"])):
@@ -286,3 +287,15 @@ def test_an_interval_is_cut_to_what_the_measure_can_be(key, values, cut):
     t = [statistics.mean(values) - half, statistics.mean(values) + half]
     expected = [t[0] if cut[0] is None else cut[0], t[1] if cut[1] is None else cut[1]]
     assert lab_results.aggregate(rows)[0][key]["ci95"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_html_page_holds_the_tables_the_rule_and_the_curves():
+    rows = [_row("a", 0, 0.70), _row("a", 1, 0.74), _row("b<", 0, 0.10)]
+    summary = lab_results.aggregate(rows)
+    page = lab_results.html_page(lab_results.markdown(rows, summary), b"\x89PNG fake", "drpo-lab: a, b< under mild")
+    tables = re.findall(r"<table>(.*?)</table>", page)
+    assert len(tables) == 2 and tables[0].count("<tr>") == 1 + 2 and tables[1].count("<tr>") == 1 + 3
+    assert "<th>rank</th><th>objective</th>" in tables[0] and "<td>b&lt;</td>" in tables[0]
+    assert "<td>0.72 [0.466, 0.974]</td>" in tables[0]
+    assert "1 + the number of objectives whose final-reward interval lies wholly above" in page
+    assert 'src="data:image/png;base64,iVBORyBmYWtl"' in page and "<title>drpo-lab: a, b&lt; under mild</title>" in page

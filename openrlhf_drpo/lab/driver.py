@@ -23,7 +23,7 @@ import threading
 import time
 
 from openrlhf_drpo import __version__
-from openrlhf_drpo.lab.results import aggregate, curves, markdown, plot, summarize
+from openrlhf_drpo.lab.results import aggregate, curves, html_page, markdown, plot, summarize
 
 # Off-policyness. updates: each rollout (8 prompts x 4 samples) is cut into that many
 # mini-batches, one optimizer step each, all measured against the same rollout policy.
@@ -262,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table)
     plot(results, os.path.join(args.out, "curves.png"))
+    with open(os.path.join(args.out, "curves.png"), "rb") as f, \
+            open(os.path.join(args.out, "results.html"), "w", encoding="utf-8") as page:
+        page.write(html_page(table, f.read(), f"drpo-lab: {', '.join(_label(n, p) for n, p in specs)} "
+                                              f"under {args.preset}"))
     print("\npredicted (drpo-analyze)\n" + predicted + "\n\nmeasured (mean [95% t interval] over seeds; one rank "
           "for objectives the intervals of final_reward do not separate)\n" + table)
     print(f"trained {len(runs)} runs in {wall:.0f} s; wrote {args.out}/results.json, results.md, curves.png; "

@@ -129,6 +129,32 @@ def markdown(rows: list[dict], summary: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def html_page(table: str, curves_png: bytes, title: str) -> str:
+    """One self-contained page: the markdown tables (results.md) as HTML tables, the rule for
+    intervals and ranks, and the curves embedded."""
+    import base64
+    import html
+    out, rows = [], []
+    for line in table.splitlines() + [""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-"):
+                rows.append([html.escape(c.strip()) for c in line.strip("|").split("|")])
+            continue
+        if rows:
+            out.append("<table>" + "".join(f"<tr>{''.join(f'<{t}>{c}</{t}>' for c in r)}</tr>"
+                                           for r, t in zip(rows, ["th"] + ["td"] * len(rows))) + "</table>")
+            rows = []
+    rule = ("Mean [95% Student-t interval] over the seeds, cut to what the measure can be; an objective's rank is "
+            "1 + the number of objectives whose final-reward interval lies wholly above its own.")
+    png = base64.b64encode(curves_png).decode("ascii")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title><style>"
+            "body{font-family:sans-serif} table{border-collapse:collapse;margin:1em 0} "
+            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><p>{rule}</p>{out[0] if out else ''}"
+            f'<img alt="reward, grad norm, token weight and mismatch per step" src="data:image/png;base64,{png}"/>'
+            f"<h2>Every run</h2>{''.join(out[1:])}</body></html>\n")
+
+
 def plot(runs: list[dict], path: str) -> None:
     """Per objective, the mean over seeds at each step and its 95% t band (on log axes, of the
     log values)."""
