@@ -115,9 +115,9 @@ def _classify(x, w, at=None) -> dict:
         if (run == 0).all() and run.size >= 5:
             return {"kind": "is 0 (cut off)", "order": None}
     tail = slice(len(x) - 30, len(x))       # the last ~1.5 decades of r
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):     # a 0 in w: −inf, and a nan slope (changes sign)
         lw = np.log(np.abs(w))
-    slope = np.diff(lw[tail]) / np.diff(u[tail])
+        slope = np.diff(lw[tail]) / np.diff(u[tail])
     end = float(w[-1])
     if not np.isfinite(slope).all() or len(set(np.sign(w[tail]))) > 1:
         return {"kind": "changes sign", "order": None}
