@@ -5,7 +5,7 @@ reduction a policy-dependent value passes through (docs/language.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from dsl.ir import Node, postorder
 from dsl.names import GRADIENT, POLICY
@@ -162,7 +162,14 @@ class Facts:
                    (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch")) for n in self.root.walk())
 
 
-# the facts of an expression that is no objective's (Objective.facts holds an objective's, computed once)
+@lru_cache(maxsize=64)
+def facts(root: Node) -> Facts:
+    """root's facts (Objective.facts): one record per expression, so that every reader of an
+    objective, and of a copy of it (with overrides, or loaded again), computes each fact once."""
+    return Facts(root)
+
+
+# the facts of an expression that is no objective's, computed afresh
 def by_position_only(root: Node) -> list[Node]:
     return list(Facts(root).by_position_only)
 

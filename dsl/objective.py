@@ -10,7 +10,7 @@ from fractions import Fraction
 
 from dsl.errors import DslError
 from dsl.ir import Node, Pos, num, postorder, rebuild, tree_size
-from dsl.levels import PER_RESPONSE, Facts
+from dsl.levels import PER_RESPONSE, Facts, facts
 from dsl.names import canonical_name, display_name
 from dsl.operations import OPS
 from dsl.printing import RENDER_LIMIT, render
@@ -83,13 +83,8 @@ class Objective:
 
     @property
     def facts(self) -> Facts:
-        """Where its values live (dsl.levels.Facts: levels, reductions, locality, what a loss call
-        keeps whole), each computed once for its expression, however many readers ask; a new
-        expression (expr reassigned) gets its own."""
-        facts = self.__dict__.get("_facts")
-        if facts is None or facts.root is not self.expr:
-            facts = self.__dict__["_facts"] = Facts(self.expr)
-        return facts
+        """Where its values live (dsl.levels.Facts), each computed once for its expression."""
+        return facts(self.expr)
 
     def locality(self) -> str:
         """token, response, group or batch: the widest reduction a value of the current policy
@@ -98,8 +93,8 @@ class Objective:
 
     def by_position(self) -> list[str]:
         """One sentence per group reduction that reads a per-response value (A) at token level
-        (dsl.levels.Facts.by_position_only): what it does there and the form that reduces each
-        response once, e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
+        (Facts.by_position_only): what it does there and the form that reduces each response once,
+        e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
         out = []
         by_response = {m for m, lv in self.facts.level_per_response.items() if lv != "token"}
         whole = {m for m, lv in self.facts.level.items() if lv != "token"}
@@ -149,10 +144,8 @@ class Objective:
         for key, value in (options or {}).items():
             check_option(key, str(value), where, 1, 1, f"{key}={value}", len(key) + 2)
             new_options[key] = str(value)
-        out = Objective(self.name, self.path, self.source, self.expr, new_params, new_options,
-                        self.bindings, self.description)
-        out.__dict__["_facts"] = self.facts         # the same expression: the same facts
-        return out.check_constants()
+        return Objective(self.name, self.path, self.source, self.expr, new_params, new_options,
+                         self.bindings, self.description).check_constants()
 
 
 def param_key(raw) -> str:
