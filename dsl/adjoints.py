@@ -45,8 +45,8 @@ def wide(over, rule):
     responses (g = its response's Σ a) and spread back over its own tokens by 1/|y| (the value is
     their mean). sibling(kind, y) is the same reduction of kind `kind` of y, at the node's level."""
     def adjoint(n, a, x):
-        level = n.value
-        sibling = lambda kind, y: Node(f"{over}_{kind}", (y,), value=level)     # noqa: E731
+        level = n.level
+        sibling = lambda kind, y: Node(f"{over}_{kind}", (y,), level=level)     # noqa: E731
         shared = rule(n, a if level == "token" else Node("seq_sum", (a,)), x, sibling)
         return shared if level == "token" else div(shared, Node("max", (SEQ_LEN, ONE)))
     return adjoint

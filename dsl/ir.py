@@ -21,9 +21,12 @@ class Node:
     args: tuple = ()
     value: object = None         # Fraction for 'num', ASCII name for 'var'/'param'
     pos: Pos | None = None       # not part of equality
+    # a group or batch reduction's argument level, 'token' or 'response' (dsl.levels.argument_level),
+    # once the compiler has set it (core.rewrites.annotate_levels): its torch text reads it
+    level: str | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "_hash", hash((self.op, self.args, self.value)))
+        object.__setattr__(self, "_hash", hash((self.op, self.args, self.value, self.level)))
 
     def __hash__(self):
         return self._hash
@@ -38,7 +41,8 @@ class Node:
             a, b = stack.pop()
             if a is b or (id(a), id(b)) in done:
                 continue
-            if a._hash != b._hash or a.op != b.op or a.value != b.value or len(a.args) != len(b.args):
+            if (a._hash != b._hash or a.op != b.op or a.value != b.value or a.level != b.level
+                    or len(a.args) != len(b.args)):
                 return False
             done.add((id(a), id(b)))
             stack.extend(zip(a.args, b.args))
@@ -70,6 +74,21 @@ def postorder(n: Node) -> list[Node]:
             stack.append((m, True))
             stack.extend((a, False) for a in reversed(m.args) if a not in done)
     return out
+
+
+def rebuild(root: Node, fn, new: dict | None = None) -> Node:
+    """root with each node m replaced by fn(m, args), `args` its children's replacements: children
+    first, each distinct node once, so shared nodes stay shared. Where fn returns None, m is kept
+    over the new args, with its op, value, level and position (m itself where no child changed).
+    `new`, where given, is filled as it goes (node -> replacement), for an fn that reads it."""
+    new = {} if new is None else new
+    for m in postorder(root):
+        args = tuple(new[a] for a in m.args)
+        out = fn(m, args)
+        if out is None:
+            out = m if all(x is a for x, a in zip(args, m.args)) else Node(m.op, args, m.value, m.pos, m.level)
+        new[m] = out
+    return new[root]
 
 
 def tree_size(n: Node) -> int:

@@ -5,6 +5,7 @@ reduction a policy-dependent value passes through (docs/language.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 from dsl.ir import Node, postorder
 from dsl.names import GRADIENT, POLICY
@@ -69,9 +70,9 @@ class Reduction:
         return _WIDTH[self.over]
 
 
-def reductions(root: Node) -> list[Reduction]:
-    """Every reduction in the objective, parents before children."""
-    level, policy, live = levels(root), set(), set()
+def reductions(root: Node, level: dict | None = None) -> list[Reduction]:
+    """Every reduction in the objective, parents before children (`level`: root's levels, if known)."""
+    level, policy, live = levels(root) if level is None else level, set(), set()
     for n in postorder(root):
         if n.op == "var":
             if n.value in _POLICY:
@@ -103,32 +104,83 @@ def reductions(root: Node) -> list[Reduction]:
     return out
 
 
+class Facts:
+    """What dsl.levels says of one expression, each fact computed at most once, when first read:
+    Objective.facts holds its expression's, read by the analysis and the compiler alike."""
+
+    def __init__(self, root: Node):
+        self.root = root
+
+    @cached_property
+    def level(self) -> dict[Node, str]:
+        """Each node's level (levels)."""
+        return levels(self.root)
+
+    @cached_property
+    def level_per_response(self) -> dict[Node, str]:
+        """Each node's level, PER_RESPONSE's built-ins taken as one value per response."""
+        return levels(self.root, PER_RESPONSE)
+
+    @cached_property
+    def reductions(self) -> tuple[Reduction, ...]:
+        return tuple(reductions(self.root, self.level))
+
+    @cached_property
+    def by_position_only(self) -> tuple[Node, ...]:
+        """The group reductions (counts aside) whose argument is token-level only through a built-in
+        hosts hold constant along a response (PER_RESPONSE): group_mean(A) is position by position,
+        so a winning response longer than the others gets A − A = 0 past their ends;
+        group_mean(seq_mean(A)) reduces each response once."""
+        token, held = self.level, self.level_per_response
+        return tuple(r.node for r in self.reductions if r.over == "group" and OPS[r.node.op].reduce != "count"
+                     and token[r.node.args[0]] == "token" and held[r.node.args[0]] != "token")
+
+    @cached_property
+    def locality(self) -> str:
+        """token | response | group | batch: the widest reduction whose argument reads the current
+        policy (a statistic of fixed inputs, as group_mean(A), could be computed before the update)."""
+        return max((r.width for r in self.reductions if r.policy), key=WIDTHS.index, default="token")
+
+    @cached_property
+    def gradient_width(self) -> str:
+        """The widest reduction a gradient passes through (narrower than locality where the wide
+        one reads the policy under sg only)."""
+        return max((r.width for r in self.reductions if r.gradient), key=WIDTHS.index, default="token")
+
+    @cached_property
+    def kept_whole(self) -> tuple[str, ...]:
+        """What one loss call must hold whole for the compiled loss to be exact: 'groups' where the
+        objective has a group reduction, 'batch' where it has a batch reduction (the core computes
+        every reduction over what its call holds, fixed inputs' statistics included)."""
+        overs = {r.over for r in self.reductions}
+        return tuple(k for k, over in (("groups", "group"), ("batch", "batch")) if over in overs)
+
+    @cached_property
+    def third_version(self) -> bool:
+        """Whether the objective reads π_ref, H or Σ_v π_v², or has a prefix, group or batch reduction."""
+        return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq")) or
+                   (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch")) for n in self.root.walk())
+
+
+@lru_cache(maxsize=64)
+def facts(root: Node) -> Facts:
+    """root's facts (Objective.facts): one record per expression, so that every reader of an
+    objective, and of a copy of it (with overrides, or loaded again), computes each fact once."""
+    return Facts(root)
+
+
+# the facts of an expression that is no objective's, computed afresh
 def by_position_only(root: Node) -> list[Node]:
-    """The group reductions (counts aside) whose argument is token-level only through a built-in
-    hosts hold constant along a response (PER_RESPONSE): group_mean(A) is position by position,
-    so a winning response longer than the others gets A − A = 0 past their ends;
-    group_mean(seq_mean(A)) reduces each response once."""
-    token, held = levels(root), levels(root, PER_RESPONSE)
-    return [n for n in root.walk() if n.op in OPS and OPS[n.op].over == "group" and OPS[n.op].reduce != "count"
-            and token[n.args[0]] == "token" and held[n.args[0]] != "token"]
+    return list(Facts(root).by_position_only)
 
 
 def locality(root: Node) -> str:
-    """token | response | group | batch: the widest reduction whose argument reads the current
-    policy (a statistic of fixed inputs, as group_mean(A), could be computed before the update)."""
-    widths = [r.width for r in reductions(root) if r.policy]
-    return max(widths, key=WIDTHS.index, default="token")
+    return Facts(root).locality
 
 
 def kept_whole(root: Node) -> tuple[str, ...]:
-    """What one loss call must hold whole for the compiled loss to be exact: 'groups' where the
-    objective has a group reduction, 'batch' where it has a batch reduction (the core computes
-    every reduction over what its call holds, fixed inputs' statistics included)."""
-    overs = {r.over for r in reductions(root)}
-    return tuple(k for k, over in (("groups", "group"), ("batch", "batch")) if over in overs)
+    return Facts(root).kept_whole
 
 
 def third_version(root: Node) -> bool:
-    """Whether the objective reads π_ref, H or Σ_v π_v², or has a prefix, group or batch reduction."""
-    return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq")) or
-               (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch")) for n in root.walk())
+    return Facts(root).third_version

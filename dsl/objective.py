@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from dsl.errors import DslError
-from dsl.ir import Node, Pos, num, postorder, tree_size
-from dsl.levels import PER_RESPONSE, by_position_only, levels, locality
+from dsl.ir import Node, Pos, num, postorder, rebuild, tree_size
+from dsl.levels import PER_RESPONSE, Facts, facts
 from dsl.names import canonical_name, display_name
 from dsl.operations import OPS
 from dsl.printing import RENDER_LIMIT, render
@@ -81,19 +81,24 @@ class Objective:
         """The built-ins the objective reads (r, pi, mu, A, pi_old, pi_rollout, seq_len, pi_ref, H, sum_pi_sq)."""
         return {n.value for n in self.expr.walk() if n.op == "var"}
 
+    @property
+    def facts(self) -> Facts:
+        """Where its values live (dsl.levels.Facts), each computed once for its expression."""
+        return facts(self.expr)
+
     def locality(self) -> str:
         """token, response, group or batch: the widest reduction a value of the current policy
-        passes through (dsl.levels.locality)."""
-        return locality(self.expr)
+        passes through (dsl.levels.Facts.locality)."""
+        return self.facts.locality
 
     def by_position(self) -> list[str]:
         """One sentence per group reduction that reads a per-response value (A) at token level
-        (dsl.levels.by_position_only): what it does there and the form that reduces each
-        response once, e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
+        (Facts.by_position_only): what it does there and the form that reduces each response once,
+        e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
         out = []
-        by_response = {m for m, lv in levels(self.expr, PER_RESPONSE).items() if lv != "token"}
-        whole = {m for m, lv in levels(self.expr).items() if lv != "token"}
-        for n in by_position_only(self.expr):
+        by_response = {m for m, lv in self.facts.level_per_response.items() if lv != "token"}
+        whole = {m for m, lv in self.facts.level.items() if lv != "token"}
+        for n in self.facts.by_position_only:
             held = sorted({m.value for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE})
             swap = {m: Node("seq_mean", (m,)) for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE}
             # a prefix mean of a per-response value is that value (dsl.levels): the fix drops it
@@ -200,7 +205,4 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 
 
 def _swapped(n: Node, swap: dict) -> Node:
-    new: dict = {}
-    for m in postorder(n):
-        new[m] = swap[m] if m in swap else Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
-    return new[n]
+    return rebuild(n, lambda m, args: swap.get(m))

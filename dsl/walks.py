@@ -7,7 +7,7 @@ import functools
 import math
 from fractions import Fraction
 
-from dsl.ir import ONE, ZERO, Node, add, div, is_num, mul, num, postorder, power, sub
+from dsl.ir import ONE, ZERO, Node, add, div, is_num, mul, num, postorder, power, rebuild, sub
 from dsl.levels import argument_level, levels
 from dsl.operations import OPS, passes_no_gradient
 
@@ -185,17 +185,15 @@ def _response(n: Node, c: Fraction, new: dict, level: dict, point: dict) -> Node
     """n's value in a response of the held group whose advantage is c·A: A scaled, a value that is
     already the group's or the batch's (new's, a wider reduction) kept, the rest rebuilt as in
     uniform_view (`new` holds its values on the token's own response)."""
-    out: dict = {}
-    for m in postorder(n):
+    def one(m, args):
         if m.op == "var" and m.value == "A":
-            out[m] = mul(num(c), new[m])
-        elif m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch"):
-            out[m] = new[m]
-        elif m.op in OPS and OPS[m.op].reduce:
-            out[m] = OPS[m.op].uniform(out[m.args[0]], held_count(OPS[m.op].over, argument_level(m, level), point))
-        else:
-            out[m] = Node(m.op, tuple(out[a] for a in m.args), m.value, m.pos) if m.args else new[m]
-    return out[n]
+            return mul(num(c), new[m])
+        if m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch"):
+            return new[m]
+        if m.op in OPS and OPS[m.op].reduce:
+            return OPS[m.op].uniform(args[0], held_count(OPS[m.op].over, argument_level(m, level), point))
+        return None if m.args else new[m]
+    return rebuild(n, one)
 
 
 def _reads_own_advantage(n: Node) -> bool:
@@ -210,7 +208,8 @@ def _reads_own_advantage(n: Node) -> bool:
     return False
 
 
-def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple | None = None) -> Node:
+def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple | None = None,
+                 level: dict | None = None) -> Node:
     """The objective on a uniform batch, in r, μ, A and parameters (`names`, VIEW_NAMES by
     default): N responses in groups of G, each of |y| tokens, every token sharing r, μ, A and the
     held inputs, seen at position p of its response. Each reduction is its value there
@@ -221,29 +220,29 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple |
     sg(π² + (1 − π)²) (the rest of the mass on one other token). A token-level objective that
     names none of these is returned as it is. `group`: the group's advantages as multiples of the
     token's A (its response first; the batch holds N/G such groups): a group or batch reduction of
-    a value that reads A is then its value over them (spread), all else shared."""
+    a value that reads A is then its value over them (spread), all else shared. `level`: n's
+    levels (dsl.levels), where the caller has them (an objective's facts)."""
     names = {**VIEW_NAMES, **(names or {})}
     point = {k: Node("param", value=v) for k, v in names.items()}
     mu, pi = Node("var", value="mu"), Node("var", value="pi")
     other = {"old": ("pi_rollout", div(mu, point["rho"])), "rollout": ("pi_old", mul(mu, point["rho"]))}[anchor]
     held = {f"pi_{anchor}": mu, other[0]: other[1], "seq_len": point["seq_len"], "pi_ref": mul(mu, point["rho_ref"]),
             "H": point["H"], "sum_pi_sq": Node("sg", (add(power(pi, num(2)), power(sub(ONE, pi), num(2))),))}
-    level = levels(n)
+    level = levels(n) if level is None else level
     new: dict = {}
-    for m in postorder(n):
+
+    def one(m, args):
         if m.op == "var" and m.value in held:
-            new[m] = held[m.value]
-        elif m.op in OPS and OPS[m.op].reduce:
-            op, x = OPS[m.op], new[m.args[0]]
-            count = held_count(op.over, argument_level(m, level), point)
-            spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.reduce in (
-                "sum", "mean", "std") and _reads_own_advantage(m.args[0])
-            if spreads:
-                shares = {c: Fraction(group.count(c), len(group)) for c in group}
-                new[m] = spread(op.reduce, [(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],
-                                num(len(group)) if op.over == "group" else count)
-            else:
-                new[m] = op.uniform(x, count)
-        else:
-            new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
-    return new[n]
+            return held[m.value]
+        if not (m.op in OPS and OPS[m.op].reduce):
+            return None
+        op = OPS[m.op]
+        count = held_count(op.over, argument_level(m, level), point)
+        spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.reduce in (
+            "sum", "mean", "std") and _reads_own_advantage(m.args[0])
+        if spreads:
+            shares = {c: Fraction(group.count(c), len(group)) for c in group}
+            return spread(op.reduce, [(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],
+                          num(len(group)) if op.over == "group" else count)
+        return op.uniform(args[0], count)
+    return rebuild(n, one, new)

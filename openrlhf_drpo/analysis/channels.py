@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis.sampling import numpy_fn
 from openrlhf_drpo.analysis.view import reference_split, term_sum
-from dsl.ir import ONE, Node, postorder
+from dsl.ir import ONE, Node, rebuild
 from dsl.printing import render
 from dsl.walks import derivative, numpy_plan, to_sympy
 
@@ -21,12 +21,7 @@ Q_RANGE = (0.05, 20.0)      # π_ref/π where the reference terms are checked (l
 
 def _swap(n: Node, swap: dict) -> Node:
     """n with each var or param (op, name) in `swap` replaced."""
-    new: dict = {}
-    for m in postorder(n):
-        key = (m.op, m.value) if m.op in ("var", "param") else None
-        rebuilt = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
-        new[m] = swap.get(key, rebuilt)
-    return new[n]
+    return rebuild(n, lambda m, args: swap.get((m.op, m.value)) if m.op in ("var", "param") else None)
 
 
 def _reads(n: Node, param: str) -> bool:

@@ -14,7 +14,7 @@ from openrlhf_drpo.analysis.arbiter import grid_axes
 from openrlhf_drpo.analysis.budgets import SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, highest_power, time_limit
 from openrlhf_drpo.analysis.context import Ctx
 from openrlhf_drpo.analysis.events import describe
-from dsl.ir import Node, num, postorder, sub, tree_size
+from dsl.ir import Node, num, rebuild, sub, tree_size
 from openrlhf_drpo.analysis.mathtext import math_text
 from openrlhf_drpo.analysis.symbolic import DIRECTIONS, SIGNS, case_weight
 from openrlhf_drpo.analysis.view import analysis_view
@@ -35,13 +35,7 @@ RHOS = (1e-2, 0.2, 0.5, 1.0, 2.0, 5.0, 100.0)
 def _inline(n: Node, params: dict) -> Node:
     """n with each parameter replaced by its value: the two objectives may name different
     things alike (ε is 0.2 in one, 0.28 in the other)."""
-    new: dict = {}
-    for m in postorder(n):
-        if m.op == "param":
-            new[m] = num(params[m.value])
-        else:
-            new[m] = Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
-    return new[n]
+    return rebuild(n, lambda m, args: num(params[m.value]) if m.op == "param" else None)
 
 
 def equivalence(a, b, seq_len=1, rho=1) -> dict:

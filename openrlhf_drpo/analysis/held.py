@@ -63,7 +63,7 @@ def held_group(group_size, group) -> tuple:
 
 def _spread_reads(obj) -> list:
     """The group and batch sums, means and stds whose argument reads A (the held group spreads them)."""
-    return [r for r in reductions(obj.expr) if r.over in ("group", "batch") and OPS[r.node.op].reduce != "count"
+    return [r for r in obj.facts.reductions if r.over in ("group", "batch") and OPS[r.node.op].reduce != "count"
             and any(m.op == "var" and m.value == "A" for m in r.node.args[0].walk())]
 
 
@@ -88,19 +88,21 @@ def statistics(obj, anchor: str, names: dict, values: dict, group=None) -> dict:
     the view keeps that value; but a batch's statistic is held at its value at r = 1 (the
     default) where that is a number: one token does not move the batch's (FeynRL's ESS with
     its + 1e-8 moves with r on the uniform batch, and that form took SymPy past its guard)."""
-    found = {}
+    found, facts = {}, obj.facts
     for name, node in obj.bindings.items():
-        overs = {r.over for r in reductions(node) if r.policy}
+        # a binding the objective uses is a sub-expression: its reductions and levels are the objective's
+        used, inside = node in facts.level, set(node.walk())
+        overs = {r.over for r in (facts.reductions if used else reductions(node)) if r.policy and r.node in inside}
         if overs & {"group", "batch"} and not _carries_gradient(node) and tree_size(node) <= STATISTIC_SIZE:
             value = _uniform_value(node, anchor, names, {**obj.params, **values}, on_policy="batch" in overs,
-                                   group=group)
+                                   group=group, level=facts.level if used else None)
             if value is not None:
                 found[name] = (node, value)
     inner = {k for k, (node, _) in found.items() if any(node in set(o.walk()) for j, (o, _) in found.items() if j != k)}
     return {k: v for k, v in found.items() if k not in inner}
 
 
-def _uniform_value(node, anchor, names, params, on_policy=False, group=None):
+def _uniform_value(node, anchor, names, params, on_policy=False, group=None, level=None):
     """node's value on the uniform batch, if it is one number for every r, μ and A; with
     on_policy, else its value there at r = 1 if that is one number (an OnPolicy)."""
     import sympy as sp
@@ -108,7 +110,7 @@ def _uniform_value(node, anchor, names, params, on_policy=False, group=None):
     env = {"r": r, "mu": mu, "pi": mu * r, "A": sp.Symbol("A", real=True, nonzero=True),
            **{k: sp.Rational(v.numerator, v.denominator) for k, v in params.items()}}
     try:
-        value = sp.simplify(to_sympy(uniform_view(node, anchor, names, group), sp, env))
+        value = sp.simplify(to_sympy(uniform_view(node, anchor, names, group, level), sp, env))
     except Exception:       # noqa: BLE001 - SymPy raises many types: not a held statistic then
         return None
     kind = Fraction
@@ -193,7 +195,7 @@ def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = (), 
     """What the weight is on the uniform batch, and what the analysis does not claim there.
     `moved`: the statistics held away from their uniform value; `in_weight`: the held values
     ∂ℓ/∂r reads ('ess = 1'), at which w and its boundaries are evaluated."""
-    prefix = any(r.gradient and r.over == "prefix" for r in reductions(obj.expr))
+    prefix = any(r.gradient and r.over == "prefix" for r in obj.facts.reductions)
     wide = {"token": "", "response": "its response", "group": "its group", "batch": "the batch"}[locality["gradient"]]
     text = ("there each token's gradient is w·r·A (plus w_H·∇H where it reads H) times its aggregation weight, "
             "exactly: the tokens a reduction passes a gradient through all move alike, and a value under sg enters "

@@ -8,9 +8,8 @@ from fractions import Fraction
 
 from openrlhf_drpo.analysis.held import (GROUP_SIZE, HELD, OnPolicy, exactness, held_group, holdable, spread,
                                          statements, statistics)
-from dsl.ir import Node, add, is_num, neg, postorder, sub
+from dsl.ir import Node, add, is_num, neg, rebuild, sub
 from dsl.names import display_name
-from dsl.levels import WIDTHS, kept_whole, locality, reductions
 from dsl.objective import Objective
 from dsl.walks import VIEW_NAMES, derivative, numpy_plan, reads_whole_response, uniform_view
 
@@ -49,8 +48,9 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
     chosen = {**HELD, **{k: v for k, (_, v) in stats.items()}, **{k: Fraction(v) for k, v in (held or {}).items()}}
     values |= {view_names["rho"]: Fraction(rho), view_names["rho_ref"]: chosen["rho_ref"], view_names["H"]: chosen["H"],
                **{k: chosen[k] for k in stats}}
-    expr = _replace(obj.expr, {node: Node("param", value=k) for k, (node, _) in stats.items()})
-    expr = uniform_view(expr, obj.options["anchor"], view_names, group)
+    swap = {node: Node("param", value=k) for k, (node, _) in stats.items()}     # each held statistic as its parameter
+    expr = rebuild(obj.expr, lambda m, args: swap.get(m))
+    expr = uniform_view(expr, obj.options["anchor"], view_names, group, None if swap else obj.facts.level)
     used = {n.value for n in expr.walk() if n.op == "param"}
     params = dict(obj.params) | {k: v for k, v in values.items() if k in used and k not in obj.params}
     scope["rho_name"] = view_names["rho"] if view_names["rho"] in used else None
@@ -164,22 +164,13 @@ def held_value_error(name: str, value) -> str | None:
     return None
 
 
-def _replace(n: Node, swap: dict) -> Node:
-    new: dict = {}
-    for m in postorder(n):
-        new[m] = swap[m] if m in swap else Node(m.op, tuple(new[a] for a in m.args), m.value, m.pos) if m.args else m
-    return new[n]
-
-
 def locality_of(obj: Objective) -> dict:
     """Which tokens' gradients depend on which (dsl.levels): `width`, the widest reduction a value
     of the current policy passes through, under sg too (token, response, group or batch);
     `gradient`, the widest one a gradient passes through (narrower where the wide one reads the
     policy under sg only); `kept_whole`, what one loss call must hold whole for the compiled
     loss to be exact (groups, the batch: statistics of fixed inputs too)."""
-    through = [r.width for r in reductions(obj.expr) if r.gradient]
-    return {"width": locality(obj.expr), "gradient": max(through, key=WIDTHS.index, default="token"),
-            "kept_whole": list(kept_whole(obj.expr))}
+    return {"width": obj.facts.locality, "gradient": obj.facts.gradient_width, "kept_whole": list(obj.facts.kept_whole)}
 
 
 V3_INPUTS = ("pi_ref", "H", "sum_pi_sq")

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dsl.ir import ONE, Node, mul
-from dsl.levels import third_version
 from dsl.lowerings import TORCH_REDUCTIONS, is_literal
 from dsl.operations import OPS
 from dsl.parser import Objective
@@ -164,8 +163,8 @@ class _Emitter:
             code = f"{codes[0]}.{kernel.inplace}({', '.join(codes[1:])})"
         elif self.inplace and kernel.inplace_second and args[1][1]:
             code = kernel.inplace_second(*codes)
-        else:       # a group or batch reduction's text also takes its argument's level (its node's value)
-            code = op.torch(*codes) if n.value is None else op.torch(*codes, n.value)
+        else:       # a group or batch reduction's text also takes its argument's level (Node.level)
+            code = op.torch(*codes) if n.level is None else op.torch(*codes, n.level)
         if self.uses.get(n, 0) > 1 and n.args:
             name = f"t{len(self.names)}"
             self.lines.append(f"    {name} = {code}  # {render(n)}")
@@ -339,10 +338,10 @@ def _reverse_functions(value, params, kept, per_response, entropy) -> str:
 
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
-    value = annotate_levels(select_masks(rewrite_logs(obj.expr)))
+    value = select_masks(rewrite_logs(annotate_levels(obj.expr, obj.facts.level)))
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
-    entropy, v3 = "H" in obj.names(), third_version(obj.expr)      # v3: the reverse mode, which gives H its gradient
+    entropy, v3 = "H" in obj.names(), obj.facts.third_version    # v3: the reverse mode, which gives H its gradient
     try:
         derivative(value, GRAD_SEEDS)
         nonlocal_ = False

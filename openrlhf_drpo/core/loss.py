@@ -27,7 +27,6 @@ from openrlhf_drpo.core.collectives import rank_sums
 from dsl.objective import OPTIONS, Objective
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, group_representatives,
                                          refuse_bad_mask)
-from dsl.levels import kept_whole
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, per_token, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
@@ -61,7 +60,7 @@ class CompiledLoss(nn.Module):
         self.anchor = self.objective.options["anchor"]
         self.names = self.objective.names()
         self.uses_rollout = self.objective.reads_rollout()
-        self.kept_whole = kept_whole(self.objective.expr)
+        self.kept_whole = self.objective.facts.kept_whole
         for text in self.objective.by_position():       # a silent surprise otherwise: [1.5, 0, 0] for [1.5, 1.5, 1.5]
             warnings.warn(f"{who}: objective '{self.objective.name}': {text}", stacklevel=2)
         self._inputs = objective_inputs(self.objective)
@@ -264,7 +263,7 @@ _NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
 def objective_inputs(obj: Objective) -> dict:
     """CompiledLoss.inputs(): each input beyond the four every objective reads, and each thing a
     loss call must hold whole, with what in the objective needs it."""
-    out, names, whole = {}, obj.names(), kept_whole(obj.expr)
+    out, names, whole = {}, obj.names(), obj.facts.kept_whole
     if obj.reads_rollout():
         out["rollout_log_probs"] = "@anchor = rollout" if obj.options["anchor"] == "rollout" else "π_rollout"
     out.update({key: what for key, (name, what) in _INPUTS.items() if name in names})

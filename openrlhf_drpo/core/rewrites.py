@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import warnings
 
-from dsl.ir import ONE, Node, div, mul, neg, postorder
-from dsl.levels import argument_level, levels
+from dsl.ir import ONE, Node, div, mul, neg, postorder, rebuild
+from dsl.levels import argument_level
 from dsl.operations import OPS
 from dsl.walks import constant_nodes
 
@@ -19,13 +19,8 @@ _LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor", "pi_old": "old", "
 
 
 def rewrite_logs(root: Node) -> Node:
-    new: dict = {}
-    for n in postorder(root):     # shared nodes stay shared
-        if n.op == "log" and n.args[0].op == "var" and n.args[0].value in _LOG_ATOMS:
-            new[n] = Node("var", value=_LOG_ATOMS[n.args[0].value])
-        else:
-            new[n] = Node(n.op, tuple(new[a] for a in n.args), n.value, n.pos) if n.args else n
-    return new[root]
+    return rebuild(root, lambda n, args: Node("var", value=_LOG_ATOMS[n.args[0].value]) if (
+        n.op == "log" and n.args[0].op == "var" and n.args[0].value in _LOG_ATOMS) else None)
 
 
 def select_masks(root: Node) -> Node:
@@ -33,11 +28,7 @@ def select_masks(root: Node) -> Node:
     that overflowed on a token the band drops). A select is lifted out of the product, negation
     or quotient it is a factor of ([c]·k·ℓ is select(c, k·ℓ)), so that a non-finite ℓ never
     meets 0 either; where c holds the product is the one written, in its order."""
-    new: dict = {}
-    for n in postorder(root):
-        args = tuple(new[a] for a in n.args)
-        new[n] = _lifted(n.op, args) if n.op in _LIFTS else Node(n.op, args, n.value, n.pos) if n.args else n
-    return new[root]
+    return rebuild(root, lambda n, args: _lifted(n.op, args) if n.op in _LIFTS else None)
 
 
 # each operation a select is lifted out of, rebuilt on the select's own argument (ir's helpers: 1·z is z)
@@ -129,9 +120,9 @@ def _guarded(root: Node, budget: int | None) -> Node:
             elif n.op == "clip":    # min(max(x, lo), hi), as dsl.lowerings.torch_clip
                 out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
             elif OPS[n.op].reduce:
-                out = Node(n.op, (walk(n.args[0], None),), n.value, n.pos)
+                out = Node(n.op, (walk(n.args[0], None),), n.value, n.pos, n.level)
             else:
-                out = Node(n.op, tuple(walk(a, c) for a in n.args), n.value, n.pos)
+                out = Node(n.op, tuple(walk(a, c) for a in n.args), n.value, n.pos, n.level)
             memo[n, c] = out if c is None or (n.args and not OPS[n.op].reduce) else Node("select", (c, out))
             if budget is not None and len(memo) > budget:
                 raise _OverBudget
@@ -144,14 +135,12 @@ def _constant(n: Node) -> bool:
     return n in constant_nodes(n)
 
 
-def annotate_levels(root: Node) -> Node:
+def annotate_levels(root: Node, level: dict) -> Node:
     """Each group and batch reduction with its argument's level ('token' or 'response',
-    dsl.levels) as its node's value, which its torch text reads; the rest as it is."""
-    level, new = levels(root), {}
-    for n in postorder(root):
-        value = argument_level(n, level) if n.op in OPS and OPS[n.op].over in ("group", "batch") else n.value
-        new[n] = Node(n.op, tuple(new[a] for a in n.args), value, n.pos) if n.args else n
-    return new[root]
+    dsl.levels; `level`: each node's, the objective's facts) in its node's `level`, which its
+    torch text reads; the rest as it is (the other rewrites keep it)."""
+    return rebuild(root, lambda n, args: Node(n.op, args, n.value, n.pos, argument_level(n, level)) if (
+        n.op in OPS and OPS[n.op].over in ("group", "batch")) else None)
 
 
 # what reads the current policy: a [...] factor on one of these is a boundary, not a filter
