@@ -19,7 +19,7 @@ def shown(path: pathlib.Path) -> str:
 _ABBREVIATIONS = ("Alg", "Eq", "Eqs", "al", "e.g", "i.e", "vs", "§")
 
 
-def _first_sentence(text: str) -> str:
+def first_sentence(text: str) -> str:
     """Up to the first '. ' or '; ' outside brackets that does not follow an abbreviation."""
     depth = 0
     for i, c in enumerate(text):
@@ -39,7 +39,7 @@ def header(name: str) -> tuple[str, str]:
             break
         comment.append(line[1:].strip())
     body, _, source = " ".join(comment).partition("Source:")
-    return _first_sentence(body.strip()), _first_sentence(source.strip())
+    return first_sentence(body.strip()), first_sentence(source.strip())
 
 
 def library_table() -> str:

@@ -1,6 +1,7 @@
 """drpo-analyze reproduces the paper's closed forms (Table 1, Appendices B and C)."""
 import functools
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIV
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze, self_check
-from openrlhf_drpo.analysis.report import to_json
+from openrlhf_drpo.analysis.report import report, to_json
 
 r, mu, A = sp.symbols("r mu A")
 S = sp.sign
@@ -126,9 +127,25 @@ def test_dual_clip_cuts_negative_advantages_at_c():
 
 
 @functools.lru_cache(maxsize=None)
+def _shipped(name):
+    """A shipped objective's analysis, computed once per test process (three tests read it)."""
+    return analyze(dsl.load(name))
+
+
 def _shipped_json(name) -> str:
-    """A shipped objective's JSON, computed once per test process (two tests read it)."""
-    return json.dumps(to_json(analyze(dsl.load(name))), sort_keys=True)
+    return json.dumps(to_json(_shipped(name)), sort_keys=True)
+
+
+@pytest.mark.parametrize("name", dsl.shipped_names())
+def test_every_shipped_report_opens_with_a_summary_that_fits_a_screen_in_a_researchers_words(name):
+    lines = report(_shipped(name)).splitlines()
+    head = lines[:lines.index("evidence")]
+    assert len(head) <= 40 and max(map(len, lines)) <= 100, (len(head), max(map(len, lines)))
+    labels = [line.split()[0] for line in head if line.startswith("  ") and not line.startswith("   ")]
+    assert [x for x in labels if x in ("gradient", "trust", "bounded", "worry")] == \
+        ["gradient", "trust", "bounded", "worry"], labels
+    assert not re.search(r"\b(arbiter|third version|held)\b", " ".join(head)), head
+    assert head[0].startswith(f"{name} — ") and "Source:" not in head[0]
 
 
 # OTB's ∂ℓ/∂r on the uniform batch, its baseline written out, is past SymPy's budget: its report

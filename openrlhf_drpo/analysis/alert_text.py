@@ -48,7 +48,7 @@ TEXT = {
     "partly unreachable": lambda adv, pis, proven:
         f"for {_SIDE[adv]}, the boundary {_boundaries(pis)} is unreachable in 0 < π, μ ≤ 1{_how(proven)}",
     "numeric boundary": lambda adv, found, derived:
-        f"for {_SIDE[adv]}, the numeric arbiter finds w changing sign at "
+        f"for {_SIDE[adv]}, the numeric check finds w changing sign at "
         + "; ".join(f"{where} ({kind})" for where, kind in found)
         + (": the symbolic derivation found no boundary there" if derived else ""),
     "range unknown": lambda: "w is not a finite double at any sampled point: its range is unknown",
@@ -62,8 +62,8 @@ TEXT = {
     "numeric range": lambda: "the range is numeric (sampled over the domain), not an exact bound",
     "weight disagrees": _disagrees,
     "range disagrees": lambda:
-        "the derived range disagreed with the numeric arbiter (whose extremes are refined between grid points); "
-        "the arbiter's is shown",
+        "the derived range disagreed with the numeric check (whose extremes are refined between grid points); "
+        "the numeric check's is shown",
     "self-check failed": lambda:
         "SELF-CHECK FAILED: the derived weight disagrees with finite differences of the objective",
     "self-check unconfirmed": lambda:

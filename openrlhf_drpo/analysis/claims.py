@@ -15,7 +15,7 @@ def grid_evidence(arb) -> str:
     np = arb.np
     r = arb.R[arb.inside]
     mags = ", ".join(dict.fromkeys(f"{m:g}" for m in arb.magnitudes))     # 2 ± 2e-6 read 2, once
-    return (f"the arbiter's {int(arb.inside.sum()):,} grid points, μ ∈ [{float(arb.mu.min()):g}, {float(arb.mu.max()):g}], "
+    return (f"{int(arb.inside.sum()):,} grid points, μ ∈ [{float(arb.mu.min()):g}, {float(arb.mu.max()):g}], "
             f"r ∈ [{float(np.min(r)):g}, {float(np.max(r)):g}] with π ≤ 1, |A| ∈ {{{mags}}}")
 
 

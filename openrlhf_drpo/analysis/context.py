@@ -66,7 +66,7 @@ class Ctx:
         """The hang guard fired (never in a normal run): said in a note and in the JSON."""
         self.guard["fired"] = True
         self.note(f"{what}: the hang guard fired (SymPy ran past {budgets.HANG_SECONDS:g} s of CPU time, a limit far "
-                  "above any normal run); the numeric arbiter's findings stand")
+                  "above any normal run); the numeric check's findings stand")
 
     def guarded(self, what, fn, default=None):
         """limited(), under what is left of the hang guard."""

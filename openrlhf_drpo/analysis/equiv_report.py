@@ -21,7 +21,7 @@ def equivalence_report(res: dict) -> str:
                      "which this does not compare")
     rhos = (f" at each ρ = π_old/π_rollout ∈ {{{', '.join(f'{x:g}' for x in num['rhos'])}}} (--rho adds one)"
             if num.get("rhos") else "")
-    where = (f"{num['points']:,} points: the arbiter's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "
+    where = (f"{num['points']:,} points: the numeric check's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "
              f"both signs of A, |A| ∈ {{{magnitudes(num['magnitudes'])}}}, and "
              f"{num['random_points']:,} seeded random points{rhos}; relative tolerance {num['rtol']:g}")
     if not num["differs"]:

@@ -45,7 +45,7 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     arb = Arbiter(obj, ctx.dl)        # ∂ℓ/∂r derived once, for every numeric check
     facts = grid_facts(arb)
     result = {
-        "name": obj.name, "path": obj.path, "description": obj.description,
+        "name": obj.name, "path": obj.path, "description": obj.description, "source": original.source,
         "params": {k: float(v) for k, v in obj.params.items()},
         "options": dict(obj.options),
         "objective": original.canonical().splitlines()[-1],
@@ -115,7 +115,7 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
         x = moved[adv]
         said = (f"at another held point ({where}) w = {x['w']:.6g} at r = {x['r']:.7g}, μ = {x['mu']:.6g}, "
                 f"A = {x['A']:g}: a property of the held point, not of the objective" if x else
-                f"at another held point ({where}) w is 0 or not finite at all the arbiter's {moved['points']:,} grid "
+                f"at another held point ({where}) w is 0 or not finite at all the numeric check's {moved['points']:,} grid "
                 "points too, but this group's equal advantages make every group statistic of A trivial: whether "
                 "that is the objective's or the held point's is not settled")
         boundary[adv] = {**boundary[adv], "status": "held point only" if x else "unconfirmed",
@@ -139,7 +139,7 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
             f"w is 0 or not finite there because of the held values, not of the objective (with {where}, w ≠ 0); "
             "set another (--group, --set)" if found else
             f"the held group's advantages are equal: w is 0 or not finite here and at another held point ({where}) "
-            "on the arbiter's grid, which settles nothing (every group statistic of A is trivial here): every "
+            "on the numeric check's grid, which settles nothing (every group statistic of A is trivial here): every "
             "claim below is unconfirmed; set another (--group)")
     result["scope"]["held"].append({"name": "degenerate", "value": None, "text": text, "moved": {
         "group": [float(c) for c in moved["point"]["group"]],
@@ -198,7 +198,7 @@ def _derivation(ctx, arb, facts, corners, tail_facts) -> dict:
             why = f"settling one case's conditions took {e}"
     if why:
         ctx.notes.append(f"the weight is not derived symbolically ({why}): every finding below is the "
-                         "numeric arbiter's")
+                         "numeric check's")
     if claims is None:
         boundary, notes = confirm_boundaries(ctx, arb, facts, {adv: [] for adv, _ in SIGNS})
         claims = {"weight": None, "cases": [], "boundary": boundary, "range": facts["range"],

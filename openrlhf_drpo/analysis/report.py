@@ -2,58 +2,20 @@
 the JSON form, the comparison table, the plot, and the equivalence report."""
 from __future__ import annotations
 
+import re
+import textwrap
 from dataclasses import fields
 
 from openrlhf_drpo.analysis.alert_text import alert_text
 from openrlhf_drpo.analysis.mathtext import clip_text, fmt, magnitudes, math_text
 from dsl.names import display_name
 from openrlhf_drpo.analysis.result import Analysis
-
-_GEOMETRY = {
-    "none": "w ≡ 1: the plain surrogate, no trust region",
-    "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
-    "binary-tv": "boundaries are fixed values of |π − μ| (DPPO/DRPO-like)",
-    "two-level": "w takes two constant values switching at r = 1",
-    "advantage-entangled": "a boundary or the weight depends on |A|",
-    "other": "none of the named geometries",
-}
-
-
-# what w does at a boundary, as the arbiter saw it
-_KIND = {"crosses 0": "crosses 0", "jumps across 0": "jumps across 0", "w = 0 beyond": "is 0 beyond it",
-         "w = 0 before": "is 0 before it (nearer r = 1)",
-         "unconfirmed": "is unconfirmed there (ℓ is not a finite double)"}
-
-
-def _kinds(kind: str) -> str:
-    return " or ".join(_KIND[k] for k in kind.split(", "))
-
+from openrlhf_drpo.analysis.summary import BOUNDED, GEOMETRY, WIDTH, kinds, on_policy, summary, weight_range, wrap
 
 def _status(claim) -> str:
     """How a claim is known (analysis.claims): proven, found at located points, or
     unconfirmed, with the evidence it rests on."""
     return f"{claim['status']}: {claim['evidence']}"
-
-
-def _on_policy(facts) -> str:
-    parts = []
-    for adv, sign in (("positive", "A > 0"), ("negative", "A < 0")):
-        f = facts[adv]
-        lo, hi = f["w"]
-        value = ("undefined" if f["status"] == "undefined" else fmt(lo) if fmt(lo) == fmt(hi)
-                 else f"from {fmt(lo)} to {fmt(hi)} (with μ, |A|)")
-        parts.append(f"{value} for {sign}")
-    return ", ".join(parts)
-
-
-_BOUNDED = {True: "bounded", False: "unbounded", None: "not a finite double where sampled"}
-
-
-def _range(res) -> str:
-    if res.bounded is None:
-        return "unknown"
-    lo, hi = res.weight_range
-    return f"[{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]"
 
 
 # ------------------------------------------------------------------ the report, line by line
@@ -77,6 +39,9 @@ def _title(res, evidence):
 
 @line("objective")
 def _objective(res, evidence):
+    if len(res.objective) > 4 * WIDTH:     # its bindings, as written, are in the summary
+        return [f"  objective  inlined, {len(res.objective):,} characters (--json's objective holds it); as written "
+                "above    (maximized; the loss is its negative)"]
     return [f"  objective  {res.objective}    (maximized; the loss is its negative)"]
 
 
@@ -180,15 +145,15 @@ def _boundary(res, evidence):
             lines.append(f"    {sign}   {what} ({_status(c)})")
         for r_, pi_, kind, ok, how in zip(b["r"], b["pi"], b["kind"], b["reachable"], res.claims["reachable"][adv]):
             reach = "reachable" if ok else f"unreachable in 0 < μ, π ≤ 1, {_status(how)}"
-            lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach}; w {_kinds(kind)})")
+            lines.append(f"    {sign}   r: {math_text(r_)}    π: {math_text(pi_)}    ({reach}; w {kinds(kind)})")
         for x in b["numeric"]:
-            lines.append(f"    {sign}   {x['where']}    (found numerically, not derived; w {_kinds(x['kind'])})")
+            lines.append(f"    {sign}   {x['where']}    (found numerically, not derived; w {kinds(x['kind'])})")
     return lines
 
 
 @line("range")
 def _range_line(res, evidence):
-    return ["", f"  range      w ∈ {_range(res)}  ({_BOUNDED[res.bounded]}; {_status(evidence)})"]
+    return ["", f"  range      w ∈ {weight_range(res)}  ({BOUNDED[res.bounded]}; {_status(evidence)})"]
 
 
 @line("smooth")
@@ -198,12 +163,12 @@ def _smooth_line(res, evidence):
 
 @line("geometry")
 def _geometry(res, evidence):
-    return [f"  geometry   {res.geometry}: {_GEOMETRY[res.geometry]}"]
+    return [f"  geometry   {res.geometry}: {GEOMETRY[res.geometry]}"]
 
 
 @line("on_policy")
 def _on_policy_line(res, evidence):
-    return [f"  on policy  w(r = 1) {_on_policy(res.on_policy)}"]
+    return [f"  on policy  w(r = 1) {on_policy(res.on_policy)}"]
 
 
 @line("self_check")
@@ -216,7 +181,7 @@ def _self_check(res, evidence):
 
 @line("arbiter")
 def _arbiter_line(res, evidence):
-    return [f"  arbiter    {_arbiter(res.arbiter)}"]
+    return [f"  checked    {_arbiter(res.arbiter)}"]
 
 
 @line("admissibility")
@@ -244,14 +209,22 @@ def _lines_shown() -> dict:
 
 
 def report(res: Analysis) -> str:
+    """The summary (analysis.summary), then the evidence: each declared line but those the summary
+    shows (the title, the warnings), a line past WIDTH columns wrapped under its value."""
     shown = _lines_shown()
-    out = []
+    out = summary(res, res.source or "") + ["", "evidence"]
     for name, render in LINES.items():
         meta = shown[name].metadata
-        if meta["optional"] and getattr(res, shown[name].name) is None:
+        if name in ("title", "warnings") or (meta["optional"] and getattr(res, shown[name].name) is None):
             continue
         out += render(res, res.claims[meta["evidence"]] if meta["evidence"] else None)
-    return "\n".join(out)
+    return "\n".join(w for line in out for w in (_wrapped(line) if len(line) > WIDTH else [line]))
+
+
+def _wrapped(line: str) -> list[str]:
+    """An evidence line in WIDTH columns: continued under its value (after its label's run of spaces)."""
+    label = re.match(r"^(\s*(?:[!-] |\S+(?: \S+)*?\s{2,}|))", line).group(1)
+    return wrap(line[len(label):], label, " " * max(len(label), len(line) - len(line.lstrip()) + 2))
 
 
 def to_json(res: Analysis) -> dict:
@@ -339,7 +312,7 @@ def _scope(scope) -> list[str]:
                 "w·r·A times its aggregation weight, as for a token; on other responses it also depends on the rest "
                 "of the response"]
     if scope.get("held"):
-        out += ["  held       the third version's constructs are analysed on a uniform batch (N responses in groups "
+        out += ["  assumed    its group, batch and prefix reductions, π_ref, H and Σ_v π_v² are analysed on a uniform batch (N responses in groups "
                 "of G, each of |y| tokens that share r, μ and A), and the claims below hold there only:"]
         out += [f"             - {h['text']}" for h in scope["held"]]
         out += [f"             {scope['exact']}"]
@@ -358,8 +331,8 @@ def _scope(scope) -> list[str]:
 
 def _weight_text(res) -> str:
     if res.weight is None:
-        return "(not derived symbolically: see notes; every finding below is the numeric arbiter's)"
-    flag = {"disagrees": "   (DISAGREES with the numeric arbiter: see warnings)",
+        return "(not derived symbolically: see notes; every finding below is the numeric check's)"
+    flag = {"disagrees": "   (DISAGREES with the numeric check: see warnings)",
             "unconfirmed": "   (unconfirmed: w is nowhere a finite double on the grid)"}
     return clip_text(math_text(res.weight, weight=True)) + flag.get(res.arbiter["weight"]["status"], "")
 
@@ -374,27 +347,35 @@ def _arbiter(a) -> str:
     """One line: which claims the numeric arbiter confirmed, on how many points."""
     status = {"weight": a["weight"]["status"], "boundaries": a["boundary"], "range": a["range"],
               "continuity": a["smooth"]}
-    said = {"confirmed": "confirmed", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
+    said = {"confirmed": "agrees", "disagrees": "DISAGREES (numeric shown)", "numeric": "found numerically",
             "unconfirmed": "unconfirmed", "not derived": "not derived"}
     mags = (f"|A| ∈ {{{magnitudes(a['magnitudes'])}}}" if len(a["magnitudes"]) > 1
             else "|A| = 1 (w is the same at |A| = 0.001 and 1000)")
-    return (", ".join(f"{k} {said[v]}" for k, v in status.items())
+    return (", ".join(f"{k} {said[v][:-1] if k == 'boundaries' and v == 'confirmed' else said[v]}"
+                      for k, v in status.items())
             + f", by the IR's float rules on {a['points']:,} grid points over (μ, π), both signs of A, {mags}")
 
 
 def comparison(results: list, first: str = "objective") -> str:
-    """One row per objective (or per value of a sweep: `first` names the column), side by side."""
+    """One row per objective (or per value of a sweep: `first` names the column), side by side, in
+    WIDTH columns: a cell past its column's width wraps onto more lines of its row."""
     head = [first, "w range", "boundary A>0 (π)", "boundary A<0 (π)", "smooth", "bounded", "geometry"]
     rows = [head]
     for res in results:
         def side(adv):
-            pis = res.boundary[adv]["pi"]
-            if not pis:
-                return "none"
-            text = ", ".join(math_text(p) for p in pis)
-            return text if res.reachable[adv] else f"{text} (unreachable)"
-        rows.append([res.name, _range(res), side("positive"), side("negative"),
+            b = res.boundary[adv]
+            parts = [math_text(p) for p in b["pi"]] + [x["where"] + " (numeric)" for x in b["numeric"]]
+            text = ", ".join(parts) or "none"
+            return text if res.reachable[adv] or not b["pi"] else f"{text} (unreachable)"
+        rows.append([res.name, weight_range(res), side("positive"), side("negative"),
                      "yes" if res.smooth else "no", {True: "yes", False: "no", None: "unknown"}[res.bounded], res.geometry])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-    return "\n".join([fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]])
+    caps = (15, 12, 18, 18, 6, 7, 10)     # 100 columns with the gaps
+    widths = [min(cap, max(len(r[i]) for r in rows)) for i, cap in enumerate(caps)]
+    out = []
+    for k, row in enumerate(rows):
+        cells = [textwrap.wrap(c, w, break_on_hyphens=i == 6) or [""] for i, (c, w) in enumerate(zip(row, widths))]
+        for i in range(max(map(len, cells))):
+            out.append("  ".join((c[i] if i < len(c) else "").ljust(w) for c, w in zip(cells, widths)).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)

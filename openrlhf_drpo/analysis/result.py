@@ -79,6 +79,7 @@ class Analysis:
     name: str = declared(json="name", line="title")
     path: str = declared()
     description: str = declared()
+    source: str = declared()       # the objective's text: the report abbreviates a long objective to it
     params: dict = declared(json="params", line="params")
     options: dict = declared(json="options", line="options")
     # names SymPy would read as its own (E, I, N, S, O, Q, beta, gamma, pi, ...) read back as

@@ -1,0 +1,130 @@
+"""The report's first screen, in a researcher's words: what the objective does to a token's
+gradient, where the trust region ends for each sign of A, whether w is bounded, and what to
+worry about, in at most 100 columns (analysis.report puts the evidence after it). Also the
+phrases the evidence shares with it."""
+from __future__ import annotations
+
+import re
+import textwrap
+
+from dsl.library import first_sentence
+from dsl.names import display_name
+from openrlhf_drpo.analysis.mathtext import fmt, math_text
+
+WIDTH = 100
+GEOMETRY = {
+    "none": "w ≡ 1: the plain surrogate, no trust region",
+    "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
+    "binary-tv": "boundaries are fixed values of |π − μ| (DPPO/DRPO-like)",
+    "two-level": "w takes two constant values switching at r = 1",
+    "advantage-entangled": "a boundary or the weight depends on |A|",
+    "other": "none of the named geometries",
+}
+# what w does at a boundary, as the numeric check saw it
+KIND = {"crosses 0": "crosses 0", "jumps across 0": "jumps across 0", "w = 0 beyond": "is 0 beyond it",
+        "w = 0 before": "is 0 before it (nearer r = 1)", "unconfirmed": "is unconfirmed there (ℓ is not a finite double)"}
+BOUNDED = {True: "bounded", False: "unbounded", None: "not a finite double where sampled"}
+_SIGN = {"positive": "A > 0", "negative": "A < 0"}
+
+
+def kinds(kind: str) -> str:
+    return " or ".join(KIND[k] for k in kind.split(", "))
+
+
+def on_policy(facts) -> str:
+    parts = []
+    for adv, sign in _SIGN.items():
+        f = facts[adv]
+        lo, hi = f["w"]
+        value = ("undefined" if f["status"] == "undefined" else fmt(lo) if fmt(lo) == fmt(hi)
+                 else f"from {fmt(lo)} to {fmt(hi)} (with μ, |A|)")
+        parts.append(f"{value} for {sign}")
+    return ", ".join(parts)
+
+
+def weight_range(res) -> str:
+    if res.bounded is None:
+        return "unknown"
+    lo, hi = res.weight_range
+    return f"[{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]"
+
+
+def wrap(text: str, first: str, rest: str | None = None) -> list[str]:
+    """`text` after `first`, continued under `rest` (default: aligned with the text), in WIDTH
+    columns; a long formula breaks at its operators' spaces (inside a name only where it has none)."""
+    rest = " " * len(first) if rest is None else rest
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) \
+        or [first.rstrip()]
+
+
+def written(source: str) -> tuple[str, list[str]]:
+    """(the objective line, its bindings' lines) as the file writes them: what a long inlined
+    objective abbreviates to."""
+    lines = [s.strip() for s in source.splitlines() if s.strip() and not s.strip().startswith(("#", "@"))]
+    definitions = [s for s in lines[:-1] if re.match(r"^[^\W\d]\w*\s*=(?!=)", s)]
+    return (lines[-1] if lines else ""), definitions
+
+
+def _objective(res, source: str) -> list[str]:
+    head = "  objective  "
+    if len(head + res.objective) <= WIDTH or not source:
+        return wrap(res.objective + "    (maximized)", head)
+    line, definitions = written(source)
+    bindings = [d for d in definitions if not re.match(r"^[^=]*=\s*[-+]?[\d.]+(e[-+]?\d+)?\s*(#.*)?$", d)]
+    out = wrap(line + "    (maximized; as written, with its definitions)", head)
+    for i, d in enumerate(bindings):
+        out += wrap(d, ("    where  " if i == 0 else "           "), "               ")
+    return out
+
+
+def _gradient(res) -> list[str]:
+    head = "  gradient      "
+    if res.weight is None:
+        out = wrap("∇ℓ = w·r·A·∇log π; w is not derived symbolically (notes below): what follows is measured on "
+                   "a grid", head)
+    else:
+        formula = res.text["weight"]
+        out = wrap(f"∇ℓ = w·r·A·∇log π with w = {formula}", head)
+        if len(out) > 3:
+            out = wrap(f"∇ℓ = w·r·A·∇log π, w a formula of {len(formula):,} characters ('induced weight' below)", head)
+    both = on_policy(res.on_policy)
+    same = re.fullmatch(r"(.+) for A > 0, \1 for A < 0", both)
+    both = f"{same.group(1)} for both signs of A" if same else both
+    out += wrap(f"on policy (r = 1): w {'' if both.startswith('from') else '= '}{both}; {res.geometry}: {GEOMETRY[res.geometry]}",
+                " " * len(head))
+    return out
+
+
+def _trust_region(res) -> list[str]:
+    out = []
+    for adv, sign in _SIGN.items():
+        b, parts = res.boundary[adv], []
+        for r_, pi_, kind, ok in zip(b["r"], b["pi"], b["kind"], b["reachable"]):
+            where = f"π = {math_text(pi_)} (r = {math_text(r_)})"
+            parts.append(f"at {where}: w {kinds(kind)}" if ok else
+                         f"at {where}, out of reach (0 < π ≤ 1): it never stops an update")
+        parts += [f"at {x['where']}, found numerically: w {kinds(x['kind'])}" for x in b["numeric"]]
+        if not parts:
+            evidence = res.claims["boundary"][adv]
+            parts = ["nowhere: w = 0 everywhere" if evidence["claim"] == "w ≡ 0" else
+                     "nowhere: w never reaches 0, so nothing stops an update"]
+        for i, p in enumerate(parts):
+            out += wrap(p, ("  trust region  " if adv == "positive" and i == 0 else " " * 16)
+                        + (f"{sign}: " if i == 0 else "        "), " " * 24)
+    return out
+
+
+def summary(res, source: str = "") -> list[str]:
+    """The first screen; `source` is the objective's text, whose bindings abbreviate a long objective."""
+    what = " ".join(res.description.split()).partition("Source:")[0].strip()
+    title = first_sentence(what) if what else res.name
+    params = ", ".join(f"{display_name(k)} = {fmt(v)}" for k, v in res.params.items())
+    setting = " · ".join(x for x in (res.path, params, f"@anchor = {res.options['anchor']}",
+                                     f"@aggregate = {res.options['aggregate']}") if x)
+    status = res.claims["bounded"]["status"]
+    bounded = {True: f"yes: w ∈ {weight_range(res)} ({status})", None: "unknown: w is not a finite double where sampled",
+               False: f"no: w ∈ {weight_range(res)} ({status}): tokens with extreme ratios can dominate the gradient"}
+    worries = [line for text in res["warnings"] for line in wrap(text, "                ! ", " " * 18)]
+    worries[:1] = [worries[0].replace(" " * 16, "  worry         ", 1)] if worries else ["  worry         none found"]
+    return [*wrap(f"{res.name} — {title}", ""), *wrap(setting, "  "), *_objective(res, source), "",
+            *_gradient(res), *_trust_region(res), *wrap(bounded[res.bounded], "  bounded       "), *worries]
