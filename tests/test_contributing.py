@@ -155,10 +155,11 @@ hand = -((r * A - A.abs() / 0.4 * torch.exp(old) * (r - 1) ** 2) * mask).sum() /
 (gx,), (gy,) = torch.autograd.grad(loss, x), torch.autograd.grad(hand, y)
 assert torch.allclose(loss, hand, rtol=1e-12) and torch.allclose(gx, gy, rtol=1e-10, atol=1e-15), (loss, hand)
 assert abs(floats["drpo_ratio_max"] - r[mask.bool()].max().item()) < 1e-6, floats
-try:
-    ToyLoss("tis_ppo")
-except ValueError as e:
-    print(e)
+for name in ("tis_ppo", "trust_the_batch"):      # what the toy host does not provide: refused on construction
+    try:
+        ToyLoss(name)
+    except ValueError as e:
+        print(e)
 """
 
 
@@ -171,8 +172,11 @@ def test_a_host_added_as_the_page_says_takes_its_layer_and_gives_the_objectives_
     assert proc.returncode == 0, proc.stdout[-3000:]
     proc = run(copy, HOST)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == ("ToyLoss: objective 'tis_ppo' uses π_rollout, but the toy host gives none: "
-                                   "the toy host keeps no rollout log-probs")
+    assert proc.stdout.strip().split("\n") == [
+        "ToyLoss: objective 'tis_ppo' uses π_rollout, but ToyLoss does not provide it (ToyLoss.provides declares no "
+        "'rollout_log_probs')",
+        "ToyLoss: objective 'trust_the_batch' uses batch_count, batch_sum (the optimizer step's whole batch in one loss "
+        "call on each rank), but the toy host calls the loss once per micro-batch, not on the optimizer step's batch"]
 
 
 FIELD = """
