@@ -97,28 +97,17 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
     assert undocumented.returncode == 1 and "cube" in undocumented.stdout, undocumented.stdout[-2000:]
     insert(copy / "docs/language.md", block("atom-doc"), after="- `softsign(x)`:")
     assert pytest_in(copy, *docs_check).returncode == 0
-    # the recipe followed exactly leaves every test file it touches passing, not only cube's rows: the
-    # table's tests (cube among their rows), the parser's and the two pages it changes or reads
-    table = pytest_in(copy, "-rA", "tests/test_operations.py", "tests/test_language.py")
-    assert table.returncode == 0 and "[cube" in table.stdout, table.stdout[-3000:]
-    pages = pytest_in(copy, "-rA", "tests/test_docs.py", "-k", "contributing.md or language.md or every_function")
-    ran = set(re.findall(r"^PASSED tests/test_docs.py::(\w+)\[?(docs/\w+\.md|\w+\.md)?", pages.stdout, re.M))
-    assert pages.returncode == 0 and {("test_each_example_in_the_docs_runs_and_shows_its_real_output", "docs/language.md"),
-                                      ("test_every_repository_path_a_page_names_exists", "language.md"),
-                                      ("test_every_function_of_the_language_is_documented", "")} <= ran, pages.stdout[-3000:]
 
 
 def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_tests_check_it(tmp_path):
     """The toy group_max: without its adjoint the row is refused on import; with another row's
     (group_std's, what reverse mode used to guess) the generated tests fail; with its own they pass.
-    In a copy of its own (the other recipes' copy keeps every file within test_layers' sizes)."""
+    In a copy of its own (its broken rows stay out of the others')."""
     copy = copy_of_repo(tmp_path)
     ops, row = copy / "dsl/operations.py", block("reduction-row")
     bare = row.split(", adjoint=")[0] + "),"
     insert(ops, bare, before="# prefix_sum's adjoint (not in the language)")
     insert(copy / "dsl/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
-    insert(copy / "openrlhf_drpo/core/codegen.py", block("reduction-kernel"),
-           before="    # a reduction's result may share storage")
     proc = run(copy, "import dsl.operations")
     assert "TypeError: operation 'group_max': a reduction declares its adjoint=" in proc.stderr, proc.stderr[-2000:]
     generated = ("tests/test_reductions.py", "tests/test_loss_v3.py", "-k", "group_max")
@@ -135,6 +124,40 @@ def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_
     assert pytest_in(copy, *docs_check).returncode == 1
     insert(copy / "docs/language.md", block("reduction-doc"), after="- `softsign(x)`:")
     assert pytest_in(copy, *docs_check).returncode == 0
+
+
+def follow_the_atom_reduction_and_host_recipes(copy: pathlib.Path) -> None:
+    """Every block of the three recipes, where the page says it goes."""
+    insert(copy / "dsl/operations.py", block("atom-row"), before="# x/(1 + |x|): nan at ±inf")
+    insert(copy / "openrlhf_drpo/core/codegen.py", block("atom-kernel"),
+           before='**{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")}')
+    insert(copy / "docs/language.md", block("atom-doc"), after="- `softsign(x)`:")
+    insert(copy / "dsl/adjoints.py", "\n\n" + block("reduction-adjoint"))
+    insert(copy / "dsl/operations.py", block("reduction-row"), before="# prefix_sum's adjoint (not in the language)")
+    insert(copy / "dsl/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
+    insert(copy / "docs/language.md", block("reduction-doc"), after="- `softsign(x)`:")
+    (copy / "openrlhf_drpo/hosts/toy.py").write_text(block("host-module"), encoding="utf-8")
+    insert(copy / "tests/test_layers.py", block("host-layer"), before='    "hosts.verl",')
+
+
+# every test file that reads what the three recipes change, whole: the table's (test_operations,
+# test_reductions and test_loss_v3 are generated from it), the parser's, the layers' (file sizes,
+# the new host's place) and the analysis of the third version's; and the two pages' examples
+TOUCHED = ["tests/test_operations.py", "tests/test_reductions.py", "tests/test_loss_v3.py", "tests/test_language.py",
+           "tests/test_language_v3.py", "tests/test_layers.py", "tests/test_analysis_v3.py"]
+
+
+def test_the_atom_reduction_and_host_recipes_followed_together_leave_every_test_file_they_touch_passing(tmp_path):
+    copy = copy_of_repo(tmp_path)
+    follow_the_atom_reduction_and_host_recipes(copy)
+    proc = pytest_in(copy, "-rA", *TOUCHED)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "[cube" in proc.stdout and "group_max" in proc.stdout, proc.stdout[-3000:]     # among the generated rows
+    pages = pytest_in(copy, "-rA", "tests/test_docs.py", "-k", "contributing.md or language.md or every_function")
+    ran = set(re.findall(r"^PASSED tests/test_docs.py::(\w+)\[?(docs/\w+\.md|\w+\.md)?", pages.stdout, re.M))
+    assert pages.returncode == 0 and {("test_each_example_in_the_docs_runs_and_shows_its_real_output", "docs/language.md"),
+                                      ("test_every_repository_path_a_page_names_exists", "language.md"),
+                                      ("test_every_function_of_the_language_is_documented", "")} <= ran, pages.stdout[-3000:]
 
 
 HOST = """
