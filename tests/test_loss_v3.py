@@ -19,6 +19,7 @@ from openrlhf_drpo.core import Aggregation, CompiledLoss
 from dsl import DslError
 from dsl.lowerings import TORCH_REDUCTIONS
 from dsl.operations import OPS
+from openrlhf_drpo.core.loss import refuse_unprovided
 
 F64 = torch.float64
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -333,6 +334,30 @@ def test_inputs_lists_what_each_objective_reads_and_what_a_call_keeps_whole_for_
                                          r"in one loss call on each rank\), but micro_batch < optimizer batch$"):
         loss_fn.refuse_missing({"batch": "micro_batch < optimizer batch"}, "Toy")
     loss_fn.refuse_missing({"groups": "never"}, "Toy")      # an input the objective does not read: no refusal
+
+
+# one objective reading each input a host may provide, and the six keys of CompiledLoss.inputs()
+READS = {"rollout_log_probs": "r*A*π_rollout/μ", "ref_log_probs": TABLE[1], "entropy": TABLE[0],
+         "sum_pi_sq": "r*A*sum_pi_sq", "groups": "r*A - group_mean(r)", "batch": TABLE[9]}
+
+
+@pytest.mark.parametrize("key", list(READS))
+def test_a_host_is_refused_at_construction_each_input_it_does_not_provide_by_name(key):
+    """Fail closed: an input a host's `provides` leaves out (undeclared) is refused when the loss
+    is built, as is one its `lacks(config)` withholds; the others, and the bare core, build."""
+    obj = dsl.parse(READS[key], "x.dsl")
+    assert key in CompiledLoss(obj).inputs()        # the bare core takes every input as forward's keyword
+    rest = {k: "it gives it" for k in READS if k != key}
+    host = type("HostLoss", (CompiledLoss,), {"host": "Host", "provides": rest})
+    with pytest.raises(ValueError, match=rf"^Host: objective 'x' uses .*, but Host does not provide it \(HostLoss"
+                                         rf"\.provides declares no '{key}'\)$"):
+        host(obj)
+    withheld = type("HostLoss", (CompiledLoss,), {"host": "Host", "provides": {**rest, key: "it gives it"},
+                                                  "lacks": lambda self, config: config or {}})
+    loss = withheld(obj)           # provided under any configuration: built
+    refuse_unprovided(loss, {k: "never" for k in rest})         # withheld, but not read: no refusal
+    with pytest.raises(ValueError, match=rf"^Host: objective 'x' uses .*, but set keep_{key}=True$"):
+        refuse_unprovided(loss, {key: f"set keep_{key}=True"})
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])

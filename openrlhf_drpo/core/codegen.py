@@ -106,10 +106,8 @@ KERNELS = {
     "select": Kernel(floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
     **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
     "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
-    # a reduction's result may share storage (an expand): never updated in place
-    **{k: Kernel(view=True) for k in ("seq_sum", "seq_mean", "seq_max", "seq_min", "prefix_sum", "prefix_mean",
-                                      "suffix_sum", "group_sum", "group_mean", "group_std", "group_count",
-                                      "batch_sum", "batch_mean", "batch_count")},
+    # a reduction's result may share storage (an expand): never updated in place (every row that reduces)
+    **{k: Kernel(view=True) for k, op in OPS.items() if op.reduce},
 }
 if KERNELS.keys() != OPS.keys() or any(OPS[k].kind == "bool" and not KERNELS[k].floats for k in OPS):
     raise TypeError(f"openrlhf_drpo.core.codegen.KERNELS must have one entry per operation, a boolean one with `floats`: "

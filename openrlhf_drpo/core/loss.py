@@ -39,9 +39,9 @@ class CompiledLoss(nn.Module):
     fused kernel ("auto": on CUDA inputs). Keyword overrides name parameters (ASCII or Unicode)
     or the options `anchor` and `aggregate`. `self.metrics` is the last call's LossMetrics."""
 
-    rollout_hint = ""      # how the host keeps rollout log-probs, for the error when it did not
-    input_hints: dict = {}      # how the host provides each other input (inputs()' keys), for the same error
     argument_names: dict = {}      # the host's names for forward's arguments, for its error messages
+    provides: dict | None = None   # a host's: the inputs()' keys it gives, with how (refuse_unprovided)
+    host = ""                      # a host's: the name its refusals begin with
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):
@@ -64,6 +64,7 @@ class CompiledLoss(nn.Module):
         for text in self.objective.by_position():       # a silent surprise otherwise: [1.5, 0, 0] for [1.5, 1.5, 1.5]
             warnings.warn(f"{who}: objective '{self.objective.name}': {text}", stacklevel=2)
         self._inputs = objective_inputs(self.objective)
+        refuse_unprovided(self)      # a host's: what it never provides
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: LossMetrics | None = None     # the last call's
         self.track_extremes = False        # drpo-lab: fill self.extremes on every call (it reads them on the host)
@@ -74,21 +75,19 @@ class CompiledLoss(nn.Module):
         self.extremes: dict[str, float] = {}
 
     def inputs(self) -> dict:
-        """The inputs beyond log π, μ's log-probs, the advantages and the mask that the objective
-        reads, each with what in the objective reads it (the one list every host checks against):
-        rollout_log_probs, ref_log_probs, entropy, sum_pi_sq, groups (the group ids, and each
-        prompt's responses whole in one call) and batch (the optimizer step's whole batch in one
-        call on each rank)."""
+        """What the objective reads beyond log π, μ, A and the mask, with what reads it: the one list
+        a host's `provides` answers (rollout_log_probs, ref_log_probs, entropy, sum_pi_sq, groups, batch)."""
         return dict(self._inputs)
 
     def refuse_missing(self, missing: dict, who: str = "") -> None:
-        """Refuse an objective that reads an input its host (or the host's configuration) does not
-        provide: `missing` maps an input to how the host would provide it (what to set), and is
-        checked at the host's construction, before any model loads."""
+        """The one refusal message: an input the objective reads that `missing` maps to why it is not given."""
         for key, why in self.inputs().items():
             if key in missing:
                 raise ValueError(f"{who + ': ' if who else ''}objective '{self.objective.name}' uses {why}, "
                                  f"but {missing[key]}")
+
+    def lacks(self, config) -> dict:      # a host's: what it withholds under `config` (None: any), with why
+        return {}
 
     def extra_repr(self) -> str:
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
@@ -274,10 +273,23 @@ def objective_inputs(obj: Objective) -> dict:
     return out
 
 
+def refuse_unprovided(loss: CompiledLoss, config=None) -> None:
+    """A host's one refusal, at its construction (before any model loads) and again where its
+    configuration comes later (TRL's default config, drpo-train's command line): every input the
+    objective reads that the host does not declare in `provides` (fail closed: an undeclared one
+    too), or that its configuration withholds (`lacks(config)`), by name, with why."""
+    if loss.provides is None:
+        return
+    who = loss.host or type(loss).__name__
+    missing = {key: f"{who} does not provide it ({type(loss).__name__}.provides declares no {key!r})"
+               for key in loss.inputs() if key not in loss.provides}
+    loss.refuse_missing({**missing, **loss.lacks(config)}, loss.host)
+
+
 def not_given(loss: CompiledLoss, given: dict) -> dict:
-    """refuse_missing's argument for a call: each input not given, with what gives it."""
-    return {key: _NOT_GIVEN[key] + (loss.rollout_hint if key == "rollout_log_probs" else loss.input_hints.get(key, ""))
-            for key, x in given.items() if x is None}
+    """refuse_missing's argument for a call: each input not given, with how its host provides it."""
+    how = loss.provides or {}
+    return {key: _NOT_GIVEN[key] + (f": {how[key]}" if key in how else "") for key, x in given.items() if x is None}
 
 
 def extra_inputs(loss: CompiledLoss, ref, entropy, sum_pi_sq, groups, agg: Aggregation):

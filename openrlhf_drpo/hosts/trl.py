@@ -25,6 +25,7 @@ from trl import GRPOTrainer
 
 from dsl.parser import Objective
 from openrlhf_drpo.core import Aggregation, CompiledLoss
+from openrlhf_drpo.core.loss import refuse_unprovided
 
 # TRL's loss types that are a normalization (ours then applies), and those that are a formula:
 # (the shipped objective that writes it, the loss_type whose normalization TRL applies to it).
@@ -62,8 +63,16 @@ _TRL_METHODS = {
 
 
 class TrlObjectiveLoss(CompiledLoss):
-    rollout_hint = (": TRL keeps sampling log-probs only where vLLM generates (use_vllm=True); "
-                    "without them use an objective on μ (TRL's old log-probs)")
+    host = "ObjectiveGRPOTrainer"
+    # what _compute_loss passes it, under the settings _not_provided checks (it computes no Σ_v π_v²)
+    provides = {"rollout_log_probs": "TRL's sampling log-probs (use_vllm=True)",
+                "ref_log_probs": "TRL's reference log-probs (beta > 0)",
+                "entropy": "TRL's entropies, with their gradient, in every loss call",
+                "groups": "TRL's prompt groups (steps_per_generation=1)",
+                "batch": "one loss call per optimizer step (gradient_accumulation_steps=1)"}
+
+    def lacks(self, config) -> dict:
+        return _not_provided(config)
 
 
 class ObjectiveGRPOTrainer(GRPOTrainer):
@@ -246,7 +255,7 @@ def _check_config(config, objective_loss):
     if getattr(config, "use_adaptive_entropy", False):
         raise ValueError("ObjectiveGRPOTrainer: the adaptive entropy bonus (use_adaptive_entropy=True) is not "
                          "supported; set use_adaptive_entropy=False and a fixed entropy_coef")
-    objective_loss.refuse_missing(_not_provided(config, objective_loss.rollout_hint), "ObjectiveGRPOTrainer")
+    refuse_unprovided(objective_loss, config)
     if objective_loss.uses_rollout and getattr(config, "vllm_importance_sampling_correction", False):
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {objective_loss.inputs()['rollout_log_probs']} "
                          "and writes its own train/rollout correction, which TRL's vLLM importance-sampling "
@@ -258,20 +267,22 @@ def _check_config(config, objective_loss):
                          "entropy_coef=0.0 and write the bonus into the objective (e.g. + 0.01*H)")
 
 
-def _not_provided(config, rollout_hint: str) -> dict:
-    """Each input (CompiledLoss.inputs()) that TRL 1.16.0 does not give under `config`, with the
-    setting that gives it. H is always there: GRPOTrainer computes the entropies, with their
-    gradient, in every loss call. Groups: TRL shuffles a generation batch's rows, then slices it
-    into steps_per_generation loss calls, so a call holds whole groups only where it is the
-    whole local generation batch and that holds whole groups."""
-    out = {}
+def _not_provided(config) -> dict:
+    """TrlObjectiveLoss.lacks: each input (CompiledLoss.inputs()) that TRL 1.16.0 does not give under
+    `config` (None: under any), with the setting that gives it. H is always there: GRPOTrainer
+    computes the entropies, with their gradient, in every loss call. Groups: TRL shuffles a
+    generation batch's rows, then slices it into steps_per_generation loss calls, so a call holds
+    whole groups only where it is the whole local generation batch and that holds whole groups."""
+    out = {"sum_pi_sq": ("TRL's GRPOTrainer computes no Σ_v π_v² (its fused LM head gives log-probs and "
+                         "entropies only); write the objective without sum_π_sq")}
+    if config is None:
+        return out
     if not getattr(config, "use_vllm", False):
-        out["rollout_log_probs"] = "use_vllm=False" + rollout_hint
+        out["rollout_log_probs"] = ("use_vllm=False: TRL keeps sampling log-probs only where vLLM generates "
+                                    "(use_vllm=True); without them use an objective on μ (TRL's old log-probs)")
     if getattr(config, "beta", 0.0) == 0.0:
         out["ref_log_probs"] = ("beta=0.0: TRL loads the reference model only with beta > 0 (set beta > 0; "
                                 "the objective's own KL then replaces TRL's β·KL term)")
-    out["sum_pi_sq"] = ("TRL's GRPOTrainer computes no Σ_v π_v² (its fused LM head gives log-probs and "
-                        "entropies only); write the objective without sum_π_sq")
     steps, size = getattr(config, "steps_per_generation", 1) or 1, getattr(config, "num_generations", 1)
     per_device = getattr(config, "per_device_train_batch_size", 1)
     evaluating = getattr(config, "eval_strategy", "no") not in ("no", None)

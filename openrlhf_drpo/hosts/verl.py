@@ -37,16 +37,12 @@ _AGG_LOSS_PARAMS = ["loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_
                     "loss_scale_factor"]
 
 
-class VerlObjectiveLoss(CompiledLoss):
-    rollout_hint = (": verl's policy-loss call passes rollout IS weights, not rollout log-probs; "
-                    "use an objective on μ with verl's algorithm.rollout_correction instead")
-
-
 # What verl 0.9.1's policy-loss call (_POLICY_LOSS_PARAMS) never carries, against each input an
 # objective may read (CompiledLoss.inputs()), with what verl has instead. A micro-batch holds
 # whole responses (ppo_loss pads each back to a row), so prefix reductions need nothing here.
 NOT_GIVEN = {
-    "rollout_log_probs": "verl gives a policy loss none" + VerlObjectiveLoss.rollout_hint,
+    "rollout_log_probs": ("verl gives a policy loss none: verl's policy-loss call passes rollout IS weights, not "
+                          "rollout log-probs; use an objective on μ with verl's algorithm.rollout_correction instead"),
     "ref_log_probs": ("verl gives a policy loss no reference log-probs; verl's own KL to the reference is "
                       "actor_rollout_ref.actor.use_kl_loss with kl_loss_type and kl_loss_coef"),
     "entropy": ("verl gives a policy loss no entropy; verl's own entropy bonus is "
@@ -57,6 +53,13 @@ NOT_GIVEN = {
     "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
               "optimizer step's batch"),
 }
+
+
+class VerlObjectiveLoss(CompiledLoss):
+    provides: dict = {}     # none of the inputs beyond log π, μ, A and the mask: NOT_GIVEN says why
+
+    def lacks(self, config) -> dict:
+        return NOT_GIVEN
 
 
 # verl 0.9.1's actor settings (actor_rollout_ref.actor.*) that only its own policy losses read
@@ -147,8 +150,7 @@ def register(objective: str | Objective, name: str | None = None, **params) -> s
     H, Σ_v π_v², groups, the whole batch) is refused here, not at the first step."""
     if "aggregate" in params:
         raise ValueError("the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter")
-    core = VerlObjectiveLoss(objective, **params)
-    core.refuse_missing(NOT_GIVEN)
+    core = VerlObjectiveLoss(objective, **params)      # refuses what NOT_GIVEN lists
     mode = PREFIX + (name or core.objective.name)
     register_policy_loss(mode)(functools.partial(policy_loss, core))
     return mode

@@ -19,12 +19,14 @@ import types
 
 import torch
 
+from openrlhf_drpo.core.loss import refuse_unprovided
+
 GROUP_KEY = "drpo_group"       # experience.info's per-sample group id, between append and the loss call
 
 
 def missing_at_launch(ns) -> dict:
-    """CompiledLoss.refuse_missing's argument for a drpo-train command line: each input (or thing a
-    loss call must hold whole) this run would not give, with the flags that would."""
+    """ObjectiveLoss.lacks for a drpo-train command line: each input (or thing a loss call must
+    hold whole) this run would not give, with the flags that would."""
     g, missing = functools.partial(getattr, ns), {}      # OpenRLHF's flat args at parse time
     if not (g("algo.kl.use_loss") and g("algo.kl.init_coef") > 0):
         missing["ref_log_probs"] = (
@@ -60,7 +62,7 @@ def missing_at_launch(ns) -> dict:
 def refuse_at_launch(loss, ns) -> None:
     """drpo-train's refusal, before Ray starts, of an objective this command line cannot train."""
     try:
-        loss.refuse_missing(missing_at_launch(ns))
+        refuse_unprovided(loss, ns)
     except ValueError as e:
         raise SystemExit(f"drpo-train: error: {e}") from None
     # an objective that reads H writes its own entropy terms: OpenRLHF's bonus on top would count one twice

@@ -13,6 +13,7 @@ import torch
 
 from dsl.parser import Objective
 from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss  # noqa: F401  (METRIC_KEYS: the names it logs)
+from openrlhf_drpo.hosts.openrlhf.inputs import missing_at_launch
 
 OPENRLHF_VERSION = "0.11.2"
 _FORWARD_PARAMS = ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
@@ -87,11 +88,17 @@ class ObjectiveLoss(CompiledLoss):
     call, `self.metrics` is its LossMetrics.
     """
 
-    rollout_hint = " (drpo-train keeps vLLM's log-probs for it)"
-    # drpo-train gives them through self.given (hosts/openrlhf/inputs.py); a direct call cannot
-    input_hints = {key: ": drpo-train gives it in ObjectiveLoss.given, PolicyLoss's arguments have no place for it"
-                   for key in ("ref_log_probs", "entropy", "sum_pi_sq", "groups")}
+    # drpo-train gives them under the flags missing_at_launch checks: rollout log-probs as PolicyLoss's
+    # argument, the others through self.given (inputs.supplied), which a direct call has not
+    provides = {"rollout_log_probs": "drpo-train keeps vLLM's log-probs for it",
+                **{key: "drpo-train gives it in ObjectiveLoss.given, PolicyLoss's arguments have no place for it"
+                   for key in ("ref_log_probs", "entropy", "sum_pi_sq", "groups")},
+                "batch": "drpo-train sums a micro-batch that is each rank's whole optimizer batch over the ranks"}
     argument_names = {"mask": "action_mask"}
+
+    def lacks(self, config) -> dict:
+        """What a drpo-train command line (OpenRLHF's flat args) withholds; nothing without one."""
+        return {} if config is None else missing_at_launch(config)
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):
