@@ -150,6 +150,8 @@ def test_objective_specs_parse(text, expected):
     (["drpo", "--stale-k", "0"], "--stale-k and --parallel must be at least 1"),
     (["drpo:foo=1"], "unknown parameter 'foo' for objective 'drpo'"),
     (["nonexistent"], "no objective file or shipped objective named 'nonexistent'"),
+    # one the pipeline cannot train, refused as drpo-train refuses it, before the task and Ray
+    (["drpo", "grpo_k3"], "drpo-lab: error: drpo-train refuses it: objective 'grpo_k3' uses π_ref, but OpenRLHF passes"),
 ])
 def test_bad_input_stops_the_lab_before_anything_runs(argv, message, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", *argv, "--out", str(tmp_path / "o")],

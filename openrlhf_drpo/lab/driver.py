@@ -86,9 +86,32 @@ def plan(specs, args) -> list[dict]:
 _PROGRESS = re.compile(r"drpo-lab: run (?:(\d+) (started)|step (\d+) reward (\S+))")
 
 
+def train_argv(task: dict, run: dict, args, folder: str) -> list[str]:
+    """drpo-train's command line for a pipeline whose first run is `run` (the plugin adds the lab's)."""
+    from openrlhf_drpo.lab import toytask
+    flags = toytask.flags(task, folder, steps=args.steps, rollout_prompts=ROLLOUT_PROMPTS, samples=SAMPLES,
+                          seed=run["seed"], lr=args.lr, updates=args.updates)
+    return ["--drpo.objective", run["name"], "--drpo.anchor", "rollout",
+            *[a for k, v in run["params"].items() for a in ("--drpo.set", f"{k}={v}")], *flags,
+            "--actor.lr_scheduler", "constant", *args.extra]
+
+
+def refuse_untrainable(runs: list[dict], args) -> None:
+    """Each objective checked as drpo-train will check it, with the lab's own flags, before the
+    task is built and Ray starts: one the pipeline cannot train (π_ref, say) stops in seconds.
+    The task's paths are where it will be built; nothing reads them here."""
+    from openrlhf_drpo.hosts.openrlhf.train import check_objective
+    task = os.path.join(args.out, "task")
+    where = {"model": os.path.join(task, "model"), "prompts": os.path.join(task, "prompts.jsonl"), "reward": "reward.py"}
+    for run in {r["label"].rsplit(" seed ", 1)[0]: r for r in runs}.values():
+        try:
+            check_objective(train_argv(where, run, args, os.path.join(args.out, "pipelines", "p0")))
+        except SystemExit as e:
+            raise SystemExit(str(e).replace("drpo-train: error:", "drpo-lab: error: drpo-train refuses it:", 1)) from None
+
+
 def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) -> None:
     """One drpo-train process (one Ray, vLLM engine and trainer) that trains `runs` in turn."""
-    from openrlhf_drpo.lab import toytask
     os.makedirs(folder, exist_ok=True)
     for run in runs:
         os.makedirs(run["folder"], exist_ok=True)
@@ -97,13 +120,8 @@ def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) 
     with open(lab_file, "w") as f:
         json.dump({"stale_k": args.stale_k, "engine_int4": bool(preset.get("engine_int4")),
                    "runs": [{k: r[k] for k in ("seed", "spec", "metrics", "step_log")} for r in runs]}, f, indent=1)
-    first = runs[0]
-    flags = toytask.flags(task, folder, steps=args.steps, rollout_prompts=ROLLOUT_PROMPTS, samples=SAMPLES,
-                          seed=first["seed"], lr=args.lr, updates=args.updates)
-    cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", first["name"], "--drpo.anchor", "rollout",
-           *[a for k, v in first["params"].items() for a in ("--drpo.set", f"{k}={v}")], *flags,
-           "--actor.lr_scheduler", "constant", "--drpo.plugin", "openrlhf_drpo.lab.pipe",
-           "--drpo.plugin_config", lab_file, *args.extra]
+    cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", *train_argv(task, runs[0], args, folder),
+           "--drpo.plugin", "openrlhf_drpo.lab.pipe", "--drpo.plugin_config", lab_file]
     log_path = os.path.join(folder, "pipeline.log")
     current = 0
     with open(log_path, "w") as log:
@@ -235,11 +253,12 @@ def main(argv: list[str] | None = None) -> int:
         specs = [parse_spec(t) for t in args.objectives]
         predicted = analysis_lines(specs)      # checks every objective before anything runs
         runs = plan(specs, args)
+        if not __import__("torch").cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        refuse_untrainable(runs, args)
     except DslError as e:
         print(e.render(), file=sys.stderr)
         return 1
-    if not __import__("torch").cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from openrlhf_drpo.lab import task as labtask
     os.makedirs(args.out, exist_ok=True)
     custom = args.updates != preset["updates"] or args.stale_k != preset.get("stale_k", 1)

@@ -256,6 +256,21 @@ def openrlhf_args(argv: list[str]):
     raise RuntimeError("OpenRLHF's CLI returned without calling train()")
 
 
+def check_objective(argv: list[str]) -> None:
+    """The objective of a drpo-train command line, parsed, compiled and refused as drpo-train
+    would (SystemExit, DslError), and nothing else: no pre-flight, no file written, no Ray, so
+    that drpo-lab can refuse one before it builds its task."""
+    def on_parsed(ns, cpu):
+        prepare_objective(ns)
+        raise _Stop()
+    with _patched_openrlhf(on_parsed, cpu_mode_for(argv)):
+        try:
+            _run_openrlhf(argv)
+        except _Stop:
+            return
+    raise RuntimeError("OpenRLHF's CLI returned without parsing its arguments")
+
+
 def _ship_spec(ns, cpu: bool) -> None:
     """On OpenRLHF's parsed args: the objective first (a bad file is the first error), then CPU
     mode's flags and the pre-flight checks, and only then is anything written (the report)."""
