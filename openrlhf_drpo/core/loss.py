@@ -122,39 +122,10 @@ class CompiledLoss(nn.Module):
         self.metrics = call_metrics(self, stats, b)
         return LossOutput(loss, self.metrics)
 
-    def batch(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, ref_log_probs=None,
-              entropy=None, sum_pi_sq=None, groups=None, aggregation: Aggregation | None = None) -> TokenBatch:
-        """forward's arguments as the TokenBatch its kernels take: every input checked here, once
-        (each error forward raises: a message naming the tensor, its shape and the fix; an input
-        the objective reads and the call lacks), and kept only where the objective reads it."""
-        who, names = type(self).__name__, self.argument_names
-        agg = aggregation or Aggregation()
-        if not isinstance(agg, Aggregation):
-            raise TypeError(f"{who}: aggregation must be an Aggregation, got {type(agg).__name__}")
-        check_inputs(who, names, {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages,
-                                  "mask": mask, "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
-                                  "entropy": entropy, "sum_pi_sq": sum_pi_sq, "weights": agg.weights}, mask_values=False)
-        check_groups(who, names, groups, log_probs)
-        check_entropy_graph(who, names, entropy if "H" in self.names else None, log_probs)
-        if mask is not None and not self._path(log_probs)[1]:     # (the sync-free kernels check it in their pass over it)
-            refuse_bad_mask(who, names, mask, binary(mask))
-        self.refuse_missing(not_given(self, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
-                                             "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups}))
-        mode = agg.mode or self.aggregate
-        if mode not in OPTIONS["aggregate"]:
-            raise ValueError(f"{who}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
-        # the policies and inputs the objective names besides μ (None where it names none: nothing to
-        # compute), detached but for H; the process group only where a batch reduction sums over it
-        reads = lambda name, x: None if x is None or name not in self.names else x.detach()   # noqa: E731
-        b = TokenBatch(log_probs, rollout_log_probs if self.anchor == "rollout" else old_log_probs, advantages,
-                       torch.ones_like(log_probs, dtype=torch.bool) if mask is None else mask,
-                       old=reads("pi_old", old_log_probs), rollout=reads("pi_rollout", rollout_log_probs),
-                       ref=reads("pi_ref", ref_log_probs), entropy=entropy if "H" in self.names else None,
-                       sum_pi_sq=reads("sum_pi_sq", sum_pi_sq),
-                       group=None if groups is None or "groups" not in self.kept_whole else group_representatives(groups),
-                       weights=agg.weights, norm=_normalizer(agg.norm, log_probs), mode=mode,
-                       pg=agg.process_group if self.generated.third_version else None)
-        return _fold_ranks(b) if self.fused and b.pg is not None else b
+    def batch(self, log_probs, old_log_probs, advantages, mask=None, **inputs) -> TokenBatch:
+        """forward's arguments (the same keywords) as the TokenBatch its kernels take, every input
+        checked here, once: each error forward raises (token_batch)."""
+        return token_batch(self, log_probs, old_log_probs, advantages, mask, **inputs)
 
     def _path(self, logp) -> tuple[bool, bool]:
         """(compiled, sync_free): torch.compile's kernels ("auto": on CUDA), and the sync-free kernels
@@ -173,6 +144,42 @@ class CompiledLoss(nn.Module):
             self._kernels[use, sync_free, key] = build_kernels(self, use, sync_free,
                                                                f"{self.objective.name}_{len(self._kernels)}")
         return self._kernels[use, sync_free, key]
+
+
+def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
+                ref_log_probs=None, entropy=None, sum_pi_sq=None, groups=None,
+                aggregation: Aggregation | None = None) -> TokenBatch:
+    """CompiledLoss.batch: every input checked, once (each error forward raises: a message naming
+    the tensor, its shape and the fix; an input the objective reads and the call lacks), and kept
+    only where the objective reads it."""
+    who, names = type(loss).__name__, loss.argument_names
+    agg = aggregation or Aggregation()
+    if not isinstance(agg, Aggregation):
+        raise TypeError(f"{who}: aggregation must be an Aggregation, got {type(agg).__name__}")
+    check_inputs(who, names, {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages,
+                              "mask": mask, "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
+                              "entropy": entropy, "sum_pi_sq": sum_pi_sq, "weights": agg.weights}, mask_values=False)
+    check_groups(who, names, groups, log_probs)
+    check_entropy_graph(who, names, entropy if "H" in loss.names else None, log_probs)
+    if mask is not None and not loss._path(log_probs)[1]:     # (the sync-free kernels check it in their pass over it)
+        refuse_bad_mask(who, names, mask, binary(mask))
+    loss.refuse_missing(not_given(loss, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
+                                         "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups}))
+    mode = agg.mode or loss.aggregate
+    if mode not in OPTIONS["aggregate"]:
+        raise ValueError(f"{who}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
+    # the policies and inputs the objective names besides μ (None where it names none: nothing to
+    # compute), detached but for H; the process group only where a batch reduction sums over it
+    reads = lambda name, x: None if x is None or name not in loss.names else x.detach()   # noqa: E731
+    b = TokenBatch(log_probs, rollout_log_probs if loss.anchor == "rollout" else old_log_probs, advantages,
+                   torch.ones_like(log_probs, dtype=torch.bool) if mask is None else mask,
+                   old=reads("pi_old", old_log_probs), rollout=reads("pi_rollout", rollout_log_probs),
+                   ref=reads("pi_ref", ref_log_probs), entropy=entropy if "H" in loss.names else None,
+                   sum_pi_sq=reads("sum_pi_sq", sum_pi_sq),
+                   group=None if groups is None or "groups" not in loss.kept_whole else group_representatives(groups),
+                   weights=agg.weights, norm=_normalizer(agg.norm, log_probs), mode=mode,
+                   pg=agg.process_group if loss.generated.third_version else None)
+    return _fold_ranks(b) if loss.fused and b.pg is not None else b
 
 
 @torch.no_grad()
