@@ -13,5 +13,5 @@ from openrlhf_drpo.core.loss import CompiledLoss
 from openrlhf_drpo.core.values import (FILTERED, METRIC_KEYS, METRICS, Aggregation, Generated, LossMetrics, LossOutput,
                                       Metric, TokenBatch)
 
-__all__ = ["Aggregation", "CompiledLoss", "FILTERED", "Generated", "LossMetrics", "LossOutput", "METRICS", "METRIC_KEYS",
-           "Metric", "TokenBatch", "check_inputs"]
+__all__ = ["Aggregation", "CompiledLoss", "FILTERED", "Generated", "LossMetrics", "LossOutput", "METRICS",
+           "METRIC_KEYS", "Metric", "TokenBatch", "check_inputs"]

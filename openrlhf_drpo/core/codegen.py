@@ -211,6 +211,12 @@ def _used(nodes, extra=()) -> set:
     return used | ({"r", "keep"} if "dr" in used else set())
 
 
+# the policies' log-probs and the third version's inputs, read from the TokenBatch where used:
+# (the generated code's name, the batch's field, the name of its exp or "")
+_FROM_BATCH = (("old", "old", "pi_old"), ("rollout", "rollout", "pi_rollout"), ("ref", "ref", "pi_ref"),
+               ("H", "entropy", ""), ("sum_pi_sq", "sum_pi_sq", ""), ("group", "group", ""), ("pg", "pg", ""))
+
+
 def _prelude(used, unclamped=False) -> list[str]:
     """Only the built-ins the expressions use are computed (raw = logp − anchor comes first)."""
     out = []
@@ -231,9 +237,7 @@ def _prelude(used, unclamped=False) -> list[str]:
         out.append("    pi = torch.exp(logp)")
     if "mu" in used:
         out.append("    mu = torch.exp(anchor)")
-    # the policies' log-probs and the third version's inputs: the TokenBatch's fields
-    for name, field, exp in (("old",) * 2 + ("pi_old",), ("rollout",) * 2 + ("pi_rollout",), ("ref",) * 2 + ("pi_ref",),
-                             ("H", "entropy", ""), ("sum_pi_sq",) * 2 + ("",), ("group",) * 2 + ("",), ("pg",) * 2 + ("",)):
+    for name, field, exp in _FROM_BATCH:
         out += [f"    {name} = b.{field}"] * bool(used & {name, exp}) + [f"    {exp} = torch.exp({name})"] * (exp in used)
     if "seq_len" in used:
         out.append("    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)")
@@ -248,7 +252,7 @@ def _tuple(codes) -> str:
 
 def _function(name, doc, outputs, params) -> str:
     used = _used(outputs)
-    head = [_HEAD[0], "    dtype = logp.dtype"] + ["    raw = logp - anchor"] * bool(used & {"r", "log_ratio", "raw", "keep"})
+    head = _HEAD[:2] + _HEAD[2:] * bool(used & {"r", "log_ratio", "raw", "keep"})
     lines, results = _emit(outputs, params)
     return "\n".join([f"def {name}(b, m=None):", f'    """{doc}"""'] + head + _prelude(used) + lines
                      + [f"    return {_tuple(results)}"])
@@ -356,18 +360,16 @@ def _generate(obj: Objective) -> tuple[str, dict]:
     else:
         fused = _fused_functions(value, obj.params, kept)
     reduces = any(map(reads_whole_response, value.walk()))
-    # the loss's eager kernel flattens tokens, which a reduction over each response cannot take (nor the third
-    # version's inputs); a filter reading a whole response is counted per response
+    # reduces: the eager kernel flattens tokens, which a response's reduction (or a third version's input) cannot take
     facts = {"includes_coef": nonlocal_ or v3, "reduces": reduces or v3, "third_version": v3,
              "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk())}
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
         f"# parameters: {params}; @anchor = {obj.options['anchor']}; @aggregate = {obj.options['aggregate']}",
-        "# b: the call's TokenBatch (openrlhf_drpo.core): logp = log π (current policy), anchor = log μ,",
-        "# A = advantages, b.old/b.rollout = log π_old/log π_rollout, m = the mask (reductions read only its",
-        f"# tokens), coef = the aggregation weight; all [batch, tokens]. r = exp(clamp(logp - anchor, ±{CLAMP:g}))",
-        "# as in OpenRLHF; constants are folded.",
+        "# b: the call's TokenBatch: logp = log π (current policy), anchor = log μ, A = advantages, b.old/b.rollout",
+        "# = log π_old/log π_rollout; m = the mask (reductions read only its tokens), coef = the aggregation weight;",
+        f"# all [batch, tokens]. r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
         "# the third version's inputs: b.ref = log π_ref, b.entropy = H, b.sum_pi_sq, b.group (each response's group's"
         "\n# first response) and b.pg (the batch's process group, or None)" if v3 else None,
         "import math" if reduces else None,

@@ -133,7 +133,8 @@ class TokenBatch:
         return replace(self, **{name: x.reshape(-1) for name in _READ if (x := getattr(self, name)) is not None})
 
 
-TENSORS = tuple(f.name for f in fields(TokenBatch) if "Tensor" in str(f.type))
+# the tensor fields, in their order (the annotations are strings: `from __future__ import annotations`)
+TENSORS = tuple(f.name for f in fields(TokenBatch) if f.type.startswith("torch.Tensor"))
 _READ = ("logp", "anchor", "A", "old", "rollout", "ref", "entropy", "sum_pi_sq")
 _FLOATS = _READ + ("weights", "norm")
 
