@@ -3,7 +3,7 @@ tensors (TokenBatch), a compiled objective (Generated), and what a call returns 
 loss and its LossMetrics, each metric declared once in METRICS)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, NamedTuple
 
 import torch
@@ -148,7 +148,7 @@ class Generated:
     value_and_grad: Callable         # value_and_grad(b, m, coef): ℓ, ∂ℓ/∂log π, r, raw, μ, keep (then d/dH)
     value_and_grad_eager: Callable   # the same, for eager CPU execution on b.flat() (where not `reduces`)
     filtered: Callable | None        # filtered(b, m): 1 where the objective's filters drop a token; None: none
-    source: str                      # the generated torch code (drpo-analyze --emit-torch)
+    source: str = field(repr=False)  # the generated torch code (drpo-analyze --emit-torch)
     includes_coef: bool              # value_and_grad's gradient is that of Σ coef·ℓ (the reverse mode)
     reduces: bool                    # it reads whole responses or the third version's inputs: never flattened
     third_version: bool              # it reads the TokenBatch's ref, entropy, sum_pi_sq, group or pg
