@@ -19,7 +19,7 @@ LAYERS = [
     "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.operations", "dsl.levels",
     "dsl.walks", "dsl.printing", "dsl.source", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
-    "core.rewrites", "core.reverse_mode", "core.codegen", "core.values", "core.boundary", "core.collectives",
+    "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",
     "core.kernels",
     "core.measures", "core.loss",
     "core",

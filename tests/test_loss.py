@@ -1,6 +1,7 @@
 """The compiled loss: autograd's gradient equals the analysis's weight, OpenRLHF's own
 PolicyLoss is the oracle for PPO, and masked slots never leak."""
 import collections
+import dataclasses
 import functools
 import itertools
 import json
@@ -23,8 +24,7 @@ from dsl import DslError
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
-from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss
-from openrlhf_drpo.core.loss import extra_inputs as extra_inputs_of
+from openrlhf_drpo.core import METRIC_KEYS, Aggregation, CompiledLoss, TokenBatch
 from dsl.levels import third_version
 
 SHIPPED = dsl.shipped_names()
@@ -350,11 +350,8 @@ def test_a_ratio_zeroed_by_the_clamp_is_not_counted_past_the_boundary(kernel):
     A[:2] = -A[:2].abs() - 0.1
     new[:2] = old[:2] - 30           # π collapsed against a negative advantage: diverging
     loss_fn = ObjectiveLoss("surrogate")
-    args = ("token-mean", new, old, A, mask, None)
-    if kernel == "eager":
-        stats = eager_kernel(loss_fn._value_and_grad_eager, loss_fn._value_and_grad, *args)[-1]
-    else:
-        stats = kernel(loss_fn._value_and_grad, *args)[-1]
+    b = TokenBatch(new, old, A, mask)
+    stats = (eager_kernel if kernel == "eager" else kernel)(loss_fn.generated, b)[-1]
     metrics = dict(zip(METRIC_KEYS, stats.tolist()))
     assert metrics["drpo_past_boundary_diverging"] == 0 and metrics["drpo_past_boundary_converging"] == 0
     assert 0 < metrics["drpo_w_mean"] < 1           # w = 0 on the clamped tokens, as applied
@@ -420,18 +417,17 @@ def test_eager_kernel_equals_the_selecting_kernel(name, mode, clamped, dtype):
     loss_fn = shipped_loss(name)
     clamp = "r" not in loss_fn.names
     given = extra_inputs(loss_fn, new)
-    ext, entropy, _ = extra_inputs_of(loss_fn, given.get("ref_log_probs"), given.get("entropy"), given.get("sum_pi_sq"),
-                                      given.get("groups"), Aggregation())
-    eager = functools.partial(eager_kernel, loss_fn._value_and_grad_eager, loss_fn._value_and_grad, mode,
-                              clamp_ratio=clamp)
-    exact = functools.partial(exact_kernel, loss_fn._value_and_grad, mode, clamp_ratio=clamp)
-    sync_free = recomputing_function(functools.partial(loss_kernel, loss_fn._value_and_grad, mode, clamp_ratio=clamp),
-                                     functools.partial(grad_kernel, loss_fn._value_and_grad, mode),
-                                     lambda mask, ok: None)
+    eager = functools.partial(eager_kernel, loss_fn.generated, clamp_ratio=clamp)
+    exact = functools.partial(exact_kernel, loss_fn.generated, clamp_ratio=clamp)
+    sync_free = recomputing_function(functools.partial(loss_kernel, loss_fn.generated, clamp_ratio=clamp),
+                                     functools.partial(grad_kernel, loss_fn.generated), lambda mask, ok: None)
     results = []
     for function in (fused_function(eager), fused_function(exact), sync_free):
         lp = new.clone().requires_grad_()
-        loss, stats = function.apply(lp, old, A, mask, None, old, old - 0.1 * A, None, entropy, ext)
+        # the batch CompiledLoss builds, with π_old and π_rollout given whether or not the objective names them
+        b = loss_fn.batch(lp, old, A, mask, rollout_log_probs=old - 0.1 * A, aggregation=Aggregation(mode), **given)
+        b = dataclasses.replace(b, anchor=old, old=old, rollout=old - 0.1 * A)
+        loss, stats = function.apply(b, *b.tensors())
         (loss / 3).backward()
         results.append((loss.detach(), lp.grad, stats))
     (l0, g0, s0), *others = results
@@ -501,7 +497,8 @@ def test_emit_torch_prints_readable_code_whose_three_functions_give_drpo_and_its
     assert src.startswith("# objective drpo (objectives/drpo.dsl), maximized: r * A - |A| / (2 * δ) * μ * (r - 1)^2")
     ns = {}
     exec(src, ns)
-    new, old, A, _ = batch(4)
+    new, old, A, mask = batch(4)
+    tokens = lambda: TokenBatch(new.clone(), old, A, mask)     # noqa: E731  (each function's input, a fresh log π)
     for clamped in (False, True):       # a ratio past the clamp at 20: the eager code's other branch
         new[2, 3] = old[2, 3] + (21 if clamped else 0.1)
         # by hand, from the paper's formula (δ = 12.5, μ = π_old, r clamped at ±20 as OpenRLHF does)
@@ -509,9 +506,9 @@ def test_emit_torch_prints_readable_code_whose_three_functions_give_drpo_and_its
         r = torch.exp((lp - old).clamp(-20, 20))
         ell = r * A - A.abs() / 25 * torch.exp(old) * (r - 1) ** 2
         (grad,) = torch.autograd.grad(ell.sum(), lp)
-        assert torch.allclose(ns["objective"](new.clone(), old, A), ell.detach(), rtol=1e-12, atol=1e-12)
+        assert torch.allclose(ns["objective"](tokens()), ell.detach(), rtol=1e-12, atol=1e-12)
         for fn in ("objective_and_grad", "objective_and_grad_eager"):
-            value, dvalue = ns[fn](new.clone(), old, A)[:2]
+            value, dvalue = ns[fn](tokens())[:2]
             assert torch.allclose(value, ell.detach(), rtol=1e-12, atol=1e-12), (fn, clamped)
             assert torch.allclose(dvalue, grad, rtol=1e-12, atol=1e-12) and (dvalue[2, 3] == 0) == clamped, (fn, clamped)
 
@@ -546,7 +543,7 @@ def test_fused_and_plain_paths_and_the_float_rules_agree_on_random_objectives(te
     assert torch.allclose(l0, l1, rtol=1e-9, atol=1e-12)
     assert torch.allclose(g0, g1, rtol=1e-7, atol=1e-9 * max(1.0, g1.abs().max().item()))
     # the torch lowering and the IR's float rules (the analysis self-check's oracle) agree
-    values = ObjectiveLoss(obj)._value(new, old, A)
+    values = ObjectiveLoss(obj).generated.value(TokenBatch(new, old, A, torch.ones_like(A, dtype=torch.bool)))
     for i, j in [(1, 1), (2, 3), (2, 4)]:
         env = {"r": math.exp(new[i, j] - old[i, j]), "pi": math.exp(new[i, j]), "mu": math.exp(old[i, j]),
                "A": float(A[i, j]), "delta": 0.3}

@@ -11,6 +11,7 @@ is not held to a relative error it cannot have):
   in the last place of the largest gradient (the gradient's own rounding; measured 3.7e-3);
   the loss (fp32) 1e-5.
 The metrics to 1e-5 relative (1e-6 absolute). Every loss, gradient and metric is finite."""
+import dataclasses
 import math
 import pathlib
 import sys
@@ -23,8 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
 from gpu_check import edge_batch as gpu_edge_batch     # noqa: E402  (a script's folder, not a package)
 
 import dsl
-from openrlhf_drpo.core import Aggregation, CompiledLoss
-from openrlhf_drpo.core.loss import extra_inputs as extra_inputs_of
+from openrlhf_drpo.core import CompiledLoss
 from openrlhf_drpo.core.kernels import RATIO_RANGE, aggregation_coef
 
 SHIPPED = dsl.shipped_names()
@@ -86,10 +86,9 @@ def test_every_fused_kernel_gives_the_float64_loss_and_gradient_in_fp32_and_bf16
     assert error <= GRAD_TOL[dtype], (error, GRAD_TOL[dtype])
     # the aggregate of |ℓ|, in float64, as the loss aggregates ℓ
     r_lp, r_old, r_a, r_ro = ref_inputs     # (π_old is μ here)
-    given = widened(extras, torch.float64)        # the generated code's ext, as CompiledLoss builds it
-    ext = extra_inputs_of(reference, *map(given.get, ("ref_log_probs", "entropy", "sum_pi_sq", "groups")),
-                          Aggregation())[2]
-    per_token = reference._value(r_lp, r_old, r_a, r_old, r_ro, mask, ext)
+    given = widened(extras, torch.float64)        # the generated code's TokenBatch, as CompiledLoss builds it
+    b = dataclasses.replace(reference.batch(r_lp, r_old, r_a, mask, rollout_log_probs=r_ro, **given), anchor=r_old)
+    per_token = reference.generated.value(b, mask)
     coef, count = aggregation_coef(mask.double(), reference.aggregate)
     magnitude = (torch.where(mask, per_token.abs(), 0.0) * coef).sum().item() / max(count.sum().item(), 1)
     assert abs(loss.item() - ref_loss.item()) <= LOSS_TOL * magnitude, (loss.item(), ref_loss.item(), magnitude)

@@ -12,6 +12,7 @@ from strategies import SEQUENCE_OBJECTIVES, draws
 
 import dsl
 from dsl import DslError
+from openrlhf_drpo.core import TokenBatch
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf.models.loss import PolicyLoss
 from openrlhf_drpo import ObjectiveLoss
@@ -53,8 +54,8 @@ def run(loss_fn, new, old, A, mask, rollout=None, **scaling):
 ])
 def test_a_reduction_reads_only_its_responses_unmasked_tokens_and_is_zero_on_an_empty_one(kind, reduce):
     new, old, rollout, A, mask = batch(0)
-    objective = compile_objective(dsl.parse(f"seq_{kind}(log(π))"))[0]
-    got = objective(dirty(new, mask), old, A, old, rollout, mask)
+    objective = compile_objective(dsl.parse(f"seq_{kind}(log(π))")).value
+    got = objective(TokenBatch(dirty(new, mask), old, A, mask, old=old, rollout=rollout), mask)
     for b in range(new.shape[0]):
         expected = reduce(new[b][mask[b]]) if mask[b].any() else torch.tensor(0.0, dtype=new.dtype)
         assert torch.allclose(got[b], expected.expand_as(got[b]), rtol=1e-14, atol=0), (kind, b)
@@ -62,8 +63,8 @@ def test_a_reduction_reads_only_its_responses_unmasked_tokens_and_is_zero_on_an_
 
 def test_the_response_length_counts_unmasked_tokens():
     new, old, rollout, A, mask = batch(1)
-    objective = compile_objective(dsl.parse("seq_len*r"))[0]
-    got = objective(new, old, A, None, None, mask)
+    objective = compile_objective(dsl.parse("seq_len*r")).value
+    got = objective(TokenBatch(new, old, A, mask), mask)
     assert torch.equal(got, mask.sum(-1, keepdim=True).double() * torch.exp(new - old))
 
 

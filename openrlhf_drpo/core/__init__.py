@@ -5,11 +5,13 @@
     loss, metrics = loss_fn(log_probs, old_log_probs, advantages, mask)
     loss.backward(); metrics.floats()             # {"drpo_w_mean": ..., ...}: one host sync
 
-loss (CompiledLoss and its compile cache), values (Aggregation, LossMetrics, METRICS), kernels
-(the fused kernels and their autograd Function), boundary (the inputs' checks)."""
+loss (CompiledLoss and its compile cache), values (Aggregation, TokenBatch: a call's tensors, checked
+once; Generated: a compiled objective; LossMetrics, METRICS), kernels (the fused kernels and their
+autograd Function), boundary (the inputs' checks)."""
 from openrlhf_drpo.core.boundary import check_inputs
 from openrlhf_drpo.core.loss import CompiledLoss
-from openrlhf_drpo.core.values import FILTERED, METRIC_KEYS, METRICS, Aggregation, LossMetrics, LossOutput, Metric
+from openrlhf_drpo.core.values import (FILTERED, METRIC_KEYS, METRICS, Aggregation, Generated, LossMetrics, LossOutput,
+                                      Metric, TokenBatch)
 
-__all__ = ["Aggregation", "CompiledLoss", "FILTERED", "LossMetrics", "LossOutput", "METRICS", "METRIC_KEYS", "Metric",
-           "check_inputs"]
+__all__ = ["Aggregation", "CompiledLoss", "FILTERED", "Generated", "LossMetrics", "LossOutput", "METRICS",
+           "METRIC_KEYS", "Metric", "TokenBatch", "check_inputs"]

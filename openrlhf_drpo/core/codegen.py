@@ -1,20 +1,21 @@
 """IR -> torch source. The same IR and the same derivative rules as the analysis.
 
-Three functions are generated per objective:
-  objective(logp, anchor, A, old, rollout, m) -> ℓ per token (autograd differentiates it: the plain path)
-  objective_and_grad(logp, anchor, A, old, rollout, m, coef) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ,
-      keep) in one pass (the fused path; the ratio, the unclamped log-ratio, μ and where the
-      ratio clamp is inactive are returned for the loss's metrics)
-  objective_and_grad_eager(...) -> the same, written for eager CPU execution
-Inputs: logp = log π (current policy), anchor = log μ, A = advantages, old and rollout the
-trainer's and the engine's log-probs (π_old, π_rollout; None where unused), m the bool mask,
-coef the aggregation weight of each token, all [B, T].
+Three functions are generated per objective, each reading its tensors from `b`, a TokenBatch:
+  objective(b, m) -> ℓ per token (autograd differentiates it: the plain path)
+  objective_and_grad(b, m, coef) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ, keep) in one pass (the
+      fused path; the ratio, the unclamped log-ratio, μ and where the ratio clamp is inactive
+      are returned for the loss's metrics)
+  objective_and_grad_eager(b) -> the same, written for eager CPU execution
+Inputs: b.logp = log π (current policy), b.anchor = log μ, b.A = advantages, b.old and b.rollout
+the trainer's and the engine's log-probs (π_old, π_rollout; None where unused), m the bool mask,
+coef the aggregation weight of each token, all [B, T]. compile_objective returns them as one
+record (values.Generated) with the facts the loss core reads about them.
 r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
 
 A reduction (seq_mean, prefix_sum, group_mean, ...) of the policy makes a token's gradient depend
 on other tokens. Then objective_and_grad is derived in reverse mode from the same rules, and its
 gradient is that of Σ coef·ℓ (`includes_coef`); the eager function is the same one. An objective
-of the third version (dsl.levels.third_version: its inputs in `ext`) always takes it, and one
+of the third version (dsl.levels.third_version: its inputs b.ref, ...) always takes it, and one
 that reads H also returns d(Σ coef·ℓ)/dH, H's own gradient channel."""
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from dsl.parser import Objective
 from dsl.printing import render
 from openrlhf_drpo.core.reverse_mode import reverse_gradient
 from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
+from openrlhf_drpo.core.values import Generated
 from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
 CLAMP = 20.0
@@ -206,6 +208,12 @@ def _used(nodes, extra=()) -> set:
     return used | ({"r", "keep"} if "dr" in used else set())
 
 
+# the policies' log-probs and the third version's inputs, read from the TokenBatch where used:
+# (the generated code's name, the batch's field, the name of its exp or "")
+_FROM_BATCH = (("old", "old", "pi_old"), ("rollout", "rollout", "pi_rollout"), ("ref", "ref", "pi_ref"),
+               ("H", "entropy", ""), ("sum_pi_sq", "sum_pi_sq", ""), ("group", "group", ""), ("pg", "pg", ""))
+
+
 def _prelude(used, unclamped=False) -> list[str]:
     """Only the built-ins the expressions use are computed (raw = logp − anchor comes first)."""
     out = []
@@ -226,13 +234,8 @@ def _prelude(used, unclamped=False) -> list[str]:
         out.append("    pi = torch.exp(logp)")
     if "mu" in used:
         out.append("    mu = torch.exp(anchor)")
-    for name, tensor in (("pi_old", "old"), ("pi_rollout", "rollout")):
-        if name in used:
-            out.append(f"    {name} = torch.exp({tensor})")
-    # the third version's inputs come in ext (CompiledLoss.forward builds it)
-    out += [f"    {name} = ext[{name!r}]" for name in ("ref", "H", "sum_pi_sq", "group", "pg") if name in used]
-    if "pi_ref" in used:
-        out.append("    pi_ref = torch.exp(ext['ref'])")
+    for name, field, exp in _FROM_BATCH:
+        out += [f"    {name} = b.{field}"] * bool(used & {name, exp}) + [f"    {exp} = torch.exp({name})"] * (exp in used)
     if "seq_len" in used:
         out.append("    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)")
     if "mf" in used:
@@ -246,9 +249,9 @@ def _tuple(codes) -> str:
 
 def _function(name, doc, outputs, params) -> str:
     used = _used(outputs)
-    head = ["    dtype = logp.dtype"] + ["    raw = logp - anchor"] * bool(used & {"r", "log_ratio", "raw", "keep"})
+    head = _HEAD[:2] + _HEAD[2:] * bool(used & {"r", "log_ratio", "raw", "keep"})
     lines, results = _emit(outputs, params)
-    return "\n".join([f"def {name}(logp, anchor, A, old=None, rollout=None, m=None, ext=None):", f'    """{doc}"""'] + head + _prelude(used) + lines
+    return "\n".join([f"def {name}(b, m=None):", f'    """{doc}"""'] + head + _prelude(used) + lines
                      + [f"    return {_tuple(results)}"])
 
 
@@ -264,7 +267,7 @@ def _fused_functions(value, params, kept) -> str:
     """objective_and_grad (for torch.compile) and objective_and_grad_eager (run eagerly: booleans
     as floats, and a branch on the data, which a compiled graph should not have)."""
     extra = ("r", "raw", "mu", "keep")
-    head = ["    dtype = logp.dtype", "    raw = logp - anchor"]
+    head = _HEAD
     grad = select_masks(derivative(value, GRAD_SEEDS))     # [c]·dx selects: min's other branch may be inf
     outputs = [value, grad] + [kept] * (kept is not None)
     raw_only = not _reads_clamped_ratio(value)
@@ -304,7 +307,8 @@ def _fused_functions(value, params, kept) -> str:
         f"def objective_and_grad_eager({_SIG}):", f'    """{eager_doc}"""', *eager])
 
 
-_SIG = "logp, anchor, A, old=None, rollout=None, m=None, coef=None, ext=None"
+_SIG = "b, m=None, coef=None"
+_HEAD = ["    logp, anchor, A = b.logp, b.anchor, b.A", "    dtype = logp.dtype", "    raw = logp - anchor"]
 
 
 def _reverse_functions(value, params, kept, per_response, entropy) -> str:
@@ -327,15 +331,18 @@ def _reverse_functions(value, params, kept, per_response, entropy) -> str:
            "    spreads each token's gradient over the tokens it reads), r, the log-ratio (the response's\n"
            "    mean where a reduction reads the policy), μ, keep; with H, d(Σ coef·ℓ)/dH last.")
     return "\n".join([
-        f"def objective_and_grad({_SIG}):", f'    """{doc}"""', "    dtype = logp.dtype",
-        "    raw = logp - anchor", *_prelude(used, raw_only), *lines,
+        f"def objective_and_grad({_SIG}):", f'    """{doc}"""', *_HEAD, *_prelude(used, raw_only), *lines,
         f"    return {_tuple(shaped[:2] + list(extra) + shaped[2:])}", "", "",
-        "objective_and_grad.includes_coef = True",
         "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
 
 
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
+    return _generate(obj)[0]
+
+
+def _generate(obj: Objective) -> tuple[str, dict]:
+    """(torch_source, the facts Generated holds about its functions)."""
     value = select_masks(rewrite_logs(annotate_levels(obj.expr, obj.facts.level)))
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
@@ -350,15 +357,18 @@ def torch_source(obj: Objective) -> str:
     else:
         fused = _fused_functions(value, obj.params, kept)
     reduces = any(map(reads_whole_response, value.walk()))
+    # reduces: the eager kernel flattens tokens, which a response's reduction (or a third version's input) cannot take
+    facts = {"includes_coef": nonlocal_ or v3, "reduces": reduces or v3, "third_version": v3,
+             "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk())}
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
         f"# parameters: {params}; @anchor = {obj.options['anchor']}; @aggregate = {obj.options['aggregate']}",
-        "# logp = log π (current policy), anchor = log μ, A = advantages, old/rollout = log π_old/log π_rollout,",
-        "# m = the mask (reductions read only its tokens), coef = the aggregation weight; all [batch, tokens].",
-        f"# r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
-        "# ext: the third version's inputs, ref = log π_ref, H, sum_pi_sq, group (each response's group's first "
-        "response)\n# and pg (the batch's process group, or None)" if v3 else None,
+        "# b: the call's TokenBatch: logp = log π (current policy), anchor = log μ, A = advantages, b.old/b.rollout",
+        "# = log π_old/log π_rollout; m = the mask (reductions read only its tokens), coef = the aggregation weight;",
+        f"# all [batch, tokens]. r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
+        "# the third version's inputs: b.ref = log π_ref, b.entropy = H, b.sum_pi_sq, b.group (each response's group's"
+        "\n# first response) and b.pg (the batch's process group, or None)" if v3 else None,
         "import math" if reduces else None,
         "import torch",
         TORCH_REDUCTIONS if reduces else None,
@@ -367,30 +377,18 @@ def torch_source(obj: Objective) -> str:
     return "\n".join(h for h in header if h is not None) + "\n".join([
         _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
                   [guard_selects(value)], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
-        "",
-        "",
-        fused,
-        # the loss's eager kernel flattens tokens, which a reduction over each response cannot take
-        # (nor the third version's inputs, which come in ext)
-        f"objective_and_grad.reduces = {reduces or v3}",
-        f"objective_and_grad.third_version = {v3}",
-        "",
-        "",
-        *([_function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
-                     [Node("sub", (ONE, kept))], obj.params)] if kept is not None
-          else ["filtered = None   # the objective has no filter (a [...] factor not involving π)"]),
-        f"filtered_per_response = {any(reads_whole_response(n) for f in found for n in f.walk())}",
-    ]) + "\n"
+        "", "", fused, "", "",
+        _function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
+                  [Node("sub", (ONE, kept))], obj.params) if kept is not None
+        else "# (no filter: the objective has no [...] factor not involving π)",
+    ]) + "\n", facts
 
 
-def compile_objective(obj: Objective):
-    """(objective, objective_and_grad, objective_and_grad_eager, source): the functions as
-    callables; objective.filtered is the filter function (or None) and .filtered_per_response
-    whether a filter reads a whole response."""
+def compile_objective(obj: Objective) -> Generated:
+    """The objective's generated functions as callables, with their facts, in one record."""
     import torch
-    source = torch_source(obj)
+    source, facts = _generate(obj)
     namespace = {"torch": torch}
     exec(compile(source, f"<objective {obj.name}>", "exec"), namespace)
-    plain = namespace["objective"]
-    plain.filtered, plain.filtered_per_response = namespace["filtered"], namespace["filtered_per_response"]
-    return plain, namespace["objective_and_grad"], namespace["objective_and_grad_eager"], source
+    return Generated(namespace["objective"], namespace["objective_and_grad"], namespace["objective_and_grad_eager"],
+                     namespace.get("filtered"), source, **facts)

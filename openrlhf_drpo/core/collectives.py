@@ -5,6 +5,8 @@ a second evaluation of the same code on the same inputs (the eager kernel's exac
 sync-free backward's recomputation) replays the first one's totals instead of all-reducing again."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 
@@ -36,17 +38,17 @@ class RankSums:
         return t
 
 
-def rank_sums(ext, replay=None, differentiable=False):
-    """(ext, sums): the generated code's inputs with its process group replaced by a RankSums
-    over it (replaying `replay` where given), and that RankSums; ext as it is, and None, where no
-    batch reduction sums over ranks (or, without `replay`, ext's is a RankSums already: the caller's)."""
-    group = None if ext is None else ext.get("pg")
+def rank_sums(b, replay=None, differentiable=False):
+    """(b, sums): the generated code's TokenBatch with its process group replaced by a RankSums
+    over it (replaying `replay` where given), and that RankSums; b as it is, and None, where no
+    batch reduction sums over ranks (or, without `replay`, b's is a RankSums already: the caller's)."""
+    group = b.pg
     if group is None or (isinstance(group, RankSums) and replay is None):
-        return ext, group
+        return b, group
     if isinstance(group, RankSums):
         group = group.group
     sums = RankSums(group, replay, differentiable)
-    return {**ext, "pg": sums}, sums
+    return replace(b, pg=sums), sums
 
 
 def replayed(sums: RankSums | None):

@@ -13,6 +13,7 @@ import torch
 from openrlhf_drpo.core.codegen import CLAMP
 from openrlhf_drpo.core.boundary import binary
 from openrlhf_drpo.core.collectives import rank_sums, replayed
+from openrlhf_drpo.core.values import TENSORS, Generated, TokenBatch
 
 # The metrics' ratio r is OpenRLHF's, exp(clamp(log π − log μ, ±20)), for every objective: an
 # objective that never reads r (GSPO: log π − log μ) gets it unclamped from the generated code, where
@@ -53,53 +54,50 @@ def mul_sum(x, y):
     return (x * y).sum()      # what inductor fuses into the loop (a dot is a separate BLAS call)
 
 
-def per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext=None):
+def per_token(generated: Generated, b: TokenBatch, keep, coef):
     """The generated function's results, with its gradient per token as ∂ℓ/∂log π, and the
     gradient of Σ coef·ℓ (for an objective with a reduction, which computes that one itself,
     ∂ℓ/∂log π is that over coef: the gradient a token gets per unit of its weight); last, the
     gradient of Σ coef·ℓ with respect to H where the objective reads it (else None)."""
-    value, grad, r, raw, mu, inside, *entropy = value_and_grad(logp, anchor, A, old, rollout, keep, coef, ext)
+    value, grad, r, raw, mu, inside, *entropy = generated.value_and_grad(b, keep, coef)
     entropy = entropy[0] if entropy else None       # (only the reverse-mode function returns it: coef inside)
-    if getattr(value_and_grad, "includes_coef", False):
+    if generated.includes_coef:
         return value, grad / torch.where(coef != 0, coef, 1.0), grad, r, raw, mu, inside, entropy
     return value, grad, grad * coef, r, raw, mu, inside, entropy
 
 
-def _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext=None,
-           metrics=True):
+def _terms(generated: Generated, b: TokenBatch, clamp_ratio, metrics=True):
     """The mask, the aggregation's coef and count, and the generated function's per-token results
     (per_token), with the metrics' ratio in RATIO_RANGE where the generated one is unclamped."""
-    keep = action_mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
-    m = keep.to(logp.dtype)
-    coef, count = aggregation_coef(m, mode)
+    keep = b.mask != 0       # (.bool() here costs torch.compile on CPU a 1.6x slower kernel)
+    m = keep.to(b.logp.dtype)
+    coef, count = aggregation_coef(m, b.mode)
     own = coef
-    if weights is not None:
+    if b.weights is not None:
         # a host's per-token weights (verl's rollout IS weights): in the sum, not the count, and
         # selected by the mask as every input (a NaN in a masked slot stays out)
-        coef = coef * torch.where(keep, weights, 0.0)
-    value, grad, total, r, raw, mu, inside, entropy = per_token(value_and_grad, logp, anchor, A, old, rollout, keep,
-                                                                coef, ext)
-    if metrics and _host_weighted(value_and_grad, weights, ext):
-        grad = _own_gradient(value_and_grad, logp, anchor, A, old, rollout, keep, own, ext)
+        coef = coef * torch.where(keep, b.weights, 0.0)
+    value, grad, total, r, raw, mu, inside, entropy = per_token(generated, b, keep, coef)
+    if metrics and _host_weighted(generated, b):
+        grad = _own_gradient(generated, b, keep, own)
     if clamp_ratio:
         r = r.clamp(*RATIO_RANGE)
     return keep, m, coef, count, value, grad, total, r, raw, mu, inside, entropy
 
 
-def _host_weighted(value_and_grad, weights, ext) -> bool:
+def _host_weighted(generated: Generated, b: TokenBatch) -> bool:
     """Whether w needs _own_gradient: a host's weights under an objective whose gradient goes
     through a reduction (not the loss core's own per-rank 1/N fold, `rank_fold`, which is uniform
     on a rank). Decided by the configuration alone: its collectives never depend on the values."""
-    return (weights is not None and getattr(value_and_grad, "includes_coef", False)
-            and not (ext or {}).get("rank_fold", False))
+    return b.weights is not None and generated.includes_coef and not b.rank_fold
 
 
-def _own_gradient(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext):
+def _own_gradient(generated: Generated, b: TokenBatch, keep, coef):
     """∂ℓ/∂log π per unit of the aggregation's own weight coef, without the host's weights: w is
     the objective's, on every path (a reduction spreads a token's gradient by the weights of the
     tokens that read it, so with uneven host weights (0/1 masks) the weighted gradient per unit of
     a token's weight is not the objective's): one more evaluation, only for such an objective."""
-    return per_token(value_and_grad, logp, anchor, A, old, rollout, keep, coef, ext)[1]
+    return per_token(generated, b, keep, coef)[1]
 
 
 def _loss_and_stats(terms, A, norm, dot, log_ratio=None):
@@ -129,15 +127,14 @@ def _loss_and_stats(terms, A, norm, dot, log_ratio=None):
     return dot(sel(value), coef) * scale, scale, _stats(sums)
 
 
-def kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
-           dot=_dot, clamp_ratio=False, ext=None):
+def kernel(generated: Generated, b: TokenBatch, dot=_dot, clamp_ratio=False):
     """The aggregated loss -Σ c·ℓ, its gradient -c·∂ℓ/∂log π, the gradient with respect to H
     (None where the objective does not read it), the scale (None: already applied) and the
     metric sums, in one function. With dot=_dot, loss and gradient equal eager_kernel's bit for
     bit, and loss_kernel's and grad_kernel's (uncompiled) too."""
-    ext, _ = rank_sums(ext)
-    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext)
-    loss, scale, stats = _loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None)
+    b, _ = rank_sums(b)
+    terms = _terms(generated, b, clamp_ratio)
+    loss, scale, stats = _loss_and_stats(terms, b.A, b.norm, dot, b.logp - b.anchor if clamp_ratio else None)
     return loss, *_gradients(terms, scale), None, stats
 
 
@@ -148,43 +145,25 @@ def _gradients(terms, scale):
             None if entropy is None else torch.where(keep, entropy, 0.0) * scale)
 
 
-def third_version_inputs(ext, dtype):
-    """The third version's inputs (CompiledLoss.forward's ext) in the compute dtype: the group
-    representatives and the process group as they are."""
-    if ext is None:
-        return None
-    return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in ext.items()}
-
-
-def _widened(*xs):
-    """xs in the compute dtype of the first (compute_dtype); compiled, the casts fuse into the loads."""
-    dtype = compute_dtype(xs[0])
-    return [x if x is None else x.to(dtype) for x in xs]
-
-
-def loss_kernel(value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None, rollout=None, weights=None,
-                dot=_dot, clamp_ratio=False, ext=None):
+def loss_kernel(generated: Generated, b: TokenBatch, dot=_dot, clamp_ratio=False):
     """The sync-free forward: (loss, scale, stats) as kernel's, whether the mask holds 0 and 1
     only (binary) and the batch reductions' totals over the ranks (for backward to replay), from
     inputs in their own dtypes, keeping no per-token tensor (torch.compile turns it into
     reductions that read each input once)."""
-    ext, sums = rank_sums(third_version_inputs(ext, compute_dtype(logp)))
-    logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
-    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, clamp_ratio, ext)
-    return (*_loss_and_stats(terms, A, norm, dot, logp - anchor if clamp_ratio else None), binary(action_mask),
+    b, sums = rank_sums(b.widened(compute_dtype(b.logp)))
+    terms = _terms(generated, b, clamp_ratio)
+    return (*_loss_and_stats(terms, b.A, b.norm, dot, b.logp - b.anchor if clamp_ratio else None), binary(b.mask),
             replayed(sums))
 
 
-def grad_kernel(value_and_grad, mode, logp, anchor, A, action_mask, scale, g, old=None, rollout=None, weights=None,
-                ext=None, totals=None):
+def grad_kernel(generated: Generated, b: TokenBatch, scale, g, totals=None):
     """The sync-free backward: g·(kernel's gradients), recomputed from the inputs in one pass and
     written once, in log π's dtype (the product in kernel's and backward's order: equal bit for
     bit); with respect to log π, and to H (None where the objective does not read it). `totals`:
     loss_kernel's sums over the ranks, replayed (no collective a second time)."""
-    dtype = logp.dtype
-    ext, _ = rank_sums(third_version_inputs(ext, compute_dtype(logp)), totals)
-    logp, anchor, A, old, rollout, weights = _widened(logp, anchor, A, old, rollout, weights)
-    terms = _terms(value_and_grad, mode, logp, anchor, A, action_mask, old, rollout, weights, False, ext, metrics=False)
+    dtype = b.logp.dtype
+    b, _ = rank_sums(b.widened(compute_dtype(b.logp)), totals)
+    terms = _terms(generated, b, False, metrics=False)
     grad, entropy = _gradients(terms, scale)
     return (grad * g).to(dtype), None if entropy is None else (entropy * g).to(dtype)
 
@@ -203,8 +182,7 @@ def _stats(sums):
                         abs_pi_mu / n, ratio_max, -log_ratio / n, tokens])
 
 
-def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, action_mask, norm, old=None,
-                 rollout=None, weights=None, clamp_ratio=False, ext=None):
+def eager_kernel(generated: Generated, b: TokenBatch, clamp_ratio=False):
     """kernel's results, eagerly (CPU), where every op costs a few µs of dispatch, and
     comparisons into bool, where() and fresh 1 MB tensors (page faults) are slow: masked slots
     are multiplied by 0 rather than selected, each metric is computed in place in a buffer the
@@ -215,36 +193,32 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     each other, and kernel replays the batch reductions' sums over the ranks (core.collectives):
     every rank issues the same collectives whatever its values. Tokens are flat, except for an
     objective with a reduction over each response."""
-    ext, sums = rank_sums(ext)
-    exact = functools.partial(kernel, value_and_grad, mode, logp, anchor, A, action_mask, norm, old, rollout, weights,
-                              clamp_ratio=clamp_ratio, ext=ext)
+    b, sums = rank_sums(b)
+    logp, anchor, A, action_mask, norm = b.logp, b.anchor, b.A, b.mask, b.norm
     if not logp.numel():      # [B, 0]
-        return exact()
+        return kernel(generated, b, clamp_ratio=clamp_ratio)
     m = _float_mask(action_mask, logp.dtype)
-    coef, count = aggregation_coef(m, mode)
+    coef, count = aggregation_coef(m, b.mode)
     own = coef
-    if weights is not None:     # selected by the mask, as kernel's
-        coef = coef * torch.where(action_mask != 0, weights, 0.0)
-    tokens = count if mode == "token-mean" else m.sum()
+    if b.weights is not None:     # selected by the mask, as kernel's
+        coef = coef * torch.where(action_mask != 0, b.weights, 0.0)
+    tokens = count if b.mode == "token-mean" else m.sum()
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as kernel, in the same dtype
     entropy = None
-    if value_and_grad.reduces:       # [B, T]: a reduction reads whole responses
-        value, grad, r, raw, mu, inside, *entropy = value_and_grad(logp, anchor, A, old, rollout, action_mask != 0,
-                                                                   coef, ext)
+    if generated.reduces:       # [B, T]: a reduction reads whole responses
+        value, grad, r, raw, mu, inside, *entropy = generated.value_and_grad(b, action_mask != 0, coef)
         # d(Σ coef·ℓ)/dH, masked tokens selected out (H may hold anything there)
         entropy = torch.where(action_mask != 0, entropy[0], 0.0) if entropy else None
     else:
-        flat = lambda x: None if x is None else x.reshape(-1)   # noqa: E731
         A, m, coef = A.reshape(-1), m.reshape(-1), coef.reshape(-1)
         # grad may be an input (GPG's is A): only read
-        value, grad, r, raw, mu, inside = value_and_grad_eager(logp.reshape(-1), anchor.reshape(-1), A, flat(old),
-                                                               flat(rollout))
+        value, grad, r, raw, mu, inside = generated.value_and_grad_eager(b.flat())
     total, spare, scratch = None, value, raw        # value and raw: buffers of their own, free once read
-    if getattr(value_and_grad, "includes_coef", False):    # the gradient of Σ coef·ℓ; value and raw may be views
+    if generated.includes_coef:    # the gradient of Σ coef·ℓ; value and raw may be views
         total, grad = grad, torch.eq(coef, 0, out=torch.empty_like(coef)).add_(coef)   # coef, or 1 where it is 0
         grad = scratch = torch.div(total, grad, out=grad)     # as _per_token; free once w is computed
-        if _host_weighted(value_and_grad, weights, ext):     # w leaves the host's weights out, as kernel's
-            grad = scratch = _own_gradient(value_and_grad, logp, anchor, A, old, rollout, action_mask != 0, own, ext)
+        if _host_weighted(generated, b):     # w leaves the host's weights out, as kernel's
+            grad = scratch = _own_gradient(generated, b, action_mask != 0, own)
         spare = torch.empty_like(m)
     loss, log_ratio = _dot(value, coef) * scale, _dot(raw, m)
     if clamp_ratio:
@@ -274,7 +248,7 @@ def eager_kernel(value_and_grad_eager, value_and_grad, mode, logp, anchor, A, ac
     values = torch.stack([loss, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio,
                           tokens, probe]).tolist()
     if not all(map(math.isfinite, values)):
-        return exact(ext=rank_sums(ext, replayed(sums))[0])
+        return kernel(generated, rank_sums(b, replayed(sums))[0], clamp_ratio=clamp_ratio)
     _, w_sum, w_count, toward, total_stopped, abs_pi_mu, ratio_max, log_ratio, tokens, _ = values
     n = max(tokens, 1)
     stats = torch.tensor([w_sum / max(w_count, 1), (total_stopped + toward) / 2 / n, (total_stopped - toward) / 2 / n,
@@ -290,27 +264,23 @@ def compute_dtype(logp):
 
 
 def fused_function(kernel, who="CompiledLoss"):
-    """The fused loss around kernel or eager_kernel (bound to an objective and a mode): the CPU's
-    uncompiled path, where a second pass over the objective costs more than keeping its gradient.
-    The entropy H, where the objective reads it, is an input with a gradient of its own."""
+    """The fused loss around kernel or eager_kernel (bound to an objective): the CPU's uncompiled
+    path, where a second pass over the objective costs more than keeping its gradient. The
+    entropy H, where the objective reads it, is an input with a gradient of its own. Called as
+    apply(b, *b.tensors()) (CompiledLoss._loss says why)."""
     class Fused(torch.autograd.Function):
         """Forward computes the loss and its gradient together and keeps only the gradient:
         backward is one multiply, and no intermediate of the objective stays alive."""
 
         @staticmethod
-        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None, entropy=None, ext=None):
+        def forward(ctx, b, *tensors):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
             # Every input in the one compute dtype (compute_dtype): a float64 anchor with
             # float32 log-probs too.
-            dtype = compute_dtype(logp)
-            wide = lambda x: x if x is None else x.to(dtype)  # noqa: E731
-            ext = third_version_inputs(_with_entropy(ext, entropy), dtype)
-            loss, grad, grad_entropy, scale, stats = kernel(wide(logp.detach()), wide(anchor), wide(A), mask,
-                                                            wide(norm), wide(old), wide(rollout), wide(weights),
-                                                            ext=ext)
+            ctx.dtype, ctx.entropy_dtype = b.logp.dtype, None if b.entropy is None else b.entropy.dtype
+            loss, grad, grad_entropy, scale, stats = kernel(b.detached().widened(compute_dtype(b.logp)))
             ctx.save_for_backward(grad, grad_entropy)
-            ctx.dtype, ctx.scale = logp.dtype, scale
-            ctx.entropy_dtype = None if entropy is None else entropy.dtype
+            ctx.scale = scale
             ctx.mark_non_differentiable(stats)
             return loss, stats
 
@@ -322,13 +292,13 @@ def fused_function(kernel, who="CompiledLoss"):
             scaled = lambda x: g * x if ctx.scale is None else torch.mul(x, ctx.scale).mul_(g)   # noqa: E731
             entropy = None if grad_entropy is None or ctx.entropy_dtype is None else \
                 scaled(grad_entropy).to(ctx.entropy_dtype)
-            return scaled(grad).to(ctx.dtype), None, None, None, None, None, None, None, entropy, None
+            return None, *_by_field(scaled(grad).to(ctx.dtype), entropy)
     return Fused
 
 
-def _with_entropy(ext, entropy):
-    """ext with H's values (detached: its gradient is the kernel's own second output)."""
-    return ext if entropy is None else {**(ext or {}), "H": entropy.detach()}
+def _by_field(logp, entropy):
+    """The gradients backward returns for apply(b, *b.tensors()): log π's and H's, None for the rest."""
+    return tuple(logp if name == "logp" else entropy if name == "entropy" else None for name in TENSORS)
 
 
 def _once(who):
@@ -342,24 +312,23 @@ def _once(who):
 
 
 def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
-    """The sync-free fused loss around loss_kernel and grad_kernel (bound to an objective and a
-    mode; compiled or not; refuse_mask(mask, ok) is boundary.refuse_bad_mask bound to the host's
-    names). It keeps no per-token tensor between forward and backward: it saves its inputs, which
-    are alive anyway, and backward recomputes the gradient, as torch.compile's own partitioner does
-    for a hand-written loss. So the peak is the gradient alone, in log π's dtype, and each pass
-    reads the inputs once (a saved fp32 gradient would hold 2-3x that)."""
+    """The sync-free fused loss around loss_kernel and grad_kernel (bound to an objective; compiled
+    or not; refuse_mask(mask, ok) is boundary.refuse_bad_mask bound to the host's names). It keeps
+    no per-token tensor between forward and backward: it saves its inputs, which are alive anyway,
+    and backward recomputes the gradient, as torch.compile's own partitioner does for a
+    hand-written loss. So the peak is the gradient alone, in log π's dtype, and each pass reads the
+    inputs once (a saved fp32 gradient would hold 2-3x that). Called as apply(b, *b.tensors())."""
     class Recomputing(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, logp, anchor, A, mask, norm, old, rollout, weights=None, entropy=None, ext=None):
-            ext = _with_entropy(ext, entropy)
-            loss, scale, stats, ok, totals = forward(logp.detach(), anchor, A, mask, norm, old, rollout, weights,
-                                                     ext=ext)
-            refuse_mask(mask, ok)
-            ctx.save_for_backward(logp.detach(), anchor, A, mask, scale, old, rollout, weights)
-            # the third version's inputs (no gradient, alive anyway) and forward's sums over the
-            # ranks, which backward replays: the same collectives as forward's alone
-            ctx.ext, ctx.totals = ext, totals
-            ctx.entropy_dtype = None if entropy is None else entropy.dtype
+        def forward(ctx, b, *tensors):
+            ctx.entropy_dtype = None if b.entropy is None else b.entropy.dtype
+            b = b.detached()
+            loss, scale, stats, ok, totals = forward(b)
+            refuse_mask(b.mask, ok)
+            # the batch's tensors saved (no gradient, alive anyway), its other fields kept, and
+            # forward's sums over the ranks, which backward replays: the same collectives as forward's alone
+            ctx.save_for_backward(scale, *b.tensors())
+            ctx.batch, ctx.totals = b, totals
             ctx.mark_non_differentiable(stats)
             ctx.set_materialize_grads(False)     # (no zeros for the metrics' gradient, which is never read)
             return loss, stats
@@ -367,9 +336,8 @@ def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
         @staticmethod
         def backward(ctx, g, _):
             _once(who)
-            logp, anchor, A, mask, scale, old, rollout, weights = ctx.saved_tensors
-            grad, grad_entropy = backward(logp, anchor, A, mask, scale, g, old, rollout, weights, ext=ctx.ext,
-                                          totals=ctx.totals)
+            scale, *tensors = ctx.saved_tensors
+            grad, grad_entropy = backward(ctx.batch.with_tensors(tensors), scale, g, totals=ctx.totals)
             entropy = None if grad_entropy is None or ctx.entropy_dtype is None else grad_entropy.to(ctx.entropy_dtype)
-            return grad, None, None, None, None, None, None, None, entropy, None
+            return None, *_by_field(grad, entropy)
     return Recomputing

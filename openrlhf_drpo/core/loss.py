@@ -16,6 +16,7 @@ import functools
 import re
 import types
 import warnings
+from dataclasses import replace
 from fractions import Fraction
 
 import torch
@@ -28,9 +29,9 @@ from dsl.objective import OPTIONS, Objective
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, group_representatives,
                                          refuse_bad_mask)
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
-                                        loss_kernel, mul_sum, per_token, recomputing_function)
+                                        loss_kernel, mul_sum, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
-from openrlhf_drpo.core.values import FILTERED, METRICS, Aggregation, LossMetrics, LossOutput
+from openrlhf_drpo.core.values import FILTERED, METRICS, Aggregation, LossMetrics, LossOutput, TokenBatch
 
 
 class CompiledLoss(nn.Module):
@@ -51,7 +52,8 @@ class CompiledLoss(nn.Module):
         obj = objective if isinstance(objective, Objective) else dsl.load(objective)
         options = {k: overrides.pop(k) for k in list(overrides) if k in OPTIONS}
         self.objective = obj.with_overrides(overrides, options, where=who) if (overrides or options) else obj
-        self._value, self._value_and_grad, self._value_and_grad_eager, self.source = compile_objective(self.objective)
+        self.generated = compile_objective(self.objective)     # the generated functions and their facts
+        self.source = self.generated.source
         self.fused = fused
         # "auto": torch.compile (inductor) on CUDA inputs, where compiling takes seconds; eager
         # on CPU, where it takes ~30 s per objective. True/False force it either way.
@@ -99,44 +101,29 @@ class CompiledLoss(nn.Module):
         objective's own @aggregate over the local count by default). The third version's inputs,
         [B, T] like log π: ref_log_probs (log π_ref), entropy (H, attached to the policy's graph),
         sum_pi_sq (Σ_v π_v²); groups: [B] integer ids, equal for the responses of one prompt."""
-        agg = aggregation or Aggregation()
-        if not isinstance(agg, Aggregation):
-            raise TypeError(f"{type(self).__name__}: aggregation must be an Aggregation, got {type(agg).__name__}")
-        check_inputs(type(self).__name__, self.argument_names,
-                     {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages, "mask": mask,
-                      "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs, "entropy": entropy,
-                      "sum_pi_sq": sum_pi_sq, "weights": agg.weights}, mask_values=False)
-        check_groups(type(self).__name__, self.argument_names, groups, log_probs)
-        check_entropy_graph(type(self).__name__, self.argument_names, entropy if "H" in self.names else None, log_probs)
-        compiled, sync_free = self._path(log_probs)
-        if mask is not None and not sync_free:     # (the sync-free kernels check it in their pass over it)
-            refuse_bad_mask(type(self).__name__, self.argument_names, mask, binary(mask))
-        self.refuse_missing(not_given(self, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
-                                             "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups}))
-        mode = agg.mode or self.aggregate
-        if mode not in OPTIONS["aggregate"]:
-            raise ValueError(f"{type(self).__name__}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
-        anchor = rollout_log_probs if self.anchor == "rollout" else old_log_probs
-        # the policies the objective names besides μ (None where it names none: nothing to compute)
-        old = old_log_probs.detach() if "pi_old" in self.names else None
-        rollout = rollout_log_probs.detach() if "pi_rollout" in self.names else None
-        if mask is None:
-            mask = torch.ones_like(log_probs, dtype=torch.bool)
-        ext, entropy, with_entropy = extra_inputs(self, ref_log_probs, entropy, sum_pi_sq, groups, agg)
-        weights, norm, ext = _weights_and_norm(self.fused and ext is not None and ext["pg"] is not None, agg,
-                                               log_probs, mask, mode, ext)
-        fused = self._fused(compiled, sync_free, log_probs, mode, mask, norm, weights if self.fused else None)
+        b = self.batch(log_probs, old_log_probs, advantages, mask, rollout_log_probs=rollout_log_probs,
+                       ref_log_probs=ref_log_probs, entropy=entropy, sum_pi_sq=sum_pi_sq, groups=groups,
+                       aggregation=aggregation)
+        compiled, sync_free = self._path(b.logp)
+        fused = self._fused(compiled, sync_free, b)
         if self.fused:
-            loss, stats = fused.apply(log_probs, anchor, advantages, mask, norm, old, rollout, weights, entropy, ext)
+            # torch.autograd.Function.apply links the loss to the tensors it is given positionally,
+            # and only to those (log π and H carry gradients): so the batch's tensors are unpacked
+            # here, once, in TokenBatch's field order, beside the batch the kernels read
+            loss, stats = fused.apply(b, *b.tensors())
         else:
-            anchor, advantages = anchor.detach(), advantages.detach()
-            loss = plain_loss(self._value, log_probs, anchor, advantages, old, rollout, mask, mode, norm, weights,
-                              with_entropy)
+            b = replace(b, anchor=b.anchor.detach(), A=b.A.detach())
+            loss = plain_loss(self.generated, b)
             with torch.no_grad():
-                stats = fused.apply(log_probs.detach(), anchor, advantages, mask, norm, old, rollout, None,
-                                    None if entropy is None else entropy.detach(), ext)[1]
-        self.metrics = call_metrics(self, stats, log_probs, anchor, advantages, old, rollout, mask, mode, with_entropy)
+                seen = replace(b, weights=None).detached()      # the metrics, without the host's weights
+                stats = fused.apply(seen, *seen.tensors())[1]
+        self.metrics = call_metrics(self, stats, b)
         return LossOutput(loss, self.metrics)
+
+    def batch(self, log_probs, old_log_probs, advantages, mask=None, **inputs) -> TokenBatch:
+        """forward's arguments (the same keywords) as the TokenBatch its kernels take, every input
+        checked here, once: each error forward raises (token_batch)."""
+        return token_batch(self, log_probs, old_log_probs, advantages, mask, **inputs)
 
     def _path(self, logp) -> tuple[bool, bool]:
         """(compiled, sync_free): torch.compile's kernels ("auto": on CUDA), and the sync-free kernels
@@ -144,30 +131,69 @@ class CompiledLoss(nn.Module):
         compiled = self.compile is True or (self.compile == "auto" and logp.is_cuda)
         return compiled, compiled or logp.is_cuda or self.sync_free
 
-    def _fused(self, use: bool, sync_free: bool, logp, mode: str, mask, norm, weights):
+    def _fused(self, use: bool, sync_free: bool, b: TokenBatch):
         """The autograd Function around the kernels (build_kernels), built once per mode and,
-        compiled, once per call signature (dtypes, device, which optional inputs are given)."""
-        key = (mode,) if not use else (mode, logp.dtype, mask.dtype, logp.device.type, norm is None, weights is None)
+        compiled, once per call signature (dtypes, device, which optional inputs are given: the
+        plain path's metrics take no weights)."""
+        weightless = b.weights is None or not self.fused
+        key = (b.mode,) if not use else (b.mode, b.logp.dtype, b.mask.dtype, b.logp.device.type, b.norm is None,
+                                         weightless)
         if (use, sync_free, key) not in self._kernels:
-            self._kernels[use, sync_free, key] = build_kernels(self, mode, use, sync_free,
+            self._kernels[use, sync_free, key] = build_kernels(self, use, sync_free,
                                                                f"{self.objective.name}_{len(self._kernels)}")
         return self._kernels[use, sync_free, key]
 
 
+def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
+                ref_log_probs=None, entropy=None, sum_pi_sq=None, groups=None,
+                aggregation: Aggregation | None = None) -> TokenBatch:
+    """CompiledLoss.batch: every input checked, once (each error forward raises: a message naming
+    the tensor, its shape and the fix; an input the objective reads and the call lacks), and kept
+    only where the objective reads it."""
+    who, names = type(loss).__name__, loss.argument_names
+    agg = aggregation or Aggregation()
+    if not isinstance(agg, Aggregation):
+        raise TypeError(f"{who}: aggregation must be an Aggregation, got {type(agg).__name__}")
+    check_inputs(who, names, {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages,
+                              "mask": mask, "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
+                              "entropy": entropy, "sum_pi_sq": sum_pi_sq, "weights": agg.weights}, mask_values=False)
+    check_groups(who, names, groups, log_probs)
+    check_entropy_graph(who, names, entropy if "H" in loss.names else None, log_probs)
+    if mask is not None and not loss._path(log_probs)[1]:     # (the sync-free kernels check it in their pass over it)
+        refuse_bad_mask(who, names, mask, binary(mask))
+    loss.refuse_missing(not_given(loss, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
+                                         "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups}))
+    mode = agg.mode or loss.aggregate
+    if mode not in OPTIONS["aggregate"]:
+        raise ValueError(f"{who}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
+    # the policies and inputs the objective names besides μ (None where it names none: nothing to
+    # compute), detached but for H; the process group only where a batch reduction sums over it
+    reads = lambda name, x: None if x is None or name not in loss.names else x.detach()   # noqa: E731
+    b = TokenBatch(log_probs, rollout_log_probs if loss.anchor == "rollout" else old_log_probs, advantages,
+                   torch.ones_like(log_probs, dtype=torch.bool) if mask is None else mask,
+                   old=reads("pi_old", old_log_probs), rollout=reads("pi_rollout", rollout_log_probs),
+                   ref=reads("pi_ref", ref_log_probs), entropy=entropy if "H" in loss.names else None,
+                   sum_pi_sq=reads("sum_pi_sq", sum_pi_sq),
+                   group=None if groups is None or "groups" not in loss.kept_whole else group_representatives(groups),
+                   weights=agg.weights, norm=_normalizer(agg.norm, log_probs), mode=mode,
+                   pg=agg.process_group if loss.generated.third_version else None)
+    return _fold_ranks(b) if loss.fused and b.pg is not None else b
+
+
 @torch.no_grad()
-def call_metrics(loss: CompiledLoss, stats, logp, anchor, A, old, rollout, mask, mode, ext) -> LossMetrics:
+def call_metrics(loss: CompiledLoss, stats, b: TokenBatch) -> LossMetrics:
     """A call's LossMetrics: the kernels' stats, and the fraction the objective's filters drop in
     the same tensor (still one host sync); drpo-lab's extremes into loss.extremes where tracked."""
     fields = METRICS
-    if loss._value.filtered is not None:
-        filtered = filtered_fraction(loss._value, logp, anchor, A, old, rollout, mask != 0, ext)
+    if loss.generated.filtered is not None:
+        filtered = filtered_fraction(loss.generated, b)
         stats, fields = torch.cat([stats, filtered.to(stats.dtype).reshape(1)]), METRICS + (FILTERED,)
     if loss.track_extremes:
-        loss.extremes = lab_extremes(loss._value_and_grad, logp, anchor, A, mask != 0, old, rollout, mode, ext)
+        loss.extremes = lab_extremes(loss.generated, b)
     return LossMetrics(stats, fields)
 
 
-def build_kernels(loss: CompiledLoss, mode: str, use: bool, sync_free: bool, tag: str):
+def build_kernels(loss: CompiledLoss, use: bool, sync_free: bool, tag: str):
     """The autograd Function for one call signature. Compiled, each kernel has code objects, and
     so compile caches, of its own (its forward's and its backward's): dynamo keeps at most
     recompile_limit (8) graphs per code object, and one shared kernel ran every objective after
@@ -178,8 +204,7 @@ def build_kernels(loss: CompiledLoss, mode: str, use: bool, sync_free: bool, tag
     # an objective that never reads r gets its metrics' ratio clamped (kernels.RATIO_RANGE)
     clamp = "r" not in loss.names
     if not sync_free:
-        return fused_function(functools.partial(eager_kernel, loss._value_and_grad_eager, loss._value_and_grad,
-                                                mode, clamp_ratio=clamp), who)
+        return fused_function(functools.partial(eager_kernel, loss.generated, clamp_ratio=clamp), who)
     forward, backward = loss_kernel, grad_kernel
     if use:
         # each function itself is compiled, not a partial of it: dynamo would compile the
@@ -188,9 +213,8 @@ def build_kernels(loss: CompiledLoss, mode: str, use: bool, sync_free: bool, tag
             *[_own_code(f, re.sub(r"\W", "_", f"_{f.__name__}_{tag}")) for f in (forward, backward)],
             loss.objective.name)
     # compiled, a product's sum is fused into the loop (a dot is a separate BLAS call)
-    forward = functools.partial(forward, loss._value_and_grad, mode, clamp_ratio=clamp,
-                                **({"dot": mul_sum} if use else {}))
-    backward = functools.partial(backward, loss._value_and_grad, mode)
+    forward = functools.partial(forward, loss.generated, clamp_ratio=clamp, **({"dot": mul_sum} if use else {}))
+    backward = functools.partial(backward, loss.generated)
     refuse = functools.partial(refuse_bad_mask, who, loss.argument_names)
     return recomputing_function(forward, backward, refuse, who)
 
@@ -203,22 +227,18 @@ COMPILE_OPTIONS = {"dynamic": True, "options": {"realize_opcount_threshold": 300
                                                 "realize_acc_reads_threshold": 64}}
 
 
-def _weights_and_norm(across_ranks: bool, agg: Aggregation, logp, mask, mode, ext):
-    """(weights, norm, ext) as the kernels take them: the aggregation's, the normalizer a 0-d tensor.
-    across_ranks (the fused loss of a batch reduction over a process group): its reverse mode
-    all-reduces the reduction's adjoint before the kernel's scale −1/N, so each rank's own 1/N
-    goes into its tokens' weights first (what autograd's all_reduce does on the plain path), and
-    the kernel's normalizer is 1; without a host's weights and with a global normalizer, ext says
-    so (`rank_fold`: the same 1/N on every rank, so w needs no second pass, kernels._host_weighted;
-    each rank's own 1/N is not uniform once the reduction's adjoint is summed over the ranks)."""
-    norm = _normalizer(agg.norm, logp)
-    if not across_ranks:
-        return agg.weights, norm, ext
-    dtype = compute_dtype(logp)
-    denominator = norm if norm is not None else aggregation_coef((mask != 0).to(dtype), mode)[1].clamp(min=1)
-    ones = torch.ones_like(logp, dtype=dtype)
-    return ((1.0 if agg.weights is None else agg.weights) / denominator * ones, _normalizer(1.0, logp),
-            {**ext, "rank_fold": True} if agg.weights is None and norm is not None else ext)
+def _fold_ranks(b: TokenBatch) -> TokenBatch:
+    """The fused loss of a batch reduction over a process group: its reverse mode all-reduces the
+    reduction's adjoint before the kernel's scale −1/N, so each rank's own 1/N goes into its
+    tokens' weights first (what autograd's all_reduce does on the plain path), and the kernel's
+    normalizer is 1; without a host's weights and with a global normalizer, `rank_fold` says so
+    (the same 1/N on every rank, so w needs no second pass, kernels._host_weighted; each rank's
+    own 1/N is not uniform once the reduction's adjoint is summed over the ranks)."""
+    dtype = compute_dtype(b.logp)
+    denominator = b.norm if b.norm is not None else aggregation_coef((b.mask != 0).to(dtype), b.mode)[1].clamp(min=1)
+    ones = torch.ones_like(b.logp, dtype=dtype)
+    return replace(b, weights=(1.0 if b.weights is None else b.weights) / denominator * ones,
+                   norm=_normalizer(1.0, b.logp), rank_fold=b.weights is None and b.norm is not None)
 
 
 def _normalizer(norm, logp):
@@ -231,19 +251,17 @@ def _normalizer(norm, logp):
     return None if norm is None else torch.full((), float(norm), dtype=dtype, device=logp.device)
 
 
-def plain_loss(value, logp, anchor, A, old, rollout, mask, mode, norm, weights, ext=None):
+def plain_loss(generated, b: TokenBatch):
     """The plain path: the generated per-token objective under autograd, aggregated as the fused
-    kernels are (the reference they are held to); H, in ext, keeps its graph."""
-    keep = mask != 0
+    kernels are (the reference they are held to); H keeps its graph."""
+    keep = b.mask != 0
     clean = lambda x: x if x is None else torch.where(keep, x, 0.0)   # noqa: E731  select, don't multiply
-    ext = None if ext is None else {k: clean(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                                    for k, v in ext.items()}
-    ext, _ = rank_sums(ext, differentiable=True)      # autograd takes the gradient through the all-reduce
-    per_token = -value(clean(logp), clean(anchor), clean(A), clean(old), clean(rollout), keep, ext)
-    coef, count = aggregation_coef(keep.to(per_token.dtype), mode)
-    if weights is not None:
-        coef = coef * clean(weights.detach())
-    loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if norm is None else norm)
+    b, _ = rank_sums(b, differentiable=True)      # autograd takes the gradient through the all-reduce
+    per_token = -generated.value(b.selected(clean), keep)
+    coef, count = aggregation_coef(keep.to(per_token.dtype), b.mode)
+    if b.weights is not None:
+        coef = coef * clean(b.weights.detach())
+    loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if b.norm is None else b.norm)
     return torch.where(keep.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
 
 
@@ -290,21 +308,6 @@ def not_given(loss: CompiledLoss, given: dict) -> dict:
     """refuse_missing's argument for a call: each input not given, with how its host provides it."""
     how = loss.provides or {}
     return {key: _NOT_GIVEN[key] + (f": {how[key]}" if key in how else "") for key, x in given.items() if x is None}
-
-
-def extra_inputs(loss: CompiledLoss, ref, entropy, sum_pi_sq, groups, agg: Aggregation):
-    """(ext, entropy, ext with H): what the generated code reads beyond the four tensors (codegen's
-    prelude), for an objective of the third version (None for the others): log π_ref and
-    Σ_v π_v² detached, each response's group's first response, the batch's process group; and H,
-    which travels apart to the fused loss (it has a gradient) and inside ext to the plain one."""
-    entropy = entropy if "H" in loss.names else None
-    if not loss._value_and_grad.third_version:
-        return None, entropy, None
-    ext = {"ref": None if ref is None or "pi_ref" not in loss.names else ref.detach(),
-           "sum_pi_sq": None if sum_pi_sq is None or "sum_pi_sq" not in loss.names else sum_pi_sq.detach(),
-           "group": None if groups is None or "groups" not in loss.kept_whole else group_representatives(groups),
-           "pg": agg.process_group}
-    return ext, entropy, {**ext, "H": entropy}
 
 
 def _check_arguments(who: str, fused, compile, overrides: dict) -> None:

@@ -1,9 +1,10 @@
-"""The loss core's typed values: how per-token terms become the loss (Aggregation), and what a
-call returns (LossOutput: the loss and its LossMetrics, each metric declared once in METRICS)."""
+"""The loss core's typed values: how per-token terms become the loss (Aggregation), a call's
+tensors (TokenBatch), a compiled objective (Generated), and what a call returns (LossOutput: the
+loss and its LossMetrics, each metric declared once in METRICS)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -73,3 +74,82 @@ class Aggregation:
     norm: float | torch.Tensor | None = None
     weights: torch.Tensor | None = None
     process_group: object = None
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """One loss call's tensors, built and checked once at the tensor boundary (CompiledLoss.batch)
+    and passed whole to the kernels, the generated code (its `b`), the metrics and drpo-lab's
+    extremes. Per-token fields are [batch, tokens] on log π's device; None: not read by the
+    objective (or not given). The loss core only derives new ones from it (widened, detached,
+    selected, flat), never re-checks them."""
+    logp: torch.Tensor                       # log π, with its gradient
+    anchor: torch.Tensor                     # log μ: log π_old, or log π_rollout where @anchor = rollout
+    A: torch.Tensor                          # the advantages
+    mask: torch.Tensor                       # as given: bool, or integer/floating 0/1 (kernels read mask != 0)
+    old: torch.Tensor | None = None          # log π_old, detached, where the objective names π_old
+    rollout: torch.Tensor | None = None      # log π_rollout, detached, where it names π_rollout
+    ref: torch.Tensor | None = None          # log π_ref, detached (the third version's inputs, from here ...)
+    entropy: torch.Tensor | None = None      # H, attached to the policy's graph (its own gradient channel)
+    sum_pi_sq: torch.Tensor | None = None    # Σ_v π_v², detached
+    group: torch.Tensor | None = None        # [batch]: each response's group's first response (... to here)
+    weights: torch.Tensor | None = None      # a host's per-token factors in the sum (Aggregation.weights)
+    norm: torch.Tensor | None = None         # 0-d: the global normalizer, in the compute dtype
+    mode: str = "token-mean"                 # the aggregation (an @aggregate value)
+    pg: object = None                        # the batch reductions' process group (or a RankSums over it)
+    rank_fold: bool = False                  # each rank's 1/N is folded into weights (core.loss._fold_ranks)
+
+    def tensors(self) -> tuple:
+        """The tensor fields in TENSORS' order (None where absent)."""
+        return tuple(getattr(self, name) for name in TENSORS)
+
+    def with_tensors(self, tensors) -> TokenBatch:
+        """This batch with its tensor fields replaced, in TENSORS' order."""
+        return replace(self, **dict(zip(TENSORS, tensors)))
+
+    def detached(self) -> TokenBatch:
+        """This batch without autograd history (each field that requires a gradient, detached)."""
+        return self._changed({name: x.detach() for name in TENSORS
+                              if (x := getattr(self, name)) is not None and x.requires_grad})
+
+    def widened(self, dtype) -> TokenBatch:
+        """Every floating field but the mask in the compute dtype (compiled, the casts fuse into the loads)."""
+        return self._changed({name: x.to(dtype) for name in _FLOATS
+                              if (x := getattr(self, name)) is not None and x.dtype != dtype})
+
+    def _changed(self, changes: dict) -> TokenBatch:
+        # the batch itself where nothing changes: a replace costs ~5 µs, and the CPU's eager kernel
+        # runs a small batch in ~300 µs
+        return replace(self, **changes) if changes else self
+
+    def selected(self, fn) -> TokenBatch:
+        """fn applied to each per-token input the generated code reads (log π, μ, A, the policies,
+        the third version's per-token inputs): a selection by the mask, a cast."""
+        return replace(self, **{name: fn(x) for name in _READ if (x := getattr(self, name)) is not None})
+
+    def flat(self) -> TokenBatch:
+        """The generated code's per-token inputs as flat vectors (the eager kernel's, for an objective
+        that never reads a whole response, nor the third version's inputs)."""
+        return replace(self, **{name: x.reshape(-1) for name in _READ if (x := getattr(self, name)) is not None})
+
+
+# the tensor fields, in their order (the annotations are strings: `from __future__ import annotations`)
+TENSORS = tuple(f.name for f in fields(TokenBatch) if f.type.startswith("torch.Tensor"))
+_READ = ("logp", "anchor", "A", "old", "rollout", "ref", "entropy", "sum_pi_sq")
+_FLOATS = _READ + ("weights", "norm")
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One compiled objective (codegen.compile_objective): its generated callables, each taking a
+    TokenBatch `b`, and every fact about them that the kernels, the metrics and the loss read,
+    declared here once (no attribute on a function object)."""
+    value: Callable                  # value(b, m): ℓ per token, under autograd (the plain path)
+    value_and_grad: Callable         # value_and_grad(b, m, coef): ℓ, ∂ℓ/∂log π, r, raw, μ, keep (then d/dH)
+    value_and_grad_eager: Callable   # the same, for eager CPU execution on b.flat() (where not `reduces`)
+    filtered: Callable | None        # filtered(b, m): 1 where the objective's filters drop a token; None: none
+    source: str = field(repr=False)  # the generated torch code (drpo-analyze --emit-torch)
+    includes_coef: bool              # value_and_grad's gradient is that of Σ coef·ℓ (the reverse mode)
+    reduces: bool                    # it reads whole responses or the third version's inputs: never flattened
+    third_version: bool              # it reads the TokenBatch's ref, entropy, sum_pi_sq, group or pg
+    filtered_per_response: bool      # a filter reads a whole response (the filtered fraction counts responses)
