@@ -212,7 +212,9 @@ def analyze_main(argv: list[str] | None = None) -> int:
     elif args.sweep is not None:
         print(f"{objs[0].name}: {labels[0].split(', ')[1].split(' = ')[0]} swept\n\n"
               + comparison(results, first="value"))
-        warned = [f"  {res.name.split(', ')[1]}: {text}" for res in results for text in res["warnings"]]
+        from openrlhf_drpo.analysis.summary import wrap
+        warned = [line for res in results for text in res["warnings"]
+                  for line in wrap(text, f"  {res.name.split(', ')[1]}: ", "    ")]
         print("\nwarnings\n" + ("\n".join(warned) if warned else "  none"))
     else:
         print("\n\n".join(report(r) for r in results))

@@ -216,7 +216,7 @@ def test_the_reference_terms_gradient_reads_in_pi_ref_over_pi_and_is_autograds(t
     res = analyze(dsl.parse(f"β = 0.04\n{text}", "ref.dsl"))
     out = to_json(res)["reference"]
     assert (out["terms"], out["grad_log_pi"], out["check"]["status"]) == (terms, grad, "confirmed")
-    assert f"    ∂ℓ_ref/∂log π = {to_json(res)['text']['reference']}" in report(res)
+    assert f"    ∂ℓ_ref/∂log π = {to_json(res)['text']['reference']}" in report(res, width=None)
     t = random_tokens(1)
     logp = t["logp"].clone().requires_grad_()
     loss, _ = CompiledLoss(dsl.parse(f"β = 0.04\n{terms}", "terms.dsl"), fused=False)(
@@ -233,8 +233,8 @@ def test_a_channel_finite_differences_cannot_check_is_unconfirmed_not_confirmed(
     """exp(10⁴·H) is a finite double only for H < 0.07: too few of the sampled H ∈ [0, 5]."""
     res = analyze(dsl.parse("r*A + exp(10000*H)", "steep.dsl"))
     assert res.entropy["check"]["status"] == "unconfirmed" and res.entropy["check"]["points"] < 32
-    assert "    (unconfirmed: central finite differences of ℓ in H" in report(res)
-    assert "too few points where ℓ is a finite double)" in report(res)
+    assert "    (unconfirmed: central finite differences of ℓ in H" in report(res, width=None)
+    assert "too few points where ℓ is a finite double)" in report(res, width=None)
 
 
 TTB = "ε = 0.2\ness = sg(batch_sum(r)^2/(batch_count(r)*batch_sum(r^2)))\nmin(r*A, clip(r, 1 - ε*ess, 1 + ε*ess)*A)"
@@ -273,7 +273,7 @@ REPORT_LINES = [
 @pytest.mark.parametrize("text, held, lines", REPORT_LINES,
                          ids=["entropy", "k3", "batch-ess", "batch-ess-held", "batch-ess-moving"])
 def test_the_report_says_what_each_construct_is_analysed_as(text, held, lines):
-    got = report(analyze(dsl.parse(text, "v3.dsl"), held=held)).splitlines()
+    got = report(analyze(dsl.parse(text, "v3.dsl"), held=held), width=None).splitlines()
     assert [line for line in lines if line not in got] == []
 
 

@@ -108,7 +108,7 @@ def test_a_degenerate_held_point_is_said_and_its_zero_weight_never_proven():
     res = analyze(dsl.parse(GN, "gn.dsl"), group=(1, 1, 1, 1))
     assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
     assert {res.claims["boundary"][adv]["status"] for adv in ("positive", "negative")} == {"held point only"}
-    text = report(res)
+    text = report(res, width=None)
     assert "the held point is degenerate for A > 0 and A < 0" in text and "(proven" not in text.split("warnings")[1]
 
 
@@ -134,7 +134,7 @@ def test_every_claim_at_a_degenerate_held_point_is_held_point_only(text):
     out = to_json(res)
     assert set(claim_statuses(out)) == {"held point only"}
     assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
-    text_out = report(res)
+    text_out = report(res, width=None)
     assert "proven" not in text_out and "w(1) = 1            no: " in text_out
     assert all(w.startswith("held point only: ") or "at this held point only" in w for w in out["warnings"])
     assert all("held point only" in line for line in text_out.splitlines()
@@ -155,7 +155,7 @@ def test_a_zero_weight_on_equal_responses_that_no_moved_point_shows_is_unconfirm
     res = analyze(dsl.parse("r*(A - group_mean(seq_mean(A)))*[abs(A) > 1e7]", "big.dsl"), group=(1, 1, 1, 1))
     out = to_json(res)
     assert set(claim_statuses(out)) == {"unconfirmed"}
-    assert "proven" not in report(res) and "(unconfirmed: evidence under" in report(res)
+    assert "proven" not in report(res, width=None) and "(unconfirmed: evidence under" in report(res, width=None)
     assert out["warnings"] and all(w.startswith("unconfirmed: ") for w in out["warnings"])
 
 
@@ -207,7 +207,7 @@ BY_POSITION = [
 @pytest.mark.parametrize("text, fixes", BY_POSITION)
 def test_a_group_reduction_of_a_is_warned_of_in_the_report_and_when_the_loss_is_built(text, fixes):
     obj = dsl.parse(text, "bp.dsl")
-    said = [a for a in report(analyze(obj)).splitlines() if "position by position" in a]
+    said = [a for a in report(analyze(obj), width=None).splitlines() if "position by position" in a]
     assert [f for f in fixes if not any(f"write {f} to reduce each response once" in s for s in said)] == []
     assert len(said) == len(fixes)
     with warnings.catch_warnings(record=True) as caught:
@@ -246,7 +246,7 @@ def test_the_reference_terms_are_their_own_channel_and_no_warning_about_w_reads_
     assert {"unbounded", "entangled"} & set(kinds(res)) == set()
     out = to_json(res)
     assert out["text"]["reference"] == "β·(q − 1)" and out["reference"]["own_channel"]
-    assert "  induced weight  w = (∂ℓ/∂r)/A of the terms that do not read π_ref" in report(res)
+    assert "  induced weight  w = (∂ℓ/∂r)/A of the terms that do not read π_ref" in report(res, width=None)
 
 
 def test_channel_formulas_show_the_parameters_names():

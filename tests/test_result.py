@@ -37,14 +37,14 @@ def test_every_report_line_is_a_declared_fields_and_every_evidence_a_claim(drpo)
     lines = {f.metadata["line"] for f in fields(Analysis) if f.metadata["line"]}
     assert lines == set(LINES)
     assert {f.metadata["evidence"] for f in fields(Analysis) if f.metadata["evidence"]} <= set(drpo.claims)
-    text = report(drpo)
+    text = report(drpo, width=None)
     assert text.startswith("drpo — ") and "\n  range      w ∈ [0.92, 1.08]  (bounded; " in text
 
 
 def test_a_declared_line_the_report_lacks_fails_instead_of_vanishing(drpo, monkeypatch):
     monkeypatch.setattr(report_module, "LINES", {k: v for k, v in LINES.items() if k != "smooth"})
     with pytest.raises(TypeError, match=r"analysis.result declares report lines .*'smooth'.*, analysis.report has"):
-        report(drpo)
+        report(drpo, width=None)
 
 
 def test_warnings_are_records_that_the_json_and_the_report_word(drpo):
@@ -54,7 +54,7 @@ def test_warnings_are_records_that_the_json_and_the_report_word(drpo):
     assert (alert.values["lo"], alert.values["hi"]) == (0.92, 1.08)
     text = alert_text(alert)
     assert text.startswith("the boundary for A > 0 (π = μ + 12.5) is unreachable")
-    assert to_json(drpo)["warnings"] == [alert_text(a) for a in drpo.warnings] and f"    ! {text}" in report(drpo)
+    assert to_json(drpo)["warnings"] == [alert_text(a) for a in drpo.warnings] and f"  worry         ! {text}" in report(drpo, width=None)
 
 
 def test_every_alert_kind_has_its_words_and_an_unknown_kind_is_refused():

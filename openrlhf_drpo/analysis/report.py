@@ -208,23 +208,24 @@ def _lines_shown() -> dict:
     return shown
 
 
-def report(res: Analysis) -> str:
+def report(res: Analysis, width: int | None = WIDTH) -> str:
     """The summary (analysis.summary), then the evidence: each declared line but those the summary
-    shows (the title, the warnings), a line past WIDTH columns wrapped under its value."""
+    shows (the title, the warnings), a line past `width` columns wrapped under its value (None:
+    no line wrapped, what a test reads line by line)."""
     shown = _lines_shown()
-    out = summary(res, res.source or "") + ["", "evidence"]
+    out = summary(res, res.source or "", width) + ["", "evidence"]
     for name, render in LINES.items():
         meta = shown[name].metadata
         if name in ("title", "warnings") or (meta["optional"] and getattr(res, shown[name].name) is None):
             continue
         out += render(res, res.claims[meta["evidence"]] if meta["evidence"] else None)
-    return "\n".join(w for line in out for w in (_wrapped(line) if len(line) > WIDTH else [line]))
+    return "\n".join(w for line in out for w in (_wrapped(line, width) if width and len(line) > width else [line]))
 
 
-def _wrapped(line: str) -> list[str]:
-    """An evidence line in WIDTH columns: continued under its value (after its label's run of spaces)."""
+def _wrapped(line: str, width: int) -> list[str]:
+    """An evidence line in `width` columns: continued under its value (after its label's run of spaces)."""
     label = re.match(r"^(\s*(?:[!-] |\S+(?: \S+)*?\s{2,}|))", line).group(1)
-    return wrap(line[len(label):], label, " " * max(len(label), len(line) - len(line.lstrip()) + 2))
+    return wrap(line[len(label):], label, " " * max(len(label), len(line) - len(line.lstrip()) + 2), width)
 
 
 def to_json(res: Analysis) -> dict:

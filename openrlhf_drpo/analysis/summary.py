@@ -49,11 +49,14 @@ def weight_range(res) -> str:
     return f"[{'-∞' if lo is None else fmt(lo)}, {'+∞' if hi is None else fmt(hi)}]"
 
 
-def wrap(text: str, first: str, rest: str | None = None) -> list[str]:
-    """`text` after `first`, continued under `rest` (default: aligned with the text), in WIDTH
-    columns; a long formula breaks at its operators' spaces (inside a name only where it has none)."""
+def wrap(text: str, first: str, rest: str | None = None, width: int | None = WIDTH) -> list[str]:
+    """`text` after `first`, continued under `rest` (default: aligned with the text), in `width`
+    columns (None: one line); a long formula breaks at its operators' spaces (inside a name only
+    where it has none)."""
     rest = " " * len(first) if rest is None else rest
-    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) \
+    if width is None:
+        return [first + text]
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) \
         or [first.rstrip()]
 
 
@@ -65,37 +68,38 @@ def written(source: str) -> tuple[str, list[str]]:
     return (lines[-1] if lines else ""), definitions
 
 
-def _objective(res, source: str) -> list[str]:
+def _objective(res, source: str, width) -> list[str]:
     head = "  objective  "
-    if len(head + res.objective) <= WIDTH or not source:
-        return wrap(res.objective + "    (maximized)", head)
+    if len(head + res.objective) <= (width or WIDTH) or not source:
+        return wrap(res.objective + "    (maximized)", head, width=width)
     line, definitions = written(source)
     bindings = [d for d in definitions if not re.match(r"^[^=]*=\s*[-+]?[\d.]+(e[-+]?\d+)?\s*(#.*)?$", d)]
-    out = wrap(line + "    (maximized; as written, with its definitions)", head)
+    out = wrap(line + f"    (maximized; as written{', with its definitions' if bindings else ''})", head, width=width)
     for i, d in enumerate(bindings):
-        out += wrap(d, ("    where  " if i == 0 else "           "), "               ")
+        out += wrap(d, ("    where  " if i == 0 else "           "), "               ", width)
     return out
 
 
-def _gradient(res) -> list[str]:
+def _gradient(res, width) -> list[str]:
     head = "  gradient      "
     if res.weight is None:
         out = wrap("∇ℓ = w·r·A·∇log π; w is not derived symbolically (notes below): what follows is measured on "
-                   "a grid", head)
+                   "a grid", head, width=width)
     else:
         formula = res.text["weight"]
-        out = wrap(f"∇ℓ = w·r·A·∇log π with w = {formula}", head)
-        if len(out) > 3:
-            out = wrap(f"∇ℓ = w·r·A·∇log π, w a formula of {len(formula):,} characters ('induced weight' below)", head)
+        out = wrap(f"∇ℓ = w·r·A·∇log π with w = {formula}", head, width=width)
+        if len(wrap(f"∇ℓ = w·r·A·∇log π with w = {formula}", head)) > 3:
+            out = wrap(f"∇ℓ = w·r·A·∇log π, w a formula of {len(formula):,} characters ('induced weight' below)", head,
+                       width=width)
     both = on_policy(res.on_policy)
     same = re.fullmatch(r"(.+) for A > 0, \1 for A < 0", both)
     both = f"{same.group(1)} for both signs of A" if same else both
     out += wrap(f"on policy (r = 1): w {'' if both.startswith('from') else '= '}{both}; {res.geometry}: {GEOMETRY[res.geometry]}",
-                " " * len(head))
+                " " * len(head), width=width)
     return out
 
 
-def _trust_region(res) -> list[str]:
+def _trust_region(res, width) -> list[str]:
     out = []
     for adv, sign in _SIGN.items():
         b, parts = res.boundary[adv], []
@@ -110,12 +114,13 @@ def _trust_region(res) -> list[str]:
                      "nowhere: w never reaches 0, so nothing stops an update"]
         for i, p in enumerate(parts):
             out += wrap(p, ("  trust region  " if adv == "positive" and i == 0 else " " * 16)
-                        + (f"{sign}: " if i == 0 else "        "), " " * 24)
+                        + (f"{sign}: " if i == 0 else "        "), " " * 24, width)
     return out
 
 
-def summary(res, source: str = "") -> list[str]:
-    """The first screen; `source` is the objective's text, whose bindings abbreviate a long objective."""
+def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
+    """The first screen; `source` is the objective's text, whose bindings abbreviate a long
+    objective; `width` None: unwrapped (what a test reads line by line)."""
     what = " ".join(res.description.split()).partition("Source:")[0].strip()
     title = first_sentence(what) if what else res.name
     params = ", ".join(f"{display_name(k)} = {fmt(v)}" for k, v in res.params.items())
@@ -124,7 +129,8 @@ def summary(res, source: str = "") -> list[str]:
     status = res.claims["bounded"]["status"]
     bounded = {True: f"yes: w ∈ {weight_range(res)} ({status})", None: "unknown: w is not a finite double where sampled",
                False: f"no: w ∈ {weight_range(res)} ({status}): tokens with extreme ratios can dominate the gradient"}
-    worries = [line for text in res["warnings"] for line in wrap(text, "                ! ", " " * 18)]
+    worries = [line for text in res["warnings"] for line in wrap(text, "                ! ", " " * 18, width)]
     worries[:1] = [worries[0].replace(" " * 16, "  worry         ", 1)] if worries else ["  worry         none found"]
-    return [*wrap(f"{res.name} — {title}", ""), *wrap(setting, "  "), *_objective(res, source), "",
-            *_gradient(res), *_trust_region(res), *wrap(bounded[res.bounded], "  bounded       "), *worries]
+    return [*wrap(f"{res.name} — {title}", "", width=width), *wrap(setting, "  ", width=width),
+            *_objective(res, source, width), "", *_gradient(res, width), *_trust_region(res, width),
+            *wrap(bounded[res.bounded], "  bounded       ", width=width), *worries]
