@@ -168,8 +168,7 @@ def test_the_analyzer_installs_and_runs_without_torch_openrlhf_or_vllm(tmp_path)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     assert proc.stdout.startswith("drpo — DRPO: Divergence Regularized Policy Optimization\n")
     # the same report, each citing the file it read, which exists
-    (installed,) = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  file ")]
-    (checkout,) = [line.split()[1] for line in here.stdout.splitlines() if line.startswith("  file ")]
+    installed, checkout = (out.splitlines()[1].strip() for out in (proc.stdout, here.stdout))
     assert installed.endswith("/dsl/objectives/drpo.dsl") and (tmp_path / installed).is_file(), installed
     assert (tmp_path / checkout).resolve() == ROOT / "objectives" / "drpo.dsl"
     assert proc.stdout.replace(installed, checkout) == here.stdout

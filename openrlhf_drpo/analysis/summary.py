@@ -124,13 +124,14 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
     what = " ".join(res.description.split()).partition("Source:")[0].strip()
     title = first_sentence(what) if what else res.name
     params = ", ".join(f"{display_name(k)} = {fmt(v)}" for k, v in res.params.items())
-    setting = " · ".join(x for x in (res.path, params, f"@anchor = {res.options['anchor']}",
+    setting = " · ".join(x for x in (params, f"@anchor = {res.options['anchor']}",
                                      f"@aggregate = {res.options['aggregate']}") if x)
     status = res.claims["bounded"]["status"]
     bounded = {True: f"yes: w ∈ {weight_range(res)} ({status})", None: "unknown: w is not a finite double where sampled",
                False: f"no: w ∈ {weight_range(res)} ({status}): tokens with extreme ratios can dominate the gradient"}
     worries = [line for text in res["warnings"] for line in wrap(text, "                ! ", " " * 18, width)]
     worries[:1] = [worries[0].replace(" " * 16, "  worry         ", 1)] if worries else ["  worry         none found"]
-    return [*wrap(f"{res.name} — {title}", "", width=width), *wrap(setting, "  ", width=width),
+    # the file on a line of its own (never wrapped: a path copied from the terminal must work)
+    return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
             *_objective(res, source, width), "", *_gradient(res, width), *_trust_region(res, width),
             *wrap(bounded[res.bounded], "  bounded       ", width=width), *worries]
