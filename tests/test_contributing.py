@@ -4,6 +4,7 @@ picked up by everything the page says picks them up, and each check fails before
 import json
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,13 +36,13 @@ def insert(path: pathlib.Path, text: str, before: str = None, after: str = None)
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-def copy_of_repo(dest: pathlib.Path) -> pathlib.Path:
+def copy_of_repo(dest: pathlib.Path, goldens: bool = False) -> pathlib.Path:
     """The checkout (the package, its docs, the tests the recipes name and the build files, as
-    test_language installs it) in the temporary folder `dest`."""
+    test_language installs it; the golden reports where asked) in the temporary folder `dest`."""
     dest = dest / "repo"
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".hypothesis",
-                                                              ".pytest_cache", ".benchmarks", "runs", "golden", ".venv*", ".whl",
-                                                              ".gpuwhl"))
+                                                              ".pytest_cache", ".benchmarks", "runs", ".venv*", ".whl",
+                                                              ".gpuwhl", *([] if goldens else ["golden"])))
     return dest
 
 
@@ -214,7 +215,8 @@ print(json.dumps({"json": to_json(res).get("operations"),
 """
 
 
-def test_a_report_field_added_as_the_page_says_reaches_the_json_and_the_report(copy):
+def test_a_report_field_added_as_the_page_says_reaches_the_json_the_report_the_goldens_and_the_pages(tmp_path):
+    copy = copy_of_repo(tmp_path, goldens=True)
     declare = copy / "openrlhf_drpo/analysis/result.py"
     insert(declare, block("field-declare"), before='    notes: list = declared(json="notes", line="notes")')
     proc = run(copy, FIELD)
@@ -231,3 +233,20 @@ def test_a_report_field_added_as_the_page_says_reaches_the_json_and_the_report(c
     pinned.write_text(pinned.read_text(encoding="utf-8").replace(old, block("field-test").rstrip("\n")), encoding="utf-8")
     proc = pytest_in(copy, "tests/test_result.py")
     assert proc.returncode == 0, proc.stdout[-3000:]
+    # every report has the line now: the goldens and the pages' reports fail until the page's
+    # regeneration runs, and pass after it with the new line in them
+    goldens, pages = ("tests/test_arbiter.py", "-k", "golden"), ("tests/test_docs.py", "-k", "analysis.md")
+    assert pytest_in(copy, *goldens).returncode == 1
+    for command in block("field-regenerate").splitlines():
+        words = shlex.split(command)
+        if words[0] == "git":
+            continue      # reading the diff is the contributor's
+        cut = words.index("python3")
+        env = dict(w.split("=", 1) for w in words[:cut])
+        subprocess.run([sys.executable, *words[cut + 1:]], cwd=copy, capture_output=True, text=True, timeout=900,
+                       env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", **env})
+    for check in (goldens, pages, ("tests/test_layers.py",)):
+        proc = pytest_in(copy, *check)
+        assert proc.returncode == 0, (check, proc.stdout[-3000:])
+    assert re.search(r"^  operations \d+ in ∂ℓ/∂r, written out$",
+                     (copy / "tests/golden/clip_plus_penalty.txt").read_text(encoding="utf-8"), re.M)
