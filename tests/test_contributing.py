@@ -36,13 +36,13 @@ def insert(path: pathlib.Path, text: str, before: str = None, after: str = None)
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-def copy_of_repo(dest: pathlib.Path, goldens: bool = False) -> pathlib.Path:
-    """The checkout (the package, its docs, the tests the recipes name and the build files, as
-    test_language installs it; the golden reports where asked) in the temporary folder `dest`."""
+def copy_of_repo(dest: pathlib.Path) -> pathlib.Path:
+    """The checkout (the package, its docs, the tests the recipes name with their golden reports,
+    and the build files, as test_language installs it) in the temporary folder `dest`."""
     dest = dest / "repo"
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".hypothesis",
                                                               ".pytest_cache", ".benchmarks", "runs", ".venv*", ".whl",
-                                                              ".gpuwhl", *([] if goldens else ["golden"])))
+                                                              ".gpuwhl"))
     return dest
 
 
@@ -216,7 +216,7 @@ print(json.dumps({"json": to_json(res).get("operations"),
 
 
 def test_a_report_field_added_as_the_page_says_reaches_the_json_the_report_the_goldens_and_the_pages(tmp_path):
-    copy = copy_of_repo(tmp_path, goldens=True)
+    copy = copy_of_repo(tmp_path)
     declare = copy / "openrlhf_drpo/analysis/result.py"
     insert(declare, block("field-declare"), before='    notes: list = declared(json="notes", line="notes")')
     proc = run(copy, FIELD)
