@@ -203,19 +203,19 @@ def analyze_main(argv: list[str] | None = None) -> int:
             raise
         print(e.render(), file=sys.stderr)
         return 1
-    if args.sweep is not None:
-        for res, label in zip(results, labels):
-            res.name = label
     if args.json:
         data = [to_json(r) for r in results]
         print(json.dumps(data if len(data) > 1 else data[0], indent=2, ensure_ascii=False))
-    elif args.sweep is not None:
-        print(f"{objs[0].name}: {labels[0].split(', ')[1].split(' = ')[0]} swept\n\n"
-              + comparison(results, first="value"))
+    elif args.sweep is not None:     # a row per value, named by it; the plot's rows by the objective too
         from openrlhf_drpo.analysis.summary import wrap
-        warned = [line for res in results for text in res["warnings"]
-                  for line in wrap(text, f"  {res.name.split(', ')[1]}: ", "    ")]
+        values = [label.split(", ", 1)[1] for label in labels]
+        for res, value in zip(results, values):
+            res.name = value
+        print(f"{objs[0].name}: {values[0].split(' = ')[0]} swept\n\n" + comparison(results, first="value"))
+        warned = [line for res in results for text in res["warnings"] for line in wrap(text, f"  {res.name}: ", "    ")]
         print("\nwarnings\n" + ("\n".join(warned) if warned else "  none"))
+        for res, label in zip(results, labels):
+            res.name = label
     else:
         print("\n\n".join(report(r) for r in results))
         if len(results) > 1:
@@ -248,6 +248,9 @@ def _swept(ap, args, objs, held):
         ap.error(f"--sweep {args.sweep}: write NAME=V1,V2,... with at least two values, e.g. --sweep delta=0.1,0.2,1")
     if param_key(name.strip()) not in objs[0].params:
         objs[0].with_overrides({name.strip(): values[0]}, where="--sweep")     # its located error
+    given = {param_key(k) for k in parse_spec(args.objectives[0])[1]} | {param_key(k) for k in parse_overrides(args.set)}
+    if param_key(name.strip()) in given:
+        ap.error(f"--sweep {args.sweep}: {name.strip()} is also set in '{args.objectives[0]}' or by --set; keep one")
     shown = display_name(param_key(name.strip()))
     swept = [objs[0].with_overrides({name.strip(): v}, where="--sweep") for v in values]
     return swept, held * len(values), [f"{objs[0].name}, {shown} = {v}" for v in values]
@@ -256,7 +259,7 @@ def _swept(ap, args, objs, held):
 def _list(ap, args) -> int:
     """One line per shipped objective: its name and what it is, from its file's header."""
     from dsl.library import header
-    if args.objectives or args.json or args.plot or args.emit_torch or args.equiv:
+    if args.objectives or args.json or args.plot or args.emit_torch or args.equiv or args.set or args.sweep:
         ap.error("--list takes no objective and no other option")
     names = shipped_names()
     width = max(map(len, names))

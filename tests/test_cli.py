@@ -122,9 +122,9 @@ def test_a_sweep_prints_one_table_of_boundaries_range_and_warnings_per_value(tmp
     lines = proc.stdout.splitlines()
     assert lines[0] == "drpo: δ swept" and lines[2].split()[:4] == ["value", "w", "range", "boundary"]
     rows = {line.split("  ")[0]: line.split("  ")[1:] for line in lines[4:7]}
-    assert list(rows) == ["drpo, δ = 0.1", "drpo, δ = 0.2", "drpo, δ = 1"] and lines[7].split() == ["(unreachable)"]
-    assert [c.strip() for c in rows["drpo, δ = 0.1"] if c.strip()][:3] == ["[-9, 11]", "μ + 0.1", "μ − 0.1"]
-    assert [c.strip() for c in rows["drpo, δ = 1"] if c.strip()][:3] == ["[0, 2]", "μ + 1", "none"]
+    assert list(rows) == ["δ = 0.1", "δ = 0.2", "δ = 1"] and lines[7].split() == ["(unreachable)"]
+    assert [c.strip() for c in rows["δ = 0.1"] if c.strip()][:3] == ["[-9, 11]", "μ + 0.1", "μ − 0.1"]
+    assert [c.strip() for c in rows["δ = 1"] if c.strip()][:3] == ["[0, 2]", "μ + 1", "none"]
     warned = lines[lines.index("warnings") + 1:-2]
     assert [line[:9] for line in warned if not line.startswith("    ")] == ["  δ = 1: "] * 2
     assert max(map(len, lines)) <= 100
@@ -139,6 +139,9 @@ def test_a_sweep_prints_one_table_of_boundaries_range_and_warnings_per_value(tmp
     (["drpo", "ppo", "--sweep", "delta=1,2"], "--sweep analyses exactly one objective"),
     (["drpo", "--sweep", "foo=1,2"], "--sweep:1:1: error: unknown parameter 'foo' for objective 'drpo'"),
     (["drpo", "--sweep", "delta=1,x"], "--sweep:1:7: error: parameter value 'x' is not a finite number"),
+    (["drpo:delta=0.3", "--sweep", "delta=0.1,0.2"], "delta is also set in 'drpo:delta=0.3' or by --set; keep one"),
+    (["drpo", "--set", "δ=0.3", "--sweep", "delta=0.1,0.2"], "delta is also set in 'drpo' or by --set; keep one"),
+    (["--list", "--set", "delta=1"], "--list takes no objective and no other option"),
 ])
 def test_a_bad_sweep_is_a_clear_error(args, message):
     proc = drpo_analyze(*args)

@@ -2,6 +2,7 @@
 repository with the page's own blocks: a toy atom, a toy host and a toy report field are each
 picked up by everything the page says picks them up, and each check fails before its edit."""
 import json
+import os
 import pathlib
 import re
 import shlex
@@ -57,8 +58,10 @@ def run(copy, code: str) -> subprocess.CompletedProcess:
 
 
 def pytest_in(copy, *args) -> subprocess.CompletedProcess:
+    # the copy's Hypothesis profile is this run's (CI's is derandomized)
+    env = {"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", **{k: os.environ[k] for k in ("CI",) if k in os.environ}}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=copy,
-                          capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
+                          capture_output=True, text=True, timeout=600, env=env)
 
 
 ATOM = """

@@ -1,11 +1,12 @@
 """The objective language: every shipped objective parses, spellings agree, every bad
 input gets its exact located message, and no text makes the parser raise anything else."""
+import re
 import subprocess
 import sys
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import dsl
 from dsl import DslError, parse
@@ -352,9 +353,10 @@ def _exprs():
 def test_canonical_form_parses_back_to_the_same_ir(text):
     try:
         obj = parse(f"delta = 0.2\n{text}")
-    except DslError as e:
-        assert "does not depend on the policy" in e.message
-        return
+    except DslError as e:     # the language's own refusals of a random text: a constant that is not a
+        # finite real number (1/[δ < δ], log(−δ)), or no policy to train
+        assert re.search(r"does not depend on the policy|division by zero|is not a (finite|real) number", e.message), e
+        assume(False)
     assert parse(obj.canonical()).expr == obj.expr
 
 

@@ -365,9 +365,8 @@ def comparison(results: list, first: str = "objective") -> str:
     for res in results:
         def side(adv):
             b = res.boundary[adv]
-            parts = [math_text(p) for p in b["pi"]] + [x["where"] + " (numeric)" for x in b["numeric"]]
-            text = ", ".join(parts) or "none"
-            return text if res.reachable[adv] or not b["pi"] else f"{text} (unreachable)"
+            parts = [math_text(p) + ("" if ok else " (unreachable)") for p, ok in zip(b["pi"], b["reachable"])]
+            return ", ".join(parts + [x["where"] + " (numeric)" for x in b["numeric"]]) or "none"
         rows.append([res.name, weight_range(res), side("positive"), side("negative"),
                      "yes" if res.smooth else "no", {True: "yes", False: "no", None: "unknown"}[res.bounded], res.geometry])
     caps = (15, 12, 18, 18, 6, 7, 10)     # 100 columns with the gaps

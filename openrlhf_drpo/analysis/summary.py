@@ -106,12 +106,13 @@ def _trust_region(res, width) -> list[str]:
         for r_, pi_, kind, ok in zip(b["r"], b["pi"], b["kind"], b["reachable"]):
             where = f"π = {math_text(pi_)} (r = {math_text(r_)})"
             parts.append(f"at {where}: w {kinds(kind)}" if ok else
-                         f"at {where}, out of reach (0 < π ≤ 1): it never stops an update")
+                         f"at {where}, unreachable in 0 < π ≤ 1: it never stops an update")
         parts += [f"at {x['where']}, found numerically: w {kinds(x['kind'])}" for x in b["numeric"]]
-        if not parts:
-            evidence = res.claims["boundary"][adv]
-            parts = ["nowhere: w = 0 everywhere" if evidence["claim"] == "w ≡ 0" else
-                     "nowhere: w never reaches 0, so nothing stops an update"]
+        if not parts:       # said as firmly as the claim is known
+            claim = res.claims["boundary"][adv]
+            parts = [f"nowhere: w = 0 everywhere ({claim['status']})" if claim["claim"] == "w ≡ 0" else
+                     "nowhere: w never reaches 0, so nothing stops an update" if claim["status"] == "proven" else
+                     f"none found: w did not reach 0 where it was checked ({claim['status']})"]
         for i, p in enumerate(parts):
             out += wrap(p, ("  trust region  " if adv == "positive" and i == 0 else " " * 16)
                         + (f"{sign}: " if i == 0 else "        "), " " * 24, width)

@@ -106,8 +106,10 @@ def refuse_untrainable(runs: list[dict], args) -> None:
     for run in {r["label"].rsplit(" seed ", 1)[0]: r for r in runs}.values():
         try:
             check_objective(train_argv(where, run, args, os.path.join(args.out, "pipelines", "p0")))
-        except SystemExit as e:
-            raise SystemExit(str(e).replace("drpo-train: error:", "drpo-lab: error: drpo-train refuses it:", 1)) from None
+        except SystemExit as e:      # argparse's own exit (its message is printed) keeps its status
+            if not isinstance(e.code, str):
+                raise
+            raise SystemExit(e.code.replace("drpo-train: error:", "drpo-lab: error: drpo-train refuses it:", 1)) from None
 
 
 def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) -> None:

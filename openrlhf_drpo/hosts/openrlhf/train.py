@@ -299,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--version"]:      # (OpenRLHF's own parser has none)
         from openrlhf_drpo import __version__
-        print(f"drpo-train {__version__} (OpenRLHF {importlib.metadata.version('openrlhf')})")
+        try:
+            host = f"OpenRLHF {importlib.metadata.version('openrlhf')}"
+        except importlib.metadata.PackageNotFoundError:
+            host = "OpenRLHF not installed: bash scripts/setup.sh installs it"
+        print(f"drpo-train {__version__} ({host})")
         return 0
     traceback = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]

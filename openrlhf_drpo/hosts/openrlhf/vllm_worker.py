@@ -47,9 +47,10 @@ class CpuWorkerExtension:
 
         import torch
         faulthandler.enable()      # a fatal signal (SIGILL, SIGSEGV) prints this process's Python stack
-        granted = torch.cpu._init_amx()
+        init = getattr(torch.cpu, "_init_amx", None)      # private: a torch without it says so, not a crash
+        granted = bool(init and init())
         print(f"drpo-train: CPU mode: AMX tiles requested in the vLLM engine: "
-              f"{'granted' if granted else 'none on this CPU'}", flush=True)
+              f"{'granted' if granted else 'none on this CPU' if init else 'this torch cannot ask'}", flush=True)
         return granted
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
@@ -94,7 +95,8 @@ def report_death(processes) -> None:
         proc.join(timeout=1)
         code = proc.exitcode
         if code:
-            how = f"killed by {signal.Signals(-code).name} (exit code {code})" if code < 0 else f"exit code {code}"
+            known = code < 0 and -code in signal.valid_signals()
+            how = f"killed by {signal.Signals(-code).name} (exit code {code})" if known else f"exit code {code}"
             print(f"drpo-train: the vLLM engine core process {proc.name} (pid {proc.pid}) died: {how}; its "
                   "Python stack, where it had one, is above", flush=True)
 
