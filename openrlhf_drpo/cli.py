@@ -29,8 +29,10 @@ def _load_all(specs, overrides, held: list | None = None):
             warnings.simplefilter("always", DslWarning)
             obj = load(name)
         for w in caught:
-            print(w.message, file=sys.stderr) if issubclass(w.category, DslWarning) else warnings.showwarning(
-                w.message, w.category, w.filename, w.lineno)
+            if issubclass(w.category, DslWarning):
+                print(w.message, file=sys.stderr)
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         objs.append(obj.with_overrides(params, where="<command line>") if params else obj)
         own.append({param_key(k) for k in params})
     used = set()
@@ -158,7 +160,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
     if args.completion:
         from openrlhf_drpo.completion import script
         print(script(ap, args.completion))
-        return 0      # drpo --set delta=0.2 spo: names after options too
+        return 0
     if args.list:
         return _list(ap, args)
     if not args.objectives:
@@ -179,7 +181,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
         held: list = []
         objs = _load_all(args.objectives, parse_overrides(args.set), None if args.emit_torch else held)
         if args.sweep is not None:
-            objs, held, labels = _swept(ap, args, objs, held)
+            objs, held, points = _swept(ap, args, objs, held)
         if args.emit_torch:
             from openrlhf_drpo.core.codegen import torch_source
             print("\n\n".join(torch_source(o) for o in objs))
@@ -208,14 +210,13 @@ def analyze_main(argv: list[str] | None = None) -> int:
         print(json.dumps(data if len(data) > 1 else data[0], indent=2, ensure_ascii=False))
     elif args.sweep is not None:     # a row per value, named by it; the plot's rows by the objective too
         from openrlhf_drpo.analysis.summary import wrap
-        values = [label.split(", ", 1)[1] for label in labels]
-        for res, value in zip(results, values):
+        for res, value in zip(results, points):
             res.name = value
-        print(f"{objs[0].name}: {values[0].split(' = ')[0]} swept\n\n" + comparison(results, first="value"))
+        print(f"{objs[0].name}: {points[0].split(' = ')[0]} swept\n\n" + comparison(results, first="value"))
         warned = [line for res in results for text in res["warnings"] for line in wrap(text, f"  {res.name}: ", "    ")]
         print("\nwarnings\n" + ("\n".join(warned) if warned else "  none"))
-        for res, label in zip(results, labels):
-            res.name = label
+        for res, value in zip(results, points):
+            res.name = f"{objs[0].name}, {value}"
     else:
         print("\n\n".join(report(r) for r in results))
         if len(results) > 1:
@@ -237,7 +238,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
 
 
 def _swept(ap, args, objs, held):
-    """--sweep NAME=V1,V2,...: the one objective at each value, with its label."""
+    """--sweep NAME=V1,V2,...: the one objective at each value, and each value as shown ("δ = 0.1")."""
     from dsl.names import display_name
     from dsl.objective import param_key
     if len(objs) != 1 or args.emit_torch or args.equiv:
@@ -253,7 +254,7 @@ def _swept(ap, args, objs, held):
         ap.error(f"--sweep {args.sweep}: {name.strip()} is also set in '{args.objectives[0]}' or by --set; keep one")
     shown = display_name(param_key(name.strip()))
     swept = [objs[0].with_overrides({name.strip(): v}, where="--sweep") for v in values]
-    return swept, held * len(values), [f"{objs[0].name}, {shown} = {v}" for v in values]
+    return swept, held * len(values), [f"{shown} = {v}" for v in values]
 
 
 def _list(ap, args) -> int:

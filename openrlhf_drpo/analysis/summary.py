@@ -8,7 +8,7 @@ import re
 import textwrap
 
 from dsl.library import first_sentence
-from dsl.names import display_name
+from dsl.names import canonical_name, display_name
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 WIDTH = 100
@@ -73,7 +73,7 @@ def _objective(res, source: str, width) -> list[str]:
     if len(head + res.objective) <= (width or WIDTH) or not source:
         return wrap(res.objective + "    (maximized)", head, width=width)
     line, definitions = written(source)
-    bindings = [d for d in definitions if not re.match(r"^[^=]*=\s*[-+]?[\d.]+(e[-+]?\d+)?\s*(#.*)?$", d)]
+    bindings = [d for d in definitions if canonical_name(d.split("=", 1)[0].strip()) not in res.params]
     out = wrap(line + f"    (maximized; as written{', with its definitions' if bindings else ''})", head, width=width)
     for i, d in enumerate(bindings):
         out += wrap(d, ("    where  " if i == 0 else "           "), "               ", width)
