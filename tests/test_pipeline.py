@@ -39,6 +39,19 @@ def _run(task, out, steps, env=None, objective=("drpo", "--drpo.set", "delta=0.2
     return log, toytask.steps_from_log(log)
 
 
+def _marked(mark, started):
+    """The processes started since `started` whose environment holds `mark`."""
+    (key, value), = mark.items()
+    found = []
+    for p in psutil.process_iter(["name", "create_time"]):
+        try:
+            if p.info["create_time"] >= started and p.environ().get(key) == value:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
 @pytest.fixture(scope="module")
 def synced_run(tmp_path_factory):
     """The laptop quickstart, as the README runs it, with stale values left in the shell that
@@ -47,9 +60,12 @@ def synced_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("quickstart")
     started = time.time()
     stale = {"DS_ACCELERATOR": "cuda", "VLLM_CPU_KVCACHE_SPACE": "500"}
+    # the run's processes are told apart by a value in their environment, which Ray's and
+    # vLLM's processes inherit: a lab run on the other xdist worker starts Ray processes too
+    mark = {"DRPO_TEST_RUN": f"quickstart-{os.getpid()}-{started}"}
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "laptop_quickstart.py")
     proc = subprocess.Popen([sys.executable, script, "--steps", str(STEPS), "--out", str(out)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **stale})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **stale, **mark})
     vllm = set()     # the names of the run's vLLM processes, sampled while it runs
     while True:
         try:
@@ -59,16 +75,15 @@ def synced_run(tmp_path_factory):
             if time.time() > started + 600:
                 proc.kill()
                 raise
-            vllm |= {p.info["name"] for p in psutil.process_iter(["name", "create_time"])
-                     if p.info["create_time"] >= started and p.info["name"].startswith("VLLM")}
+            vllm |= {p.info["name"] for p in _marked(mark, started) if p.info["name"].startswith("VLLM")}
     log = (out / "train.log").read_text()
     assert proc.returncode == 0, stdout[-3000:] + log[-6000:]
     table = [line.split() for line in stdout.splitlines() if line[:4].strip().isdigit()]
     assert [int(row[0]) for row in table] == list(range(1, STEPS + 1)), stdout
     # the run started its own Ray, vLLM and DeepSpeed processes, and takes every one of them down
     # (workers exit a moment after the driver: wait for them, within a bound)
-    ours = [p for p in psutil.process_iter(["name", "create_time"]) if p.info["create_time"] >= started
-            and (p.info["name"] in ("raylet", "gcs_server") or p.info["name"].startswith(("ray::", "VLLM")))]
+    ours = [p for p in _marked(mark, started)
+            if p.info["name"] in ("raylet", "gcs_server") or p.info["name"].startswith(("ray::", "VLLM"))]
     _, alive = psutil.wait_procs(ours, timeout=60)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [p.info for p in alive]
