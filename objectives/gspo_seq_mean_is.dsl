@@ -1,7 +1,7 @@
 # GSPO with NeMo-RL's sequence-mean importance weight: GSPO's clipped sequence ratio, each response
 # weighted by exp of its mean train/rollout log-ratio, log π_old − log π_rollout, truncated at C.
-# Source: NeMo-RL PR #2269, "decouple IS correction level from GSPO policy ratio" (is_correction_level =
-# sequence_mean: the mean of the log-ratios where exp(sum) collapsed on long responses), on
+# Source: NeMo-RL PR #2269, "decouple IS correction level from GSPO policy ratio" (open), its
+# is_correction_level = sequence_mean. The mean replaces exp(sum), which collapsed on long responses, in
 # ClippedPGLossFn (nemo_rl/algorithms/loss/loss_functions.py, 7ea279a) with
 # sequence_level_importance_ratios and token_level_loss = false (its GSPO recipe, ε = 0.2, no KL),
 # use_importance_sampling_correction and truncated_importance_sampling_type = tis at 2.0, as the PR's

@@ -103,8 +103,9 @@ RAW_RATIO = [n for n in SHIPPED if "r" not in dsl.load(n).names()]
 # objectives whose own value overflows past a log-ratio of 88.7 in fp32 (709.8 in float64), and whose
 # gradient underflows below -87: they read exp(log π − log μ) unclamped
 # (trust_the_batch: its batch ESS reads every w, so one inf w makes the loss NaN; FeynRL falls back to
-# ESS = 1 there, which the file does not write)
-OVERFLOWING = {"kpop", "opsm", "pspo", "trust_the_batch"}
+# ESS = 1 there, which the file does not write; seq_tis: its weight e^(Σ_t log π − log π_rollout) is
+# unclamped, as prime-rl's PR writes it, so 0 in fp32 where float64's is 1e-48)
+OVERFLOWING = {"kpop", "opsm", "pspo", "trust_the_batch", "seq_tis"}
 
 
 def far_batch(B=8, T=12, seed=1):
