@@ -7,7 +7,7 @@ each filter, clip and truncation, which the tests check act on it. kl_unbiased i
 0.11.2's own compute_approx_kl and PolicyLoss (which compute the KL in float32)."""
 import pytest
 import torch
-from test_library_v3 import PATHS, batch, dirty, host_ratio, ppo, seq_mean_token_mean, token_mean
+from test_library_v3 import LENGTHS, PATHS, batch, dirty, host_ratio, ppo, token_mean
 
 import dsl
 from openrlhf_drpo.core import Aggregation, CompiledLoss
@@ -62,7 +62,7 @@ def gspo_seq_mean_is(b, logp, clip=0.2, C=2.0, eps=0.0):
     weights = masked_mean_nemo(b["old"] - b["rollout"], m, dim=-1, eps=eps).exp().detach()
     weights = torch.nan_to_num(weights, nan=0.0, posinf=0.0, neginf=0.0).unsqueeze(-1).clamp(min=0.0, max=C)
     per_seq = masked_mean_nemo(weights * clip_loss, m, dim=-1, eps=1e-8)
-    return (per_seq * torch.ones(m.shape[0], dtype=F64)).sum() / (m.shape[0] + 1e-8)
+    return per_seq.sum() / (m.shape[0] + 1e-8)      # masked_mean over samples (sample_mask 1), global_valid_seqs
 
 
 def _prime_rl(b, logp, coeff_of):
@@ -95,7 +95,7 @@ def geo_mask(b, logp, low=0.1, high=10.0):
 
 REFERENCES = [kl_unbiased, gspo_seq_mean_is, seq_tis, seq_mis, geo_mask]
 # the host normalizer each source divides by where it is not the language's own count
-NORM = {"gspo_seq_mean_is": len(batch(0)["mask"]) + 1e-8}
+NORM = {"gspo_seq_mean_is": len(LENGTHS) + 1e-8}
 
 
 def ours(name, b, fused=True, sync_free=False, **params):
@@ -156,9 +156,9 @@ def test_kl_unbiaseds_kl_value_is_clamped_but_its_gradient_is_the_importance_wei
     lp = b["new"].clone().requires_grad_()
     kl = kl_unbiased(clean, lp) - kl_unbiased(clean, lp, beta=0)
     grad = torch.autograd.grad(kl, lp)[0]
-    w = (b["new"] - b["old"]).exp().clamp(max=10)
-    want = 0.01 * w * (b["new"] - b["ref"]) * clean["m"] / clean["m"].sum()
-    assert torch.allclose(grad, want, rtol=1e-12, atol=1e-18)
+    x, w = b["new"] - b["ref"], (b["new"] - b["old"]).exp().clamp(max=10)
+    assert torch.allclose(kl.detach(), 0.01 * token_mean(x.clamp(-10, 10), clean["m"]), rtol=1e-12)
+    assert torch.allclose(grad, 0.01 * w * x * clean["m"] / clean["m"].sum(), rtol=1e-12, atol=1e-18)
     assert ((b["new"] - b["ref"]).abs() > 10)[b["mask"]].any() and (w == 10)[b["mask"]].any()
 
 
