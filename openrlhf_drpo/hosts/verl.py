@@ -10,8 +10,10 @@ get_policy_loss_fn looks it up), or registered with `register("my.dsl", name="mi
 from a module that verl imports the same way (VERL_USE_EXTERNAL_MODULES=my_module). Each call
 follows verl's policy-loss signature: verl's loss_agg_mode with its global batch info
 (config.global_batch_info) and its rollout IS weights, and the metrics come back in verl's
-metrics dict. Importing it checks verl is the release it follows, extends verl's registry (the
-same dict) and changes no environment variable or import hook."""
+metrics dict. π_ref, H (with its gradient) and the group ids (uid) come from verl's actor loss
+(ppo_loss, which the adapter wraps unchanged), under the settings GIVEN names. Importing it checks
+verl is the release it follows, extends verl's registry (the same dict), points verl's modules at
+its get_policy_loss_fn and ppo_loss, and changes no environment variable or import hook."""
 from __future__ import annotations
 
 import contextvars
@@ -238,8 +240,9 @@ def register(objective: str | Objective, name: str | None = None, **params) -> s
     policy-loss registry as dsl:<name> (the objective's own name by default) and returns that
     loss_mode. The objective is parsed and compiled here: a bad file stops with its located error.
     The aggregation is verl's loss_agg_mode (the objective's @aggregate is not used), and an
-    objective that reads what verl hands a policy loss not (NOT_GIVEN: rollout log-probs, π_ref,
-    H, Σ_v π_v², groups, the whole batch) is refused here, not at the first step."""
+    objective that reads what verl's actor never gives (NOT_GIVEN: rollout log-probs, Σ_v π_v²,
+    the whole batch) is refused here, not at the first step; π_ref, H and groups at the first
+    step where verl's settings withhold them (actor_inputs)."""
     if "aggregate" in params:
         raise ValueError("the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter")
     core = VerlObjectiveLoss(objective, **params)      # refuses what NOT_GIVEN lists
@@ -295,7 +298,7 @@ for _module in [core_algos, actor_losses, *(m for n, m in list(sys.modules.items
                                  ("ppo_loss", _verl_ppo_loss, ppo_loss)]:
         if getattr(_module, _name, None) is _verls:
             setattr(_module, _name, _ours)
-# the shipped objectives verl's policy-loss call can feed (the others would be refused, saying why)
+# the shipped objectives verl's actor can feed (the others would be refused, saying why)
 SHIPPED = [register(n) for n in dsl.shipped_names()
            if not objective_inputs(dsl.load(n)).keys() & NOT_GIVEN.keys()]
 __all__ = ["GIVEN", "METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "SUPERSEDED", "VERL_VERSION", "VerlObjectiveLoss",
