@@ -30,13 +30,16 @@ HELD = ["grpo_k3", "entropy_bonus", "grpo_norm"]
 AGGS = ["token-mean", "seq-mean-token-mean"]
 
 
+@pytest.mark.parametrize("packed", ["", ":rmpad"])      # verl's padded forward, and its packed one
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("name", HELD)
-def test_an_objective_on_pi_ref_entropy_or_groups_equals_verls_own_term_through_its_actor_update(actor, name, agg):
-    row = actor["held"][f"{name}:{agg}"]
+def test_an_objective_on_pi_ref_entropy_or_groups_equals_verls_own_term_through_its_actor_update(actor, name, agg,
+                                                                                                  packed):
+    row = actor["held"][f"{name}:{agg}{packed}"]
     assert row["same"], row
     # not vacuous: another coefficient, verl's term left out, or A not normalised, each differs
-    control = actor["held"][f"control_{dict(grpo_k3='k3', entropy_bonus='entropy', grpo_norm='groups')[name]}:{agg}"]
+    control = actor["held"][f"control_{dict(grpo_k3='k3', entropy_bonus='entropy', grpo_norm='groups')[name]}:{agg}"
+                            f"{packed}"]
     assert not control["same"] and control["grad_diff"] > 1e-8, control
 
 
@@ -52,7 +55,8 @@ def test_groups_span_several_micro_batches_each_holding_whole_prompts(actor):
 
 GROUPS = ("objective 'grpo_norm' uses group_mean, group_std (each prompt's responses whole in one loss call, with "
           "their group ids), but verl's micro-batch need not hold a prompt's responses whole ({}): verl keeps them "
-          "whole with trainer.balance_batch=False and actor_rollout_ref.actor.shuffle=False, use_dynamic_bsz=False, "
+          "whole with trainer.use_v1=False and trainer.balance_batch=False (its v1 trainer balances every batch: "
+          "trainer_base._balance_batch), actor_rollout_ref.actor.shuffle=False, use_dynamic_bsz=False and "
           "ppo_micro_batch_size_per_gpu a multiple of rollout.n=4 (its actor sets no force_group_size: "
           "ray_trainer._update_actor)")
 REFUSED = {
@@ -73,8 +77,8 @@ REFUSED = {
     "not_through_the_actor": ("objective 'entropy_bonus' uses H (the entropy, with its gradient), but this "
                               "policy-loss call did not come through verl's actor loss "
                               "(verl.workers.utils.losses.ppo_loss), which alone holds it"),
-    # groups split: by a setting, or (trainer.balance_batch, which the actor's config does not
-    # hold) by verl's own balancing of the rows, seen in the micro-batch's uids
+    # groups split: by a setting, or (trainer.use_v1, trainer.balance_batch, which the actor's config
+    # does not hold) by verl's own balancing of the rows, seen in the micro-batch's uids
     "shuffle": GROUPS.format("shuffle=True"),
     "dynamic_bsz": GROUPS.format("use_dynamic_bsz=True"),
     "micro_batch_size": GROUPS.format("ppo_micro_batch_size_per_gpu=2"),

@@ -7,6 +7,7 @@ worker binds, partial(ppo_loss, config=actor config). The engine is FSDPEngineWi
 FSDP (verl registers it for cuda/npu only: its methods run on a bare module, device "cpu").
 Each dsl: objective against verl's own term for the same input; prints one JSON line."""
 import functools
+import itertools
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ from dsl import parse
 from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
+from verl.utils import torch_functional as verl_F
 from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
 from verl.workers.utils import losses as actor_losses
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig
@@ -44,6 +46,7 @@ def engine(model):
                                                    entropy_from_logits_with_chunking=False))()
     e.get_data_parallel_group, e.get_data_parallel_size = (lambda: None), (lambda: 1)
     e._gradient_sync_context = lambda is_last_micro_batch: nullcontext()
+    e.compute_entropy_from_logits = verl_F.entropy_from_logits      # as __init__ sets it, uncompiled
     return e
 
 
@@ -81,9 +84,9 @@ def trainer_batch(eng, seed=0):
     return batch
 
 
-def to_td(batch, **settings):
+def to_td(batch, use_remove_padding=False, **settings):
     td = left_right_2_no_padding(batch.to_tensordict())
-    tu.assign_non_tensor(td, use_remove_padding=False, use_fused_kernels=False, **settings)
+    tu.assign_non_tensor(td, use_remove_padding=use_remove_padding, use_fused_kernels=False, **settings)
     return td
 
 
@@ -101,14 +104,14 @@ def actor_config(loss_mode, **over):
                            policy_loss=PolicyLossConfig(loss_mode=loss_mode, **pl), **over)
 
 
-def update(eng, batch, config, advantages, order=None):
+def update(eng, batch, config, advantages, order=None, use_remove_padding=False):
     """One mini-batch of verl's actor update under `config`: the loss value and every parameter's
     gradient. `order` reorders the batch's rows first (as trainer.balance_batch does)."""
     batch = batch.select(deepcopy=True)
     batch.batch["advantages"] = advantages
     if order is not None:
         batch.reorder(torch.tensor(order))
-    td = to_td(batch, calculate_entropy=config.calculate_entropy or config.entropy_coeff != 0,
+    td = to_td(batch, use_remove_padding, calculate_entropy=config.calculate_entropy or config.entropy_coeff != 0,
                use_dynamic_bsz=config.use_dynamic_bsz, max_token_len_per_gpu=64,
                micro_batch_size_per_gpu=config.ppo_micro_batch_size_per_gpu, global_batch_size=len(batch))
     # as ActorRolloutRefWorker.init_model binds it (engine_workers imports ppo_loss from actor_losses;
@@ -169,8 +172,11 @@ def main():
             "control_groups": (actor_config("dsl:ppo", loss_agg_mode=agg),
                                actor_config("vanilla", loss_agg_mode=agg, **no_dual), raw, grpo_adv),
         }
-        for name, (ours, verls, a_ours, a_verl) in held.items():
-            out["held"][f"{name}:{agg}"] = compare(update(eng, batch, ours, a_ours), update(eng, batch, verls, a_verl))
+        for (name, (ours, verls, a_ours, a_verl)), rmpad in itertools.product(held.items(), (False, True)):
+            # verl's packed forward too (use_remove_padding; a bare module attends across the pack)
+            out["held"][f"{name}:{agg}" + ":rmpad" * rmpad] = compare(
+                update(eng, batch, ours, a_ours, use_remove_padding=rmpad),
+                update(eng, batch, verls, a_verl, use_remove_padding=rmpad))
     # entropy_bonus with H's gradient cut: verl's value, not its gradient (H's own term reaches the model)
     cut = adapter.register(parse("min(r*A, clip(r, 0.8, 1.2)*A) + 0.01*sg(H)\n", "entropy_no_grad.dsl"))
     out["held"]["entropy_no_grad"] = compare(update(eng, batch, actor_config(cut, calculate_entropy=True), grpo_adv),

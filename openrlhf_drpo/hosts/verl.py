@@ -62,8 +62,8 @@ NOT_GIVEN = {
 GIVEN = {"ref_log_probs": "verl's ref_log_prob (actor_rollout_ref.actor.use_kl_loss=True, kl_loss_coef=0)",
          "entropy": "verl's entropy, with its gradient (actor_rollout_ref.actor.calculate_entropy=True, "
                     "entropy_coeff=0)",
-         "groups": "verl's uid, each prompt's rollout.n responses whole in a micro-batch (trainer.balance_batch="
-                   "False, actor_rollout_ref.actor.shuffle=False, use_dynamic_bsz=False, "
+         "groups": "verl's uid, each prompt's rollout.n responses whole in a micro-batch (trainer.use_v1=False, "
+                   "trainer.balance_batch=False, actor_rollout_ref.actor.shuffle=False, use_dynamic_bsz=False, "
                    "ppo_micro_batch_size_per_gpu a multiple of rollout.n)"}
 
 
@@ -207,9 +207,10 @@ def _groups(config, data, log_prob, missing):
     if uids is None or split:
         missing["groups"] = ("verl's micro-batch " + ("carries no uid" if uids is None else
                              f"need not hold a prompt's responses whole ({'; '.join(split)})") +
-                             ": verl keeps them whole with trainer.balance_batch=False and actor_rollout_ref.actor."
-                             f"shuffle=False, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu a multiple of "
-                             f"rollout.n={n} (its actor sets no force_group_size: ray_trainer._update_actor)")
+                             ": verl keeps them whole with trainer.use_v1=False and trainer.balance_batch=False "
+                             "(its v1 trainer balances every batch: trainer_base._balance_batch), actor_rollout_ref."
+                             "actor.shuffle=False, use_dynamic_bsz=False and ppo_micro_batch_size_per_gpu a multiple "
+                             f"of rollout.n={n} (its actor sets no force_group_size: ray_trainer._update_actor)")
         return None
     ids = {u: i for i, u in enumerate(dict.fromkeys(uids))}
     return torch.tensor([ids[u] for u in uids], device=log_prob.device)
