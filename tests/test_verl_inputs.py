@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from test_verl import ROOT, VERL_PYTHON
+from test_verl import KL_FORMS, ROOT, VERL_PYTHON
 
 
 @pytest.fixture(scope="module")
@@ -16,8 +16,8 @@ def actor():
     assert VERL_PYTHON.exists(), f"{VERL_PYTHON} is missing: run bash scripts/setup_verl.sh"
     env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([str(VERL_PYTHON), str(ROOT / "tests" / "verl_actor.py")], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=600)
+    proc = subprocess.run([str(VERL_PYTHON), str(ROOT / "tests" / "verl_actor.py"), json.dumps(KL_FORMS)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -41,6 +41,11 @@ def test_an_objective_on_pi_ref_entropy_or_groups_equals_verls_own_term_through_
     control = actor["held"][f"control_{dict(grpo_k3='k3', entropy_bonus='entropy', grpo_norm='groups')[name]}:{agg}"
                             f"{packed}"]
     assert not control["same"] and control["grad_diff"] > 1e-8, control
+
+
+@pytest.mark.parametrize("form", KL_FORMS)
+def test_each_verl_kl_loss_type_written_in_the_objective_equals_verls_kl_loss_through_its_actor_update(actor, form):
+    assert actor["held"][f"kl:{form}"]["same"], actor["held"][f"kl:{form}"]
 
 
 def test_the_entropys_own_gradient_reaches_the_model(actor):

@@ -6,6 +6,7 @@ by prepare_micro_batches, forward_step's entropy and log-probs, backward) and th
 worker binds, partial(ppo_loss, config=actor config). The engine is FSDPEngineWithLMHead without
 FSDP (verl registers it for cuda/npu only: its methods run on a bare module, device "cpu").
 Each dsl: objective against verl's own term for the same input; prints one JSON line."""
+import copy
 import functools
 import itertools
 import json
@@ -107,7 +108,7 @@ def actor_config(loss_mode, **over):
 def update(eng, batch, config, advantages, order=None, use_remove_padding=False):
     """One mini-batch of verl's actor update under `config`: the loss value and every parameter's
     gradient. `order` reorders the batch's rows first (as trainer.balance_batch does)."""
-    batch = batch.select(deepcopy=True)
+    batch = copy.deepcopy(batch)
     batch.batch["advantages"] = advantages
     if order is not None:
         batch.reorder(torch.tensor(order))
@@ -140,7 +141,7 @@ def refusal(call):
         return str(e)
 
 
-def main():
+def main(kl_forms):
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/pg", rank=0, world_size=1)
     for name in ("get_device_id", "get_device_name"):       # verl's platform falls back to cuda
         setattr(transformer_impl, name, lambda: "cpu")
@@ -200,7 +201,7 @@ def main():
     }
     for name, (config, adv) in cases.items():
         out["refused"][name] = refusal(lambda: update(eng, batch, config, adv))
-    no_ref = batch.select(deepcopy=True)
+    no_ref = copy.deepcopy(batch)
     no_ref.batch.pop("ref_log_prob")
     out["refused"]["no_ref_log_prob"] = refusal(lambda: update(eng, no_ref, actor_config("dsl:grpo_k3"), grpo_adv))
     out["refused"]["balance_batch"] = refusal(lambda: update(eng, batch, actor_config(mode), raw, order=balanced))
@@ -208,6 +209,16 @@ def main():
         old_log_prob=grpo_adv, log_prob=grpo_adv, advantages=grpo_adv, response_mask=mask.bool(),
         config=actor_config("dsl:entropy_bonus")))
     out["refused"]["otb"] = refusal(lambda: get_policy_loss_fn("dsl:otb"))
+    # each of verl's kl_loss_type forms (argv: test_verl.py's KL_FORMS, the KL written in the language
+    # as the objective -KL) added to PPO's clip = vanilla + kl_loss_coef·kl_penalty(form)
+    for form, text in kl_forms.items():
+        *defs, expr = text.strip().split("\n")
+        mode = adapter.register(parse("\n".join([*defs, f"min(r*A, clip(r, 0.8, 1.2)*A) + 0.04*({expr})\n"]),
+                                      f"kl_{form}.dsl"), name=f"kl_{form}")
+        out["held"][f"kl:{form}"] = compare(
+            update(eng, batch, actor_config(mode, use_kl_loss=True, kl_loss_coef=0), grpo_adv),
+            update(eng, batch, actor_config("vanilla", use_kl_loss=True, kl_loss_coef=0.04, kl_loss_type=form,
+                                            **no_dual), grpo_adv))
     out["balanced_order"] = balanced
     print(json.dumps(out))
     dist.destroy_process_group()
@@ -216,4 +227,4 @@ def main():
 
 if __name__ == "__main__":
     os.environ.pop("VERL_USE_EXTERNAL_MODULES", None)
-    sys.exit(main())
+    sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
