@@ -70,11 +70,13 @@ def test_every_shipped_objective_that_mirrors_a_verl_loss_equals_it_in_loss_and_
     assert summary["equivalents_resolve"], summary["unresolved"]     # each dsl: loss_mode a refusal names
     import dsl
     from openrlhf_drpo.core.loss import objective_inputs
-    # every shipped objective but those reading what verl's policy loss never receives (the rollout
-    # policy, π_ref, H, Σ_v π_v², groups or the whole batch: every input beyond the four)
-    reads = {f"dsl:{n}": objective_inputs(dsl.load(n)) for n in dsl.shipped_names()}
+    # every shipped objective but those reading what verl's actor never gives (the rollout policy,
+    # Σ_v π_v² or the whole batch); π_ref, H and groups come from its actor loss (test_verl_inputs.py)
+    reads = {f"dsl:{n}": objective_inputs(dsl.load(n)).keys() - {"ref_log_probs", "entropy", "groups"}
+             for n in dsl.shipped_names()}
     assert {n for n, r in reads.items() if not r} <= set(summary["registered"])
     assert not {n for n, r in reads.items() if r} & set(summary["registered"]) and "dsl:icepop" in reads
+    assert {"dsl:grpo_k3", "dsl:entropy_bonus"} <= set(summary["registered"]) and "dsl:otb" in reads
 
 
 # verl's registry, its lookup as a caller imported it by name before the adapter (verl's actor
@@ -100,7 +102,9 @@ print(json.dumps(dict(same_registry=live is registry, plain_dict=type(live) is d
                       registered_by_lookup=sorted(set(live) - verls - imported - after_member),
                       resolved=loss is live.get("dsl:drpo?delta=0.7"),
                       lookups_are_the_adapters=[m.get_policy_loss_fn is openrlhf_drpo.verl.get_policy_loss_fn
-                                                for m in (core_algos, actor_losses, distillation_losses)])))
+                                                for m in (core_algos, actor_losses, distillation_losses)],
+                      actor_losses_are_the_adapters=[m.ppo_loss is openrlhf_drpo.verl.ppo_loss
+                                                     for m in (actor_losses, distillation_losses)])))
 """
 
 
@@ -123,6 +127,8 @@ def test_a_membership_test_registers_nothing_and_a_lookup_resolves_only_the_name
     assert imported["registered_by_lookup"] == ["dsl:drpo?delta=0.7"] and imported["resolved"], imported
     # verl's callers import the lookup by name: the one imported before the adapter and the one after
     assert imported["lookups_are_the_adapters"] == [True, True, True], imported
+    # and verl's actor loss, which hands π_ref, H and uid on (test_verl_inputs.py), the same way
+    assert imported["actor_losses_are_the_adapters"] == [True, True], imported
 
 
 # another verl: its package metadata first on sys.path, or a policy loss or agg_loss of another
@@ -139,6 +145,9 @@ OTHER_VERL = {
                  "global_batch_size=None: None\n",
                  "verl's agg_loss takes ['loss_mat', 'loss_mask', 'loss_agg_mode', 'dp_size', 'batch_num_tokens', "
                  "'global_batch_size'], expected"),
+    "ppo_loss": ("import verl.workers.utils.losses as losses\n"
+                 "losses.ppo_loss = lambda config, model_output, data: None\n",
+                 "verl's actor loss (ppo_loss) takes ['config', 'model_output', 'data'], expected"),
 }
 
 
@@ -153,26 +162,19 @@ def test_another_verl_is_refused_on_import_saying_what_differs(tmp_path, what):
     assert proc.returncode == 1 and f"RuntimeError: openrlhf_drpo.verl: {message}" in proc.stderr, proc.stderr[-2000:]
 
 
-# The third version's inputs under verl: refused where verl's policy-loss call lacks them; the KL
-# forms and the entropy bonus held to verl's own kl_penalty and agg_loss (verl computes them
-# outside the policy loss, from ref_log_prob and the entropy); a prefix objective (response-local:
-# verl's micro-batch holds whole responses) through verl's get_policy_loss_fn against a
-# hand-written torch of it. Float64, loss and gradient, fused and plain.
+# The third version's inputs under verl: Σ_v π_v² and the batch refused at registration (π_ref, H
+# and groups come from verl's actor loss: test_verl_inputs.py); the KL forms and the entropy bonus
+# held to verl's own kl_penalty and agg_loss (verl computes them outside the policy loss, from
+# ref_log_prob and the entropy); a prefix objective (response-local: verl's micro-batch holds whole
+# responses) through verl's get_policy_loss_fn against a hand-written torch of it. Float64, loss
+# and gradient, fused and plain.
 REFUSED = {
-    "kl_ref": ("d = log(π_ref) - log(π)\nr*A - 0.1*(exp(d) - d - 1)\n", "objective 'kl_ref' uses π_ref, but verl "
-               "gives a policy loss no reference log-probs; verl's own KL to the reference is "
-               "actor_rollout_ref.actor.use_kl_loss with kl_loss_type and kl_loss_coef"),
-    "bonus": ("r*A + 0.01*H\n", "objective 'bonus' uses H (the entropy, with its gradient), but verl gives a policy "
-              "loss no entropy; verl's own entropy bonus is actor_rollout_ref.actor.entropy_coeff"),
-    "otb_weight": ("r*A*(1 - sg(sum_π_sq))\n", "objective 'otb_weight' uses sum_π_sq (Σ_v π_v²), but verl gives a "
-                   "policy loss no Σ_v π_v² (it computes one only for OTB's advantage estimator)"),
-    "group_pull": ("s = seq_mean(log(π))\nr*A - 0.5*(s - group_mean(s))^2\n", "objective 'group_pull' uses "
-                   "group_mean (each prompt's responses whole in one loss call, with their group ids), but verl "
-                   "gives a policy loss no group ids (uid), and its micro-batches need not hold a prompt's responses "
-                   "together (trainer.balance_batch, use_dynamic_bsz and shuffle reorder them)"),
-    "group_baseline": ("r*(A - group_mean(A))\n", "objective 'group_baseline' uses group_mean (each prompt's "
-                       "responses whole in one loss call, with their group ids), but verl gives a policy loss no "
-                       "group ids (uid)"),
+    "otb_weight": ("r*A*(1 - sg(sum_π_sq))\n", "objective 'otb_weight' uses sum_π_sq (Σ_v π_v²), but verl computes "
+                   "no Σ_v π_v² at the update: its trainer sets calculate_sum_pi_squared only for the old policy's "
+                   "forward (ray_trainer._compute_old_log_prob, for OTB's advantage estimator), never in "
+                   "_update_actor's batch, so the policy being trained has none"),
+    "otb": (open(ROOT / "objectives" / "otb.dsl").read(), "objective 'otb' uses sum_π_sq (Σ_v π_v²), but verl "
+            "computes no Σ_v π_v² at the update"),
     "batch_pull": ("r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n", "objective 'batch_pull' uses batch_mean (the "
                    "optimizer step's whole batch in one loss call on each rank), but verl calls a policy loss once "
                    "per micro-batch (ppo_micro_batch_size_per_gpu), not once per optimizer step's batch"),

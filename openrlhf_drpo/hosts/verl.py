@@ -10,14 +10,19 @@ get_policy_loss_fn looks it up), or registered with `register("my.dsl", name="mi
 from a module that verl imports the same way (VERL_USE_EXTERNAL_MODULES=my_module). Each call
 follows verl's policy-loss signature: verl's loss_agg_mode with its global batch info
 (config.global_batch_info) and its rollout IS weights, and the metrics come back in verl's
-metrics dict. Importing it checks verl is the release it follows, extends verl's registry (the
-same dict) and changes no environment variable or import hook."""
+metrics dict. π_ref, H (with its gradient) and the group ids (uid) come from verl's actor loss
+(ppo_loss, which the adapter wraps unchanged), under the settings GIVEN names. Importing it checks
+verl is the release it follows, extends verl's registry (the same dict), points verl's modules at
+its get_policy_loss_fn and ppo_loss, and changes no environment variable or import hook."""
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import sys
 from importlib.metadata import PackageNotFoundError, version
+
+import torch
 
 import dsl
 from dsl.parser import Objective
@@ -26,6 +31,8 @@ from openrlhf_drpo.core.kernels import compute_dtype
 from openrlhf_drpo.core.loss import objective_inputs
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_loss
+from verl.workers.utils import losses as actor_losses
+from verl.workers.utils.padding import no_padding_2_padding
 
 PREFIX = "dsl:"
 VERL_VERSION = "0.9.1"
@@ -33,30 +40,35 @@ VERL_VERSION = "0.9.1"
 # the global batch info its agg_loss reads from config.global_batch_info, which ours follow
 _POLICY_LOSS_PARAMS = ["old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config",
                        "rollout_is_weights"]
+_PPO_LOSS_PARAMS = ["config", "model_output", "data", "dp_group"]     # verl's actor loss
 _AGG_LOSS_PARAMS = ["loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_num_tokens", "global_batch_size",
                     "loss_scale_factor"]
 
 
-# What verl 0.9.1's policy-loss call (_POLICY_LOSS_PARAMS) never carries, against each input an
-# objective may read (CompiledLoss.inputs()), with what verl has instead. A micro-batch holds
-# whole responses (ppo_loss pads each back to a row), so prefix reductions need nothing here.
+# What verl 0.9.1's actor never gives a policy loss (CompiledLoss.inputs() keys), with why in
+# verl's terms. A micro-batch holds whole responses (ppo_loss pads each back to a row), so prefix
+# reductions need nothing here; π_ref, H and the groups come from verl's actor loss (GIVEN).
 NOT_GIVEN = {
     "rollout_log_probs": ("verl gives a policy loss none: verl's policy-loss call passes rollout IS weights, not "
                           "rollout log-probs; use an objective on μ with verl's algorithm.rollout_correction instead"),
-    "ref_log_probs": ("verl gives a policy loss no reference log-probs; verl's own KL to the reference is "
-                      "actor_rollout_ref.actor.use_kl_loss with kl_loss_type and kl_loss_coef"),
-    "entropy": ("verl gives a policy loss no entropy; verl's own entropy bonus is "
-                "actor_rollout_ref.actor.entropy_coeff"),
-    "sum_pi_sq": "verl gives a policy loss no Σ_v π_v² (it computes one only for OTB's advantage estimator)",
-    "groups": ("verl gives a policy loss no group ids (uid), and its micro-batches need not hold a prompt's "
-               "responses together (trainer.balance_batch, use_dynamic_bsz and shuffle reorder them)"),
+    "sum_pi_sq": ("verl computes no Σ_v π_v² at the update: its trainer sets calculate_sum_pi_squared only for "
+                  "the old policy's forward (ray_trainer._compute_old_log_prob, for OTB's advantage estimator), "
+                  "never in _update_actor's batch, so the policy being trained has none"),
     "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
               "optimizer step's batch"),
 }
+# What verl's actor loss (verl.workers.utils.losses.ppo_loss, once per micro-batch) holds that its
+# policy-loss call drops, and the settings under which verl fills it: ppo_loss below hands it on.
+GIVEN = {"ref_log_probs": "verl's ref_log_prob (actor_rollout_ref.actor.use_kl_loss=True, kl_loss_coef=0)",
+         "entropy": "verl's entropy, with its gradient (actor_rollout_ref.actor.calculate_entropy=True, "
+                    "entropy_coeff=0)",
+         "groups": "verl's uid, each prompt's rollout.n responses whole in a micro-batch (trainer.use_v1=False, "
+                   "trainer.balance_batch=False, actor_rollout_ref.actor.shuffle=False, use_dynamic_bsz=False, "
+                   "ppo_micro_batch_size_per_gpu a multiple of rollout.n)"}
 
 
 class VerlObjectiveLoss(CompiledLoss):
-    provides: dict = {}     # none of the inputs beyond log π, μ, A and the mask: NOT_GIVEN says why
+    provides = GIVEN     # and log π, μ, A and the mask; NOT_GIVEN says why not the others
 
     def lacks(self, config) -> dict:
         return NOT_GIVEN
@@ -122,6 +134,88 @@ def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size
     return "token-mean", sequences * horizon / dp_size, None
 
 
+# verl's actor loss for the micro-batch being computed: (model output, micro-batch), set by ppo_loss
+_MICRO_BATCH = contextvars.ContextVar("openrlhf_drpo_verl_micro_batch", default=None)
+
+
+def ppo_loss(config, model_output, data, dp_group=None):
+    """verl's actor loss (verl.workers.utils.losses.ppo_loss, which its actor worker binds with its
+    config and its engine calls once per micro-batch), unchanged, with the model output and the
+    micro-batch kept for the policy loss it calls: they hold what the policy-loss call drops."""
+    token = _MICRO_BATCH.set((model_output, data))
+    try:
+        return _verl_ppo_loss(config, model_output, data, dp_group)
+    finally:
+        _MICRO_BATCH.reset(token)
+
+
+def _superseded(name, setting, value, why):
+    raise ValueError(f"actor_rollout_ref.actor.{setting}={value}: verl adds its own {why} to the loss, and the "
+                     f"objective '{name}' has its own: leave {setting}=0 (the objective's term replaces verl's)")
+
+
+def actor_inputs(core: CompiledLoss, config, log_prob) -> dict:
+    """The inputs in GIVEN the objective reads, from verl's micro-batch as verl's ppo_loss reads its
+    own (padded to log_prob's rows); refused by name where verl's settings withhold one, or set a
+    term of verl's own that the objective's replaces."""
+    reads, name = core.inputs().keys() & GIVEN.keys(), core.objective.name
+    if not reads:
+        return {}
+    call = _MICRO_BATCH.get()
+    if call is None or config is None:
+        core.refuse_missing({k: "this policy-loss call did not come through verl's actor loss "
+                                "(verl.workers.utils.losses.ppo_loss), which alone holds it" for k in reads})
+    model_output, data = call
+    out, missing = {}, {}
+    if "entropy" in reads:
+        if config.entropy_coeff != 0:
+            _superseded(name, "entropy_coeff", config.entropy_coeff, "entropy bonus (entropy_coeff·H)")
+        if model_output.get("entropy") is None:
+            missing["entropy"] = ("verl's actor computed no entropy at the update: it does only with "
+                                  "actor_rollout_ref.actor.calculate_entropy=True or entropy_coeff != 0 "
+                                  "(ray_trainer._update_actor); set calculate_entropy=True")
+        else:
+            out["entropy"] = no_padding_2_padding(model_output["entropy"], data).to(log_prob.dtype)
+    if "ref_log_probs" in reads:
+        if config.use_kl_loss and config.kl_loss_coef != 0:
+            _superseded(name, "kl_loss_coef", config.kl_loss_coef, f"KL to the reference ({config.kl_loss_type})")
+        if "ref_log_prob" not in data.keys():
+            missing["ref_log_probs"] = ("verl's batch has no ref_log_prob: verl computes it only with "
+                                        "actor_rollout_ref.actor.use_kl_loss=True or algorithm.use_kl_in_reward=True "
+                                        "(trainer/ppo/utils.py need_reference_policy); set use_kl_loss=True with "
+                                        "kl_loss_coef=0")
+        else:
+            out["ref_log_probs"] = data.select("ref_log_prob").to_padded_tensor()["ref_log_prob"].to(log_prob)
+    if "groups" in reads:
+        out["groups"] = _groups(config, data, log_prob, missing)
+    core.refuse_missing(missing)
+    return out
+
+
+def _groups(config, data, log_prob, missing):
+    """verl's uid as group ids, once each prompt's rollout.n responses are whole in the micro-batch:
+    verl's actor sets no force_group_size (ray_trainer._update_actor), so only its settings keep them."""
+    n = config.rollout_n
+    split = [f"{k}={v}" for k, v, bad in [("shuffle", config.shuffle, config.shuffle),
+                                         ("use_dynamic_bsz", config.use_dynamic_bsz, config.use_dynamic_bsz),
+                                         ("ppo_micro_batch_size_per_gpu", config.ppo_micro_batch_size_per_gpu,
+                                          (config.ppo_micro_batch_size_per_gpu or 1) % n)] if bad]
+    uids = list(data["uid"]) if "uid" in data.keys() else None
+    if uids is not None and not split:
+        counts = {u: uids.count(u) for u in uids}
+        split = [f"uid {u!r} has {c} of its {n} responses in this micro-batch" for u, c in counts.items() if c != n][:1]
+    if uids is None or split:
+        missing["groups"] = ("verl's micro-batch " + ("carries no uid" if uids is None else
+                             f"need not hold a prompt's responses whole ({'; '.join(split)})") +
+                             ": verl keeps them whole with trainer.use_v1=False and trainer.balance_batch=False "
+                             "(its v1 trainer balances every batch: trainer_base._balance_batch), actor_rollout_ref."
+                             "actor.shuffle=False, use_dynamic_bsz=False and ppo_micro_batch_size_per_gpu a multiple "
+                             f"of rollout.n={n} (its actor sets no force_group_size: ray_trainer._update_actor)")
+        return None
+    ids = {u: i for i, u in enumerate(dict.fromkeys(uids))}
+    return torch.tensor([ids[u] for u in uids], device=log_prob.device)
+
+
 def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                 config=None, rollout_is_weights=None):
     """verl's PolicyLossFn: (loss, metrics). μ is verl's old log-probs."""
@@ -134,7 +228,8 @@ def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response
         factor = 1 / factor.to(compute_dtype(log_prob))
         weights = factor.expand_as(log_prob) if weights is None else weights * factor
     loss, metrics = core(log_prob, old_log_prob, advantages, response_mask,
-                         aggregation=Aggregation(mode, norm=norm, weights=weights))
+                         aggregation=Aggregation(mode, norm=norm, weights=weights),
+                         **actor_inputs(core, config, log_prob))
     values = metrics.values.tolist()      # one host sync for all of them
     out = {f"actor/{m.key}": x for m, x in zip(metrics.fields, values) if m.key}
     out["actor/ppo_kl"] = values[[m.name for m in metrics.fields].index("neg_log_ratio_mean")]
@@ -146,8 +241,9 @@ def register(objective: str | Objective, name: str | None = None, **params) -> s
     policy-loss registry as dsl:<name> (the objective's own name by default) and returns that
     loss_mode. The objective is parsed and compiled here: a bad file stops with its located error.
     The aggregation is verl's loss_agg_mode (the objective's @aggregate is not used), and an
-    objective that reads what verl hands a policy loss not (NOT_GIVEN: rollout log-probs, π_ref,
-    H, Σ_v π_v², groups, the whole batch) is refused here, not at the first step."""
+    objective that reads what verl's actor never gives (NOT_GIVEN: rollout log-probs, Σ_v π_v²,
+    the whole batch) is refused here, not at the first step; π_ref, H and groups at the first
+    step where verl's settings withhold them (actor_inputs)."""
     if "aggregate" in params:
         raise ValueError("the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter")
     core = VerlObjectiveLoss(objective, **params)      # refuses what NOT_GIVEN lists
@@ -169,7 +265,8 @@ def _check_verl():
                            f"verl=={VERL_VERSION} (its policy-loss call, global batch info and loss lookup change "
                            f"between releases): pip install verl=={VERL_VERSION}")
     for what, fn, expected in [("policy loss (vanilla)", core_algos.POLICY_LOSS_REGISTRY.get("vanilla"),
-                                _POLICY_LOSS_PARAMS), ("agg_loss", core_algos.agg_loss, _AGG_LOSS_PARAMS)]:
+                                _POLICY_LOSS_PARAMS), ("agg_loss", core_algos.agg_loss, _AGG_LOSS_PARAMS),
+                               ("actor loss (ppo_loss)", actor_losses.ppo_loss, _PPO_LOSS_PARAMS)]:
         params = None if fn is None else list(inspect.signature(fn).parameters)
         if params != expected:
             raise RuntimeError(f"openrlhf_drpo.verl: verl's {what} takes {params}, expected {expected} "
@@ -193,15 +290,17 @@ def get_policy_loss_fn(name):
 
 
 _check_verl()
-# verl's callers import get_policy_loss_fn by name (verl.workers.utils.losses, verl.trainer.
-# distillation.losses): one imported after this takes ours from core_algos, one imported before
-# is pointed at it. verl's registry stays verl's own dict, only extended.
-_verl_get_policy_loss_fn = core_algos.get_policy_loss_fn
-for _module in [core_algos, *(m for n, m in list(sys.modules.items()) if n.startswith("verl."))]:
-    if getattr(_module, "get_policy_loss_fn", None) is _verl_get_policy_loss_fn:
-        _module.get_policy_loss_fn = get_policy_loss_fn
-# the shipped objectives verl's policy-loss call can feed (the others would be refused, saying why)
+# verl's callers import get_policy_loss_fn and ppo_loss by name (verl.workers.utils.losses, its
+# engine_workers, verl.trainer.distillation.losses): one imported after this takes ours from the
+# module that defines it, one imported before is pointed at it. verl's registry stays its own dict.
+_verl_get_policy_loss_fn, _verl_ppo_loss = core_algos.get_policy_loss_fn, actor_losses.ppo_loss
+for _module in [core_algos, actor_losses, *(m for n, m in list(sys.modules.items()) if n.startswith("verl."))]:
+    for _name, _verls, _ours in [("get_policy_loss_fn", _verl_get_policy_loss_fn, get_policy_loss_fn),
+                                 ("ppo_loss", _verl_ppo_loss, ppo_loss)]:
+        if getattr(_module, _name, None) is _verls:
+            setattr(_module, _name, _ours)
+# the shipped objectives verl's actor can feed (the others would be refused, saying why)
 SHIPPED = [register(n) for n in dsl.shipped_names()
            if not objective_inputs(dsl.load(n)).keys() & NOT_GIVEN.keys()]
-__all__ = ["METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "SUPERSEDED", "VERL_VERSION", "VerlObjectiveLoss",
-           "get_policy_loss_fn", "policy_loss", "refuse_superseded", "register"]
+__all__ = ["GIVEN", "METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "SUPERSEDED", "VERL_VERSION", "VerlObjectiveLoss",
+           "actor_inputs", "get_policy_loss_fn", "policy_loss", "ppo_loss", "refuse_superseded", "register"]
