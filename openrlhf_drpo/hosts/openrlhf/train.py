@@ -24,7 +24,8 @@ import os
 import runpy
 import sys
 
-from openrlhf_drpo.hosts.openrlhf.launch import CPU_MODES, cpu_mode_for, pre_parse, preflight
+from openrlhf_drpo.hosts.openrlhf.launch import (CPU_MODES, code_runtime_env, cpu_mode_for, pre_parse, preflight,
+                                                 ray_cluster)
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
 
@@ -68,7 +69,8 @@ def add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
                             "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "
                             "or `ray start` on this machine) and has GPUs, an error where it has none; without "
-                            "a cluster, CPU mode exactly when no CUDA device is visible")
+                            "a cluster, CPU mode exactly when no CUDA device is visible; cluster: CPU mode on the "
+                            "Ray cluster that is set up, whose nodes declare logical GPUs (ray start --num-gpus N)")
 
 
 
@@ -203,6 +205,20 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
     original_init = ray.init
 
     def ray_init(*args, **kwargs):
+        on_cluster = not cpu or getattr(parsed["ns"], "drpo.cpu_mode") == "cluster"
+        cluster = ray_cluster() if on_cluster else None
+        if cpu and cluster is None and on_cluster:
+            raise SystemExit("drpo-train: error: --drpo.cpu_mode cluster: the Ray cluster is no longer set up")
+        if cluster is not None:
+            how = "CPU mode: DeepSpeed CPU accelerator, vLLM CPU backend, gloo weight sync; " if cpu else ""
+            print(f"openrlhf-drpo: joining the Ray cluster at {cluster[0]} ({how}openrlhf_drpo and dsl shipped to its "
+                  "workers in the runtime environment)", flush=True)
+        if cpu and cluster:
+            context = original_init(*args, **cpu_mode.ray_init_kwargs(kwargs, parsed["ns"], cluster[0]))
+            cpu_mode.check_cluster_gpus(parsed["ns"])
+            return context
+        if cluster:      # GPU mode: OpenRLHF's own call, with this driver's code for every worker
+            return original_init(*args, **{**kwargs, "runtime_env": code_runtime_env(kwargs.get("runtime_env") or {})})
         if cpu:
             kwargs = cpu_mode.ray_init_kwargs(kwargs, parsed["ns"])
             print(f"openrlhf-drpo: starting a local Ray with {kwargs['num_gpus']} logical GPUs (CPU mode: DeepSpeed "

@@ -115,6 +115,8 @@ def rollout_actor():
             # OpenMP binding; driver_environment's "nobind" skips that setup either way.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             await super().__init__(*args, **kwargs)
+            from openrlhf_drpo.hosts.openrlhf.cpu_mode import say_where
+            say_where("vLLM engine")
             await self.llm.collective_rpc("request_amx")      # before the first generation
             manager = getattr(getattr(self.llm.engine_core, "resources", None), "engine_manager", None)
             if manager is not None:

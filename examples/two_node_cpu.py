@@ -1,0 +1,121 @@
+"""drpo-train on a Ray cluster of two nodes, simulated on one machine: no GPU, no download.
+
+    python3 examples/two_node_cpu.py [--steps 2] [--out runs/two_node]
+
+Starts Ray's own test cluster (ray.cluster_utils.Cluster: a head and a second node, two raylets,
+each declaring one logical GPU, started without this checkout on their Python path), writes a
+user's objective file into a temporary folder, and runs drpo-train on the tiny task of
+examples/laptop_quickstart.py with `--drpo.cpu_mode cluster`. One logical GPU per node puts
+OpenRLHF's policy and its vLLM engine on different nodes. The objective file is deleted as
+soon as the driver has joined the cluster: the workers build the objective from the text the
+args carry, and import openrlhf_drpo from the runtime environment the driver shipped. Prints
+the run's placement, its steps and its time; the full log is OUT/train.log. Exits 1 unless two
+nodes took part, every model process imported the shipped openrlhf_drpo and every step ran.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if not __import__("torch").cuda.is_available():   # building the model imports DeepSpeed, which else
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # says aloud that it found no CUDA
+from openrlhf_drpo.lab import toytask  # noqa: E402
+
+# a user's own objective: not a shipped one, in a folder only the driver reads
+OBJECTIVE = """# A sequence-level ratio clipped as PPO clips a token's (a user's GSPO with a wider clip).
+eps = 0.2
+s = exp(seq_mean(log(π) - log(μ)))
+min(s*A, clip(s, 1 - eps, 1 + eps)*A)
+"""
+WHERE = re.compile(r"openrlhf-drpo: (.+) on Ray node ([0-9a-f]+), openrlhf_drpo from (\S+)")
+COLUMNS = ("reward", "drpo_ratio_max", "actor_grad_norm")
+
+
+def summary(log_lines: list[str], nodes: dict[str, str], steps: int) -> tuple[list[str], bool]:
+    """The report's lines from the run's log lines (the placement lines and OpenRLHF's
+    `Global step` lines) and the cluster's {node id: name}; and whether the run is what this
+    script exists to show."""
+    placed = [(m.group(1), m.group(2), m.group(3)) for m in map(WHERE.search, log_lines) if m]
+    out = [f"{role}: {nodes.get(node, 'a node not in this cluster')} ({node[:12]}), openrlhf_drpo from {folder}"
+           for role, node, folder in placed]
+    rows = toytask.steps_from_log("\n".join(log_lines))
+    out += ["step " + " ".join(f"{c:>15}" for c in COLUMNS)]
+    out += [f"{s['step']:>4} " + " ".join(f"{s.get(c, float('nan')):>15.4g}" for c in COLUMNS) for s in rows]
+    used = {node for _, node, _ in placed}
+    shipped = all("runtime_resources" in folder for *_, folder in placed)
+    roles = {role for role, *_ in placed}
+    ok = (len(used) == 2 and used <= set(nodes) and shipped and {"vLLM engine", "DeepSpeed model process"} <= roles
+          and [s["step"] for s in rows] == list(range(1, steps + 1)))
+    out.append(f"nodes used: {len(used)} of {len(nodes)}; openrlhf_drpo from the runtime environment in every model "
+               f"process: {'yes' if shipped and placed else 'no'}; steps: {len(rows)} of {steps}")
+    return out, ok
+
+
+def start_cluster():
+    """Two raylets on this machine, each with 2 CPUs and 1 logical GPU, whose workers see none of
+    this checkout: no PYTHONPATH in their environment (openrlhf_drpo then comes from the driver's
+    runtime environment, or from an installed copy, which the report would show)."""
+    from ray.cluster_utils import Cluster
+    saved = os.environ.pop("PYTHONPATH", None)
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "include_dashboard": False})
+        worker = cluster.add_node(num_cpus=2, num_gpus=1)
+        cluster.wait_for_nodes()
+    finally:
+        if saved is not None:
+            os.environ["PYTHONPATH"] = saved
+    return cluster, {cluster.head_node.node_id: "head node", worker.node_id: "second node"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--out", default=os.path.join("runs", "two_node"))
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    task = toytask.build(args.out)
+    folder = tempfile.mkdtemp(prefix="objective-")
+    objective = os.path.join(folder, "my_objective.dsl")
+    with open(objective, "w") as f:
+        f.write(OBJECTIVE)
+    started = time.monotonic()
+    cluster, nodes = start_cluster()
+    print(f"Ray cluster at {cluster.address}: " + ", ".join(f"{name} {node[:12]}" for node, name in nodes.items()),
+          flush=True)
+    cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.cpu_mode", "cluster",
+           "--drpo.objective", objective, "--drpo.anchor", "rollout", *toytask.flags(task, args.out, steps=args.steps)]
+    print("RAY_ADDRESS=" + cluster.address + " drpo-train " + " ".join(cmd[3:]), flush=True)
+    lines = []
+    try:
+        with open(os.path.join(args.out, "train.log"), "w") as log:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env={**os.environ, "RAY_ADDRESS": cluster.address})
+            for line in proc.stdout:
+                log.write(line)
+                lines.append(line.rstrip("\n"))
+                if line.startswith("openrlhf-drpo: joining the Ray cluster") and os.path.exists(objective):
+                    os.remove(objective)        # parsed by the driver: no worker may read it
+                    print(f"(deleted {objective}: the driver has parsed it)", flush=True)
+                if line.startswith(("openrlhf-drpo: CPU mode", "openrlhf-drpo: joining", "drpo-train: error")):
+                    print(line.rstrip(), flush=True)
+            rc = proc.wait()
+    finally:
+        cluster.shutdown()
+        if os.path.exists(objective):
+            os.remove(objective)
+        os.rmdir(folder)
+    report, ok = summary(lines, nodes, args.steps)
+    print("\n".join(report))
+    print(f"drpo-train exited with {rc} after {time.monotonic() - started:.0f} s (cluster start included); "
+          f"log: {os.path.join(args.out, 'train.log')}", flush=True)
+    if rc != 0:
+        print("\n".join(lines[-40:]), file=sys.stderr)
+    return 0 if rc == 0 and ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
