@@ -32,27 +32,33 @@ s = exp(seq_mean(log(π) - log(μ)))
 min(s*A, clip(s, 1 - eps, 1 + eps)*A)
 """
 WHERE = re.compile(r"openrlhf-drpo: (.+) on Ray node ([0-9a-f]+), openrlhf_drpo from (\S+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")       # Ray colours the prefix of each worker's line
 COLUMNS = ("reward", "drpo_ratio_max", "actor_grad_norm")
+ROLES = {"vLLM engine", "DeepSpeed model process"}
 
 
-def summary(log_lines: list[str], nodes: dict[str, str], steps: int) -> tuple[list[str], bool]:
-    """The report's lines from the run's log lines (the placement lines and OpenRLHF's
-    `Global step` lines) and the cluster's {node id: name}; and whether the run is what this
-    script exists to show."""
-    placed = [(m.group(1), m.group(2), m.group(3)) for m in map(WHERE.search, log_lines) if m]
+def placement(log_lines: list[str], nodes: dict[str, str]) -> tuple[list[str], set, bool, set]:
+    """From the model processes' own lines: one report line each (its node, named), the nodes
+    used, whether each imported openrlhf_drpo from the runtime environment, and the roles seen."""
+    placed = [m.groups() for m in map(WHERE.search, log_lines) if m]
     out = [f"{role}: {nodes.get(node, 'a node not in this cluster')} ({node[:12]}), openrlhf_drpo from {folder}"
            for role, node, folder in placed]
-    rows = toytask.steps_from_log("\n".join(log_lines))
-    out += ["step " + " ".join(f"{c:>15}" for c in COLUMNS)]
-    out += [f"{s['step']:>4} " + " ".join(f"{s.get(c, float('nan')):>15.4g}" for c in COLUMNS) for s in rows]
-    used = {node for _, node, _ in placed}
-    shipped = all("runtime_resources" in folder for *_, folder in placed)
-    roles = {role for role, *_ in placed}
-    ok = (len(used) == 2 and used <= set(nodes) and shipped and {"vLLM engine", "DeepSpeed model process"} <= roles
+    shipped = bool(placed) and all("runtime_resources" in folder for *_, folder in placed)
+    return out, {node for _, node, _ in placed}, shipped, {role for role, *_ in placed}
+
+
+def table(rows: list[dict]) -> list[str]:
+    return ["step " + " ".join(f"{c:>15}" for c in COLUMNS)] + \
+        [f"{s['step']:>4} " + " ".join(f"{s.get(c, float('nan')):>15.4g}" for c in COLUMNS) for s in rows]
+
+
+def verdict(used: set, nodes: dict, shipped: bool, roles: set, rows: list[dict], steps: int) -> tuple[str, bool]:
+    """The report's last line, and whether the run is what this script exists to show: two
+    nodes, each model's process on one of them importing the shipped code, every step."""
+    ok = (len(used) == 2 and used <= set(nodes) and shipped and ROLES <= roles
           and [s["step"] for s in rows] == list(range(1, steps + 1)))
-    out.append(f"nodes used: {len(used)} of {len(nodes)}; openrlhf_drpo from the runtime environment in every model "
-               f"process: {'yes' if shipped and placed else 'no'}; steps: {len(rows)} of {steps}")
-    return out, ok
+    return (f"nodes used: {len(used)} of {len(nodes)}; openrlhf_drpo from the runtime environment in every model "
+            f"process: {'yes' if shipped else 'no'}; steps: {len(rows)} of {steps}"), ok
 
 
 def start_cluster():
@@ -89,7 +95,7 @@ def main(argv=None) -> int:
     cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.cpu_mode", "cluster",
            "--drpo.objective", objective, "--drpo.anchor", "rollout", *toytask.flags(task, args.out, steps=args.steps)]
     print("RAY_ADDRESS=" + cluster.address + " drpo-train " + " ".join(cmd[3:]), flush=True)
-    lines = []
+    lines, deleted = [], False
     try:
         with open(os.path.join(args.out, "train.log"), "w") as log:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -99,22 +105,26 @@ def main(argv=None) -> int:
                 lines.append(line.rstrip("\n"))
                 if line.startswith("openrlhf-drpo: joining the Ray cluster") and os.path.exists(objective):
                     os.remove(objective)        # parsed by the driver: no worker may read it
+                    deleted = True
                     print(f"(deleted {objective}: the driver has parsed it)", flush=True)
-                if line.startswith(("openrlhf-drpo: CPU mode", "openrlhf-drpo: joining", "drpo-train: error")):
-                    print(line.rstrip(), flush=True)
+                if line.startswith(("openrlhf-drpo: CPU mode", "openrlhf-drpo: joining", "drpo-train: error")) \
+                        or WHERE.search(line):
+                    print(ANSI.sub("", line.rstrip()), flush=True)
             rc = proc.wait()
     finally:
         cluster.shutdown()
         if os.path.exists(objective):
             os.remove(objective)
         os.rmdir(folder)
-    report, ok = summary(lines, nodes, args.steps)
-    print("\n".join(report))
+    placed, used, shipped, roles = placement(lines, nodes)
+    rows = toytask.steps_from_log("\n".join(lines))
+    last, ok = verdict(used, nodes, shipped, roles, rows, args.steps)
+    print("\n".join([*placed, *table(rows), last]))
     print(f"drpo-train exited with {rc} after {time.monotonic() - started:.0f} s (cluster start included); "
           f"log: {os.path.join(args.out, 'train.log')}", flush=True)
     if rc != 0:
         print("\n".join(lines[-40:]), file=sys.stderr)
-    return 0 if rc == 0 and ok else 1
+    return 0 if rc == 0 and ok and deleted else 1
 
 
 if __name__ == "__main__":

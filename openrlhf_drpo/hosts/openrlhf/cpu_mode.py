@@ -193,8 +193,7 @@ def ray_init_kwargs(kwargs: dict, args, cluster: str | None = None) -> dict:
     for (Ray would otherwise wait forever for GPUs that do not exist), and the CPU-mode
     environment plus the worker setup hook shipped to every worker. With `cluster` (an address:
     --drpo.cpu_mode cluster) it joins that cluster instead, whose nodes declare their own
-    logical GPUs, with this driver's code (launch.code_runtime_env)."""
-    from openrlhf_drpo.hosts.openrlhf.launch import code_runtime_env
+    logical GPUs (drpo-train adds its code to the runtime env: launch.code_runtime_env)."""
     for stale in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"):   # Ray checks logical GPUs against the latter
         os.environ.pop(stale, None)
     runtime_env = dict(kwargs.get("runtime_env") or {})
@@ -202,7 +201,7 @@ def ray_init_kwargs(kwargs: dict, args, cluster: str | None = None) -> dict:
     runtime_env["worker_process_setup_hook"] = "openrlhf_drpo.hosts.openrlhf.cpu_mode.setup_ray_worker"
     if cluster is not None:
         runtime_env["env_vars"][CLUSTER_FLAG] = "1"
-        return {**kwargs, "address": cluster, "runtime_env": code_runtime_env(runtime_env)}
+        return {**kwargs, "address": cluster, "runtime_env": runtime_env}
     gpus = gpus_requested(args)
     return {**kwargs, "address": "local", "num_gpus": gpus, "num_cpus": max(os.cpu_count() or 1, gpus + 2),
             "include_dashboard": False, "runtime_env": runtime_env}

@@ -213,12 +213,12 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
             how = "CPU mode: DeepSpeed CPU accelerator, vLLM CPU backend, gloo weight sync; " if cpu else ""
             print(f"openrlhf-drpo: joining the Ray cluster at {cluster[0]} ({how}openrlhf_drpo and dsl shipped to its "
                   "workers in the runtime environment)", flush=True)
-        if cpu and cluster:
-            context = original_init(*args, **cpu_mode.ray_init_kwargs(kwargs, parsed["ns"], cluster[0]))
-            cpu_mode.check_cluster_gpus(parsed["ns"])
+        if cluster:      # OpenRLHF's own call (CPU mode's), with this driver's code for every worker
+            kwargs = cpu_mode.ray_init_kwargs(kwargs, parsed["ns"], cluster[0]) if cpu else kwargs
+            context = original_init(*args, **{**kwargs, "runtime_env": code_runtime_env(kwargs.get("runtime_env") or {})})
+            if cpu:
+                cpu_mode.check_cluster_gpus(parsed["ns"])
             return context
-        if cluster:      # GPU mode: OpenRLHF's own call, with this driver's code for every worker
-            return original_init(*args, **{**kwargs, "runtime_env": code_runtime_env(kwargs.get("runtime_env") or {})})
         if cpu:
             kwargs = cpu_mode.ray_init_kwargs(kwargs, parsed["ns"])
             print(f"openrlhf-drpo: starting a local Ray with {kwargs['num_gpus']} logical GPUs (CPU mode: DeepSpeed "
