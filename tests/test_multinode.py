@@ -68,7 +68,7 @@ def _init_in_drpo_train(cpu, mode, address, monkeypatch, tmp_path):
     from openrlhf_drpo.hosts.openrlhf import cpu_mode, train
     monkeypatch.setenv("RAY_ADDRESS", address)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))     # CPU mode pops it
-    monkeypatch.setattr(cpu_mode, "check_cluster_gpus", lambda ns: None)
+    monkeypatch.setattr(cpu_mode, "check_cluster_gpus", lambda ns: None, raising=False)
     with train._patched_openrlhf(lambda ns, cpu: None, cpu):
         parser = argparse.ArgumentParser()
         parser.add_argument("--actor.model_name_or_path")
@@ -85,7 +85,7 @@ def _init_in_drpo_train(cpu, mode, address, monkeypatch, tmp_path):
         ray.init(runtime_env={"env_vars": {"OPENRLHF_OWN": "1"}})
 
 
-@pytest.mark.parametrize("cpu, mode", [(True, "cluster"), (False, "auto")])
+@pytest.mark.parametrize("cpu, mode", [(True, "cluster"), (False, "auto"), (True, "on")])
 def test_a_cluster_run_ships_the_drivers_openrlhf_drpo_and_dsl_to_every_worker(cpu, mode, recorded_init, monkeypatch,
                                                                                tmp_path, capsys):
     import dsl
@@ -93,8 +93,11 @@ def test_a_cluster_run_ships_the_drivers_openrlhf_drpo_and_dsl_to_every_worker(c
     _init_in_drpo_train(cpu, mode, "192.0.2.7:6379", monkeypatch, tmp_path)
     (kwargs,) = recorded_init
     env = kwargs["runtime_env"]
-    assert env["py_modules"] == [os.path.dirname(openrlhf_drpo.__file__), os.path.dirname(dsl.__file__)]
     assert env["env_vars"]["OPENRLHF_OWN"] == "1"       # OpenRLHF's own runtime env is kept
+    if mode == "on":    # a local Ray replaces the cluster, as before: nothing to ship
+        assert kwargs["address"] == "local" and "py_modules" not in env
+        return
+    assert env["py_modules"] == [os.path.dirname(openrlhf_drpo.__file__), os.path.dirname(dsl.__file__)]
     assert "__pycache__" in env["excludes"]
     if cpu:     # joins the cluster (no local Ray, no GPU count of its own), CPU mode's env and hook
         assert kwargs["address"] == "192.0.2.7:6379" and "num_gpus" not in kwargs
@@ -102,13 +105,6 @@ def test_a_cluster_run_ships_the_drivers_openrlhf_drpo_and_dsl_to_every_worker(c
     else:       # GPU mode: OpenRLHF's call as it was, plus the code
         assert kwargs == {"runtime_env": env}
     assert "openrlhf-drpo: joining the Ray cluster at 192.0.2.7:6379 (" in capsys.readouterr().out
-
-
-def test_cpu_mode_on_still_replaces_a_cluster_by_a_local_ray_without_shipping_code(recorded_init, monkeypatch,
-                                                                                    tmp_path):
-    _init_in_drpo_train(True, "on", "192.0.2.7:6379", monkeypatch, tmp_path)
-    (kwargs,) = recorded_init
-    assert kwargs["address"] == "local" and "py_modules" not in kwargs["runtime_env"]
 
 
 def test_a_cluster_with_too_few_logical_gpus_is_refused_where_ray_would_wait_forever(monkeypatch):

@@ -25,7 +25,7 @@ from openrlhf_drpo.hosts.openrlhf import vllm_worker
 
 PINNED = {"openrlhf": "0.11.2", "vllm": "0.29.0", "deepspeed": "0.19.6"}
 ENV_FLAG = "OPENRLHF_DRPO_CPU_MODE"          # "1" in every process of a CPU-mode run
-CLUSTER_FLAG = "OPENRLHF_DRPO_CPU_CLUSTER"   # "1" in every process of a run on a Ray cluster's CPUs
+CLUSTER_FLAG = vllm_worker.CLUSTER_FLAG      # "1" in every process of a run on a Ray cluster's CPUs
 
 
 # ---------------------------------------------------------------- flash_attn (every process)
@@ -218,17 +218,6 @@ def check_cluster_gpus(args) -> None:
                          "--vllm.num_engines and the *.num_gpus_per_node flags")
 
 
-def say_where(role: str) -> None:
-    """On a cluster run, one line from each model's process: the node it runs on and where its
-    openrlhf_drpo comes from (a folder Ray unpacked from the driver's runtime environment)."""
-    if os.environ.get(CLUSTER_FLAG) != "1":
-        return
-    import openrlhf_drpo
-    import ray
-    print(f"openrlhf-drpo: {role} on Ray node {ray.get_runtime_context().get_node_id()}, openrlhf_drpo from "
-          f"{os.path.dirname(openrlhf_drpo.__file__)}", flush=True)
-
-
 # ---------------------------------------------------------------- Ray workers
 
 def setup_ray_worker() -> None:
@@ -251,7 +240,7 @@ def adapt_trainer_process() -> None:
     if _ADAPTED:
         return
     _ADAPTED = True
-    say_where("DeepSpeed model process")
+    vllm_worker.say_where("DeepSpeed model process")
     import torch
     from torch.distributed import device_mesh
     import openrlhf.utils.deepspeed.deepspeed as ds_strategy

@@ -121,8 +121,8 @@ def code_runtime_env(runtime_env: dict) -> dict:
     objective's compiler, the code the driver checked the objective with, whatever another
     node has installed. The objective itself travels as text in the args (train._ship_spec)."""
     import dsl
-    import openrlhf_drpo
-    mine = [os.path.dirname(m.__file__) for m in (openrlhf_drpo, dsl)]
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))    # openrlhf_drpo/
+    mine = [package, os.path.dirname(dsl.__file__)]
     return {**runtime_env, "py_modules": [*runtime_env.get("py_modules", []), *mine],
             "excludes": [*runtime_env.get("excludes", []), "__pycache__"]}
 
