@@ -2,7 +2,8 @@
 
 Every adaptation lives here, each applied only in the processes that need it:
 - driver: `driver_environment` (set before DeepSpeed or vLLM is imported), `check_flags`,
-  `ray_init_kwargs` (a local Ray with logical GPUs), and the actor classes below;
+  `ray_init_kwargs` (a local Ray with logical GPUs, or a cluster whose nodes declare them:
+  `--drpo.cpu_mode cluster`), and the actor classes below;
 - Ray workers: `setup_ray_worker` (the runtime env's setup hook) and `adapt_trainer_process`
   (called by the trainer-side actors before OpenRLHF's code runs);
 - the vLLM engine's process: hosts.openrlhf.vllm_worker (gloo, a repacking reload, AMX).

@@ -11,7 +11,9 @@ OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1)
 args, and (2) point the launcher at a PolicyModelActor subclass that installs the compiled
 objective where the trainer calls its policy loss. Pre-flight checks run at parse time, and
 with neither a Ray cluster nor CUDA, CPU mode (hosts/openrlhf/cpu_mode.py) adapts the pipeline to this
-machine's CPU; the first line of output says which mode and why.
+machine's CPU (with --drpo.cpu_mode cluster, to a Ray cluster's CPUs); the first line of output
+says which mode and why. On a cluster, the driver's openrlhf_drpo and dsl reach every worker in
+Ray's runtime environment.
 """
 from __future__ import annotations
 
