@@ -15,6 +15,7 @@ nodes took part, every model process imported the shipped openrlhf_drpo and ever
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,8 +65,11 @@ def verdict(used: set, nodes: dict, shipped: bool, roles: set, rows: list[dict],
 def start_cluster():
     """Two raylets on this machine, each with 2 CPUs and 1 logical GPU, whose workers see none of
     this checkout: no PYTHONPATH in their environment (openrlhf_drpo then comes from the driver's
-    runtime environment, or from an installed copy, which the report would show)."""
+    runtime environment, or from an installed copy, which the report would show). Ray's files go
+    to a folder of this run's (RAY_TMPDIR): the test cluster records its address in, and at
+    shutdown deletes, the machine's `ray start` record, which another Ray may own."""
     from ray.cluster_utils import Cluster
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")    # short: Ray's socket paths
     saved = os.environ.pop("PYTHONPATH", None)
     try:
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "include_dashboard": False})
@@ -103,13 +107,13 @@ def main(argv=None) -> int:
             for line in proc.stdout:
                 log.write(line)
                 lines.append(line.rstrip("\n"))
-                if line.startswith("openrlhf-drpo: joining the Ray cluster") and os.path.exists(objective):
-                    os.remove(objective)        # parsed by the driver: no worker may read it
-                    deleted = True
-                    print(f"(deleted {objective}: the driver has parsed it)", flush=True)
                 if line.startswith(("openrlhf-drpo: CPU mode", "openrlhf-drpo: joining", "drpo-train: error")) \
                         or WHERE.search(line):
                     print(ANSI.sub("", line.rstrip()), flush=True)
+                if line.startswith("openrlhf-drpo: joining the Ray cluster") and os.path.exists(objective):
+                    os.remove(objective)        # parsed by the driver: no worker may read it
+                    deleted = True
+                    print(f"(deleted {objective}: the driver has parsed it, no worker has started)", flush=True)
             rc = proc.wait()
     finally:
         cluster.shutdown()
@@ -122,9 +126,11 @@ def main(argv=None) -> int:
     print("\n".join([*placed, *table(rows), last]))
     print(f"drpo-train exited with {rc} after {time.monotonic() - started:.0f} s (cluster start included); "
           f"log: {os.path.join(args.out, 'train.log')}", flush=True)
-    if rc != 0:
-        print("\n".join(lines[-40:]), file=sys.stderr)
-    return 0 if rc == 0 and ok and deleted else 1
+    if rc == 0 and ok and deleted:
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+        return 0
+    print("\n".join(lines[-40:]) + f"\n(Ray's logs: {os.environ['RAY_TMPDIR']})", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
