@@ -10,7 +10,8 @@ OpenRLHF's policy and its vLLM engine on different nodes. The objective file is 
 soon as the driver has joined the cluster: the workers build the objective from the text the
 args carry, and import openrlhf_drpo from the runtime environment the driver shipped. Prints
 the run's placement, its steps and its time; the full log is OUT/train.log. Exits 1 unless two
-nodes took part, every model process imported the shipped openrlhf_drpo and every step ran.
+nodes took part, every model process imported the shipped openrlhf_drpo, the objective file was
+gone before any worker started, and every step ran.
 """
 import argparse
 import os
