@@ -2,7 +2,8 @@
 
 Every adaptation lives here, each applied only in the processes that need it:
 - driver: `driver_environment` (set before DeepSpeed or vLLM is imported), `check_flags`,
-  `ray_init_kwargs` (a local Ray with logical GPUs), and the actor classes below;
+  `ray_init_kwargs` (a local Ray with logical GPUs, or a cluster whose nodes declare them:
+  `--drpo.cpu_mode cluster`), and the actor classes below;
 - Ray workers: `setup_ray_worker` (the runtime env's setup hook) and `adapt_trainer_process`
   (called by the trainer-side actors before OpenRLHF's code runs);
 - the vLLM engine's process: hosts.openrlhf.vllm_worker (gloo, a repacking reload, AMX).
@@ -25,6 +26,7 @@ from openrlhf_drpo.hosts.openrlhf import vllm_worker
 
 PINNED = {"openrlhf": "0.11.2", "vllm": "0.29.0", "deepspeed": "0.19.6"}
 ENV_FLAG = "OPENRLHF_DRPO_CPU_MODE"          # "1" in every process of a CPU-mode run
+CLUSTER_FLAG = vllm_worker.CLUSTER_FLAG      # "1" in every process of a run on a Ray cluster's CPUs
 
 
 # ---------------------------------------------------------------- flash_attn (every process)
@@ -165,7 +167,7 @@ def check_flags(ns, argv: list[str]) -> None:
         if not _given(argv, f"--{role}.num_gpus_per_node"):    # OpenRLHF's default is 8 processes per model
             setattr(ns, f"{role}.num_gpus_per_node", 1)
         if getattr(ns, f"{role}.num_nodes", 1) != 1:
-            refuse(f"--{role}.num_nodes must be 1: CPU mode runs on this machine's local Ray")
+            refuse(f"--{role}.num_nodes must be 1: CPU mode runs each model's processes on one Ray node")
 
 
 def gpus_requested(ns) -> int:
@@ -187,18 +189,34 @@ def gpus_requested(ns) -> int:
     return n
 
 
-def ray_init_kwargs(kwargs: dict, args) -> dict:
+def ray_init_kwargs(kwargs: dict, args, cluster: str | None = None) -> dict:
     """OpenRLHF's own ray.init call, made local, with one logical GPU per bundle it will ask
     for (Ray would otherwise wait forever for GPUs that do not exist), and the CPU-mode
-    environment plus the worker setup hook shipped to every worker."""
+    environment plus the worker setup hook shipped to every worker. With `cluster` (an address:
+    --drpo.cpu_mode cluster) it joins that cluster instead, whose nodes declare their own
+    logical GPUs (drpo-train adds its code to the runtime env: launch.code_runtime_env)."""
     for stale in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"):   # Ray checks logical GPUs against the latter
         os.environ.pop(stale, None)
     runtime_env = dict(kwargs.get("runtime_env") or {})
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **driver_environment()}
     runtime_env["worker_process_setup_hook"] = "openrlhf_drpo.hosts.openrlhf.cpu_mode.setup_ray_worker"
+    if cluster is not None:
+        runtime_env["env_vars"][CLUSTER_FLAG] = "1"
+        return {**kwargs, "address": cluster, "runtime_env": runtime_env}
     gpus = gpus_requested(args)
     return {**kwargs, "address": "local", "num_gpus": gpus, "num_cpus": max(os.cpu_count() or 1, gpus + 2),
             "include_dashboard": False, "runtime_env": runtime_env}
+
+
+def check_cluster_gpus(args) -> None:
+    """Right after joining a cluster (--drpo.cpu_mode cluster): its logical GPUs cover what
+    OpenRLHF will ask for, or Ray would wait forever for the placement groups."""
+    import ray
+    wanted, present = gpus_requested(args), ray.cluster_resources().get("GPU", 0)
+    if wanted > present:
+        raise SystemExit(f"drpo-train: error: this run asks Ray for {wanted} GPUs and the cluster declares {present:g}: "
+                         "start more nodes, or nodes with more logical GPUs (`ray start --num-gpus N`), or lower "
+                         "--vllm.num_engines and the *.num_gpus_per_node flags")
 
 
 # ---------------------------------------------------------------- Ray workers
@@ -223,6 +241,7 @@ def adapt_trainer_process() -> None:
     if _ADAPTED:
         return
     _ADAPTED = True
+    vllm_worker.say_where("DeepSpeed model process")
     import torch
     from torch.distributed import device_mesh
     import openrlhf.utils.deepspeed.deepspeed as ds_strategy

@@ -36,6 +36,13 @@ def missing_at_launch(ns) -> dict:
     if g("ds.packing_samples") or g("train.dynamic_batch_enable"):
         missing["sum_pi_sq"] = ("drpo-train computes Σ_v π_v² only on unpacked samples: turn off "
                                 "--ds.packing_samples and --train.dynamic_batch_enable")
+    # Ring attention (OpenRLHF's sequence parallelism) splits each packed micro-batch's tokens over
+    # the ring group and all-gathers log π and H before the loss: every reduction along a response
+    # sees it whole. The logits stay split (a response may straddle two ranks): Σ_v π_v² cannot.
+    if g("ds.ring_attn_size") > 1:
+        missing["sum_pi_sq"] = (f"--ds.ring_attn_size {g('ds.ring_attn_size')} splits each response's logits, "
+                                "which Σ_v π_v² is read from, over the ring group (OpenRLHF gathers only the "
+                                "log-probs and the entropy): set --ds.ring_attn_size 1")
     if g("train.dynamic_batch_enable"):
         why = "--train.dynamic_batch_enable repartitions the micro-batches by length: turn it off"
         return {**missing, "groups": why, "batch": why}

@@ -9,7 +9,7 @@ import os
 import socket
 
 
-CPU_MODES = ("auto", "on", "off")
+CPU_MODES = ("auto", "on", "off", "cluster")
 
 
 def pre_parse(argv: list[str]):
@@ -32,9 +32,10 @@ def ray_cluster() -> tuple[str, str] | None:
     return (recorded, f"recorded by `ray start` in {get_ray_address_file(None)}") if recorded else None
 
 
-def _cluster_gpus(address: str, where: str) -> float:
-    """The cluster's GPU count: connect, read its resources, disconnect. A port nobody listens
-    on is refused here at once, where ray.init would retry for minutes."""
+def _cluster_gpus(address: str, where: str) -> tuple[float, int]:
+    """The cluster's GPU count and its number of live nodes: connect, read its resources,
+    disconnect. A port nobody listens on is refused here at once, where ray.init would retry
+    for minutes."""
     import logging
 
     import ray
@@ -51,7 +52,7 @@ def _cluster_gpus(address: str, where: str) -> float:
     except ConnectionError:
         raise SystemExit(unreachable) from None
     try:
-        return ray.cluster_resources().get("GPU", 0)
+        return ray.cluster_resources().get("GPU", 0), sum(node["Alive"] for node in ray.nodes())
     finally:
         ray.shutdown()
 
@@ -67,6 +68,8 @@ def decide_cpu_mode(choice: str) -> tuple[bool, str]:
         return True, f"openrlhf-drpo: CPU mode (--drpo.cpu_mode on){replaced}"
     if choice == "off":
         return False, "openrlhf-drpo: GPU mode (--drpo.cpu_mode off)"
+    if choice == "cluster":
+        return True, _cpu_cluster(cluster)
     if cluster is None:
         import torch
         if not torch.cuda.is_available():
@@ -74,7 +77,7 @@ def decide_cpu_mode(choice: str) -> tuple[bool, str]:
         n = torch.cuda.device_count()
         return False, (f"openrlhf-drpo: GPU mode: {n} CUDA device{'s' * (n != 1)} on this machine and no Ray "
                        "cluster (--drpo.cpu_mode auto)")
-    gpus = _cluster_gpus(*cluster)
+    gpus, _ = _cluster_gpus(*cluster)
     if not gpus:
         raise SystemExit(f"drpo-train: error: the Ray cluster at {cluster[0]} ({cluster[1]}) has no GPU, and "
                          "--drpo.cpu_mode auto does not train on this machine's CPU while a cluster is set up: use a "
@@ -83,16 +86,45 @@ def decide_cpu_mode(choice: str) -> tuple[bool, str]:
                    f"GPU{'s' * (gpus != 1)} (--drpo.cpu_mode auto)")
 
 
+def _cpu_cluster(cluster) -> str:
+    """`--drpo.cpu_mode cluster`: CPU mode on the Ray cluster that is set up, its nodes' CPUs.
+    OpenRLHF asks Ray for one GPU per model process, so each node declares logical GPUs
+    (`ray start --num-gpus N` on a machine without any), as CPU mode's local Ray does."""
+    if cluster is None:
+        raise SystemExit("drpo-train: error: --drpo.cpu_mode cluster trains on a Ray cluster and none is set up: "
+                         "start one (`ray start --head --num-gpus 1` here, `ray start --address HEAD:6379 --num-gpus 1` "
+                         "on the others) or set RAY_ADDRESS, or use --drpo.cpu_mode on for a local Ray")
+    gpus, nodes = _cluster_gpus(*cluster)
+    if not gpus:
+        raise SystemExit(f"drpo-train: error: the Ray cluster at {cluster[0]} ({cluster[1]}) declares no GPU, and "
+                         "OpenRLHF asks Ray for one per model process: start its nodes with logical GPUs "
+                         "(`ray start --num-gpus 1`; CPU mode uses none of them as CUDA devices)")
+    return (f"openrlhf-drpo: CPU mode on the Ray cluster at {cluster[0]} ({cluster[1]}): {nodes} "
+            f"node{'s' * (nodes != 1)}, {gpus:g} logical GPU{'s' * (gpus != 1)} (--drpo.cpu_mode cluster)")
+
+
 def cpu_mode_for(argv: list[str]) -> bool:
     """Decided first, and said on the first line: before OpenRLHF's modules are imported, as
     DeepSpeed picks its accelerator at import."""
     choice = getattr(pre_parse(argv), "drpo.cpu_mode")
     if {"-h", "--help"} & set(argv):     # asks no cluster and says nothing: help is all it prints
         import torch
-        return choice == "on" or (choice == "auto" and not torch.cuda.is_available())
+        return choice in ("on", "cluster") or (choice == "auto" and not torch.cuda.is_available())
     cpu, line = decide_cpu_mode(choice)
     print(line, flush=True)
     return cpu
+
+
+def code_runtime_env(runtime_env: dict) -> dict:
+    """runtime_env plus the packages every worker of a cluster run imports from this driver
+    (Ray uploads them once and puts them first on each worker's path): the actors and the
+    objective's compiler, the code the driver checked the objective with, whatever another
+    node has installed. The objective itself travels as text in the args (train._ship_spec)."""
+    import dsl
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))    # openrlhf_drpo/
+    mine = [package, os.path.dirname(dsl.__file__)]
+    return {**runtime_env, "py_modules": [*runtime_env.get("py_modules", []), *mine],
+            "excludes": [*runtime_env.get("excludes", []), "__pycache__"]}
 
 
 def looks_local(path: str) -> bool:

@@ -11,7 +11,9 @@ OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1)
 args, and (2) point the launcher at a PolicyModelActor subclass that installs the compiled
 objective where the trainer calls its policy loss. Pre-flight checks run at parse time, and
 with neither a Ray cluster nor CUDA, CPU mode (hosts/openrlhf/cpu_mode.py) adapts the pipeline to this
-machine's CPU; the first line of output says which mode and why.
+machine's CPU (with --drpo.cpu_mode cluster, to a Ray cluster's CPUs); the first line of output
+says which mode and why. On a cluster, the driver's openrlhf_drpo and dsl reach every worker in
+Ray's runtime environment.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import os
 import runpy
 import sys
 
-from openrlhf_drpo.hosts.openrlhf.launch import CPU_MODES, cpu_mode_for, pre_parse, preflight
+from openrlhf_drpo.hosts.openrlhf.launch import (CPU_MODES, code_runtime_env, cpu_mode_for, pre_parse, preflight,
+                                                 ray_cluster)
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
 
@@ -68,7 +71,8 @@ def add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
                             "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "
                             "or `ray start` on this machine) and has GPUs, an error where it has none; without "
-                            "a cluster, CPU mode exactly when no CUDA device is visible")
+                            "a cluster, CPU mode exactly when no CUDA device is visible; cluster: CPU mode on the "
+                            "Ray cluster that is set up, whose nodes declare logical GPUs (ray start --num-gpus N)")
 
 
 
@@ -203,6 +207,20 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
     original_init = ray.init
 
     def ray_init(*args, **kwargs):
+        on_cluster = not cpu or getattr(parsed["ns"], "drpo.cpu_mode") == "cluster"
+        cluster = ray_cluster() if on_cluster else None
+        if cpu and cluster is None and on_cluster:
+            raise SystemExit("drpo-train: error: --drpo.cpu_mode cluster: the Ray cluster is no longer set up")
+        if cluster is not None:
+            how = "CPU mode: DeepSpeed CPU accelerator, vLLM CPU backend, gloo weight sync; " if cpu else ""
+            print(f"openrlhf-drpo: joining the Ray cluster at {cluster[0]} ({how}openrlhf_drpo and dsl shipped to its "
+                  "workers in the runtime environment)", flush=True)
+        if cluster:      # OpenRLHF's own call (CPU mode's), with this driver's code for every worker
+            kwargs = cpu_mode.ray_init_kwargs(kwargs, parsed["ns"], cluster[0]) if cpu else kwargs
+            context = original_init(*args, **{**kwargs, "runtime_env": code_runtime_env(kwargs.get("runtime_env") or {})})
+            if cpu:
+                cpu_mode.check_cluster_gpus(parsed["ns"])
+            return context
         if cpu:
             kwargs = cpu_mode.ray_init_kwargs(kwargs, parsed["ns"])
             print(f"openrlhf-drpo: starting a local Ray with {kwargs['num_gpus']} logical GPUs (CPU mode: DeepSpeed "

@@ -101,6 +101,20 @@ def report_death(processes) -> None:
                   "Python stack, where it had one, is above", flush=True)
 
 
+CLUSTER_FLAG = "OPENRLHF_DRPO_CPU_CLUSTER"   # "1" in every process of a run on a Ray cluster's CPUs
+
+
+def say_where(role: str) -> None:
+    """On a cluster run, one line from each model's process: the node it runs on and where its
+    openrlhf_drpo comes from (a folder Ray unpacked from the driver's runtime environment)."""
+    if os.environ.get(CLUSTER_FLAG) != "1":
+        return
+    import ray
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))    # openrlhf_drpo/
+    print(f"openrlhf-drpo: {role} on Ray node {ray.get_runtime_context().get_node_id()}, openrlhf_drpo from "
+          f"{package}", flush=True)
+
+
 def rollout_actor():
     import ray
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
@@ -115,6 +129,7 @@ def rollout_actor():
             # OpenMP binding; driver_environment's "nobind" skips that setup either way.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             await super().__init__(*args, **kwargs)
+            say_where("vLLM engine")
             await self.llm.collective_rpc("request_amx")      # before the first generation
             manager = getattr(getattr(self.llm.engine_core, "resources", None), "engine_manager", None)
             if manager is not None:
