@@ -104,6 +104,17 @@ def check_turns(who: str, names: dict, turns, logp) -> None:
                          f"{name}.to({lp}.device)")
 
 
+def turn_ids(kept):
+    """[B, T] turn ids from a mask (or a host's tool mask) whose gaps inside a response are the
+    environment's tokens (a tool's output, an observation): a turn ends where a run of dropped
+    tokens begins after a kept one, so a token's id counts those runs before it (a host's own
+    derivation: OpenRLHF's action ranges, TRL's tool_mask)."""
+    k = kept != 0
+    starts = torch.zeros_like(k)
+    starts[:, 1:] = ~k[:, 1:] & k[:, :-1]
+    return starts.long().cumsum(-1)
+
+
 def refuse_bad_staleness(who: str, names: dict, staleness, mask) -> None:
     """Staleness counts policy versions: finite and ≥ 0 on every unmasked token (a NaN would pass
     through AReaL's interpolation weight silently); read on the CPU, an asynchronous assert on CUDA."""

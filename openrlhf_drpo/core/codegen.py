@@ -205,8 +205,7 @@ def _used(nodes, extra=()) -> set:
     process group, turn ids)."""
     used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
     used |= {{"group": "group", "batch": "pg", "turn": "turns"}[OPS[m.op].over] for n in nodes for m in n.walk()
-             if m.op in OPS and OPS[m.op].over in ("group", "batch", "turn")}
-    used |= {"turns"} if "turn_len" in used else set()
+             if m.op in OPS and OPS[m.op].over in ("group", "batch", "turn")} | set(["turns"] * ("turn_len" in used))
     return used | ({"r", "keep"} if "dr" in used else set())
 
 
@@ -374,8 +373,7 @@ def _generate(obj: Objective) -> tuple[str, dict]:
         f"# all [batch, tokens]. r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
         "# the third version's inputs: b.ref = log π_ref, b.entropy = H, b.sum_pi_sq, b.group (each response's group's"
         "\n# first response) and b.pg (the batch's process group, or None)" if v3 else None,
-        "# the fourth version's: b.turns (each token's turn id) and b.staleness" if _used([obj.expr]) & {
-            "turns", "staleness"} else None,
+        "# the fourth version's: b.turns (turn ids), b.staleness" if _used([obj.expr]) & {"turns", "staleness"} else None,
         "import math" if reduces else None,
         "import torch",
         TORCH_REDUCTIONS if reduces else None,

@@ -48,6 +48,8 @@ NOT_GIVEN = {
     "entropy": ("verl gives a policy loss no entropy; verl's own entropy bonus is "
                 "actor_rollout_ref.actor.entropy_coeff"),
     "sum_pi_sq": "verl gives a policy loss no Σ_v π_v² (it computes one only for OTB's advantage estimator)",
+    "turns": "verl gives a policy loss response_mask alone, no turn ids (multi-turn rollouts fold tool turns into it)",
+    "staleness": "verl gives a policy loss no policy versions (fully_async keeps min/max_global_steps off it)",
     "groups": ("verl gives a policy loss no group ids (uid), and its micro-batches need not hold a prompt's "
                "responses together (trainer.balance_batch, use_dynamic_bsz and shuffle reorder them)"),
     "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
