@@ -34,7 +34,7 @@ def missing_at_launch(ns) -> dict:
             "OpenRLHF passes the reference model's log-probs to the actor only with --algo.kl.use_loss and "
             "--algo.kl.init_coef > 0 (which creates the reference model): set both (the objective's terms in "
             "π_ref are then the KL trained; OpenRLHF's own KL loss is logged as kl, not trained)")
-    if g("train.async_enable"):
+    if getattr(ns, "train.async_enable", False):        # (OpenRLHF's flag; absent where a test builds the namespace)
         missing["staleness"] = (
             "--train.async_enable: OpenRLHF 0.11.2's asynchronous trainer queues rollouts (--train.async_queue_size) "
             "without the weight version that sampled them (and --train.partial_rollout_enable mixes versions within "
