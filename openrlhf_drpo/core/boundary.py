@@ -115,9 +115,10 @@ def turn_ids(kept):
     return starts.long().cumsum(-1)
 
 
-def refuse_bad_staleness(who: str, names: dict, staleness, mask) -> None:
+def refuse_bad_staleness(who: str, names: dict, staleness, mask, sync_free: bool = False) -> None:
     """Staleness counts policy versions: finite and ≥ 0 on every unmasked token (a NaN would pass
-    through AReaL's interpolation weight silently); read on the CPU, an asynchronous assert on CUDA."""
+    through AReaL's interpolation weight silently); read on the CPU, an asynchronous assert on the
+    sync-free path (CUDA's)."""
     if staleness is None:
         return
     name = names.get("staleness", "staleness")
@@ -125,7 +126,7 @@ def refuse_bad_staleness(who: str, names: dict, staleness, mask) -> None:
     ok = (~keep | (torch.isfinite(staleness) & (staleness >= 0))).all()
     msg = (f"{who}: {name} {list(staleness.shape)} holds a value that is not a finite count ≥ 0 on an unmasked "
            "token{}: pass each token's number of policy versions behind the current one (0: on-policy)")
-    if staleness.is_cuda:
+    if staleness.is_cuda or sync_free:
         torch._assert_async(ok, msg.format(""))
     elif not ok:
         bad = staleness[keep & ~(torch.isfinite(staleness) & (staleness >= 0))][0].item()

@@ -163,7 +163,7 @@ def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=N
                               "weights": agg.weights}, mask_values=False)
     check_groups(who, names, groups, log_probs)
     check_turns(who, names, turns, log_probs)
-    refuse_bad_staleness(who, names, staleness if "staleness" in loss.names else None, mask)
+    refuse_bad_staleness(who, names, staleness if "staleness" in loss.names else None, mask, loss._path(log_probs)[1])
     check_entropy_graph(who, names, entropy if "H" in loss.names else None, log_probs)
     if mask is not None and not loss._path(log_probs)[1]:     # (the sync-free kernels check it in their pass over it)
         refuse_bad_mask(who, names, mask, binary(mask))
