@@ -13,9 +13,10 @@ import dsl
 from openrlhf_drpo.core import CompiledLoss, turn_ids
 
 F64 = torch.float64
-# ids any integers, a turn split by another's tokens, masked tool tokens between turns, an empty response
-TURNS = [[0, 0, 0, -1, -1, 1, 1, 1], [4, 4, 9, 9, 4, 4, 2, 2], [0, 0, 0, 0, 0, 0, 0, 0], [3, 3, 1, 1, 1, 0, 0, 0],
-         [0, 1, 2, 3, 4, 5, 6, 7], [5, 5, 5, 5, 6, 6, 6, 6]]
+# ids any integers, a turn split by another's tokens, masked tool tokens between turns, masked tokens
+# holding an unmasked turn's id (TRL pads its tool_mask with 1: padding shares the last turn's), an empty response
+TURNS = [[0, 0, 0, -1, -1, 1, 1, 1], [4, 4, 9, 9, 4, 4, 4, 9], [0, 0, 0, 0, 0, 0, 0, 0], [3, 3, 1, 1, 1, 0, 0, 0],
+         [0, 0, 2, 3, 4, 5, 6, 7], [5, 5, 5, 5, 5, 5, 6, 6]]
 MASK = [[1, 1, 1, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0],
         [1, 0, 1, 1, 1, 0, 1, 1], [1, 1, 1, 1, 0, 0, 0, 0]]
 
@@ -89,6 +90,7 @@ def test_per_turn_gspo_is_gspo_where_each_response_is_one_turn():
     ("r*(A - group_mean(turn_mean(seq_mean(A))))", "token", "token", ("groups",)),
     ("r*A - batch_mean(turn_sum(r))", "token", "batch", ("batch",)),
     ("seq_mean(turn_mean(r)*A)", "response", "response", ()),
+    ("turn_sum(seq_mean(r))*seq_mean(A)", "token", "response", ()),     # a response value summed over a turn
 ])
 def test_a_turn_reduction_is_token_level_and_reads_no_more_than_its_response(text, level, locality, kept_whole):
     """A turn's value is held along the turn, not the response: token-level, as a prefix's (dsl.levels),
