@@ -4,9 +4,10 @@
 # α = (v_prox − v_behave)/(v_θ − v_behave), v_prox = v_θ − 1: α = (s − 1)/s at staleness s > 0,
 # clamped to [0, 1], 0 at s = 0 (then π_prox = μ: PPO on the behaviour policy).
 # Source: Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language
-# Reasoning", arXiv 2505.24298, Eq. (5); the approximation as inclusionAI/AReaL's
-# compute_prox_logp_approximations (prox_logp_method: loglinear, docs/algorithms/prox_approx.md);
-# eps_clip 0.4 and behav_imp_weight_cap 5 as its GSM8K examples.
+# Reasoning", arXiv 2505.24298, Eq. (5); the approximation: Li, Wu, Shen 2025, "A-3PO: Accelerating
+# Asynchronous LLM Training with Staleness-aware Proximal Policy Approximation", arXiv 2512.06547, as
+# inclusionAI/AReaL's compute_prox_logp_approximations (prox_logp_method: loglinear,
+# docs/algorithms/prox_approx.md); eps_clip 0.4 and behav_imp_weight_cap 5 as its GSM8K examples.
 @anchor = rollout
 ε_low = 0.4
 ε_high = 0.4
