@@ -38,6 +38,14 @@ def suffix_sum(n, a, x):            # token s was read by every unmasked t ≤ s
     return Node("prefix_sum", (a,))
 
 
+def turn_sum(n, a, x):              # every token of the turn read every token of it
+    return Node("turn_sum", (a,))
+
+
+def turn_mean(n, a, x):             # ... by 1/|turn|
+    return Node("turn_mean", (a,))
+
+
 def wide(over, rule):
     """group_* and batch_* (`over`): rule(n, g, x, sibling) for a token-level x, each position read
     by the same position of the group's responses, or every token by the whole batch (g = a); or a

@@ -13,8 +13,9 @@ from dsl.operations import OPS, passes_no_gradient
 
 LEVELS = ("constant", "batch", "response", "token")      # each holds the ones before it
 WIDTHS = ("token", "response", "group", "batch")         # an objective's locality, narrowest first
-# the width of each kind of reduction (a prefix reads only its own response)
-_WIDTH = {"response": "response", "prefix": "response", "suffix": "response", "group": "group", "batch": "batch"}
+# the width of each kind of reduction (a prefix and a turn read only their own response)
+_WIDTH = {"response": "response", "prefix": "response", "suffix": "response", "turn": "response", "group": "group",
+          "batch": "batch"}
 # the generated code's own names for the current policy (core.rewrites writes log π and log r so)
 _POLICY = set(POLICY) | {"logp", "log_ratio"}
 _GRADIENT = set(GRADIENT) | {"logp", "log_ratio"}
@@ -29,8 +30,11 @@ PER_RESPONSE = ("A",)
 def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
     """Each node's level (LEVELS): a number or parameter is a constant; seq_len, a response
     reduction and a group reduction of a response-level value are one value per response; a batch
-    reduction one for the batch; every other built-in, a prefix and a group reduction of a
-    token-level value, one per token. An operation is at its widest argument's level.
+    reduction one for the batch; every other built-in (turn_len, staleness), a prefix, a turn and a
+    group reduction of a token-level value, one per token. An operation is at its widest argument's
+    level. A turn's value is held along the turn only, not the response: 'token', as a prefix's (no
+    level between: what reads a level, a group or batch reduction, takes each response once or each
+    token, and a turn-level value is not one value per response).
     `per_response`: built-ins taken as one value per response (PER_RESPONSE: what hosts give), and
     a prefix mean of such a value is it (prefix_mean(A) is A at every position; prefix_sum(A) is p·A)."""
     out: dict[Node, str] = {}
@@ -41,10 +45,10 @@ def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
             out[n] = "response" if n.value == "seq_len" or n.value in per_response else "token"
         elif n.op in OPS and OPS[n.op].reduce:
             over, arg = OPS[n.op].over, out[n.args[0]]
-            out[n] = {"response": "response", "prefix": "token", "suffix": "token", "batch": "batch",
+            out[n] = {"response": "response", "prefix": "token", "suffix": "token", "turn": "token", "batch": "batch",
                       "group": "token" if arg == "token" else "response"}[over]
-            if per_response and over == "prefix" and OPS[n.op].reduce == "mean" and arg != "token":
-                out[n] = arg    # the running mean of a value constant along the response is that value
+            if per_response and over in ("prefix", "turn") and OPS[n.op].reduce == "mean" and arg != "token":
+                out[n] = arg    # the running (turn's) mean of a value constant along the response is that value
         else:
             out[n] = max((out[a] for a in n.args), key=LEVELS.index, default="constant")
     return out
@@ -157,9 +161,10 @@ class Facts:
 
     @cached_property
     def third_version(self) -> bool:
-        """Whether the objective reads π_ref, H or Σ_v π_v², or has a prefix, group or batch reduction."""
-        return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq")) or
-                   (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch")) for n in self.root.walk())
+        """Whether the objective reads π_ref, H, Σ_v π_v², turn_len or staleness, or has a prefix, turn,
+        group or batch reduction (the TokenBatch's inputs beyond log π, μ, A and the mask)."""
+        return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq", "turn_len", "staleness")) or
+                   (n.op in OPS and OPS[n.op].over in ("prefix", "turn", "group", "batch")) for n in self.root.walk())
 
 
 @lru_cache(maxsize=64)

@@ -97,6 +97,29 @@ def _suffix_sum(x, m, like):            # the reverse mode's adjoint of a prefix
     return _selected(x, m, 0.0, like).flip(-1).cumsum(-1).flip(-1)
 
 
+def _turn_sum(x, m, like, turns):
+    """Σ x over the unmasked tokens of each token's turn (the tokens of its row with its turn id),
+    without a host sync: each row's ids sorted (stable), each run of equal ids one segment, its
+    sum gathered by index_add and scattered back to the tokens' own positions."""
+    ids, order = torch.sort(turns, dim=-1, stable=True)
+    B, T = ids.shape
+    fresh = torch.ones_like(ids, dtype=torch.bool)
+    fresh[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    slot = (fresh.long().cumsum(-1) - 1) + torch.arange(B, device=ids.device)[:, None] * T
+    values = _selected(x, m, 0.0, like).expand_as(like).gather(-1, order)
+    sums = torch.zeros(B * T, dtype=values.dtype, device=values.device).index_add(0, slot.reshape(-1),
+                                                                                 values.reshape(-1))
+    return torch.empty_like(values).scatter(-1, order, sums[slot])
+
+
+def _turn_len(m, like, turns):
+    return _turn_sum(1.0, m, like, turns)
+
+
+def _turn_mean(x, m, like, turns):
+    return _turn_sum(x, m, like, turns) / _turn_len(m, like, turns).clamp(min=1)
+
+
 def _response_values(x, m, like):
     """[B, 1]: each response's value of a response-level x (the mean of its tokens, which all
     hold it; 0 for an empty response), and 1 where the response is not empty."""

@@ -27,11 +27,15 @@ BUILTINS = {
     "pi_ref": "the reference model's probability of the sampled token",
     "H": "the policy's entropy at the token, in nats over the vocabulary (with its gradient)",
     "sum_pi_sq": "Σ_v π_v², the policy's collision probability at the token (no gradient)",
+    # the language's fourth version: multi-turn episodes and asynchronous rollouts
+    "turn_len": "the number of unmasked tokens in this token's turn (turn ids within a response)",
+    "staleness": "the policy versions between the behaviour policy that sampled the token and the current one",
 }
 # words people write for a built-in: an unknown name among them is answered with the built-in
 MEANT = {"entropy": "H", "ent": "H", "ratio": "r", "advantage": "A", "advantages": "A", "adv": "A",
          "pi_theta": "π", "old_pi": "π_old", "ref": "π_ref", "pi_reference": "π_ref", "length": "seq_len",
-         "seq_length": "seq_len"}
+         "seq_length": "seq_len",
+         "turn_length": "turn_len", "version_gap": "staleness"}
 # the policies that are constants during an update, and the name of the log-prob tensor
 # ObjectiveLoss receives for each
 OTHER_POLICIES = {"pi_old": "old_log_probs", "pi_rollout": "rollout_log_probs", "pi_ref": "ref_log_probs"}

@@ -25,10 +25,11 @@ GRADIENTS = ("zero", "none", "reduction")     # besides a rule: see Op.gradient
 #   "response": its response's (seq_*), broadcast back to each of them;
 #   "prefix": its response's up to this token, inclusive (prefix_*); "suffix": from this token on
 #             (internal: the reverse mode's adjoint of a prefix reduction);
+#   "turn": its response's sharing its turn id (turn_*: a turn of a multi-turn episode);
 #   "group": the responses sharing its response's group id: one value per response for a
 #            response-level argument, position by position for a token-level one (dsl.levels);
 #   "batch": the optimizer step's whole batch, across data-parallel ranks.
-OVER = ("response", "prefix", "suffix", "group", "batch")
+OVER = ("response", "prefix", "suffix", "turn", "group", "batch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +167,8 @@ def _reduction(name, over, kind, callable=True, adjoint=None):
                          "(dsl.walks.uniform_view) or compile them (core.codegen)")
     if over in ("group", "batch"):
         torch = lambda x, level: f"_{name}({x}, m, logp, {'group' if over == 'group' else 'pg'}, {level!r})"  # noqa: E731
+    elif over == "turn":
+        torch = lambda x: f"_{name}({x}, m, logp, turns)"      # noqa: E731
     else:
         torch = lambda x: f"_{name}({x}, m, logp)"      # noqa: E731
     uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n}.get(
@@ -341,6 +344,9 @@ OPS: dict[str, Op] = {
     # the language's third version: reductions along a response, over a prompt's group, over the batch
     **{f"prefix_{k}": _reduction(f"prefix_{k}", "prefix", k, adjoint=adjoint) for k, adjoint in (
         ("sum", adj.prefix_sum), ("mean", adj.prefix_mean))},
+    # the fourth version: over the current turn of a multi-turn response (its turn id's tokens)
+    "turn_sum": _reduction("turn_sum", "turn", "sum", adjoint=adj.turn_sum),
+    "turn_mean": _reduction("turn_mean", "turn", "mean", adjoint=adj.turn_mean),
     **{f"{over}_{k}": _reduction(f"{over}_{k}", over, k, adjoint=adjoint) for over, k, adjoint in (
         ("group", "sum", adj.wide("group", adj.total)), ("group", "mean", adj.wide("group", adj.mean)),
         ("group", "std", adj.wide("group", adj.std)), ("group", "count", "none"),

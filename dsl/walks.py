@@ -138,20 +138,21 @@ def to_sympy(n: Node, sp, env: dict, hook=None, memo: dict | None = None):
 def reads_whole_response(n: Node) -> bool:
     """A reduction (of a response, a prefix, a group or the batch), or a response's length: a
     value that needs more than its own token."""
-    return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value == "seq_len")
+    return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value in ("seq_len", "turn_len"))
 
 
 # The parameters uniform_view writes for what it holds (analysis.view renames one a file already uses)
 VIEW_NAMES = {"seq_len": "seq_len", "position": "p", "group_size": "G", "batch_size": "N", "rho": "rho",
-              "rho_ref": "rho_ref", "H": "H"}
+              "rho_ref": "rho_ref", "H": "H", "staleness": "staleness"}
 
 
 def held_count(over: str, level: str, point: dict) -> Node:
     """How many elements a reduction reduces at uniform_view's point (`point`: the parameters
-    seq_len |y|, position p, group_size G and batch_size N, as Nodes): its response's |y| tokens;
+    seq_len |y|, position p, group_size G and batch_size N, as Nodes): its response's |y| tokens, and
+    its turn's (the uniform response is one turn: a turn's tokens are the response's);
     a prefix at position p its first p, a suffix its last |y| − p + 1; a group its G responses,
     position by position too (each has |y| tokens); the batch its N responses, or their N·|y| tokens."""
-    if over == "response":
+    if over in ("response", "turn"):
         return point["seq_len"]
     if over == "prefix":
         return point["position"]
@@ -213,10 +214,11 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple |
     """The objective on a uniform batch, in r, μ, A and parameters (`names`, VIEW_NAMES by
     default): N responses in groups of G, each of |y| tokens, every token sharing r, μ, A and the
     held inputs, seen at position p of its response. Each reduction is its value there
-    (seq_mean(x) = x, seq_sum(x) = |y|·x, prefix_sum(x) = p·x, group_sum(x) = G·x, group_std(x) =
+    (seq_mean(x) = x, seq_sum(x) = |y|·x, prefix_sum(x) = p·x, turn_sum(x) = |y|·x: the response is one turn,
+    turn_len = |y|; group_sum(x) = G·x, group_std(x) =
     0, group_count(x) = G, batch_sum(x) = N·|y|·x or N·x: held_count). The policy μ is not is μ
     times the train/rollout ratio ρ: π_old = μ·ρ under @anchor = rollout, π_rollout = μ/ρ under
-    @anchor = old; π_ref = μ·ρ_ref (so π_ref/π = ρ_ref/r); H is a parameter; Σ_v π_v² =
+    @anchor = old; π_ref = μ·ρ_ref (so π_ref/π = ρ_ref/r); H and staleness are parameters; Σ_v π_v² =
     sg(π² + (1 − π)²) (the rest of the mass on one other token). A token-level objective that
     names none of these is returned as it is. `group`: the group's advantages as multiples of the
     token's A (its response first; the batch holds N/G such groups): a group or batch reduction of
@@ -227,7 +229,8 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple |
     mu, pi = Node("var", value="mu"), Node("var", value="pi")
     other = {"old": ("pi_rollout", div(mu, point["rho"])), "rollout": ("pi_old", mul(mu, point["rho"]))}[anchor]
     held = {f"pi_{anchor}": mu, other[0]: other[1], "seq_len": point["seq_len"], "pi_ref": mul(mu, point["rho_ref"]),
-            "H": point["H"], "sum_pi_sq": Node("sg", (add(power(pi, num(2)), power(sub(ONE, pi), num(2))),))}
+            "H": point["H"], "turn_len": point["seq_len"], "staleness": point["staleness"],
+            "sum_pi_sq": Node("sg", (add(power(pi, num(2)), power(sub(ONE, pi), num(2))),))}
     level = levels(n) if level is None else level
     new: dict = {}
 

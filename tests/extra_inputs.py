@@ -1,6 +1,7 @@
-"""The language's third version's inputs for any compiled objective, beside log π, μ and A: what the
-tests that run every shipped objective pass, each only where the objective reads it
-(CompiledLoss.inputs()). Seeded; Σ_v π_v² ≥ π² as a distribution's is; two responses per group."""
+"""The language's third and fourth versions' inputs for any compiled objective, beside log π, μ and A:
+what the tests that run every shipped objective pass, each only where the objective reads it
+(CompiledLoss.inputs()). Seeded; Σ_v π_v² ≥ π² as a distribution's is; two responses per group;
+turns of three tokens; staleness 0 to 3 versions."""
 import torch
 
 
@@ -18,4 +19,8 @@ def extra_inputs(loss_fn, logp, seed=0, dtype=None) -> dict:
         out["entropy"].requires_grad_()
     if "groups" in reads:
         out["groups"] = torch.arange(logp.shape[0]) // 2
+    if "turns" in reads:
+        out["turns"] = (torch.arange(logp.shape[-1]) // 3).expand(logp.shape).to(logp.device)
+    if "staleness" in reads:
+        out["staleness"] = torch.randint(0, 4, logp.shape, generator=g).to(device=logp.device, dtype=dtype)
     return out

@@ -117,6 +117,11 @@ TABLE = [
      (0, 1), False, ("ok", "ok"), []),
     # the response's largest ratio caps every token's: w = 1 until max r = 1.5, for either sign of A
     ("max_ratio_mask", "[seq_max(r) <= 1.5]*r*A", [(1.5, BEYOND)], [(1.5, BEYOND)], (0, 1), False, ("ok", "ok"), []),
+    # the fourth version: a turn's geometric-mean ratio, clipped (a response held as one turn: w = 1 up
+    # to 1.2 for A > 0, down to 0.8 for A < 0); a surrogate decayed by staleness, held at 1: w = e^(−1/2)
+    ("turn_mean_clip", "s = exp(turn_mean(log(r)))\nmin(s*A, clip(s, 0.8, 1.2)*A)", [(1.2, BEYOND)], [(0.8, BEYOND)],
+     (0, 1), False, ("ok", "ok"), []),
+    ("stale_decay", "r*A*exp(-staleness/2)", [], [], (math.exp(-0.5), math.exp(-0.5)), True, ("ok", "ok"), []),
     # A mismatch band on π_old/π_rollout (ρ = 1 here: kept), times the surrogate: w = 1.
     ("mismatch_band", "[0.5 <= π_old/π_rollout and π_old/π_rollout <= 2]*r*A", [], [], (1, 1), True, ("ok", "ok"),
      []),

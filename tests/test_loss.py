@@ -88,8 +88,8 @@ def call(loss_fn, lp, old, A, mask, rollout=None, held=None):
     if not isinstance(loss_fn, ObjectiveLoss):
         extras = extra_inputs(loss_fn, lp)
         if held is not None:
-            extras.update({k: v for k, v in (("ref_log_probs", held), ("groups", torch.arange(lp.shape[0])))
-                           if k in extras})
+            extras.update({k: v for k, v in (("ref_log_probs", held), ("groups", torch.arange(lp.shape[0])),
+                                             ("staleness", torch.ones_like(held))) if k in extras})
         loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout, **extras)
         return loss, metrics.values
     out = loss_fn(lp, old, A, action_mask=mask, rollout_log_probs=rollout)

@@ -75,13 +75,14 @@ DEFINITIONS = {"sum": sum, "count": len, "mean": lambda pool: sum(pool) / len(po
                "max": lambda pool: max(pool, default=0.0), "min": lambda pool: min(pool, default=0.0), "std": _std}
 
 
-def by_definition(name, x, mask, groups, level):
+def by_definition(name, x, mask, groups, level, turns=None):
     """The reduction at every (b, t), by loops over its row's `over` and `reduce` (docs/language.md)."""
     op, (B, T) = OPS[name], x.shape
     out = torch.zeros_like(x)
     nonempty = [bool(mask[b].any()) for b in range(B)]
     value = [x[b][mask[b]].mean() if nonempty[b] else 0.0 for b in range(B)]     # a response-level x's value
-    along = {"response": lambda s, t: True, "prefix": lambda s, t: s <= t, "suffix": lambda s, t: s >= t}
+    along = {"response": lambda s, t: True, "prefix": lambda s, t: s <= t, "suffix": lambda s, t: s >= t,
+             "turn": lambda s, t: turns[b, s] == turns[b, t]}       # (b: the loop's response)
     for b in range(B):
         for t in range(T):
             if op.over in along:
@@ -110,8 +111,11 @@ def test_each_reduction_equals_its_definition_and_never_reads_a_masked_token(nam
     group = torch.tensor([GROUPS.index(g) for g in GROUPS])      # each response's group's first response
     op = OPS[name]
     code = op.torch("x", level) if op.over in ("group", "batch") else op.torch("x")
-    got = eval(code, {**HELPERS, "x": dirty(x, mask), "m": mask, "logp": x, "group": group, "pg": None})
-    want = by_definition(name, x, mask, groups, level)
+    B, T = x.shape      # turn ids that repeat along a response: a turn need not be contiguous
+    turns = torch.arange(T)[None, :] % 3 + torch.arange(B)[:, None] % 2
+    got = eval(code, {**HELPERS, "x": dirty(x, mask), "m": mask, "logp": x, "group": group, "pg": None,
+                      "turns": turns})
+    want = by_definition(name, x, mask, groups, level, turns)
     assert torch.allclose(got[mask], want[mask], rtol=1e-12, atol=1e-12), (got - want).abs().max()
     assert torch.isfinite(got).all()
 

@@ -105,7 +105,9 @@ RAW_RATIO = [n for n in SHIPPED if "r" not in dsl.load(n).names()]
 # (trust_the_batch: its batch ESS reads every w, so one inf w makes the loss NaN; FeynRL falls back to
 # ESS = 1 there, which the file does not write; seq_tis: its weight e^(Σ_t log π − log π_rollout) is
 # unclamped, as prime-rl's PR writes it, so 0 in fp32 where float64's is 1e-48)
-OVERFLOWING = {"kpop", "opsm", "pspo", "trust_the_batch", "seq_tis"}
+# (gspo_turn: its turn's mean over extra_inputs' three tokens, where GSPO's over twelve stays below 88.7;
+# areal_prox: its behaviour weight times its ratio is e^(log π − log μ), unclamped, AReaL's own)
+OVERFLOWING = {"kpop", "opsm", "pspo", "trust_the_batch", "seq_tis", "gspo_turn", "areal_prox"}
 
 
 def far_batch(B=8, T=12, seed=1):

@@ -353,7 +353,7 @@ def _reduced(name, level, values, mask):
     op = OPS[name]
     code = op.torch("v", level) if op.over in ("group", "batch") else op.torch("v")
     return eval(code, {**_reductions(), "v": values, "m": mask, "logp": values, "group": torch.zeros(1, dtype=torch.long),
-                       "pg": None})[0]
+                       "pg": None, "turns": torch.zeros_like(mask, dtype=torch.long)})[0]     # one turn
 
 
 # a group or batch reduction reads its argument's level: each is checked at both

@@ -23,6 +23,9 @@ F64 = torch.float64
 ROWS = [k for k, op in OPS.items() if op.reduce]
 LENGTHS = [0, 6, 4, 1, 5, 0, 3, 6, 2, 6]        # empty responses, a one-token one, unequal lengths
 GROUPS = [0, 0, 1, 1, 1, 2, 3, 4, 4, 4]          # {empty, 6}, {4, 1, 5}, {empty} (an empty group), {3} alone
+# turn ids: several turns, a turn split by another's tokens, a masked turn between two, ids any integers
+TURNS = [[0, 0, 1, 1, 2, 2], [0, 0, 0, 1, 1, 1], [3, 3, 3, 3, 3, 3], [0, 1, 2, 3, 4, 5], [7, 7, -1, 7, 9, 9],
+         [0, 0, 0, 0, 0, 0], [0, 1, 0, 1, 0, 1], [2, 2, 2, 1, 1, 1], [0, 0, 0, 0, 0, 0], [4, 4, 5, 5, 5, 4]]
 NORM = 23.0
 # Each objective with its reference: ℓ from red(x, level), the row's reduction by its definition.
 TEMPLATES = {
@@ -50,7 +53,8 @@ def batch(ties: bool, seed: int = 0):
         new = old + 0.3 * torch.randn(B, T, generator=g, dtype=F64)
         H = torch.rand(B, T, generator=g, dtype=F64)
     return dict(new=new, old=old, H=H, A=torch.randn(B, T, generator=g, dtype=F64), mask=mask,
-                weights=torch.rand(B, T, generator=g, dtype=F64) + 0.5, groups=torch.tensor(GROUPS))
+                weights=torch.rand(B, T, generator=g, dtype=F64) + 0.5, groups=torch.tensor(GROUPS),
+                turns=torch.tensor(TURNS))
 
 
 def dirty(x, mask):
@@ -59,9 +63,9 @@ def dirty(x, mask):
 
 
 # ---------------------------------------------------------------- the reference, by definition
-def members(over, level, mask, groups):
+def members(over, level, mask, groups, turns=None):
     """[B, T, K]: which elements position (b, t) reduces: tokens (K = B·T) of its response, of its
-    prefix or suffix, of its group at its position, of the batch; or, for a response-level argument
+    prefix or suffix, of its turn, of its group at its position, of the batch; or, for a response-level argument
     of a group or batch reduction, the non-empty responses (K = B) of its group or the batch."""
     B, T = mask.shape
     b, t = torch.arange(B).view(B, 1, 1, 1), torch.arange(T).view(1, T, 1, 1)
@@ -70,6 +74,7 @@ def members(over, level, mask, groups):
     if level == "response" and over in ("group", "batch"):
         return (mates & mask.any(-1).view(1, 1, B, 1))[..., 0].expand(B, T, B)
     within = {"response": b == c, "prefix": (b == c) & (s <= t), "suffix": (b == c) & (s >= t),
+              "turn": (b == c) & (turns[b, t] == turns[c, s]) if turns is not None else None,
               "group": mates & (s == t), "batch": mates}[over]
     return (within & mask[c, s]).expand(B, T, B, T).reshape(B, T, B * T)
 
@@ -101,7 +106,7 @@ def reference_loss(name, template, b):
 
     def red(x, level):
         B, T = x.shape
-        k = members(op.over, level, mask, b["groups"])
+        k = members(op.over, level, mask, b["groups"], b["turns"])
         values = (seq_mean(x)[:, 0] if level == "response" and op.over in ("group", "batch") else x.reshape(-1))
         return _kind(op.reduce, values.expand(B, T, -1), k)
 
@@ -131,7 +136,7 @@ def objective(name, template):
 def run(loss_fn, b, clean=True):
     fix = (lambda x: x) if clean else (lambda x: dirty(x, b["mask"]))     # noqa: E731
     lp, h = fix(b["new"]).requires_grad_(), fix(b["H"]).requires_grad_()
-    loss, _ = loss_fn(lp, fix(b["old"]), fix(b["A"]), b["mask"], entropy=h, groups=b["groups"],
+    loss, _ = loss_fn(lp, fix(b["old"]), fix(b["A"]), b["mask"], entropy=h, groups=b["groups"], turns=b["turns"],
                       aggregation=Aggregation(norm=NORM, weights=b["weights"]))
     return (loss.detach(), *torch.autograd.grad(loss, [lp, h], allow_unused=True))
 
@@ -185,6 +190,8 @@ def test_a_reduction_row_without_an_adjoint_is_refused_where_it_is_built_naming_
     ("seq_min", "seq_max"),         # ties taken as ≥ the minimum: every token
     ("batch_mean", "batch_sum"),    # the mean's 1/n left out
     ("prefix_mean", "prefix_sum"),
+    ("turn_mean", "seq_mean"),       # the response's mean where the turn's is meant
+    ("turn_sum", "turn_mean"),
 ])
 def test_the_generated_check_fails_a_row_declaring_another_rows_adjoint(monkeypatch, name, wrong):
     monkeypatch.setitem(OPS, name, dataclasses.replace(OPS[name], adjoint=OPS[wrong].adjoint))

@@ -15,7 +15,7 @@ from dsl.printing import render
 from dsl.walks import to_sympy, uniform_view
 
 GROUP_SIZE = 8      # responses per prompt where nothing says otherwise (TRL's num_generations default)
-HELD = {"H": Fraction(1), "rho_ref": Fraction(1)}      # H in nats; ρ_ref = π_ref/μ (π_ref = μ)
+HELD = {"H": Fraction(1), "rho_ref": Fraction(1), "staleness": Fraction(1)}  # H in nats; ρ_ref = π_ref/μ (π_ref = μ)
 FLOAT_MAX = 1.7976931348623157e308       # the largest finite double: a held advantage is read as one
 STATISTIC_SIZE = 400        # operations of a binding the uniform value is simplified for
 
@@ -129,7 +129,8 @@ class OnPolicy(Fraction):
 def holdable(obj, stats: dict) -> set[str]:
     """The names --set may give a held value (the analysis's own, not the file's parameters)."""
     reads = obj.names()
-    return {k for k, builtin in (("H", "H"), ("rho_ref", "pi_ref")) if builtin in reads} | set(stats)
+    return {k for k, builtin in (("H", "H"), ("rho_ref", "pi_ref"), ("staleness", "staleness"))
+            if builtin in reads} | set(stats)
 
 
 def _group_text(point, group) -> str:
@@ -171,11 +172,17 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,), explicit
     if "prefix" in overs:
         out.append(("p", point["position"], f"the token at position p = {point['position']} of its response "
                     "(--position; the last by default): prefix_sum(x) = p·x, prefix_mean(x) = x"))
+    if "turn" in overs or "turn_len" in reads:
+        out.append(("turn_len", None, "the response is one turn (its tokens share r, μ and A): turn_sum(x) = |y|·x, "
+                    "turn_mean(x) = x, turn_len = |y|"))
     if "pi_ref" in reads:
         out.append(("rho_ref", values["rho_ref"], f"π_ref = ρ_ref·μ, ρ_ref = π_ref/μ held at {values['rho_ref']:.12g} "
                     "(--set rho_ref=X): the reference terms read π_ref/π = ρ_ref/r"))
     if "H" in reads:
         out.append(("H", values["H"], f"H = {values['H']:.12g} nat (--set H=X), the entropy at the token"))
+    if "staleness" in reads:
+        out.append(("staleness", values["staleness"], f"staleness = {values['staleness']:.12g} policy versions "
+                    "(--set staleness=X), the same on every token"))
     if "sum_pi_sq" in reads:
         out.append(("sum_pi_sq", None, "Σ_v π_v² = π² + (1 − π)² (the rest of the mass on one other token), "
                     "without gradient"))

@@ -47,6 +47,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
     _check_held(obj, held or {}, holdable(obj, stats))
     chosen = {**HELD, **{k: v for k, (_, v) in stats.items()}, **{k: Fraction(v) for k, v in (held or {}).items()}}
     values |= {view_names["rho"]: Fraction(rho), view_names["rho_ref"]: chosen["rho_ref"], view_names["H"]: chosen["H"],
+               view_names["staleness"]: chosen["staleness"],
                **{k: chosen[k] for k in stats}}
     swap = {node: Node("param", value=k) for k, (node, _) in stats.items()}     # each held statistic as its parameter
     expr = rebuild(obj.expr, lambda m, args: swap.get(m))
@@ -111,7 +112,8 @@ def reference_split(view: Node, original: Node, ref_name: str) -> tuple[Node | N
 def _in_weight(expr: Node, held: list, view_names: dict) -> list[str]:
     """The held values ∂ℓ/∂r reads, as 'name = value' (w, its cases and boundaries are numbers
     there, not functions of them)."""
-    param = {"G": "group_size", "N": "batch_size", "p": "position", "rho_ref": "rho_ref", "H": "H"}
+    param = {"G": "group_size", "N": "batch_size", "p": "position", "rho_ref": "rho_ref", "H": "H",
+             "staleness": "staleness"}
     read = {n.value for n in derivative(expr).walk() if n.op == "param"}
     return [f"{display_name(h['name'])} = {float(h['value']):.12g}" for h in held
             if h["value"] is not None and view_names.get(param.get(h["name"]), h["name"]) in read]
@@ -161,6 +163,8 @@ def held_value_error(name: str, value) -> str | None:
         return "an entropy is at least 0"
     if name == "rho_ref" and value <= 0:
         return "ρ_ref = π_ref/μ is a ratio of probabilities, above 0"
+    if name == "staleness" and value < 0:
+        return "staleness counts policy versions, at least 0"
     return None
 
 
@@ -173,7 +177,7 @@ def locality_of(obj: Objective) -> dict:
     return {"width": obj.facts.locality, "gradient": obj.facts.gradient_width, "kept_whole": list(obj.facts.kept_whole)}
 
 
-V3_INPUTS = ("pi_ref", "H", "sum_pi_sq")
+V3_INPUTS = ("pi_ref", "H", "sum_pi_sq", "staleness")
 
 
 MISMATCH_GRID = (1e-4, 1e4, 801)      # ρ = π_old/π_rollout, log-spaced

@@ -8,10 +8,10 @@
 loss (CompiledLoss and its compile cache), values (Aggregation, TokenBatch: a call's tensors, checked
 once; Generated: a compiled objective; LossMetrics, METRICS), kernels (the fused kernels and their
 autograd Function), boundary (the inputs' checks)."""
-from openrlhf_drpo.core.boundary import check_inputs
+from openrlhf_drpo.core.boundary import check_inputs, turn_ids
 from openrlhf_drpo.core.loss import CompiledLoss
 from openrlhf_drpo.core.values import (FILTERED, METRIC_KEYS, METRICS, Aggregation, Generated, LossMetrics, LossOutput,
                                       Metric, TokenBatch)
 
 __all__ = ["Aggregation", "CompiledLoss", "FILTERED", "Generated", "LossMetrics", "LossOutput", "METRICS",
-           "METRIC_KEYS", "Metric", "TokenBatch", "check_inputs"]
+           "METRIC_KEYS", "Metric", "TokenBatch", "check_inputs", "turn_ids"]

@@ -85,6 +85,54 @@ def check_groups(who: str, names: dict, groups, logp) -> None:
                          f"{name}.to({lp}.device)")
 
 
+def check_turns(who: str, names: dict, turns, logp) -> None:
+    """The turn ids: integers of log_probs' shape [batch, tokens] on its device (equal ids within a
+    response are one turn), or a message naming the tensor, its shape and the fix."""
+    if turns is None:
+        return
+    name, lp = names.get("turns", "turns"), names.get("log_probs", "log_probs")
+    if not isinstance(turns, torch.Tensor):
+        raise ValueError(f"{who}: {name} must be a torch.Tensor of turn ids {list(logp.shape)}, got "
+                         f"{type(turns).__name__}")
+    if list(turns.shape) != list(logp.shape):
+        raise ValueError(f"{who}: {name} is {list(turns.shape)}, {lp} {list(logp.shape)}: pass one turn id per "
+                         f"token, a {list(logp.shape)} tensor (a response's tokens of one turn share an id)")
+    if turns.is_floating_point() or turns.is_complex() or turns.dtype == torch.bool:
+        raise ValueError(f"{who}: {name} is {turns.dtype}: pass integer turn ids ({name}.long())")
+    if turns.device != logp.device:
+        raise ValueError(f"{who}: {name} is on {turns.device}, {lp} on {logp.device}: move it with "
+                         f"{name}.to({lp}.device)")
+
+
+def turn_ids(kept):
+    """[B, T] turn ids from a mask (or a host's tool mask) whose gaps inside a response are the
+    environment's tokens (a tool's output, an observation): a turn ends where a run of dropped
+    tokens begins after a kept one, so a token's id counts those runs before it (a host's own
+    derivation: OpenRLHF's action ranges, TRL's tool_mask)."""
+    k = kept != 0
+    starts = torch.zeros_like(k)
+    starts[:, 1:] = ~k[:, 1:] & k[:, :-1]
+    return starts.long().cumsum(-1)
+
+
+def refuse_bad_staleness(who: str, names: dict, staleness, mask, sync_free: bool = False) -> None:
+    """Staleness counts policy versions: finite and ≥ 0 on every unmasked token (a NaN would pass
+    through AReaL's interpolation weight silently); read on the CPU, an asynchronous assert on the
+    sync-free path (CUDA's)."""
+    if staleness is None:
+        return
+    name = names.get("staleness", "staleness")
+    keep = torch.ones_like(staleness, dtype=torch.bool) if mask is None else mask != 0
+    ok = (~keep | (torch.isfinite(staleness) & (staleness >= 0))).all()
+    msg = (f"{who}: {name} {list(staleness.shape)} holds a value that is not a finite count ≥ 0 on an unmasked "
+           "token{}: pass each token's number of policy versions behind the current one (0: on-policy)")
+    if staleness.is_cuda or sync_free:
+        torch._assert_async(ok, msg.format(""))
+    elif not ok:
+        bad = staleness[keep & ~(torch.isfinite(staleness) & (staleness >= 0))][0].item()
+        raise ValueError(msg.format(f" ({bad!r})"))
+
+
 def group_representatives(groups):
     """[batch]: for each response, the first response of its group (the row its group's sums are
     gathered at), without a host sync (no unique: a [batch, batch] comparison)."""

@@ -201,17 +201,19 @@ def _emit(outputs, params, inplace=False, floats=False, borrow=()):
 
 
 def _used(nodes, extra=()) -> set:
-    """The names read: built-ins, `group`/`pg` for a group/batch reduction (representatives, process group)."""
+    """The names read: built-ins, `group`/`pg`/`turns` for a group/batch/turn reduction (representatives,
+    process group, turn ids)."""
     used = {m.value for n in nodes for m in n.walk() if m.op == "var"} | set(extra)
-    used |= {{"group": "group", "batch": "pg"}[OPS[m.op].over] for n in nodes for m in n.walk()
-             if m.op in OPS and OPS[m.op].over in ("group", "batch")}
+    used |= {{"group": "group", "batch": "pg", "turn": "turns"}[OPS[m.op].over] for n in nodes for m in n.walk()
+             if m.op in OPS and OPS[m.op].over in ("group", "batch", "turn")} | set(["turns"] * ("turn_len" in used))
     return used | ({"r", "keep"} if "dr" in used else set())
 
 
 # the policies' log-probs and the third version's inputs, read from the TokenBatch where used:
 # (the generated code's name, the batch's field, the name of its exp or "")
 _FROM_BATCH = (("old", "old", "pi_old"), ("rollout", "rollout", "pi_rollout"), ("ref", "ref", "pi_ref"),
-               ("H", "entropy", ""), ("sum_pi_sq", "sum_pi_sq", ""), ("group", "group", ""), ("pg", "pg", ""))
+               ("H", "entropy", ""), ("sum_pi_sq", "sum_pi_sq", ""), ("group", "group", ""), ("pg", "pg", ""),
+               ("turns", "turns", ""), ("staleness", "staleness", ""))
 
 
 def _prelude(used, unclamped=False) -> list[str]:
@@ -238,6 +240,8 @@ def _prelude(used, unclamped=False) -> list[str]:
         out += [f"    {name} = b.{field}"] * bool(used & {name, exp}) + [f"    {exp} = torch.exp({name})"] * (exp in used)
     if "seq_len" in used:
         out.append("    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)")
+    if "turn_len" in used:
+        out.append("    turn_len = _turn_len(m, logp, turns)")
     if "mf" in used:
         out.append("    mf = m.to(dtype)")
     return out
@@ -369,6 +373,7 @@ def _generate(obj: Objective) -> tuple[str, dict]:
         f"# all [batch, tokens]. r = exp(clamp(logp - anchor, ±{CLAMP:g})) as in OpenRLHF; constants are folded.",
         "# the third version's inputs: b.ref = log π_ref, b.entropy = H, b.sum_pi_sq, b.group (each response's group's"
         "\n# first response) and b.pg (the batch's process group, or None)" if v3 else None,
+        "# the fourth version's: b.turns (turn ids), b.staleness" if _used([obj.expr]) & {"turns", "staleness"} else None,
         "import math" if reduces else None,
         "import torch",
         TORCH_REDUCTIONS if reduces else None,

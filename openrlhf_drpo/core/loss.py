@@ -26,8 +26,8 @@ import dsl
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.core.collectives import rank_sums
 from dsl.objective import OPTIONS, Objective
-from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, group_representatives,
-                                         refuse_bad_mask)
+from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_turns,
+                                         group_representatives, refuse_bad_mask, refuse_bad_staleness)
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
@@ -95,15 +95,18 @@ class CompiledLoss(nn.Module):
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
 
     def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, ref_log_probs=None,
-                entropy=None, sum_pi_sq=None, groups=None, aggregation: Aggregation | None = None) -> LossOutput:
+                entropy=None, sum_pi_sq=None, groups=None, turns=None, staleness=None,
+                aggregation: Aggregation | None = None) -> LossOutput:
         """(loss, metrics): the loss (its gradient by autograd, to log π and, where the objective
         reads H, to `entropy`) and its LossMetrics, aggregated as `aggregation` says (the
         objective's own @aggregate over the local count by default). The third version's inputs,
         [B, T] like log π: ref_log_probs (log π_ref), entropy (H, attached to the policy's graph),
-        sum_pi_sq (Σ_v π_v²); groups: [B] integer ids, equal for the responses of one prompt."""
+        sum_pi_sq (Σ_v π_v²); groups: [B] integer ids, equal for the responses of one prompt. The
+        fourth version's: turns, [B, T] integer ids, equal for the tokens of one turn of a response;
+        staleness, [B, T]: the policy versions between each token's behaviour policy and the current one."""
         b = self.batch(log_probs, old_log_probs, advantages, mask, rollout_log_probs=rollout_log_probs,
                        ref_log_probs=ref_log_probs, entropy=entropy, sum_pi_sq=sum_pi_sq, groups=groups,
-                       aggregation=aggregation)
+                       turns=turns, staleness=staleness, aggregation=aggregation)
         compiled, sync_free = self._path(b.logp)
         fused = self._fused(compiled, sync_free, b)
         if self.fused:
@@ -145,7 +148,7 @@ class CompiledLoss(nn.Module):
 
 
 def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
-                ref_log_probs=None, entropy=None, sum_pi_sq=None, groups=None,
+                ref_log_probs=None, entropy=None, sum_pi_sq=None, groups=None, turns=None, staleness=None,
                 aggregation: Aggregation | None = None) -> TokenBatch:
     """CompiledLoss.batch: every input checked, once (each error forward raises: a message naming
     the tensor, its shape and the fix; an input the objective reads and the call lacks), and kept
@@ -156,13 +159,17 @@ def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=N
         raise TypeError(f"{who}: aggregation must be an Aggregation, got {type(agg).__name__}")
     check_inputs(who, names, {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages,
                               "mask": mask, "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
-                              "entropy": entropy, "sum_pi_sq": sum_pi_sq, "weights": agg.weights}, mask_values=False)
+                              "entropy": entropy, "sum_pi_sq": sum_pi_sq, "staleness": staleness,
+                              "weights": agg.weights}, mask_values=False)
     check_groups(who, names, groups, log_probs)
+    check_turns(who, names, turns, log_probs)
+    refuse_bad_staleness(who, names, staleness if "staleness" in loss.names else None, mask, loss._path(log_probs)[1])
     check_entropy_graph(who, names, entropy if "H" in loss.names else None, log_probs)
     if mask is not None and not loss._path(log_probs)[1]:     # (the sync-free kernels check it in their pass over it)
         refuse_bad_mask(who, names, mask, binary(mask))
     loss.refuse_missing(not_given(loss, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
-                                         "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups}))
+                                         "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups,
+                                         "turns": turns, "staleness": staleness}))
     mode = agg.mode or loss.aggregate
     if mode not in OPTIONS["aggregate"]:
         raise ValueError(f"{who}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
@@ -175,6 +182,7 @@ def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=N
                    ref=reads("pi_ref", ref_log_probs), entropy=entropy if "H" in loss.names else None,
                    sum_pi_sq=reads("sum_pi_sq", sum_pi_sq),
                    group=None if groups is None or "groups" not in loss.kept_whole else group_representatives(groups),
+                   turns=turns if "turns" in loss._inputs else None, staleness=reads("staleness", staleness),
                    weights=agg.weights, norm=_normalizer(agg.norm, log_probs), mode=mode,
                    pg=agg.process_group if loss.generated.third_version else None)
     return _fold_ranks(b) if loss.fused and b.pg is not None else b
@@ -267,14 +275,17 @@ def plain_loss(generated, b: TokenBatch):
 
 # the third version's inputs: forward's argument, the built-in that reads it, what the objective uses
 _INPUTS = {"ref_log_probs": ("pi_ref", "π_ref"), "entropy": ("H", "H (the entropy, with its gradient)"),
-           "sum_pi_sq": ("sum_pi_sq", "sum_π_sq (Σ_v π_v²)")}
+           "sum_pi_sq": ("sum_pi_sq", "sum_π_sq (Σ_v π_v²)"),
+           "staleness": ("staleness", "staleness (each token's policy versions behind the current one)")}
 _WHOLE = {"groups": ("group", "each prompt's responses whole in one loss call, with their group ids"),
           "batch": ("batch", "the optimizer step's whole batch in one loss call on each rank")}
 _NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
               "ref_log_probs": "no reference log-probs were given (ref_log_probs=)",
               "entropy": "no entropy was given (entropy=, attached to the policy's graph)",
               "sum_pi_sq": "no Σ_v π_v² was given (sum_pi_sq=)",
-              "groups": "no group ids were given (groups=, one per response)"}
+              "groups": "no group ids were given (groups=, one per response)",
+              "turns": "no turn ids were given (turns=, one per token)",
+              "staleness": "no staleness was given (staleness=, one per token)"}
 
 
 def objective_inputs(obj: Objective) -> dict:
@@ -284,6 +295,9 @@ def objective_inputs(obj: Objective) -> dict:
     if obj.reads_rollout():
         out["rollout_log_probs"] = "@anchor = rollout" if obj.options["anchor"] == "rollout" else "π_rollout"
     out.update({key: what for key, (name, what) in _INPUTS.items() if name in names})
+    turn = sorted({n.op for n in obj.expr.walk() if n.op.startswith("turn_")} | ({"turn_len"} & names))
+    if turn:
+        out["turns"] = f"{', '.join(turn)} (each token's turn id within its response)"
     for key, (over, what) in _WHOLE.items():
         if key in whole:
             used = sorted({n.op for n in obj.expr.walk() if n.op.startswith(f"{over}_")})

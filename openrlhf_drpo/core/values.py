@@ -93,6 +93,8 @@ class TokenBatch:
     entropy: torch.Tensor | None = None      # H, attached to the policy's graph (its own gradient channel)
     sum_pi_sq: torch.Tensor | None = None    # Σ_v π_v², detached
     group: torch.Tensor | None = None        # [batch]: each response's group's first response (... to here)
+    turns: torch.Tensor | None = None        # integer turn ids, [batch, tokens] (the fourth version's inputs ...)
+    staleness: torch.Tensor | None = None    # policy versions behind, detached (... to here)
     weights: torch.Tensor | None = None      # a host's per-token factors in the sum (Aggregation.weights)
     norm: torch.Tensor | None = None         # 0-d: the global normalizer, in the compute dtype
     mode: str = "token-mean"                 # the aggregation (an @aggregate value)
@@ -135,7 +137,7 @@ class TokenBatch:
 
 # the tensor fields, in their order (the annotations are strings: `from __future__ import annotations`)
 TENSORS = tuple(f.name for f in fields(TokenBatch) if f.type.startswith("torch.Tensor"))
-_READ = ("logp", "anchor", "A", "old", "rollout", "ref", "entropy", "sum_pi_sq")
+_READ = ("logp", "anchor", "A", "old", "rollout", "ref", "entropy", "sum_pi_sq", "staleness")
 _FLOATS = _READ + ("weights", "norm")
 
 

@@ -24,7 +24,7 @@ import torch
 from trl import GRPOTrainer
 
 from dsl.parser import Objective
-from openrlhf_drpo.core import Aggregation, CompiledLoss
+from openrlhf_drpo.core import Aggregation, CompiledLoss, turn_ids
 from openrlhf_drpo.core.loss import refuse_unprovided
 
 # TRL's loss types that are a normalization (ours then applies), and those that are a formula:
@@ -69,6 +69,8 @@ class TrlObjectiveLoss(CompiledLoss):
                 "ref_log_probs": "TRL's reference log-probs (beta > 0)",
                 "entropy": "TRL's entropies, with their gradient, in every loss call",
                 "groups": "TRL's prompt groups (steps_per_generation=1)",
+                "turns": "TRL's tool_mask: each run of tool-result tokens ends a turn (no tools: one turn)",
+                "staleness": "0: TRL samples each generation batch with the weights its update starts from",
                 "batch": "one loss call per optimizer step (gradient_accumulation_steps=1)"}
 
     def lacks(self, config) -> dict:
@@ -149,7 +151,7 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         loss, metrics = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
                                             rollout_log_probs=rollout, ref_log_probs=ref,
                                             entropy=entropies if "entropy" in reads else None,
-                                            groups=inputs.get("groups"),
+                                            groups=inputs.get("groups"), **_turns_and_staleness(reads, inputs, mask),
                                             aggregation=Aggregation("token-mean", norm=norm, weights=weights,
                                                                     process_group=ranks))
         if self.beta != 0.0:
@@ -265,6 +267,18 @@ def _check_config(config, objective_loss):
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' reads the entropy H and writes its own entropy "
                          f"terms, to which TRL's entropy_coef={config.entropy_coef} would add a second bonus; set "
                          "entropy_coef=0.0 and write the bonus into the objective (e.g. + 0.01*H)")
+
+
+def _turns_and_staleness(reads, inputs, mask) -> dict:
+    """The fourth version's inputs where the objective reads them: turn ids from TRL's tool_mask (0 on
+    a tool's or an environment's tokens, 1 elsewhere, padded with 1), and staleness 0 (TRL generates
+    synchronously: a batch's policy version is the one its update starts from)."""
+    out = {}
+    if "turns" in reads:
+        out["turns"] = turn_ids(inputs.get("tool_mask", torch.ones_like(mask)))
+    if "staleness" in reads:
+        out["staleness"] = torch.zeros_like(mask, dtype=torch.float32)
+    return out
 
 
 def _not_provided(config) -> dict:

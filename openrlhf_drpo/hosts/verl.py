@@ -54,6 +54,8 @@ NOT_GIVEN = {
     "sum_pi_sq": ("verl computes no Σ_v π_v² at the update: its trainer sets calculate_sum_pi_squared only for "
                   "the old policy's forward (ray_trainer._compute_old_log_prob, for OTB's advantage estimator), "
                   "never in _update_actor's batch, so the policy being trained has none"),
+    "turns": "verl gives a policy loss response_mask alone, no turn ids (multi-turn rollouts fold tool turns into it)",
+    "staleness": "verl gives a policy loss no policy versions (fully_async keeps min/max_global_steps off it)",
     "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
               "optimizer step's batch"),
 }

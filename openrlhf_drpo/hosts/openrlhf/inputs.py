@@ -19,6 +19,7 @@ import types
 
 import torch
 
+from openrlhf_drpo.core.boundary import turn_ids
 from openrlhf_drpo.core.loss import refuse_unprovided
 
 GROUP_KEY = "drpo_group"       # experience.info's per-sample group id, between append and the loss call
@@ -33,6 +34,11 @@ def missing_at_launch(ns) -> dict:
             "OpenRLHF passes the reference model's log-probs to the actor only with --algo.kl.use_loss and "
             "--algo.kl.init_coef > 0 (which creates the reference model): set both (the objective's terms in "
             "π_ref are then the KL trained; OpenRLHF's own KL loss is logged as kl, not trained)")
+    if getattr(ns, "train.async_enable", False):        # (OpenRLHF's flag; absent where a test builds the namespace)
+        missing["staleness"] = (
+            "--train.async_enable: OpenRLHF 0.11.2's asynchronous trainer queues rollouts (--train.async_queue_size) "
+            "without the weight version that sampled them (and --train.partial_rollout_enable mixes versions within "
+            "one), so drpo-train cannot give staleness; run synchronously (staleness 0)")
     if g("ds.packing_samples") or g("train.dynamic_batch_enable"):
         missing["sum_pi_sq"] = ("drpo-train computes Σ_v π_v² only on unpacked samples: turn off "
                                 "--ds.packing_samples and --train.dynamic_batch_enable")
@@ -155,6 +161,10 @@ def supplied(loss, trainer, experience):
         given["ref_log_probs"] = experience.base_action_log_probs
     if "groups" in need:
         given["groups"] = group_ids(experience, trainer.args.rollout.n_samples_per_prompt)
+    if "turns" in need:     # the agent's action ranges are action_mask's runs; its gaps, the environment's tokens
+        given["turns"] = turn_ids(experience.action_mask)
+    if "staleness" in need:     # synchronous: each rollout sampled by the weights this step starts from
+        given["staleness"] = torch.zeros_like(experience.action_mask, dtype=torch.float32)
     if "batch" in need and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         given["process_group"] = torch.distributed.group.WORLD
     actor = trainer.actor

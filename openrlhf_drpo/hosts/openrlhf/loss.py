@@ -92,7 +92,7 @@ class ObjectiveLoss(CompiledLoss):
     # argument, the others through self.given (inputs.supplied), which a direct call has not
     provides = {"rollout_log_probs": "drpo-train keeps vLLM's log-probs for it",
                 **{key: "drpo-train gives it in ObjectiveLoss.given, PolicyLoss's arguments have no place for it"
-                   for key in ("ref_log_probs", "entropy", "sum_pi_sq", "groups")},
+                   for key in ("ref_log_probs", "entropy", "sum_pi_sq", "groups", "turns", "staleness")},
                 "batch": "drpo-train sums a micro-batch that is each rank's whole optimizer batch over the ranks"}
     argument_names = {"mask": "action_mask"}
 
