@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from dsl.ir import Node, postorder
-from dsl.names import GRADIENT, POLICY
+from dsl.names import ENTRIES, GRADIENT, POLICY
 from dsl.operations import OPS, passes_no_gradient
 
-LEVELS = ("constant", "batch", "response", "token")      # each holds the ones before it
+LEVELS = ("constant", "batch", "response", "token", "entry")   # each holds the ones before it
 WIDTHS = ("token", "response", "group", "batch")         # an objective's locality, narrowest first
 # the width of each kind of reduction (a prefix reads only its own response)
-_WIDTH = {"response": "response", "prefix": "response", "suffix": "response", "group": "group", "batch": "batch"}
+_WIDTH = {"response": "response", "prefix": "response", "suffix": "response", "group": "group", "batch": "batch",
+          "vocab": "token"}     # a vocabulary reduction reads its own token's distribution only
 # the generated code's own names for the current policy (core.rewrites writes log π and log r so)
 _POLICY = set(POLICY) | {"logp", "log_ratio"}
 _GRADIENT = set(GRADIENT) | {"logp", "log_ratio"}
@@ -30,7 +31,9 @@ def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
     """Each node's level (LEVELS): a number or parameter is a constant; seq_len, a response
     reduction and a group reduction of a response-level value are one value per response; a batch
     reduction one for the batch; every other built-in, a prefix and a group reduction of a
-    token-level value, one per token. An operation is at its widest argument's level.
+    token-level value, one per token; π_v and π_ref_v one per vocabulary entry of the token's
+    support, and a vocabulary reduction of them one per token. An operation is at its widest
+    argument's level.
     `per_response`: built-ins taken as one value per response (PER_RESPONSE: what hosts give), and
     a prefix mean of such a value is it (prefix_mean(A) is A at every position; prefix_sum(A) is p·A)."""
     out: dict[Node, str] = {}
@@ -38,11 +41,12 @@ def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
         if n.op in ("num", "param"):
             out[n] = "constant"
         elif n.op == "var":
-            out[n] = "response" if n.value == "seq_len" or n.value in per_response else "token"
+            out[n] = "response" if n.value == "seq_len" or n.value in per_response else \
+                "entry" if n.value in ENTRIES else "token"
         elif n.op in OPS and OPS[n.op].reduce:
             over, arg = OPS[n.op].over, out[n.args[0]]
             out[n] = {"response": "response", "prefix": "token", "suffix": "token", "batch": "batch",
-                      "group": "token" if arg == "token" else "response"}[over]
+                      "group": "token" if arg == "token" else "response", "vocab": "token"}[over]
             if per_response and over == "prefix" and OPS[n.op].reduce == "mean" and arg != "token":
                 out[n] = arg    # the running mean of a value constant along the response is that value
         else:
@@ -154,6 +158,12 @@ class Facts:
         every reduction over what its call holds, fixed inputs' statistics included)."""
         overs = {r.over for r in self.reductions}
         return tuple(k for k, over in (("groups", "group"), ("batch", "batch")) if over in overs)
+
+    @cached_property
+    def vocabulary(self) -> tuple[Node, ...]:
+        """The vocabulary reductions (topk_sum, ref_topk_sum: the fourth version), each reading the
+        token's support entry by entry (dsl.vocabulary)."""
+        return tuple(r.node for r in self.reductions if r.over == "vocab")
 
     @cached_property
     def third_version(self) -> bool:

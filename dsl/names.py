@@ -27,6 +27,9 @@ BUILTINS = {
     "pi_ref": "the reference model's probability of the sampled token",
     "H": "the policy's entropy at the token, in nats over the vocabulary (with its gradient)",
     "sum_pi_sq": "Σ_v π_v², the policy's collision probability at the token (no gradient)",
+    # the fourth version's vocabulary entries: read only inside a vocabulary reduction (dsl.vocabulary)
+    "pi_v": "the current policy's probability of a vocabulary entry v (with its gradient through the softmax)",
+    "pi_ref_v": "π_ref's (or a teacher's) probability of a vocabulary entry v",
 }
 # words people write for a built-in: an unknown name among them is answered with the built-in
 MEANT = {"entropy": "H", "ent": "H", "ratio": "r", "advantage": "A", "advantages": "A", "adv": "A",
@@ -37,8 +40,10 @@ MEANT = {"entropy": "H", "ent": "H", "ratio": "r", "advantage": "A", "advantages
 OTHER_POLICIES = {"pi_old": "old_log_probs", "pi_rollout": "rollout_log_probs", "pi_ref": "ref_log_probs"}
 # the built-ins that read the current policy: r and π with a gradient, H with its own channel,
 # Σ_v π_v² without one (its value still moves with the policy)
-POLICY = ("r", "pi", "H", "sum_pi_sq")
-GRADIENT = ("r", "pi", "H")
+POLICY = ("r", "pi", "H", "sum_pi_sq", "pi_v")
+GRADIENT = ("r", "pi", "H", "pi_v")
+# the per-entry symbols: one value per vocabulary entry of the token's support (dsl.vocabulary)
+ENTRIES = ("pi_v", "pi_ref_v")
 
 
 def canonical_name(raw: str) -> str:

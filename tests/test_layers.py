@@ -17,7 +17,7 @@ PACKAGES = ("dsl", "openrlhf_drpo")
 # point and presentation), the hosts, the lab, the command line
 LAYERS = [
     "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.operations", "dsl.levels",
-    "dsl.walks", "dsl.printing", "dsl.source", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
+    "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
     "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",
     "core.kernels",
