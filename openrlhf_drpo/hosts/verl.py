@@ -52,6 +52,10 @@ NOT_GIVEN = {
                "responses together (trainer.balance_batch, use_dynamic_bsz and shuffle reorder them)"),
     "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
               "optimizer step's batch"),
+    **dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
+        "verl gives a policy loss the sampled token's log-probs only: its top-k KL is computed from the logits "
+        "in its distillation loss's logits processor (distillation.distillation_loss.loss_mode forward_kl_topk or "
+        "forward_kl_topk_tail, with the teacher's top-k from distillation), which no policy loss reaches")),
 }
 
 
