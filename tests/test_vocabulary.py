@@ -115,6 +115,9 @@ OBJECTIVES = {"forward_tail": FORWARD_TAIL, "reverse": REVERSE,
 PATHS = {"plain": dict(fused=False), "fused": dict(fused=True), "sync_free": dict(fused=True, sync_free=True)}
 
 
+DIRT = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=torch.float64)
+
+
 def _compiled_gradient(text, path, logits, teacher, tokens, A):
     options = dict(PATHS[path])
     sync_free = options.pop("sync_free", False)
@@ -124,9 +127,13 @@ def _compiled_gradient(text, path, logits, teacher, tokens, A):
     lp = z.log_softmax(-1)
     index = teacher.topk(K, -1).indices if loss_fn.support == "reference" else z.detach().topk(K, -1).indices
     logp = lp.gather(-1, tokens[..., None])[..., 0]
-    loss, _ = loss_fn(logp, logp.detach(), A, MASK, vocab_log_probs=lp.gather(-1, index),
-                      vocab_ref_log_probs=teacher.gather(-1, index))
-    return loss.detach(), torch.autograd.grad(loss, z)[0]
+    dirty = lambda x: torch.where(MASK[..., None], x, DIRT)     # noqa: E731  masked slots hold NaN and ±inf
+    given = dirty(lp.gather(-1, index))
+    loss, _ = loss_fn(logp, logp.detach(), A, MASK, vocab_log_probs=given,
+                      vocab_ref_log_probs=dirty(teacher.gather(-1, index)))
+    grad, to_given = torch.autograd.grad(loss, [z, given])
+    assert to_given.isfinite().all() and not to_given[~MASK].any()    # what the host's softmax receives
+    return loss.detach(), grad
 
 
 @pytest.mark.parametrize("path", PATHS)
