@@ -118,7 +118,8 @@ def check_support(who: str, names: dict, support: dict, logp) -> None:
             raise ValueError(f"{who}: {name} is {list(x.shape)}, {lp} {shape}: pass the log-probs of each token's "
                              f"top-k support, [batch, tokens, k] with k ≥ 1")
         if x.device != logp.device:
-            raise ValueError(f"{who}: {name} is on {x.device}, {lp} on {logp.device}: move it with {name}.to({lp}.device)")
+            raise ValueError(f"{who}: {name} is on {x.device}, {lp} on {logp.device}: move it with "
+                             f"{name}.to({lp}.device)")
         if not x.is_floating_point():
             raise ValueError(f"{who}: {name} is {x.dtype}: pass floating-point log-probs ({name}.float())")
         ks.add(x.shape[2])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK, _logits
+from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK, head_logits
 
 
 class ChunkedSupport(torch.autograd.Function):
@@ -25,7 +25,7 @@ class ChunkedSupport(torch.autograd.Function):
         lse = hidden.new_empty((n,), dtype=torch.float32)
         for s in range(0, n, chunk):
             rows = slice(s, s + chunk)
-            z = _logits(hidden[rows], weight, bias, temperature)
+            z = head_logits(hidden[rows], weight, bias, temperature)
             if index is None:       # the selection has no gradient: a top-k is piecewise constant in z
                 support[rows] = z.topk(k, -1).indices
             lse[rows] = torch.logsumexp(z, -1)
@@ -44,7 +44,7 @@ class ChunkedSupport(torch.autograd.Function):
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], ctx.chunk):
             rows, h = slice(s, s + ctx.chunk), hidden[s:s + ctx.chunk]
-            q = _logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None]).exp_()
+            q = head_logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None]).exp_()
             dz = q.mul_(-g[rows].sum(-1, keepdim=True)).scatter_add_(-1, support[rows], g[rows].float())
             dz = (dz / ctx.temperature if ctx.temperature != 1.0 else dz).to(weight.dtype)
             if need_h:
