@@ -277,6 +277,8 @@ def _equiv(ap, args) -> int:
         ap.error("--equiv compares exactly two objectives (FILE_OR_NAME FILE_OR_NAME), without --plot or --emit-torch")
     try:
         a, b = _load_all(args.objectives, parse_overrides(args.set))
+        from dsl.vocabulary import refuse_r_analysis
+        refuse_r_analysis(a), refuse_r_analysis(b)         # the comparison is in r too
         from openrlhf_drpo.analysis.equiv import equivalence
         res = equivalence(a, b, args.seq_len, args.rho)
     except DslError as e:

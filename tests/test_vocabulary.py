@@ -63,6 +63,8 @@ def test_drpo_analyze_refuses_the_r_analysis_of_a_vocabulary_sum_by_name(tmp_pat
     assert "no weight w, boundary or range of r describes it" in err and "Traceback" not in err
     assert analyze_main([str(path), "--emit-torch"]) == 0        # its torch code is still shown
     assert "b.vocab_logp.movedim(-1, 0)" in capsys.readouterr().out
+    assert analyze_main(["--equiv", "ppo", str(path)]) == 2          # the comparison is in r too: refused alike
+    assert capsys.readouterr().err.startswith(f"{path}:1:11: error: the r-analysis does not apply")
 
 
 # ---------------------------------------------------------------- gradients, on a tiny vocabulary
