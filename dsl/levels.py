@@ -167,9 +167,10 @@ class Facts:
 
     @cached_property
     def third_version(self) -> bool:
-        """Whether the objective reads π_ref, H or Σ_v π_v², or has a prefix, group or batch reduction."""
+        """Whether the objective reads π_ref, H or Σ_v π_v², or has a prefix, group or batch reduction, or
+        a vocabulary sum (the fourth version's, compiled as the third's: core.codegen's reverse mode)."""
         return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq")) or
-                   (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch")) for n in self.root.walk())
+                   (n.op in OPS and OPS[n.op].over in ("prefix", "group", "batch", "vocab")) for n in self.root.walk())
 
 
 @lru_cache(maxsize=64)

@@ -44,8 +44,7 @@ def _var(name):
 # (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
 # clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
 GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "log_ratio": _var("keep")}
-# each input with a gradient channel of its own (Generated.channels): its leaves' derivatives (H's; the support's)
-CHANNELS = {"entropy": {"H": ONE}, "vocab_logp": {"pi_v": _var("pi_v"), "lv": ONE}}
+CHANNELS = {"entropy": {"H": ONE}, "vocab_logp": {"pi_v": _var("pi_v"), "lv": ONE}}   # Generated.channels' seeds
 UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": _var("r"), "log_ratio": Node("num", value=1)}
 
 
@@ -351,8 +350,8 @@ def _generate(obj: Objective) -> tuple[str, dict]:
     value = select_masks(rewrite_logs(annotate_levels(obj.expr, obj.facts.level)))
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
-    channels = ("entropy",) * ("H" in obj.names()) + ("vocab_logp",) * ("pi_v" in obj.names())
-    v3 = obj.facts.third_version or bool(obj.facts.vocabulary)    # the reverse mode: the channels' gradients
+    channels = ("entropy",) * ("H" in obj.names()) + ("vocab_logp",) * ("pi_v" in obj.names())   # (reverse mode's)
+    v3 = obj.facts.third_version
     try:
         derivative(value, GRAD_SEEDS)
         nonlocal_ = False
