@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from dsl.ir import Node, postorder
-from dsl.names import GRADIENT, POLICY
+from dsl.names import ENTRIES, GRADIENT, POLICY
 from dsl.operations import OPS, passes_no_gradient
 
-LEVELS = ("constant", "batch", "response", "token")      # each holds the ones before it
+LEVELS = ("constant", "batch", "response", "token", "entry")   # each holds the ones before it
 WIDTHS = ("token", "response", "group", "batch")         # an objective's locality, narrowest first
 # the width of each kind of reduction (a prefix and a turn read only their own response)
 _WIDTH = {"response": "response", "prefix": "response", "suffix": "response", "turn": "response", "group": "group",
-          "batch": "batch"}
+          "batch": "batch", "vocab": "token"}     # a vocabulary reduction reads its own token's distribution only
 # the generated code's own names for the current policy (core.rewrites writes log π and log r so)
 _POLICY = set(POLICY) | {"logp", "log_ratio"}
 _GRADIENT = set(GRADIENT) | {"logp", "log_ratio"}
@@ -31,10 +31,11 @@ def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
     """Each node's level (LEVELS): a number or parameter is a constant; seq_len, a response
     reduction and a group reduction of a response-level value are one value per response; a batch
     reduction one for the batch; every other built-in (turn_len, staleness), a prefix, a turn and a
-    group reduction of a token-level value, one per token. An operation is at its widest argument's
-    level. A turn's value is held along the turn only, not the response: 'token', as a prefix's (no
-    level between: what reads a level, a group or batch reduction, takes each response once or each
-    token, and a turn-level value is not one value per response).
+    group reduction of a token-level value, one per token; π_v and π_ref_v one per vocabulary entry
+    of the token's support, and a vocabulary reduction of them one per token. An operation is at its
+    widest argument's level. A turn's value is held along the turn only, not the response: 'token', as
+    a prefix's (no level between: what reads a level, a group or batch reduction, takes each response
+    once or each token, and a turn-level value is not one value per response).
     `per_response`: built-ins taken as one value per response (PER_RESPONSE: what hosts give), and
     a prefix mean of such a value is it (prefix_mean(A) is A at every position; prefix_sum(A) is p·A)."""
     out: dict[Node, str] = {}
@@ -42,11 +43,12 @@ def levels(root: Node, per_response: tuple = ()) -> dict[Node, str]:
         if n.op in ("num", "param"):
             out[n] = "constant"
         elif n.op == "var":
-            out[n] = "response" if n.value == "seq_len" or n.value in per_response else "token"
+            out[n] = "response" if n.value == "seq_len" or n.value in per_response else \
+                "entry" if n.value in ENTRIES else "token"
         elif n.op in OPS and OPS[n.op].reduce:
             over, arg = OPS[n.op].over, out[n.args[0]]
             out[n] = {"response": "response", "prefix": "token", "suffix": "token", "turn": "token", "batch": "batch",
-                      "group": "token" if arg == "token" else "response"}[over]
+                      "group": "token" if arg == "token" else "response", "vocab": "token"}[over]
             if per_response and over in ("prefix", "turn") and OPS[n.op].reduce == "mean" and arg != "token":
                 out[n] = arg    # the running (turn's) mean of a value constant along the response is that value
         else:
@@ -160,11 +162,19 @@ class Facts:
         return tuple(k for k, over in (("groups", "group"), ("batch", "batch")) if over in overs)
 
     @cached_property
+    def vocabulary(self) -> tuple[Node, ...]:
+        """The vocabulary reductions (topk_sum, ref_topk_sum: the fourth version), each reading the
+        token's support entry by entry (dsl.vocabulary)."""
+        return tuple(r.node for r in self.reductions if r.over == "vocab")
+
+    @cached_property
     def third_version(self) -> bool:
         """Whether the objective reads π_ref, H, Σ_v π_v², turn_len or staleness, or has a prefix, turn,
-        group or batch reduction (the TokenBatch's inputs beyond log π, μ, A and the mask)."""
+        group or batch reduction, or a vocabulary sum (the TokenBatch's inputs beyond log π, μ, A and the
+        mask; a vocabulary sum is compiled as the third version's: core.codegen's reverse mode)."""
         return any((n.op == "var" and n.value in ("pi_ref", "H", "sum_pi_sq", "turn_len", "staleness")) or
-                   (n.op in OPS and OPS[n.op].over in ("prefix", "turn", "group", "batch")) for n in self.root.walk())
+                   (n.op in OPS and OPS[n.op].over in ("prefix", "turn", "group", "batch", "vocab"))
+                   for n in self.root.walk())
 
 
 @lru_cache(maxsize=64)

@@ -190,6 +190,15 @@ def _batch_count(x, m, like, pg, level):
 def _batch_mean(x, m, like, pg, level):
     total, n = _batch_totals(x, m, like, pg, level)
     return (total / n.clamp(min=1)).expand_as(like)
+
+
+def _ref_topk_sum(x, m, like):
+    # x: [k, B, T], an entry of the token's support per row (the generated code's layout, so that
+    # a token's values broadcast over its entries); a masked token's sum is selected out by its reader
+    return x.sum(0)
+
+
+_topk_sum = _ref_topk_sum
 '''
 
 

@@ -30,6 +30,9 @@ BUILTINS = {
     # the language's fourth version: multi-turn episodes and asynchronous rollouts
     "turn_len": "the number of unmasked tokens in this token's turn (turn ids within a response)",
     "staleness": "the policy versions between the behaviour policy that sampled the token and the current one",
+    # the fourth version's vocabulary entries: read only inside a vocabulary reduction (dsl.vocabulary)
+    "pi_v": "the current policy's probability of a vocabulary entry v (with its gradient through the softmax)",
+    "pi_ref_v": "π_ref's (or a teacher's) probability of a vocabulary entry v",
 }
 # words people write for a built-in: an unknown name among them is answered with the built-in
 MEANT = {"entropy": "H", "ent": "H", "ratio": "r", "advantage": "A", "advantages": "A", "adv": "A",
@@ -41,8 +44,10 @@ MEANT = {"entropy": "H", "ent": "H", "ratio": "r", "advantage": "A", "advantages
 OTHER_POLICIES = {"pi_old": "old_log_probs", "pi_rollout": "rollout_log_probs", "pi_ref": "ref_log_probs"}
 # the built-ins that read the current policy: r and π with a gradient, H with its own channel,
 # Σ_v π_v² without one (its value still moves with the policy)
-POLICY = ("r", "pi", "H", "sum_pi_sq")
-GRADIENT = ("r", "pi", "H")
+POLICY = ("r", "pi", "H", "sum_pi_sq", "pi_v")
+GRADIENT = ("r", "pi", "H", "pi_v")
+# the per-entry symbols: one value per vocabulary entry of the token's support (dsl.vocabulary)
+ENTRIES = ("pi_v", "pi_ref_v")
 
 
 def canonical_name(raw: str) -> str:

@@ -28,8 +28,9 @@ GRADIENTS = ("zero", "none", "reduction")     # besides a rule: see Op.gradient
 #   "turn": its response's sharing its turn id (turn_*: a turn of a multi-turn episode);
 #   "group": the responses sharing its response's group id: one value per response for a
 #            response-level argument, position by position for a token-level one (dsl.levels);
-#   "batch": the optimizer step's whole batch, across data-parallel ranks.
-OVER = ("response", "prefix", "suffix", "turn", "group", "batch")
+#   "batch": the optimizer step's whole batch, across data-parallel ranks;
+#   "vocab": the token's own vocabulary support, entry by entry (dsl.vocabulary), no other token.
+OVER = ("response", "prefix", "suffix", "turn", "group", "batch", "vocab")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,6 +355,9 @@ OPS: dict[str, Op] = {
         ("batch", "count", "none"))},
     # prefix_sum's adjoint (not in the language)
     "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False, adjoint=adj.suffix_sum),
+    # the fourth version: a sum over the token's vocabulary support, the top-k of π_ref (or a teacher)
+    # or of the current policy, entry by entry (dsl.vocabulary)
+    **{k: _reduction(k, "vocab", "sum", adjoint=adj.entries) for k in ("ref_topk_sum", "topk_sum")},
 }
 
 # Functions a user may call by name, with their argument counts (the rest are operators or brackets).

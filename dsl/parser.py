@@ -19,6 +19,7 @@ from dsl.objective import OPTION_DEFAULTS, OPTIONS, Objective, check_option
 from dsl.operations import OPS, REDUCTIONS
 from dsl.printing import render
 from dsl.source import Source, did_you_mean
+from dsl.vocabulary import check_vocabulary
 from dsl.walks import evaluate
 
 
@@ -166,6 +167,7 @@ class _Builder(Source):
         exprs = Expressions(self, params, bindings)
         expr = exprs.build(objectives[0])
         check_kind(self, expr, "num")
+        check_vocabulary(self, expr)
         check_policy(self, expr, self.meta_pos(objectives[0]))
         for k, v in OPTION_DEFAULTS.items():
             options.setdefault(k, v)

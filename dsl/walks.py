@@ -160,6 +160,8 @@ def held_count(over: str, level: str, point: dict) -> Node:
         return add(sub(point["seq_len"], point["position"]), ONE)
     if over == "group":
         return point["group_size"]
+    if over == "vocab":      # k entries of no response: the r-analysis refuses it first (dsl.vocabulary)
+        raise ValueError("a vocabulary sum has no uniform view over tokens (dsl.vocabulary.refuse_r_analysis)")
     return mul(point["batch_size"], point["seq_len"]) if level == "token" else point["batch_size"]
 
 

@@ -22,6 +22,7 @@ def _load_all(specs, overrides, held: list | None = None):
     rho_ref, a statistic's binding: analysis.view.held_names) go to held[i], its own; a name no
     objective has is an error, and so is one set both ways."""
     from dsl.objective import param_key
+    from dsl.vocabulary import refuse_r_analysis
     objs, own = [], []
     for spec in specs:
         name, params = parse_spec(spec)
@@ -33,6 +34,8 @@ def _load_all(specs, overrides, held: list | None = None):
                 print(w.message, file=sys.stderr)
             else:
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        if held is not None:       # the analysis (not --emit-torch): refused, by name, where it does not apply
+            refuse_r_analysis(obj)
         objs.append(obj.with_overrides(params, where="<command line>") if params else obj)
         own.append({param_key(k) for k in params})
     used = set()
@@ -274,6 +277,8 @@ def _equiv(ap, args) -> int:
         ap.error("--equiv compares exactly two objectives (FILE_OR_NAME FILE_OR_NAME), without --plot or --emit-torch")
     try:
         a, b = _load_all(args.objectives, parse_overrides(args.set))
+        from dsl.vocabulary import refuse_r_analysis
+        refuse_r_analysis(a), refuse_r_analysis(b)         # the comparison is in r too
         from openrlhf_drpo.analysis.equiv import equivalence
         res = equivalence(a, b, args.seq_len, args.rho)
     except DslError as e:

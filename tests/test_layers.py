@@ -17,7 +17,7 @@ PACKAGES = ("dsl", "openrlhf_drpo")
 # point and presentation), the hosts, the lab, the command line
 LAYERS = [
     "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.operations", "dsl.levels",
-    "dsl.walks", "dsl.printing", "dsl.source", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
+    "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
     "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",
     "core.kernels",
@@ -30,7 +30,7 @@ LAYERS = [
     "analysis.claims", "analysis.admissibility", "analysis.equiv", "analysis.result", "analysis.orchestrator",
     "analysis.summary", "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis.notebook", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward",
-    "hosts.openrlhf.inputs", "hosts.openrlhf.loss", "hosts.openrlhf.logprobs",
+    "hosts.openrlhf.inputs", "hosts.openrlhf.loss", "hosts.openrlhf.logprobs", "hosts.openrlhf.support",
     "hosts.openrlhf.actor", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
     "hosts.verl",
     "lab.toytask", "lab.task", "lab.pipe", "lab.results", "lab.driver", "lab", "lab.__main__",

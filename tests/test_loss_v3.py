@@ -98,7 +98,8 @@ def by_definition(name, x, mask, groups, level, turns=None):
 
 
 # every reduction row, a group or batch one at both of its argument's levels
-CASES = [(name, level) for name, op in OPS.items() if op.reduce
+# (a vocabulary sum reads a token's entries, not tokens: tests/test_vocabulary.py holds its rows)
+CASES = [(name, level) for name, op in OPS.items() if op.reduce and op.over != "vocab"
          for level in (("token", "response") if op.over in ("group", "batch") else ("token",))]
 
 
@@ -340,9 +341,10 @@ def test_inputs_lists_what_each_objective_reads_and_what_a_call_keeps_whole_for_
     loss_fn.refuse_missing({"groups": "never"}, "Toy")      # an input the objective does not read: no refusal
 
 
-# one objective reading each input a host may provide, and the six keys of CompiledLoss.inputs()
+# one objective reading each input a host may provide, and the eight keys of CompiledLoss.inputs()
 READS = {"rollout_log_probs": "r*A*π_rollout/μ", "ref_log_probs": TABLE[1], "entropy": TABLE[0],
-         "sum_pi_sq": "r*A*sum_pi_sq", "groups": "r*A - group_mean(r)", "batch": TABLE[9]}
+         "sum_pi_sq": "r*A*sum_pi_sq", "groups": "r*A - group_mean(r)", "batch": TABLE[9],
+         "vocab_log_probs": "r*A + topk_sum(π_v^2)", "vocab_ref_log_probs": "r*A*ref_topk_sum(π_ref_v)"}
 
 
 @pytest.mark.parametrize("key", list(READS))

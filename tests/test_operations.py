@@ -357,7 +357,8 @@ def _reduced(name, level, values, mask):
 
 
 # a group or batch reduction reads its argument's level: each is checked at both
-LEVELED = [(k, level) for k, op in OPS.items() if op.reduce
+# (a vocabulary sum reads a token's entries, not tokens: tests/test_vocabulary.py holds its rows)
+LEVELED = [(k, level) for k, op in OPS.items() if op.reduce and op.over != "vocab"
            for level in (("token", "response") if op.over in ("group", "batch") else ("token",))]
 
 

@@ -24,6 +24,7 @@ from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry
 from openrlhf_drpo.analysis.held import equal_group, held_group
 from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
                                          reference_split)
+from dsl.vocabulary import refuse_r_analysis
 from dsl.walks import derivative
 from dsl.names import display_name
 
@@ -33,6 +34,7 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
     analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
     read, and the typed result is built last."""
+    refuse_r_analysis(obj)       # a vocabulary sum is no function of r: say so, claim nothing
     original = obj
     full, scope = analysis_view(obj, seq_len, rho, **point)
     names = names_of_view(original)

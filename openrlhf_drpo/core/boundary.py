@@ -149,3 +149,34 @@ def check_entropy_graph(who: str, names: dict, entropy, logp) -> None:
                          f"{names.get('log_probs', 'log_probs')} has one: the objective reads H, whose gradient "
                          f"is its own term; pass the policy's entropy attached to its graph (not {name}.detach()), "
                          "or call the loss under torch.no_grad()")
+
+
+def check_support(who: str, names: dict, support: dict, logp) -> None:
+    """The vocabulary support's log-probs (vocab_log_probs: the policy's, attached to its graph;
+    vocab_ref_log_probs: π_ref's or the teacher's, on the same entries): floating [batch, tokens, k]
+    on log_probs' device, one k for both, or a message naming the tensor, its shape and the fix."""
+    lp, shape, ks = names.get("log_probs", "log_probs"), list(logp.shape), set()
+    for key, x in support.items():
+        if x is None:
+            continue
+        name = names.get(key, key)
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{who}: {name} must be a torch.Tensor of shape {shape + ['k']}, got {type(x).__name__}")
+        if x.dim() != 3 or list(x.shape[:2]) != shape or x.shape[2] < 1:
+            raise ValueError(f"{who}: {name} is {list(x.shape)}, {lp} {shape}: pass the log-probs of each token's "
+                             f"top-k support, [batch, tokens, k] with k ≥ 1")
+        if x.device != logp.device:
+            raise ValueError(f"{who}: {name} is on {x.device}, {lp} on {logp.device}: move it with "
+                             f"{name}.to({lp}.device)")
+        if not x.is_floating_point():
+            raise ValueError(f"{who}: {name} is {x.dtype}: pass floating-point log-probs ({name}.float())")
+        ks.add(x.shape[2])
+    if len(ks) > 1:
+        raise ValueError(f"{who}: {' and '.join(names.get(k, k) for k in support)} hold different supports "
+                         f"(k = {sorted(ks)}): pass both on the same k entries of each token")
+    policy = support.get("vocab_log_probs")
+    if policy is not None and torch.is_grad_enabled() and logp.requires_grad and not policy.requires_grad:
+        name = names.get("vocab_log_probs", "vocab_log_probs")
+        raise ValueError(f"{who}: {name} {list(policy.shape)} has no gradient while {lp} has one: the vocabulary "
+                         f"sum trains every entry of the support through it; pass the support's log-probs attached "
+                         f"to the policy's graph (log_softmax(logits).gather(-1, index), not {name}.detach())")

@@ -44,6 +44,7 @@ def _var(name):
 # (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
 # clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
 GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "log_ratio": _var("keep")}
+CHANNELS = {"entropy": {"H": ONE}, "vocab_logp": {"pi_v": _var("pi_v"), "lv": ONE}}   # Generated.channels' seeds
 UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": _var("r"), "log_ratio": Node("num", value=1)}
 
 
@@ -209,11 +210,12 @@ def _used(nodes, extra=()) -> set:
     return used | ({"r", "keep"} if "dr" in used else set())
 
 
-# the policies' log-probs and the third version's inputs, read from the TokenBatch where used:
+# the policies' log-probs and the third and fourth versions' inputs (the support's k first), read where used:
 # (the generated code's name, the batch's field, the name of its exp or "")
 _FROM_BATCH = (("old", "old", "pi_old"), ("rollout", "rollout", "pi_rollout"), ("ref", "ref", "pi_ref"),
                ("H", "entropy", ""), ("sum_pi_sq", "sum_pi_sq", ""), ("group", "group", ""), ("pg", "pg", ""),
-               ("turns", "turns", ""), ("staleness", "staleness", ""))
+               ("turns", "turns", ""), ("staleness", "staleness", ""),
+               ("lv", "vocab_logp.movedim(-1, 0)", "pi_v"), ("lref", "vocab_ref.movedim(-1, 0)", "pi_ref_v"))
 
 
 def _prelude(used, unclamped=False) -> list[str]:
@@ -315,22 +317,24 @@ _SIG = "b, m=None, coef=None"
 _HEAD = ["    logp, anchor, A = b.logp, b.anchor, b.A", "    dtype = logp.dtype", "    raw = logp - anchor"]
 
 
-def _reverse_functions(value, params, kept, per_response, entropy) -> str:
+def _reverse_functions(value, params, kept, per_response, channels=()) -> str:
     """objective_and_grad for an objective with a reduction of the policy or an input of the
     third version: its gradient is that of Σ coef·ℓ, computed plainly (no in-place updates:
-    reductions broadcast); with `entropy`, the gradient of Σ coef·ℓ with respect to H follows."""
+    reductions broadcast); then its gradient with respect to each of `channels` (CHANNELS: H, the support's)."""
     # with a reduction of the policy, raw comes back as its response's mean: the move's direction
     # is the response's (its masked mean over tokens is unchanged, so ppo_kl is too)
     extra = ("r", "_seq_mean(raw, m, logp)" if per_response else "raw", "mu", "keep")
-    grads = [reverse_gradient(value, GRAD_SEEDS)] + [reverse_gradient(value, {"H": ONE})] * entropy
+    grads = [reverse_gradient(value, seeds) for seeds in (GRAD_SEEDS, *(CHANNELS[c] for c in channels))]
     lines, results = _emit([value, *grads] + [kept] * (kept is not None), params)
-    used = _used([value, *grads], ("r", "raw", "mu", "keep"))
+    used = _used([value, *grads], ("r", "raw", "mu", "keep") + ("lv",) * ("vocab_logp" in channels))
     raw_only = not _reads_clamped_ratio(value)
     if kept is not None:
         results, extra = results[:-1], (*extra[:-1], results[-1] if raw_only else f"keep * {results[-1]}")
     else:
         extra = (*extra[:-1], "1.0" if raw_only else "keep")
     shaped = [f"torch.broadcast_to({c}, logp.shape)" for c in results]
+    if "vocab_logp" in channels:       # the support's, last, in the batch's layout [B, T, k]
+        shaped[-1] = f"torch.broadcast_to({results[-1]}, lv.shape).movedim(0, -1)"
     doc = ("ℓ and d(Σ coef·ℓ)/d(log π) (the aggregation weight coef is inside: a reduction\n"
            "    spreads each token's gradient over the tokens it reads), r, the log-ratio (the response's\n"
            "    mean where a reduction reads the policy), μ, keep; with H, d(Σ coef·ℓ)/dH last.")
@@ -350,20 +354,21 @@ def _generate(obj: Objective) -> tuple[str, dict]:
     value = select_masks(rewrite_logs(annotate_levels(obj.expr, obj.facts.level)))
     found = filters(value)
     kept = functools.reduce(mul, found) if found else None     # 1 where a token survives every filter
-    entropy, v3 = "H" in obj.names(), obj.facts.third_version    # v3: the reverse mode, which gives H its gradient
+    channels = ("entropy",) * ("H" in obj.names()) + ("vocab_logp",) * ("pi_v" in obj.names())   # (reverse mode's)
+    v3 = obj.facts.third_version
     try:
         derivative(value, GRAD_SEEDS)
         nonlocal_ = False
     except NonLocal:
         nonlocal_ = True
     if nonlocal_ or v3:
-        fused = _reverse_functions(guard_selects(value), obj.params, kept, nonlocal_, entropy)   # (as autograd's)
+        fused = _reverse_functions(guard_selects(value), obj.params, kept, nonlocal_, channels)   # (as autograd's)
     else:
         fused = _fused_functions(value, obj.params, kept)
     reduces = any(map(reads_whole_response, value.walk()))
     # reduces: the eager kernel flattens tokens, which a response's reduction (or a third version's input) cannot take
     facts = {"includes_coef": nonlocal_ or v3, "reduces": reduces or v3, "third_version": v3,
-             "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk())}
+             "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk()), "channels": channels}
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",

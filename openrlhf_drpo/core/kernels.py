@@ -58,9 +58,10 @@ def per_token(generated: Generated, b: TokenBatch, keep, coef):
     """The generated function's results, with its gradient per token as ∂ℓ/∂log π, and the
     gradient of Σ coef·ℓ (for an objective with a reduction, which computes that one itself,
     ∂ℓ/∂log π is that over coef: the gradient a token gets per unit of its weight); last, the
-    gradient of Σ coef·ℓ with respect to H where the objective reads it (else None)."""
-    value, grad, r, raw, mu, inside, *entropy = generated.value_and_grad(b, keep, coef)
-    entropy = entropy[0] if entropy else None       # (only the reverse-mode function returns it: coef inside)
+    gradient of Σ coef·ℓ with respect to each input with a channel of its own (Generated.channels:
+    H, the support's log π_v), as {field: gradient}."""
+    value, grad, r, raw, mu, inside, *extra = generated.value_and_grad(b, keep, coef)
+    entropy = dict(zip(generated.channels, extra))     # (only the reverse-mode function returns them: coef inside)
     if generated.includes_coef:
         return value, grad / torch.where(coef != 0, coef, 1.0), grad, r, raw, mu, inside, entropy
     return value, grad, grad * coef, r, raw, mu, inside, entropy
@@ -139,10 +140,14 @@ def kernel(generated: Generated, b: TokenBatch, dot=_dot, clamp_ratio=False):
 
 
 def _gradients(terms, scale):
-    """The loss's gradients with respect to log π and H (None where not read), masked tokens 0."""
+    """The loss's gradients with respect to log π and each channel's input ({field: gradient}), masked tokens 0."""
     keep, total, entropy = terms[0], terms[6], terms[11]
-    return (torch.where(keep, total, 0.0) * scale,
-            None if entropy is None else torch.where(keep, entropy, 0.0) * scale)
+    return torch.where(keep, total, 0.0) * scale, {k: _kept(keep, e) * scale for k, e in entropy.items()}
+
+
+def _kept(keep, x):
+    """x where its token is unmasked, else 0: a [B, T, k] channel (the support's) entry by entry."""
+    return torch.where(keep if x.dim() == keep.dim() else keep.unsqueeze(-1), x, 0.0)
 
 
 def loss_kernel(generated: Generated, b: TokenBatch, dot=_dot, clamp_ratio=False):
@@ -165,7 +170,7 @@ def grad_kernel(generated: Generated, b: TokenBatch, scale, g, totals=None):
     b, _ = rank_sums(b.widened(compute_dtype(b.logp)), totals)
     terms = _terms(generated, b, False, metrics=False)
     grad, entropy = _gradients(terms, scale)
-    return (grad * g).to(dtype), None if entropy is None else (entropy * g).to(dtype)
+    return (grad * g).to(dtype), {k: (e * g).to(dtype) for k, e in entropy.items()}
 
 
 def _max(x):
@@ -204,11 +209,11 @@ def eager_kernel(generated: Generated, b: TokenBatch, clamp_ratio=False):
         coef = coef * torch.where(action_mask != 0, b.weights, 0.0)
     tokens = count if b.mode == "token-mean" else m.sum()
     scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as kernel, in the same dtype
-    entropy = None
+    entropy = {}
     if generated.reduces:       # [B, T]: a reduction reads whole responses
-        value, grad, r, raw, mu, inside, *entropy = generated.value_and_grad(b, action_mask != 0, coef)
-        # d(Σ coef·ℓ)/dH, masked tokens selected out (H may hold anything there)
-        entropy = torch.where(action_mask != 0, entropy[0], 0.0) if entropy else None
+        value, grad, r, raw, mu, inside, *extra = generated.value_and_grad(b, action_mask != 0, coef)
+        # d(Σ coef·ℓ)/dH (and the support's), masked tokens selected out (H may hold anything there)
+        entropy = {k: _kept(action_mask != 0, e) for k, e in zip(generated.channels, extra)}
     else:
         A, m, coef = A.reshape(-1), m.reshape(-1), coef.reshape(-1)
         # grad may be an input (GPG's is A): only read
@@ -277,9 +282,10 @@ def fused_function(kernel, who="CompiledLoss"):
             # detached: the kernel is compiled as an inference graph, with no autograd of its own.
             # Every input in the one compute dtype (compute_dtype): a float64 anchor with
             # float32 log-probs too.
-            ctx.dtype, ctx.entropy_dtype = b.logp.dtype, None if b.entropy is None else b.entropy.dtype
+            ctx.dtype = b.logp.dtype
             loss, grad, grad_entropy, scale, stats = kernel(b.detached().widened(compute_dtype(b.logp)))
-            ctx.save_for_backward(grad, grad_entropy)
+            ctx.channels = {k: getattr(b, k).dtype for k in grad_entropy}     # each in its input's dtype
+            ctx.save_for_backward(grad, *grad_entropy.values())
             ctx.scale = scale
             ctx.mark_non_differentiable(stats)
             return loss, stats
@@ -287,18 +293,18 @@ def fused_function(kernel, who="CompiledLoss"):
         @staticmethod
         def backward(ctx, g, _):
             _once(who)
-            grad, grad_entropy = ctx.saved_tensors
+            grad, *extra = ctx.saved_tensors
             # g·((grad·coef)·scale), the order kernel's compiled product gives: equal bit for bit
             scaled = lambda x: g * x if ctx.scale is None else torch.mul(x, ctx.scale).mul_(g)   # noqa: E731
-            entropy = None if grad_entropy is None or ctx.entropy_dtype is None else \
-                scaled(grad_entropy).to(ctx.entropy_dtype)
-            return None, *_by_field(scaled(grad).to(ctx.dtype), entropy)
+            channels = {k: scaled(e).to(dtype) for (k, dtype), e in zip(ctx.channels.items(), extra)}
+            return None, *_by_field(scaled(grad).to(ctx.dtype), channels)
     return Fused
 
 
-def _by_field(logp, entropy):
-    """The gradients backward returns for apply(b, *b.tensors()): log π's and H's, None for the rest."""
-    return tuple(logp if name == "logp" else entropy if name == "entropy" else None for name in TENSORS)
+def _by_field(logp, channels: dict):
+    """The gradients backward returns for apply(b, *b.tensors()): log π's and each channel's (H's, the
+    support's), None for the rest."""
+    return tuple(logp if name == "logp" else channels.get(name) for name in TENSORS)
 
 
 def _once(who):
@@ -321,7 +327,6 @@ def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
     class Recomputing(torch.autograd.Function):
         @staticmethod
         def forward(ctx, b, *tensors):
-            ctx.entropy_dtype = None if b.entropy is None else b.entropy.dtype
             b = b.detached()
             loss, scale, stats, ok, totals = forward(b)
             refuse_mask(b.mask, ok)
@@ -337,7 +342,7 @@ def recomputing_function(forward, backward, refuse_mask, who="CompiledLoss"):
         def backward(ctx, g, _):
             _once(who)
             scale, *tensors = ctx.saved_tensors
-            grad, grad_entropy = backward(ctx.batch.with_tensors(tensors), scale, g, totals=ctx.totals)
-            entropy = None if grad_entropy is None or ctx.entropy_dtype is None else grad_entropy.to(ctx.entropy_dtype)
-            return None, *_by_field(grad, entropy)
+            b = ctx.batch.with_tensors(tensors)
+            grad, extra = backward(b, scale, g, totals=ctx.totals)
+            return None, *_by_field(grad, {k: e.to(getattr(b, k).dtype) for k, e in extra.items()})
     return Recomputing

@@ -23,11 +23,12 @@ import torch
 from torch import nn
 
 import dsl
+from dsl.vocabulary import support
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.core.collectives import rank_sums
 from dsl.objective import OPTIONS, Objective
-from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_turns,
-                                         group_representatives, refuse_bad_mask, refuse_bad_staleness)
+from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_support,
+                                         check_turns, group_representatives, refuse_bad_mask, refuse_bad_staleness)
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
@@ -63,6 +64,7 @@ class CompiledLoss(nn.Module):
         self.names = self.objective.names()
         self.uses_rollout = self.objective.reads_rollout()
         self.kept_whole = self.objective.facts.kept_whole
+        self.support = support(self.objective.expr)    # whose top-k the vocabulary sums read (None: no such sum)
         for text in self.objective.by_position():       # a silent surprise otherwise: [1.5, 0, 0] for [1.5, 1.5, 1.5]
             warnings.warn(f"{who}: objective '{self.objective.name}': {text}", stacklevel=2)
         self._inputs = objective_inputs(self.objective)
@@ -96,17 +98,21 @@ class CompiledLoss(nn.Module):
 
     def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, ref_log_probs=None,
                 entropy=None, sum_pi_sq=None, groups=None, turns=None, staleness=None,
-                aggregation: Aggregation | None = None) -> LossOutput:
+                aggregation: Aggregation | None = None, vocab_log_probs=None, vocab_ref_log_probs=None) -> LossOutput:
         """(loss, metrics): the loss (its gradient by autograd, to log π and, where the objective
         reads H, to `entropy`) and its LossMetrics, aggregated as `aggregation` says (the
         objective's own @aggregate over the local count by default). The third version's inputs,
         [B, T] like log π: ref_log_probs (log π_ref), entropy (H, attached to the policy's graph),
         sum_pi_sq (Σ_v π_v²); groups: [B] integer ids, equal for the responses of one prompt. The
         fourth version's: turns, [B, T] integer ids, equal for the tokens of one turn of a response;
-        staleness, [B, T]: the policy versions between each token's behaviour policy and the current one."""
+        staleness, [B, T]: the policy versions between each token's behaviour policy and the current one;
+        and, [B, T, k] on each token's top-k support (self.support: π_ref's or the policy's),
+        vocab_log_probs (log π of each entry, attached to the policy's graph) and vocab_ref_log_probs
+        (log π_ref's or a teacher's of the same entries)."""
         b = self.batch(log_probs, old_log_probs, advantages, mask, rollout_log_probs=rollout_log_probs,
                        ref_log_probs=ref_log_probs, entropy=entropy, sum_pi_sq=sum_pi_sq, groups=groups,
-                       turns=turns, staleness=staleness, aggregation=aggregation)
+                       turns=turns, staleness=staleness, aggregation=aggregation, vocab_log_probs=vocab_log_probs,
+                       vocab_ref_log_probs=vocab_ref_log_probs)
         compiled, sync_free = self._path(b.logp)
         fused = self._fused(compiled, sync_free, b)
         if self.fused:
@@ -149,7 +155,7 @@ class CompiledLoss(nn.Module):
 
 def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
                 ref_log_probs=None, entropy=None, sum_pi_sq=None, groups=None, turns=None, staleness=None,
-                aggregation: Aggregation | None = None) -> TokenBatch:
+                aggregation: Aggregation | None = None, vocab_log_probs=None, vocab_ref_log_probs=None) -> TokenBatch:
     """CompiledLoss.batch: every input checked, once (each error forward raises: a message naming
     the tensor, its shape and the fix; an input the objective reads and the call lacks), and kept
     only where the objective reads it."""
@@ -165,11 +171,14 @@ def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=N
     check_turns(who, names, turns, log_probs)
     refuse_bad_staleness(who, names, staleness if "staleness" in loss.names else None, mask, loss._path(log_probs)[1])
     check_entropy_graph(who, names, entropy if "H" in loss.names else None, log_probs)
+    check_support(who, names, {"vocab_log_probs": vocab_log_probs if "pi_v" in loss.names else None,
+                               "vocab_ref_log_probs": vocab_ref_log_probs}, log_probs)
     if mask is not None and not loss._path(log_probs)[1]:     # (the sync-free kernels check it in their pass over it)
         refuse_bad_mask(who, names, mask, binary(mask))
     loss.refuse_missing(not_given(loss, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
                                          "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups,
-                                         "turns": turns, "staleness": staleness}))
+                                         "turns": turns, "staleness": staleness,
+                                         "vocab_log_probs": vocab_log_probs, "vocab_ref_log_probs": vocab_ref_log_probs}))
     mode = agg.mode or loss.aggregate
     if mode not in OPTIONS["aggregate"]:
         raise ValueError(f"{who}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
@@ -184,7 +193,9 @@ def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=N
                    group=None if groups is None or "groups" not in loss.kept_whole else group_representatives(groups),
                    turns=turns if "turns" in loss._inputs else None, staleness=reads("staleness", staleness),
                    weights=agg.weights, norm=_normalizer(agg.norm, log_probs), mode=mode,
-                   pg=agg.process_group if loss.generated.third_version else None)
+                   pg=agg.process_group if loss.generated.third_version else None,
+                   vocab_logp=vocab_log_probs if "pi_v" in loss.names else None,
+                   vocab_ref=reads("pi_ref_v", vocab_ref_log_probs))
     return _fold_ranks(b) if loss.fused and b.pg is not None else b
 
 
@@ -276,7 +287,9 @@ def plain_loss(generated, b: TokenBatch):
 # the third version's inputs: forward's argument, the built-in that reads it, what the objective uses
 _INPUTS = {"ref_log_probs": ("pi_ref", "π_ref"), "entropy": ("H", "H (the entropy, with its gradient)"),
            "sum_pi_sq": ("sum_pi_sq", "sum_π_sq (Σ_v π_v²)"),
-           "staleness": ("staleness", "staleness (each token's policy versions behind the current one)")}
+           "staleness": ("staleness", "staleness (each token's policy versions behind the current one)"),
+           "vocab_log_probs": ("pi_v", "π_v (the policy's log-probs on each token's top-k support, with their gradient)"),
+           "vocab_ref_log_probs": ("pi_ref_v", "π_ref_v (π_ref's or a teacher's log-probs on each token's top-k support)")}
 _WHOLE = {"groups": ("group", "each prompt's responses whole in one loss call, with their group ids"),
           "batch": ("batch", "the optimizer step's whole batch in one loss call on each rank")}
 _NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
@@ -285,7 +298,9 @@ _NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
               "sum_pi_sq": "no Σ_v π_v² was given (sum_pi_sq=)",
               "groups": "no group ids were given (groups=, one per response)",
               "turns": "no turn ids were given (turns=, one per token)",
-              "staleness": "no staleness was given (staleness=, one per token)"}
+              "staleness": "no staleness was given (staleness=, one per token)",
+              "vocab_log_probs": "no support log-probs were given (vocab_log_probs=, [B, T, k], attached to the policy's graph)",
+              "vocab_ref_log_probs": "no reference support log-probs were given (vocab_ref_log_probs=, [B, T, k])"}
 
 
 def objective_inputs(obj: Objective) -> dict:

@@ -15,7 +15,7 @@ from dsl.walks import constant_nodes
 # log of a built-in probability is emitted as the log-prob itself: exact for tiny π
 # (no exp/log round trip) and its derivative needs no division by π.
 _LOG_ATOMS = {"pi": "logp", "r": "log_ratio", "mu": "anchor", "pi_old": "old", "pi_rollout": "rollout",
-              "pi_ref": "ref"}
+              "pi_ref": "ref", "pi_v": "lv", "pi_ref_v": "lref"}
 
 
 def rewrite_logs(root: Node) -> Node:
@@ -144,7 +144,7 @@ def annotate_levels(root: Node, level: dict) -> Node:
 
 
 # what reads the current policy: a [...] factor on one of these is a boundary, not a filter
-_POLICY = ("r", "pi", "logp", "log_ratio", "H", "sum_pi_sq")
+_POLICY = ("r", "pi", "logp", "log_ratio", "H", "sum_pi_sq", "pi_v", "lv")
 
 
 def filters(value: Node) -> list[Node]:

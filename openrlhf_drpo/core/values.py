@@ -100,6 +100,10 @@ class TokenBatch:
     mode: str = "token-mean"                 # the aggregation (an @aggregate value)
     pg: object = None                        # the batch reductions' process group (or a RankSums over it)
     rank_fold: bool = False                  # each rank's 1/N is folded into weights (core.loss._fold_ranks)
+    # the fourth version's vocabulary support, [batch, tokens, k] (ENTRIES): log π of each entry, attached to
+    # the policy's graph (its own gradient channel), and log π_ref's (a teacher's) of the same entries, detached
+    vocab_logp: torch.Tensor | None = None
+    vocab_ref: torch.Tensor | None = None
 
     def tensors(self) -> tuple:
         """The tensor fields in TENSORS' order (None where absent)."""
@@ -126,8 +130,10 @@ class TokenBatch:
 
     def selected(self, fn) -> TokenBatch:
         """fn applied to each per-token input the generated code reads (log π, μ, A, the policies,
-        the third version's per-token inputs): a selection by the mask, a cast."""
-        return replace(self, **{name: fn(x) for name in _READ if (x := getattr(self, name)) is not None})
+        the third version's per-token inputs, the support's entries with k moved first so that a
+        [B, T] selection broadcasts over them): a selection by the mask, a cast."""
+        return replace(self, **{name: fn(x) if name not in ENTRIES else fn(x.movedim(-1, 0)).movedim(0, -1)
+                                for name in _READ if (x := getattr(self, name)) is not None})
 
     def flat(self) -> TokenBatch:
         """The generated code's per-token inputs as flat vectors (the eager kernel's, for an objective
@@ -137,7 +143,8 @@ class TokenBatch:
 
 # the tensor fields, in their order (the annotations are strings: `from __future__ import annotations`)
 TENSORS = tuple(f.name for f in fields(TokenBatch) if f.type.startswith("torch.Tensor"))
-_READ = ("logp", "anchor", "A", "old", "rollout", "ref", "entropy", "sum_pi_sq", "staleness")
+ENTRIES = ("vocab_logp", "vocab_ref")       # [B, T, k]: one value per entry of the token's support
+_READ = ("logp", "anchor", "A", "old", "rollout", "ref", "entropy", "sum_pi_sq", "staleness") + ENTRIES
 _FLOATS = _READ + ("weights", "norm")
 
 
@@ -155,3 +162,6 @@ class Generated:
     reduces: bool                    # it reads whole responses or the third version's inputs: never flattened
     third_version: bool              # it reads the TokenBatch's ref, entropy, sum_pi_sq, group or pg
     filtered_per_response: bool      # a filter reads a whole response (the filtered fraction counts responses)
+    # the inputs with a gradient channel of their own, in the order value_and_grad returns their
+    # gradients after keep: "entropy" (H), "vocab_logp" (the support's log π, [B, T, k])
+    channels: tuple = ()

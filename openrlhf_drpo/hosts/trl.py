@@ -288,7 +288,11 @@ def _not_provided(config) -> dict:
     generation batch's rows, then slices it into steps_per_generation loss calls, so a call holds
     whole groups only where it is the whole local generation batch and that holds whole groups."""
     out = {"sum_pi_sq": ("TRL's GRPOTrainer computes no Σ_v π_v² (its fused LM head gives log-probs and "
-                         "entropies only); write the objective without sum_π_sq")}
+                         "entropies only); write the objective without sum_π_sq"),
+           **dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
+               "TRL's GRPOTrainer gives its loss the sampled token's log-probs and entropies only (its LM head "
+               "keeps no logits over the vocabulary, and it has no teacher's top-k); write the objective without "
+               "a vocabulary sum"))}
     if config is None:
         return out
     if not getattr(config, "use_vllm", False):

@@ -58,6 +58,10 @@ NOT_GIVEN = {
     "staleness": "verl gives a policy loss no policy versions (fully_async keeps min/max_global_steps off it)",
     "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
               "optimizer step's batch"),
+    **dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
+        "verl gives a policy loss the sampled token's log-probs only: its top-k KL is computed from the logits "
+        "in its distillation loss's logits processor (distillation.distillation_loss.loss_mode forward_kl_topk or "
+        "forward_kl_topk_tail, with the teacher's top-k from distillation), which no policy loss reaches")),
 }
 # What verl's actor loss (verl.workers.utils.losses.ppo_loss, once per micro-batch) holds that its
 # policy-loss call drops, and the settings under which verl fills it: ppo_loss below hands it on.

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 CHUNK = 512     # tokens per chunk: at V = 152k, 300 MiB of fp32 logits
 
 
-def _logits(hidden, weight, bias, temperature):
+def head_logits(hidden, weight, bias, temperature):
     """One chunk's logits exactly as Actor.forward forms them: the head in the model's dtype,
     then fp32, then divided by the temperature."""
     z = F.linear(hidden, weight, bias).float()
@@ -35,7 +35,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         ent = hidden.new_empty(labels.shape if with_entropy else (0,), dtype=torch.float32)
         sq = hidden.new_empty(labels.shape if with_sum_sq else (0,), dtype=torch.float32)
         for s in range(0, len(labels), chunk):
-            z = _logits(hidden[s:s + chunk], weight, bias, temperature)
+            z = head_logits(hidden[s:s + chunk], weight, bias, temperature)
             lse[s:s + chunk] = torch.logsumexp(z, -1)
             logp[s:s + chunk] = z.gather(-1, labels[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
             if with_entropy:        # as openrlhf.models.utils.compute_entropy
@@ -58,7 +58,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         for s in range(0, len(labels), ctx.chunk):
             h, rows = hidden[s:s + ctx.chunk], slice(s, s + ctx.chunk)
-            log_q = _logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None])    # log-softmax
+            log_q = head_logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None])    # log-softmax
             q = log_q.exp()
             # d log q_y/dz = onehot(y) - q;  d entropy/dz = -q * (log q + entropy)
             if g_logp is None:

@@ -73,6 +73,14 @@ def openrlhf_loss_module():
     return L
 
 
+# the fourth version's vocabulary sums, refused under any command line until drpo-train gives them
+VOCABULARY = dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
+    "drpo-train gives no vocabulary support yet: its actor scores the sampled token only (--drpo.chunked_logprobs "
+    "gathers one label per position), and no teacher's or π_ref's top-k log-probs reach the loss; "
+    "openrlhf_drpo.hosts.openrlhf.support.support_logprobs computes the support's log-probs from the hidden "
+    "states, in chunks, with their exact gradient, for the wiring that remains"))
+
+
 class ObjectiveLoss(CompiledLoss):
     """A policy loss compiled from an objective file, called as OpenRLHF's PolicyLoss.
 
@@ -98,7 +106,7 @@ class ObjectiveLoss(CompiledLoss):
 
     def lacks(self, config) -> dict:
         """What a drpo-train command line (OpenRLHF's flat args) withholds; nothing without one."""
-        return {} if config is None else missing_at_launch(config)
+        return {**VOCABULARY, **({} if config is None else missing_at_launch(config))}
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):

@@ -1,0 +1,68 @@
+"""The policy's log-probs on each token's top-k support, from the hidden states, without the
+[B, T, V] logits (the fourth version's vocabulary sums, docs/language.md): the LM head scores
+`chunk` tokens at a time, as the chunked log-prob path does for the sampled token
+(hosts/openrlhf/logprobs.py), and the backward recomputes each chunk's logits. The gradient is the
+exact one through the softmax: for log q_i = z_i − logsumexp(z) and the loss's g_i per entry,
+dz = scatter(g) − q·Σ_i g_i, whatever function of the support (and of its tail, 1 − Σ q_i) g is of.
+"""
+from __future__ import annotations
+
+import torch
+
+from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK, head_logits
+
+
+class ChunkedSupport(torch.autograd.Function):
+    """(hidden [N, H], weight [V, H], bias [V] | None, index [N, k] | None, k) -> fp32 log q on the
+    support [N, k] and the support [N, k] (no gradient): `index` where it is given (π_ref's or a
+    teacher's top-k), else the policy's own top-k of each chunk's logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, index, k, temperature, chunk):
+        n = hidden.shape[0]
+        out = hidden.new_empty((n, k), dtype=torch.float32)
+        support = torch.empty((n, k), dtype=torch.long, device=hidden.device) if index is None else index
+        lse = hidden.new_empty((n,), dtype=torch.float32)
+        for s in range(0, n, chunk):
+            rows = slice(s, s + chunk)
+            z = head_logits(hidden[rows], weight, bias, temperature)
+            if index is None:       # the selection has no gradient: a top-k is piecewise constant in z
+                support[rows] = z.topk(k, -1).indices
+            lse[rows] = torch.logsumexp(z, -1)
+            out[rows] = z.gather(-1, support[rows]) - lse[rows, None]
+        ctx.save_for_backward(hidden, weight, bias, support, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(support)
+        return out, support
+
+    @staticmethod
+    def backward(ctx, g, _):
+        hidden, weight, bias, support, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            rows, h = slice(s, s + ctx.chunk), hidden[s:s + ctx.chunk]
+            q = head_logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None]).exp_()
+            dz = q.mul_(-g[rows].sum(-1, keepdim=True)).scatter_add_(-1, support[rows], g[rows].float())
+            dz = (dz / ctx.temperature if ctx.temperature != 1.0 else dz).to(weight.dtype)
+            if need_h:
+                grad_h[rows] = dz @ weight
+            if need_w:
+                grad_w += dz.T @ h
+            if need_b:
+                grad_b += dz.sum(0)
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+
+
+def support_logprobs(hidden, weight, bias=None, index=None, k=None, temperature=1.0, chunk=CHUNK):
+    """hidden [..., H] -> (log q on the support [..., k] in fp32, with its gradient; the support
+    [..., k]): on `index` [..., k] (π_ref's or a teacher's top-k ids), or on the policy's own top-k."""
+    shape = hidden.shape[:-1]
+    k = index.shape[-1] if index is not None else int(k)
+    flat = None if index is None else index.reshape(-1, k)
+    out, support = ChunkedSupport.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, flat, k,
+                                        float(temperature), int(chunk))
+    return out.view(*shape, k), support.view(*shape, k)
