@@ -68,7 +68,7 @@ class Op:
     printed_as: Callable | None = None  # (*args) -> the Node printed in its place (an internal op)
     # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count') of the unmasked tokens `over`
     # selects (OVER), and its value where every element it reduces holds x ((x, n) -> Node, n the
-    # number of those elements: dsl.walks.uniform_view)
+    # number of those elements, then its constant arguments: dsl.walks.uniform_view)
     reduce: str = ""
     over: str = ""
     uniform: Callable | None = None
@@ -172,13 +172,22 @@ def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
                                   + "".join(f", {c}" for c in more[:-1]) + ")")
     else:
         torch = lambda x: f"_{name}({x}, m, logp)"      # noqa: E731
-    uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n}.get(
-        kind, lambda x, n: x)
+    uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n,
+               "qfrac": _uniform_frac}.get(kind, lambda x, n, *constants: x)
     arity, signature = 1 + len(constants), f"{name}(x{''.join(', ' + c[3] for c in constants)})"
     return Op(symbol=name, prec=100, arity=(arity, arity), kind="num", args_kind="num", callable=callable,
               signature=signature if callable else "", constants=tuple(c[:3] for c in constants), sympy=unlowered, torch=torch, py=unlowered, np=unlowered,
               gradient="reduction", continuous=True, branching=kind not in _SMOOTH, piecewise=False, exact=None,
               not_real=None, compares=None, reduce=kind, over=over, uniform=uniform, adjoint=adjoint)
+
+
+def _uniform_frac(x, n, q):
+    """The quantile's weight q·(n − 1) − ⌊q·(n − 1)⌋ over n elements, where n and q are numbers (the
+    reverse mode's internal row; no objective reads it, and the IR has no ⌊⌋ for a symbolic n)."""
+    def exact(m):
+        return m.value if m.op == "num" else OPS[m.op].exact(*map(exact, m.args))
+    rank = exact(q) * (exact(n) - 1)
+    return num(rank - math.floor(rank))
 
 
 _SMOOTH = ("sum", "mean", "std", "count", "qfrac")      # the rest pick elements by comparing them (SymPy settles cases)
