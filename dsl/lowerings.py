@@ -228,10 +228,11 @@ def _batch_stat(out, n, nan, like):
 
 
 def _batch_quantile(x, m, like, pg, level, q):
-    """torch.quantile(elements, q), linear: lerp(lower, upper, f) at f = q·(n − 1) − ⌊q·(n − 1)⌋; NaN
+    """torch.quantile(elements, q), linear: lerp(lower, upper, f) at f = q·(n − 1) − ⌊q·(n − 1)⌋, but
+    where the neighbours are equal, their value (torch's lerp gives NaN for two equal infinities); NaN
     where an element is NaN; 0 over none."""
     low, high, frac, n, nan = _batch_order(x, m, like, pg, level, q)
-    return _batch_stat(torch.lerp(low, high, frac), n, nan, like)
+    return _batch_stat(torch.where(low == high, low, torch.lerp(low, high, frac)), n, nan, like)
 
 
 def _batch_qlow(x, m, like, pg, level, q):      # batch_quantile's neighbours and weight (its adjoint's)

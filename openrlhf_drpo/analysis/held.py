@@ -158,7 +158,7 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,), explicit
     quantile = ", batch_quantile(x, q) = x" if any(n.op == "batch_quantile" for n in obj.expr.walk()) else ""
     if spread_overs:
         out.append(("G", point["group_size"], _group_text(point, group) + (
-            f"; {' and '.join(extremes)} of a value that reads A are over these responses too" if extremes else "")))
+            f"; {' and '.join(extremes)} of a value that reads A {'is' if len(extremes) == 1 else 'are'} over these responses too" if extremes else "")))
     elif "group" in overs:
         shown = ",".join(f"{float(c):g}" for c in group)
         source = ("--group-size" if not explicit else f"--group {shown}: every response's advantage is A"
