@@ -46,11 +46,7 @@ class Objective:
         constant = constant_nodes(self.expr)
         values: dict = {}
         for n in postorder(self.expr):
-            for i, lo, hi in OPS[n.op].constants if n.op in OPS else ():     # batch_quantile's q in [0, 1]
-                if not lo <= values[n.args[i]] <= hi:
-                    self._constant_error(n.args[i], f"{n.op}'s argument {i + 1} '{render(n.args[i])}' is "
-                                         f"{values[n.args[i]]:g}, outside [{lo}, {hi}]", env,
-                                         hint=f"write {OPS[n.op].signature} with a value in [{lo}, {hi}]")
+            _check_ranges(self, n, values, env)
             # a constant zero divisor makes the quotient infinite, constant or not
             if n.op == "div" and values.get(n.args[1]) == 0:
                 self._constant_error(n.args[1], f"division by zero: '{render(n.args[1])}' is 0", env)
@@ -211,3 +207,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 
 def _swapped(n: Node, swap: dict) -> Node:
     return rebuild(n, lambda m, args: swap.get(m))
+
+
+def _check_ranges(obj: Objective, n: Node, values: dict, env: dict) -> None:
+    """Each constant argument of n in its row's range (Op.constants: batch_quantile's q in [0, 1])."""
+    for i, lo, hi in OPS[n.op].constants if n.op in OPS else ():
+        if not lo <= values[n.args[i]] <= hi:
+            obj._constant_error(n.args[i], f"{n.op}'s argument {i + 1} '{render(n.args[i])}' is "
+                                f"{values[n.args[i]]:g}, outside [{lo}, {hi}]", env,
+                                hint=f"write {OPS[n.op].signature} with a value in [{lo}, {hi}]")
