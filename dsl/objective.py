@@ -72,8 +72,7 @@ class Objective:
         values = ", ".join(f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items()
                            if any(m.op == "param" and m.value == k for m in n.walk()))
         pos = n.pos or Pos(1, 1)
-        lines = self.source.split("\n")
-        src = lines[pos.line - 1] if pos.line <= len(lines) else None
+        src = self.source.split("\n")[pos.line - 1] if pos.line <= self.source.count("\n") + 1 else None
         raise DslError(what + (f" at {values}" if values else "") + (f": {why}" if why else ""), self.path,
                        pos.line, pos.col, src,
                        hint or f"a sub-expression of parameters and numbers only must be a finite {'real ' * bool(why)}number")
