@@ -42,6 +42,14 @@ def test_batch_quantile_is_torch_quantile_of_the_unmasked_tokens_bit_for_bit_and
     assert torch.equal(g_ours, g_theirs)        # (1 − f, f) on the two neighbours, nothing on a masked token
 
 
+def test_batch_quantile_interpolates_as_torch_quantile_bit_for_bit_at_every_weight():
+    """torch.quantile's lerp, not a + f·(b − a) (they differ in the last bit for f ≥ 1/2)."""
+    g = torch.Generator().manual_seed(2)
+    x, m = torch.randn(8, 9, generator=g, dtype=F64) * 1e3, torch.rand(8, 9, generator=g) > 0.2
+    for q in torch.rand(300, generator=g, dtype=F64).tolist():
+        assert torch.equal(helper("batch_quantile", x, m, None, "token", q)[0, 0], torch.quantile(x[m], q)), q
+
+
 def test_a_tied_quantile_gives_each_value_torch_quantiles_total_shared_equally_among_its_ties():
     """torch.quantile sends the weights to the sorted positions, so to whichever tie its sort puts there;
     here the tokens attaining a neighbour share it (as torch.amax's ties do): the same total per value."""
