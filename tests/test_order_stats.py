@@ -194,3 +194,21 @@ def test_the_analysis_holds_each_statistic_on_the_uniform_batch_and_says_so(name
     obj = dsl.load(name) if name in dsl.shipped_names() else dsl.parse(name, "x.dsl")
     text = " ".join(report(analyze(obj), width=None).split())
     assert said in text, text
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("name", ["top_entropy", "passk_max", "r*A*batch_quantile(seq_mean(r), 0.3) + group_min(r)"])
+def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(name, fused):
+    """The quantile's sort, its neighbours' gather and the group extremes read no value on the host
+    (test_core's recorder): the sync-free path stays so."""
+    from test_core import HostReads, SyncOps
+    b = batch(3)
+    obj = dsl.load(name) if name in dsl.shipped_names() else dsl.parse(name, "x.dsl")
+    loss_fn = CompiledLoss(obj, fused=fused)
+    loss_fn.sync_free = True
+    with HostReads() as reads, SyncOps(reads.seen):
+        lp, h = b["new"].clone().requires_grad_(), b["H"].clone().requires_grad_()
+        loss, metrics = loss_fn(lp, b["old"], b["A"], b["mask"], entropy=h, groups=b["groups"])
+        loss.backward()
+        metrics.logged()
+    assert reads.seen == []
