@@ -200,9 +200,9 @@ def _batch_order(x, m, like, pg, level, q):
     only: an order statistic across ranks needs their values, not a sum of them."""
     group = getattr(pg, "group", pg)
     if pg is not None and torch.distributed.get_world_size(group) > 1:
-        raise ValueError("openrlhf_drpo: batch_quantile over data-parallel ranks is not supported: an order statistic "
-                         "of the batch needs every rank's values, which the ranks only sum (run on one rank, or compute "
-                         "it into the advantages)")
+        raise ValueError("openrlhf_drpo: batch_quantile over data-parallel ranks is not supported: an order "
+                         "statistic of the batch needs every rank's values, which the ranks only sum (run on one "
+                         "rank, or compute it into the advantages)")
     if level == "token":
         values, present = _selected(x, m, 0.0, like).reshape(-1), m.reshape(-1)
     else:

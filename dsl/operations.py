@@ -66,7 +66,8 @@ class Op:
     signature: str = ""         # how a user calls it, for a hint (callable ones)
     brackets: tuple | None = None       # printed between these instead of as symbol(...): |x|, [c]
     printed_as: Callable | None = None  # (*args) -> the Node printed in its place (an internal op)
-    # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count') of the unmasked tokens `over`
+    # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count', 'quantile'; the quantile's internal
+    # 'qlow', 'qhigh', 'qfrac') of the unmasked tokens `over`
     # selects (OVER), and its value where every element it reduces holds x ((x, n) -> Node, n the
     # number of those elements, then its constant arguments: dsl.walks.uniform_view)
     reduce: str = ""
@@ -168,15 +169,17 @@ def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
         raise ValueError(f"{name} has no per-token value: rewrite reductions first "
                          "(dsl.walks.uniform_view) or compile them (core.codegen)")
     if over in ("group", "batch"):
-        torch = lambda x, *more: (f"_{name}({x}, m, logp, {'group' if over == 'group' else 'pg'}, {more[-1]!r}"  # noqa: E731
-                                  + "".join(f", {c}" for c in more[:-1]) + ")")
+        torch = lambda x, *more: (  # noqa: E731
+            f"_{name}({x}, m, logp, {'group' if over == 'group' else 'pg'}, {more[-1]!r}"
+            + "".join(f", {c}" for c in more[:-1]) + ")")
     else:
         torch = lambda x: f"_{name}({x}, m, logp)"      # noqa: E731
     uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n,
                "qfrac": _uniform_frac}.get(kind, lambda x, n, *constants: x)
     arity, signature = 1 + len(constants), f"{name}(x{''.join(', ' + c[3] for c in constants)})"
     return Op(symbol=name, prec=100, arity=(arity, arity), kind="num", args_kind="num", callable=callable,
-              signature=signature if callable else "", constants=tuple(c[:3] for c in constants), sympy=unlowered, torch=torch, py=unlowered, np=unlowered,
+              signature=signature if callable else "", constants=tuple(c[:3] for c in constants), sympy=unlowered,
+              torch=torch, py=unlowered, np=unlowered,
               gradient="reduction", continuous=True, branching=kind not in _SMOOTH, piecewise=False, exact=None,
               not_real=None, compares=None, reduce=kind, over=over, uniform=uniform, adjoint=adjoint)
 

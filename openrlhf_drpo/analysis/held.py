@@ -158,7 +158,8 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,), explicit
     quantile = ", batch_quantile(x, q) = x" if any(n.op == "batch_quantile" for n in obj.expr.walk()) else ""
     if spread_overs:
         out.append(("G", point["group_size"], _group_text(point, group) + (
-            f"; {' and '.join(extremes)} of a value that reads A {'is' if len(extremes) == 1 else 'are'} over these responses too" if extremes else "")))
+            f"; {' and '.join(extremes)} of a value that reads A {'is' if len(extremes) == 1 else 'are'} over "
+            "these responses too" if extremes else "")))
     elif "group" in overs:
         shown = ",".join(f"{float(c):g}" for c in group)
         source = ("--group-size" if not explicit else f"--group {shown}: every response's advantage is A"
@@ -168,7 +169,8 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,), explicit
     if "batch" in spread_overs:
         out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} responses (--batch-size), N/G "
                     "such groups: a batch reduction of a value that reads A is over their advantages, of any other "
-                    f"value batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, batch_mean(x) = x{quantile}"))
+                    "value batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, "
+                    f"batch_mean(x) = x{quantile}"))
     elif "batch" in overs:
         out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} such responses (--batch-size): "
                     "batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, batch_mean(x) = x, "
