@@ -56,6 +56,13 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
     return memo[n]
 
 
+class NotHeld(ValueError):
+    """uniform_view of a reduction it cannot hold on the held group (`node`: which)."""
+    def __init__(self, node, message):
+        super().__init__(message)
+        self.node = node
+
+
 class NonLocal(ValueError):
     """derivative() of an objective whose policy gradient passes through a reduction."""
 
@@ -244,8 +251,7 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple |
         spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.reduce in (
             "sum", "mean", "std", "max", "min", "quantile") and _reads_own_advantage(m.args[0])
         if spreads and op.reduce == "quantile":     # its neighbours' ranks depend on N and on A's sign: not derived
-            raise ValueError(f"{m.op} of a value that reads A is not analysed on a held group whose advantages differ: "
-                             "hold them equal (--group 1) or read A outside it")
+            raise NotHeld(m, f"{m.op} of a value that reads A is not analysed on a held group whose advantages differ")
         if spreads:
             shares = {c: Fraction(group.count(c), len(group)) for c in group}
             return spread(op.reduce, [(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],

@@ -187,6 +187,18 @@ def test_a_host_that_does_not_hold_the_whole_batch_or_group_is_refused_naming_th
         host(name)
 
 
+def test_a_quantile_of_a_on_a_held_group_with_spread_advantages_is_a_located_error_naming_the_fix(tmp_path, capsys):
+    from openrlhf_drpo.cli import analyze_main
+    path = tmp_path / "q.dsl"
+    path.write_text("r*A*batch_quantile(seq_mean(A), 0.5)\n", encoding="utf-8")
+    assert analyze_main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:1:5: error: batch_quantile of a value that reads A is not analysed on a held "
+                          "group whose advantages differ"), err
+    assert "hint: hold the group's advantages equal (--group 1,1,1,1,1,1,1,1), or read A outside it" in err, err
+    assert analyze_main(["--group", "1,1,1,1", str(path)]) == 0         # held equal: analysed
+
+
 @pytest.mark.parametrize("name, said", [("top_entropy", "batch_quantile(x, q) = x"),
                                         ("r*A - (r - group_min(seq_mean(r)))^2", "group_min(x) = x"),
                                         ("passk_max", "group_max of a value that reads A is over these responses")])
