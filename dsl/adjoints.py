@@ -5,7 +5,7 @@ each token: a gathered from every token that read n, spread back over the tokens
 mode masks it: a masked token receives nothing)."""
 from __future__ import annotations
 
-from dsl.ir import ONE, ZERO, Node, div, mul, sub
+from dsl.ir import ONE, ZERO, Node, add, div, mul, sub
 
 SEQ_LEN = Node("var", value="seq_len")
 
@@ -75,6 +75,23 @@ def std(n, g, x, sibling):
     d = sub(x, sibling("mean", x))
     slope = div(sub(d, sibling("mean", d)), mul(sub(sibling("count", x), ONE), n))
     return Node("select", (Node("gt", (n, ZERO)), mul(slope, sibling("sum", g))))
+
+
+def shared(cmp):
+    """group_max, group_min (cmp "ge", "le") and the quantile's neighbours ("eq"): the elements that
+    attain the statistic share the adjoint of every element that read it, equally (torch.amax's)."""
+    def rule(n, g, x, sibling):
+        tie = Node("ind", (Node(cmp, (x, n)),))
+        return mul(tie, div(sibling("sum", g), Node("max", (sibling("sum", tie), ONE))))
+    return rule
+
+
+def quantile(n, g, x, sibling):
+    # torch.quantile's lerp(v_lo, v_hi, f): (1 − f) to the lower neighbour's ties, f to the upper's
+    # (where they are one value, its ties share the whole); f = q·(n − 1) − ⌊q·(n − 1)⌋
+    part = lambda k: Node(f"batch_q{k}", (x, n.args[1]), level=n.level)      # noqa: E731
+    frac, ties = part("frac"), shared("eq")
+    return add(mul(sub(ONE, frac), ties(part("low"), g, x, sibling)), mul(frac, ties(part("high"), g, x, sibling)))
 
 
 def entries(n, a, x):               # a vocabulary sum: each entry of the token's support read once

@@ -28,9 +28,12 @@ NOT_IN_LANGUAGE = {
     **{k: "write prefix_sum(x), the running sum along the response" for k in ("cumsum", "running_sum")},
     "cumprod": "write exp(prefix_sum(log(x))), the prefix product",
     "batch_std": "write sqrt(batch_mean(x^2) - batch_mean(x)^2), the batch's population standard deviation",
-    **{k: _WIDE for k in ("batch_max", "batch_min", "group_max", "group_min", "cummax", "cummin", "argmax", "argmin",
-                          "median", "quantile", "percentile", "topk", "top_k", "kthvalue", "rank", "softmax",
+    **{k: _WIDE for k in ("cummax", "cummin", "argmax", "argmin", "topk", "top_k", "kthvalue", "rank", "softmax",
                           "logsumexp", "whiten", "normalize")},
+    **{k: f"write batch_quantile(x, {q}), the batch's {what}" for k, q, what in (
+        ("batch_max", 1, "largest"), ("batch_min", 0, "smallest"), ("median", 0.5, "median"))},
+    **{k: "write batch_quantile(x, q), q in [0, 1] (or group_max(x), group_min(x))"
+       for k in ("quantile", "percentile")},
 }
 
 
@@ -117,6 +120,12 @@ class Expressions:
             want = f"{lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
             raise self.src.error(f"{name}() takes {want} argument{'s' if want != '1' else ''}, got {len(args)}",
                                  pos, f"write {OPS[name].signature}")
+        # batch_quantile's q: a number or a parameter (its range: Objective.check_constants)
+        for i, _, _ in OPS[name].constants:
+            if any(m.op == "var" or OPS.get(m.op, OPS["add"]).reduce for m in args[i].walk()):
+                raise self.src.error(f"{name}'s argument {i + 1} must be a constant, got '{render(args[i])}'",
+                                     args[i].pos or pos, f"write {OPS[name].signature} with a number or a parameter "
+                                     "there (each token's own value is no order statistic of the batch)")
         return Node(name, tuple(args), pos=pos)
 
     def _implicit(self, t, rec) -> Node:

@@ -163,6 +163,29 @@ def _group_std(x, m, like, group, level):
     return torch.where(spread, torch.sqrt(torch.where(spread, var, 1.0)), 0.0)
 
 
+def _group_extreme(x, m, like, group, level, pick, empty):
+    """The largest (smallest) over each response's group: per position over its responses unmasked
+    there ('token'), or over its non-empty responses ('response'); 0 over none. Ties share the
+    gradient (torch.amax's)."""
+    if level == "token":
+        values = _selected(x, m, empty, like)
+    else:
+        values, present = _response_values(x, m, like)
+        values = torch.where(present > 0, values, empty)
+    mates = group[:, None] == group[None, :]
+    top = pick(torch.where(mates[:, :, None], values[None], empty), 1)
+    n = _group_totals(x, m, like, group, level)[1]
+    return torch.where(n > 0, top, 0.0).expand_as(like)
+
+
+def _group_max(x, m, like, group, level):
+    return _group_extreme(x, m, like, group, level, torch.amax, -math.inf)
+
+
+def _group_min(x, m, like, group, level):
+    return _group_extreme(x, m, like, group, level, torch.amin, math.inf)
+
+
 def _all_ranks(t, pg):
     """t summed over the data-parallel ranks by pg (the loss core's function, which issues or
     replays the all-reduce: core.collectives), or t alone where pg is None."""
@@ -190,6 +213,64 @@ def _batch_count(x, m, like, pg, level):
 def _batch_mean(x, m, like, pg, level):
     total, n = _batch_totals(x, m, like, pg, level)
     return (total / n.clamp(min=1)).expand_as(like)
+
+
+def _batch_order(x, m, like, pg, level, q):
+    """What torch.quantile(elements, q) interpolates, over the batch's elements (its unmasked tokens, or
+    its non-empty responses): (its lower and upper neighbours, the weight f, the count n, whether an
+    element is NaN). Each neighbour is the largest element at most that order statistic (sorted
+    without gradient, no host sync), so that its ties share its gradient, as torch.amax's. One rank
+    only: an order statistic across ranks needs their values, not a sum of them."""
+    group = getattr(pg, "group", pg)
+    if pg is not None and torch.distributed.get_world_size(group) > 1:
+        raise ValueError("openrlhf_drpo: batch_quantile over data-parallel ranks is not supported: an order "
+                         "statistic of the batch needs every rank's values, which the ranks only sum (run on one "
+                         "rank, or compute it into the advantages)")
+    if level == "token":
+        values, present = _selected(x, m, 0.0, like).reshape(-1), m.reshape(-1)
+    else:
+        values, count = _response_values(x, m, like)
+        values, present = values.reshape(-1), count.reshape(-1) > 0
+    n = present.sum()
+    nan = (present & values.isnan()).any()
+    if values.numel() == 0:             # no token: 0, still attached to x's graph
+        zero = values.sum()
+        return zero, zero, zero, n, nan
+    rank = torch.full((), q, dtype=like.dtype, device=like.device) * (n - 1).clamp(min=0).to(like.dtype)
+    below = rank.floor()
+    order = torch.where(present, values, math.inf).detach().sort().values
+
+    def neighbour(k):
+        at = order.gather(0, k.long().reshape(1))
+        return torch.where(present & (values <= at), values, -math.inf).amax()
+    return neighbour(below), neighbour(rank.ceil()), rank - below, n, nan
+
+
+def _batch_stat(out, n, nan, like):
+    return torch.where(n > 0, torch.where(nan, math.nan, out), 0.0).expand_as(like)
+
+
+def _batch_quantile(x, m, like, pg, level, q):
+    """torch.quantile(elements, q), linear: lerp(lower, upper, f) at f = q·(n − 1) − ⌊q·(n − 1)⌋, but
+    where the neighbours are equal, their value (torch's lerp gives NaN for two equal infinities); NaN
+    where an element is NaN; 0 over none."""
+    low, high, frac, n, nan = _batch_order(x, m, like, pg, level, q)
+    return _batch_stat(torch.where(low == high, low, torch.lerp(low, high, frac)), n, nan, like)
+
+
+def _batch_qlow(x, m, like, pg, level, q):      # batch_quantile's neighbours and weight (its adjoint's)
+    low, _, _, n, nan = _batch_order(x, m, like, pg, level, q)
+    return _batch_stat(low, n, nan, like)
+
+
+def _batch_qhigh(x, m, like, pg, level, q):
+    _, high, _, n, nan = _batch_order(x, m, like, pg, level, q)
+    return _batch_stat(high, n, nan, like)
+
+
+def _batch_qfrac(x, m, like, pg, level, q):
+    frac, n = _batch_order(x, m, like, pg, level, q)[2:4]
+    return torch.where(n > 0, frac, 0.0).expand_as(like)
 
 
 def _ref_topk_sum(x, m, like):
@@ -246,3 +327,4 @@ def py_sigmoid(x):
 def py_softplus(x):
     # log(1 + e^x) without overflow; max keeps a NaN argument (the comparison is false)
     return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+

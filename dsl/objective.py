@@ -46,6 +46,7 @@ class Objective:
         constant = constant_nodes(self.expr)
         values: dict = {}
         for n in postorder(self.expr):
+            _check_ranges(self, n, values, env)
             # a constant zero divisor makes the quotient infinite, constant or not
             if n.op == "div" and values.get(n.args[1]) == 0:
                 self._constant_error(n.args[1], f"division by zero: '{render(n.args[1])}' is 0", env)
@@ -67,15 +68,14 @@ class Objective:
                     self._constant_error(n, what, env, why)
         return self
 
-    def _constant_error(self, n: Node, what: str, env: dict, why: str | None = None):
+    def _constant_error(self, n: Node, what: str, env: dict, why: str | None = None, hint: str | None = None):
         values = ", ".join(f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items()
                            if any(m.op == "param" and m.value == k for m in n.walk()))
         pos = n.pos or Pos(1, 1)
-        lines = self.source.split("\n")
-        src = lines[pos.line - 1] if pos.line <= len(lines) else None
+        src = self.source.split("\n")[pos.line - 1] if pos.line <= self.source.count("\n") + 1 else None
         raise DslError(what + (f" at {values}" if values else "") + (f": {why}" if why else ""), self.path,
                        pos.line, pos.col, src,
-                       f"a sub-expression of parameters and numbers only must be a finite {'real ' * bool(why)}number")
+                       hint or f"a sub-expression of parameters and numbers only must be a finite {'real ' * bool(why)}number")
 
     def names(self) -> set[str]:
         """The built-ins the objective reads (r, pi, mu, A, pi_old, pi_rollout, seq_len, pi_ref, H, sum_pi_sq)."""
@@ -206,3 +206,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
 
 def _swapped(n: Node, swap: dict) -> Node:
     return rebuild(n, lambda m, args: swap.get(m))
+
+
+def _check_ranges(obj: Objective, n: Node, values: dict, env: dict) -> None:
+    """Each constant argument of n in its row's range (Op.constants: batch_quantile's q in [0, 1])."""
+    for i, lo, hi in OPS[n.op].constants if n.op in OPS else ():
+        if not lo <= values[n.args[i]] <= hi:
+            obj._constant_error(n.args[i], f"{n.op}'s argument {i + 1} '{render(n.args[i])}' is "
+                                f"{values[n.args[i]]:g}, outside [{lo}, {hi}]", env,
+                                hint=f"write {OPS[n.op].signature} with a value in [{lo}, {hi}]")

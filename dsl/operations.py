@@ -68,15 +68,19 @@ class Op:
     signature: str = ""         # how a user calls it, for a hint (callable ones)
     brackets: tuple | None = None       # printed between these instead of as symbol(...): |x|, [c]
     printed_as: Callable | None = None  # (*args) -> the Node printed in its place (an internal op)
-    # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count') of the unmasked tokens `over`
+    # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count', 'quantile'; the quantile's internal
+    # 'qlow', 'qhigh', 'qfrac') of the unmasked tokens `over`
     # selects (OVER), and its value where every element it reduces holds x ((x, n) -> Node, n the
-    # number of those elements: dsl.walks.uniform_view)
+    # number of those elements, then its constant arguments: dsl.walks.uniform_view)
     reduce: str = ""
     over: str = ""
     uniform: Callable | None = None
     # a reduction's reverse-mode rule (node, its adjoint a, its argument x) -> x's adjoint per token, in
     # IR (core.reverse_mode), or "none" (a count reads no value); required: never guessed from `reduce`
     adjoint: Callable | str | None = None
+    # arguments that must be constants (a number or a parameter), each in a closed range: ((index, lo, hi), ...)
+    # (batch_quantile's q): the parser refuses any other, located
+    constants: tuple = ()
 
     def __post_init__(self):
         problems = []
@@ -158,26 +162,45 @@ def _comparison(symbol, torch_symbol, sympy, py):
                      branching=True, piecewise=False, exact=None, not_real=None, compares=lambda a, b: [(a, b)])
 
 
-def _reduction(name, over, kind, callable=True, adjoint=None):
+def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
     """A reduction (Op.over): it has no per-token value, so only its torch text (core.codegen's
     helpers, dsl.lowerings) and its value where all it reduces hold x exist. A group or batch
     reduction's torch text also takes its argument's level ('token' or 'response'), which
-    core.rewrites writes into the node's value."""
+    core.rewrites writes into the node's value, then its constant arguments (`constants`)."""
     def unlowered(*a):
         raise ValueError(f"{name} has no per-token value: rewrite reductions first "
                          "(dsl.walks.uniform_view) or compile them (core.codegen)")
     if over in ("group", "batch"):
-        torch = lambda x, level: f"_{name}({x}, m, logp, {'group' if over == 'group' else 'pg'}, {level!r})"  # noqa: E731
+        torch = lambda x, *more: (  # noqa: E731
+            f"_{name}({x}, m, logp, {'group' if over == 'group' else 'pg'}, {more[-1]!r}"
+            + "".join(f", {c}" for c in more[:-1]) + ")")
     elif over == "turn":
         torch = lambda x: f"_{name}({x}, m, logp, turns)"      # noqa: E731
     else:
         torch = lambda x: f"_{name}({x}, m, logp)"      # noqa: E731
-    uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n}.get(
-        kind, lambda x, n: x)
-    return Op(symbol=name, prec=100, arity=(1, 1), kind="num", args_kind="num", callable=callable,
-              signature=f"{name}(x)" if callable else "", sympy=unlowered, torch=torch, py=unlowered, np=unlowered,
-              gradient="reduction", continuous=True, branching=kind in ("max", "min"), piecewise=False, exact=None,
+    uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n,
+               "qfrac": _uniform_frac}.get(kind, lambda x, n, *constants: x)
+    arity, signature = 1 + len(constants), f"{name}(x{''.join(', ' + c[3] for c in constants)})"
+    return Op(symbol=name, prec=100, arity=(arity, arity), kind="num", args_kind="num", callable=callable,
+              signature=signature if callable else "", constants=tuple(c[:3] for c in constants), sympy=unlowered,
+              torch=torch, py=unlowered, np=unlowered,
+              gradient="reduction", continuous=True, branching=kind not in _SMOOTH, piecewise=False, exact=None,
               not_real=None, compares=None, reduce=kind, over=over, uniform=uniform, adjoint=adjoint)
+
+
+def _uniform_frac(x, n, q):
+    """The quantile's weight q·(n − 1) − ⌊q·(n − 1)⌋ over n elements, where n and q are numbers (the
+    reverse mode's internal row; no objective reads it, and the IR has no ⌊⌋ for a symbolic n)."""
+    def exact(m):
+        return m.value if m.op == "num" else OPS[m.op].exact(*map(exact, m.args))
+    rank = exact(q) * (exact(n) - 1)
+    return num(rank - math.floor(rank))
+
+
+_SMOOTH = ("sum", "mean", "std", "count", "qfrac")      # the rest pick elements by comparing them (SymPy settles cases)
+# the q-quantile (batch_quantile's q, a constant in [0, 1]): torch.quantile's linear interpolation between two
+# order statistics, its lower and upper neighbours (internal, with the interpolation weight: its adjoint's)
+_QUANTILE = ((1, 0, 1, "q"),)
 
 
 def _constant(n: Node) -> bool:
@@ -353,6 +376,15 @@ OPS: dict[str, Op] = {
         ("group", "std", adj.wide("group", adj.std)), ("group", "count", "none"),
         ("batch", "sum", adj.wide("batch", adj.total)), ("batch", "mean", adj.wide("batch", adj.mean)),
         ("batch", "count", "none"))},
+    # the fourth version's order statistics: ties share the gradient (torch.amax's); a quantile's goes to its
+    # two neighbours by the interpolation weights (dsl.adjoints.quantile)
+    **{f"group_{k}": _reduction(f"group_{k}", "group", k, adjoint=adj.wide("group", adj.shared(cmp)))
+       for k, cmp in (("max", "ge"), ("min", "le"))},
+    "batch_quantile": _reduction("batch_quantile", "batch", "quantile", adjoint=adj.wide("batch", adj.quantile),
+                                 constants=_QUANTILE),
+    **{f"batch_q{k}": _reduction(f"batch_q{k}", "batch", f"q{k}", callable=False, constants=_QUANTILE,
+                                 adjoint="none" if k == "frac" else adj.wide("batch", adj.shared("eq")))
+       for k in ("low", "high", "frac")},
     # prefix_sum's adjoint (not in the language)
     "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False, adjoint=adj.suffix_sum),
     # the fourth version: a sum over the token's vocabulary support, the top-k of π_ref (or a teacher)

@@ -56,6 +56,13 @@ def derivative(n: Node, seeds: dict | None = None) -> Node:
     return memo[n]
 
 
+class NotHeld(ValueError):
+    """uniform_view of a reduction it cannot hold on the held group (`node`: which)."""
+    def __init__(self, node, message):
+        super().__init__(message)
+        self.node = node
+
+
 class NonLocal(ValueError):
     """derivative() of an objective whose policy gradient passes through a reduction."""
 
@@ -168,12 +175,15 @@ def held_count(over: str, level: str, point: dict) -> Node:
 def spread(kind: str, xs: list, n: Node) -> Node:
     """A group or batch reduction's value over n elements that hold the values xs (x, share) in
     those shares (the held group's responses, analysis.held; shares sum to 1): the sum n·Σ share·x,
-    the mean Σ share·x, the sample std over the n elements, the count n."""
+    the mean Σ share·x, the sample std over the n elements, the count n, the largest or smallest x."""
     def total(f):
         out = None
         for x, share in xs:
             out = mul(num(share), f(x)) if out is None else add(out, mul(num(share), f(x)))
         return out
+    if kind in ("max", "min"):
+        values = tuple(dict.fromkeys(x for x, _ in xs))
+        return values[0] if len(values) == 1 else Node(kind, values)
     mean = total(lambda x: x)
     if kind == "sum":
         return mul(n, mean)
@@ -194,7 +204,7 @@ def _response(n: Node, c: Fraction, new: dict, level: dict, point: dict) -> Node
         if m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch"):
             return new[m]
         if m.op in OPS and OPS[m.op].reduce:
-            return OPS[m.op].uniform(args[0], held_count(OPS[m.op].over, argument_level(m, level), point))
+            return OPS[m.op].uniform(args[0], held_count(OPS[m.op].over, argument_level(m, level), point), *args[1:])
         return None if m.args else new[m]
     return rebuild(n, one)
 
@@ -244,10 +254,12 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple |
         op = OPS[m.op]
         count = held_count(op.over, argument_level(m, level), point)
         spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.reduce in (
-            "sum", "mean", "std") and _reads_own_advantage(m.args[0])
+            "sum", "mean", "std", "max", "min", "quantile") and _reads_own_advantage(m.args[0])
+        if spreads and op.reduce == "quantile":     # its neighbours' ranks depend on N and on A's sign: not derived
+            raise NotHeld(m, f"{m.op} of a value that reads A is not analysed on a held group whose advantages differ")
         if spreads:
             shares = {c: Fraction(group.count(c), len(group)) for c in group}
             return spread(op.reduce, [(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],
                           num(len(group)) if op.over == "group" else count)
-        return op.uniform(args[0], count)
+        return op.uniform(args[0], count, *args[1:])
     return rebuild(n, one, new)

@@ -197,6 +197,8 @@ def analyze_main(argv: list[str] | None = None) -> int:
         for obj, values in zip(objs, held or [{}] * len(objs)):
             try:
                 results.append(analyze(obj, args.seq_len, args.rho, **point, held=values))
+            except DslError:        # bad input the analysis locates (a batch quantile of A on a spread group)
+                raise
             except Exception as e:   # a bug of ours, not bad input: say which objective, no traceback
                 if args.traceback:
                     raise

@@ -136,6 +136,11 @@ def _shipped_json(name) -> str:
     return json.dumps(to_json(_shipped(name)), sort_keys=True)
 
 
+# passk_max's group_max(A) is 0 for A < 0 on the default held group (A·(1, 1, 1, 1, 0, 0, 0, 0): its
+# best response has A = 0 there), so its worry names the held point, which is what it is about
+DEGENERATE = {"passk_max"}
+
+
 @pytest.mark.parametrize("name", dsl.shipped_names())
 def test_every_shipped_report_opens_with_a_summary_that_fits_a_screen_in_a_researchers_words(name):
     lines = report(_shipped(name)).splitlines()
@@ -144,7 +149,11 @@ def test_every_shipped_report_opens_with_a_summary_that_fits_a_screen_in_a_resea
     labels = [line.split()[0] for line in head if line.startswith("  ") and not line.startswith("   ")]
     assert [x for x in labels if x in ("gradient", "trust", "bounded", "worry")] == \
         ["gradient", "trust", "bounded", "worry"], labels
-    assert not re.search(r"\b(arbiter|third version|held)\b", " ".join(head)), head
+    said = " ".join(head)
+    if name in DEGENERATE:      # its worry about the held point, and the claims it qualifies
+        said = re.sub(r"at this held point only: .*?a property of the held point, not of the objective|"
+                      r"\(held point only\)", "", said)
+    assert not re.search(r"\b(arbiter|third version|held)\b", said), head
     assert head[0].startswith(f"{name} — ") and "Source:" not in head[0]
 
 
@@ -186,7 +195,8 @@ def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(na
     assert set(out["reachable"]) == {"positive", "negative"}
     claims = out["claims"]      # every claim says how it is known, and on what
     for c in [*claims["boundary"].values(), *sum(claims["reachable"].values(), []), claims["smooth"], claims["bounded"]]:
-        assert c["status"] in ("proven", "found", "unconfirmed") and c["evidence"], c
+        assert c["status"] in ("proven", "found", "unconfirmed") + ("held point only",) * (name in DEGENERATE) \
+            and c["evidence"], c
     assert len(out["weight_range"]) == 2
     assert out["geometry"] in ("none", "ratio", "binary-tv", "two-level", "advantage-entangled", "other")
     assert out["self_check"]["passed"] and out["self_check"]["points"] >= 32

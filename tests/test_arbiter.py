@@ -207,6 +207,13 @@ TABLE = [
      [(round(float(1 + sp.exp(sp.Rational(361, 4)) / 10), 9), CROSS)],
      [(round(float(1 - sp.exp(sp.Rational(361, 4)) / 10), 9), CROSS)], (None, None), True, ("ok", "ok"),
      ["depends on |A|"]),
+    # The 80/20 top-entropy mask (the fourth version's batch_quantile): on the uniform batch every token's
+    # H is the batch's, so [H ≥ batch_quantile(H, 0.8)] = 1 and w is PPO's clip, 1 up to r = 1.2, then 0.
+    ("top_entropy_mask", "[H >= batch_quantile(H, 0.8)]*min(r*A, clip(r, 0.8, 1.2)*A)", [(1.2, BEYOND)],
+     [(0.8, BEYOND)], (0, 1), False, ("ok", "ok"), []),
+    # A penalty on the distance to the group's smallest response ratio: on the uniform batch
+    # group_min(seq_mean(r)) = r, which moves with r, so the penalty is 0 with a zero slope: w = 1.
+    ("group_min_penalty", "r*A - (r - group_min(seq_mean(r)))^2/10", [], [], (1, 1), True, ("ok", "ok"), []),
 ]
 
 # What each claim rests on (to_json's "claims"), where the issue asks for it: "proven" from the

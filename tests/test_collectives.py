@@ -17,8 +17,10 @@ from openrlhf_drpo.core.loss import objective_inputs
 
 F64 = torch.float64
 # every shipped objective with a batch reduction, and a batch mean whose gradient needs a second
-# all-reduce (its adjoint: Σ coef·A over the ranks)
-OBJECTIVES = [n for n in dsl.shipped_names() if "batch" in objective_inputs(dsl.load(n))] + ["batch_mean(r)*A"]
+# all-reduce (its adjoint: Σ coef·A over the ranks); but a batch quantile, refused across ranks (its
+# order statistics need the ranks' values, not their sums: tests/test_order_stats.py)
+OBJECTIVES = [n for n in dsl.shipped_names() if "batch" in objective_inputs(dsl.load(n))
+              and not any(m.op == "batch_quantile" for m in dsl.load(n).expr.walk())] + ["batch_mean(r)*A"]
 PATHS = {"eager": dict(fused=True), "sync-free": dict(fused=True, sync_free=True), "plain": dict(fused=False),
          "lab": dict(fused=True, track_extremes=True)}
 # all-reduces in one loss call, forward and backward, on the fused paths: one per batch reduction

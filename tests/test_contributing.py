@@ -104,8 +104,8 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
 
 
 def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_tests_check_it(tmp_path):
-    """The toy group_max: without its adjoint the row is refused on import; with another row's
-    (group_std's, what reverse mode used to guess) the generated tests fail; with its own they pass.
+    """The toy seq_std: without its adjoint the row is refused on import; with another row's
+    (seq_mean's) the generated tests fail; with its own they pass.
     In a copy of its own (its broken rows stay out of the others')."""
     copy = copy_of_repo(tmp_path)
     ops, row = copy / "dsl/operations.py", block("reduction-row")
@@ -113,17 +113,17 @@ def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_
     insert(ops, bare, before="# prefix_sum's adjoint (not in the language)")
     insert(copy / "dsl/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
     proc = run(copy, "import dsl.operations")
-    assert "TypeError: operation 'group_max': a reduction declares its adjoint=" in proc.stderr, proc.stderr[-2000:]
-    generated = ("tests/test_reductions.py", "tests/test_loss_v3.py", "-k", "group_max")
-    ops.write_text(ops.read_text(encoding="utf-8").replace(bare, row.replace("adj.group_ties", "adj.std")),
+    assert "TypeError: operation 'seq_std': a reduction declares its adjoint=" in proc.stderr, proc.stderr[-2000:]
+    generated = ("tests/test_reductions.py", "tests/test_loss_v3.py", "-k", "seq_std")
+    ops.write_text(ops.read_text(encoding="utf-8").replace(bare, row.replace("adj.response_std", "adj.response_mean")),
                    encoding="utf-8")
     proc = pytest_in(copy, *generated)
-    assert proc.returncode == 1 and "group_max r*A*{f}(r) fused=True" in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode == 1 and "seq_std r*A*{f}(r) fused=True" in proc.stdout, proc.stdout[-3000:]
     insert(copy / "dsl/adjoints.py", "\n\n" + block("reduction-adjoint"))
-    ops.write_text(ops.read_text(encoding="utf-8").replace(row.replace("adj.group_ties", "adj.std"), row),
+    ops.write_text(ops.read_text(encoding="utf-8").replace(row.replace("adj.response_std", "adj.response_mean"), row),
                    encoding="utf-8")
     proc = pytest_in(copy, *generated)
-    assert proc.returncode == 0 and "\n8 passed" in proc.stdout, proc.stdout[-3000:]    # 6 generated, 2 definitions
+    assert proc.returncode == 0 and "\n7 passed" in proc.stdout, proc.stdout[-3000:]    # 6 generated, 1 definition
     docs_check = ("tests/test_docs.py", "-k", "every_function_of_the_language_is_documented")
     assert pytest_in(copy, *docs_check).returncode == 1
     insert(copy / "docs/language.md", block("reduction-doc"), after="- `softsign(x)`:")
@@ -157,7 +157,7 @@ def test_the_atom_reduction_and_host_recipes_followed_together_leave_every_test_
     follow_the_atom_reduction_and_host_recipes(copy)
     proc = pytest_in(copy, "-rA", *TOUCHED)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "[cube" in proc.stdout and "group_max" in proc.stdout, proc.stdout[-3000:]     # among the generated rows
+    assert "[cube" in proc.stdout and "seq_std" in proc.stdout, proc.stdout[-3000:]     # among the generated rows
     pages = pytest_in(copy, "-rA", "tests/test_docs.py", "-k", "contributing.md or language.md or every_function")
     ran = set(re.findall(r"^PASSED tests/test_docs.py::(\w+)\[?(docs/\w+\.md|\w+\.md)?", pages.stdout, re.M))
     assert pages.returncode == 0 and {("test_each_example_in_the_docs_runs_and_shows_its_real_output", "docs/language.md"),

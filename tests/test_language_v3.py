@@ -56,7 +56,7 @@ ERRORS = [
     ("cumprod(r)*A", 1, 1, "'cumprod' is not a function of the language", "write exp(prefix_sum(log(x)))"),
     ("r*A/batch_std(r)", 1, 5, "'batch_std' is not a function of the language",
      "write sqrt(batch_mean(x^2) - batch_mean(x)^2)"),
-    ("quantile(r, 0.5)*A", 1, 1, "'quantile' is not a function of the language", "compute it into the advantages"),
+    ("quantile(r, 0.5)*A", 1, 1, "'quantile' is not a function of the language", "write batch_quantile(x, q)"),
     ("count(r)*A", 1, 1, "'count' is not a function of the language", "write seq_len, group_count(x) or batch_count(x)"),
     # the new functions' own misuse
     ("prefix_sum(r, 2)*A", 1, 1, "prefix_sum() takes 1 argument, got 2", "write prefix_sum(x)"),

@@ -71,8 +71,22 @@ def _std(pool):
 
 
 # each kind of reduction (a row's `reduce`) over the values it reduces; 0 over none
+Q = 0.3     # a constant argument's value (batch_quantile's q)
+
+
+def _quantile(pool, part):
+    """torch.quantile's linear q-quantile of the pool at Q, or one of its parts: the sorted neighbours
+    at ⌊Q·(n − 1)⌋ and ⌈Q·(n − 1)⌉ and the weight between them."""
+    if not pool:
+        return 0.0
+    ordered, rank = sorted(float(v) for v in pool), Q * (len(pool) - 1)
+    low, high, frac = ordered[math.floor(rank)], ordered[math.ceil(rank)], rank - math.floor(rank)
+    return {"quantile": low + frac * (high - low), "qlow": low, "qhigh": high, "qfrac": frac}[part]
+
+
 DEFINITIONS = {"sum": sum, "count": len, "mean": lambda pool: sum(pool) / len(pool) if pool else 0.0,
-               "max": lambda pool: max(pool, default=0.0), "min": lambda pool: min(pool, default=0.0), "std": _std}
+               "max": lambda pool: max(pool, default=0.0), "min": lambda pool: min(pool, default=0.0), "std": _std,
+               **{k: lambda pool, k=k: _quantile(pool, k) for k in ("quantile", "qlow", "qhigh", "qfrac")}}
 
 
 def by_definition(name, x, mask, groups, level, turns=None):
@@ -111,7 +125,7 @@ def test_each_reduction_equals_its_definition_and_never_reads_a_masked_token(nam
     x = b["A"] if level == "token" else (b["A"] * mask).sum(-1, keepdim=True).expand_as(b["A"]).clone()
     group = torch.tensor([GROUPS.index(g) for g in GROUPS])      # each response's group's first response
     op = OPS[name]
-    code = op.torch("x", level) if op.over in ("group", "batch") else op.torch("x")
+    code = op.torch("x", *[repr(Q)] * len(op.constants), level) if op.over in ("group", "batch") else op.torch("x")
     B, T = x.shape      # turn ids that repeat along a response: a turn need not be contiguous
     turns = torch.arange(T)[None, :] % 3 + torch.arange(B)[:, None] % 2
     got = eval(code, {**HELPERS, "x": dirty(x, mask), "m": mask, "logp": x, "group": group, "pg": None,

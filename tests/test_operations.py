@@ -351,9 +351,14 @@ def _reductions():
 def _reduced(name, level, values, mask):
     """The row's torch text on one response (a group of one, a batch of one)."""
     op = OPS[name]
-    code = op.torch("v", level) if op.over in ("group", "batch") else op.torch("v")
+    code = op.torch("v", *constant_args(op), level) if op.over in ("group", "batch") else op.torch("v")
     return eval(code, {**_reductions(), "v": values, "m": mask, "logp": values, "group": torch.zeros(1, dtype=torch.long),
                        "pg": None, "turns": torch.zeros_like(mask, dtype=torch.long)})[0]     # one turn
+
+
+def constant_args(op):
+    """A value for each constant argument a row takes (batch_quantile's q), inside its declared range."""
+    return [repr(lo + 0.3 * (hi - lo)) for _, lo, hi in op.constants]
 
 
 # a group or batch reduction reads its argument's level: each is checked at both
@@ -375,19 +380,21 @@ def test_a_reduction_where_all_it_reduces_is_equal_is_its_rows_uniform_value(nam
         for p in range(1, length + 1):
             point = {k: Node("num", value=Fraction(v)) for k, v in
                      (("seq_len", length), ("position", p), ("group_size", 1), ("batch_size", 1))}
-            want = evaluate(op.uniform(Node("var", value="x"), held_count(op.over, level, point)), {"x": x})
+            constants = [num(Fraction(c)) for c in constant_args(op)]
+            want = evaluate(op.uniform(Node("var", value="x"), held_count(op.over, level, point), *constants), {"x": x})
             assert same(float(got[p - 1]), want), (name, x, p, got, want)
         empty = _reduced(name, level, values, torch.zeros_like(mask))
         assert not empty.any()      # an empty response reduces to 0
     for lowering in (lambda: op.sympy(sp, sp.Symbol("x")), lambda: op.py(1.0), lambda: op.np("x")):
         with pytest.raises(ValueError, match=f"{name} has no per-token value: rewrite reductions first"):
             lowering()
-    assert derivative(Node(name, (Node("var", value="A"),))) is ZERO         # a constant response
-    if op.reduce == "count":        # a count reads no value: never a gradient
-        assert derivative(Node(name, (Node("var", value="r"),))) is ZERO
+    constants = tuple(num(Fraction(c)) for c in constant_args(op))
+    assert derivative(Node(name, (Node("var", value="A"), *constants))) is ZERO         # a constant response
+    if op.adjoint == "none":        # a count (or the quantile's weight) reads no value: never a gradient
+        assert derivative(Node(name, (Node("var", value="r"), *constants))) is ZERO
         return
     with pytest.raises(NonLocal, match="a reduction of the policy has no per-token derivative"):
-        derivative(Node(name, (Node("var", value="r"),)))
+        derivative(Node(name, (Node("var", value="r"), *constants)))
 
 
 # ---------------------------------------------------------------- declarations

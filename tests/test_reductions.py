@@ -9,6 +9,7 @@ responses, empty groups and groups of one, with NaN and ±inf in the masked slot
 import dataclasses
 import functools
 import math
+from fractions import Fraction
 from types import SimpleNamespace
 
 import pytest
@@ -79,10 +80,27 @@ def members(over, level, mask, groups, turns=None):
     return (within & mask[c, s]).expand(B, T, B, T).reshape(B, T, B * T)
 
 
+Q = 0.3       # a constant argument's value (batch_quantile's q): test_operations.constant_args's
+
+
+def _order(v, k, j):
+    """The j-th smallest of the elements v where k holds, by its definition: the largest element with at
+    most j others below it (ties share its gradient, torch.amax's); j [..] per position."""
+    below = ((v[..., None, :] < v[..., :, None]) & k[..., None, :]).sum(-1)
+    top = torch.where(k & (below <= j[..., None]), v, -math.inf).amax(-1)
+    return torch.where(k.any(-1), top, 0.0)
+
+
 def _kind(kind, v, k):
     """The kind's value over the elements v where k holds (0 over none), ties sharing an extreme's
-    gradient (torch.amax's), the sample std (ddof = 1) 0 below two elements or where all are equal."""
+    gradient (torch.amax's), the sample std (ddof = 1) 0 below two elements or where all are equal;
+    the Q-quantile linear between its neighbours (torch.quantile's), f = Q·(n − 1) − ⌊Q·(n − 1)⌋."""
     n = k.sum(-1).to(v.dtype)
+    rank = Q * (n - 1).clamp(min=0)
+    frac = rank - rank.floor()
+    if kind in ("quantile", "qlow", "qhigh", "qfrac"):
+        low, high = _order(v, k, rank.floor()), _order(v, k, rank.ceil())
+        return {"quantile": low + frac * (high - low), "qlow": low, "qhigh": high, "qfrac": frac}[kind]
     total = torch.where(k, v, 0.0).sum(-1)
     mean = total / n.clamp(min=1)
     if kind in ("max", "min"):
@@ -120,16 +138,18 @@ def reference_loss(name, template, b):
 def objective(name, template):
     """The template with the row: parsed where a user may call it; an internal row (suffix_sum)
     swapped into the IR parsed with a callable reduction in its place."""
-    if OPS[name].callable:
-        return dsl.parse(template.format(f=name))
+    constants = tuple(Node("num", value=Fraction(str(Q))) for _ in OPS[name].constants)
     stand_in = next(k for k in ROWS if OPS[k].callable and OPS[k].over not in ("group", "batch"))
-    obj = dsl.parse(template.format(f=stand_in))
+    obj = dsl.parse(template.format(f=name if OPS[name].callable and not constants else stand_in))
     memo = {}
 
-    def swap(n):
+    def swap(n):        # (a row with a constant argument, as batch_quantile(x, q), takes Q)
         if n not in memo:
-            memo[n] = Node(name if n.op == stand_in else n.op, tuple(map(swap, n.args)), n.value, n.pos)
+            ours = n.op == stand_in
+            memo[n] = Node(name if ours else n.op, tuple(map(swap, n.args)) + constants * ours, n.value, n.pos)
         return memo[n]
+    if OPS[name].callable and not constants:
+        return obj
     return dataclasses.replace(obj, expr=swap(obj.expr))
 
 
@@ -192,6 +212,9 @@ def test_a_reduction_row_without_an_adjoint_is_refused_where_it_is_built_naming_
     ("prefix_mean", "prefix_sum"),
     ("turn_mean", "seq_mean"),       # the response's mean where the turn's is meant
     ("turn_sum", "turn_mean"),
+    ("group_max", "group_mean"),    # the maximum's gradient spread over the group
+    ("group_min", "group_max"),
+    ("batch_quantile", "batch_qlow"),   # all of it to the lower neighbour
 ])
 def test_the_generated_check_fails_a_row_declaring_another_rows_adjoint(monkeypatch, name, wrong):
     monkeypatch.setitem(OPS, name, dataclasses.replace(OPS[name], adjoint=OPS[wrong].adjoint))

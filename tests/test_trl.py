@@ -442,6 +442,7 @@ def test_each_loss_call_holds_whole_groups_whose_ids_are_trls_prompt_groups(tmp_
 REF, SUM_PI_SQ = "d = log(π_ref) - log(π)\nr*A - 0.1*(exp(d) - d - 1)\n", "r*A*(1 - sg(sum_π_sq))\n"
 BATCH = "r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n"
 ENTROPY = "min(r*A, clip(r, 0.8, 1.2)*A) + 0.01*H\n"
+MASK = (Path(__file__).resolve().parent.parent / "objectives" / "top_entropy.dsl").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("text, config, message", [
@@ -458,12 +459,14 @@ ENTROPY = "min(r*A, clip(r, 0.8, 1.2)*A) + 0.01*H\n"
      "but gradient_accumulation_steps=2: an optimizer step accumulates that many loss calls"),
     (ENTROPY, dict(entropy_coef=0.05), r"objective 'entropy_bonus' reads the entropy H and writes its own entropy "
      r"terms, to which TRL's entropy_coef=0.05 would add a second bonus; set entropy_coef=0.0"),
+    (MASK, dict(top_entropy_quantile=0.2), r"objective 'top_entropy' writes its own entropy mask \(batch_quantile\(H, "
+     r"q\)\), on which TRL's top_entropy_quantile=0.2 would mask a second time; set top_entropy_quantile=1.0"),
 ], ids=["pi_ref", "sum_pi_sq", "groups_sliced", "groups_straddle", "groups_straddle_eval", "batch_accumulated",
-        "entropy_twice"])
+        "entropy_twice", "entropy_mask_twice"])
 def test_an_input_trl_does_not_give_is_refused_before_the_model_loads_naming_the_setting(tmp_path, text, config,
                                                                                            message):
     name = {REF: "grpo_k3", SUM_PI_SQ: "otb_weight", GROUP: "group_pull", BATCH: "batch_pull",
-            ENTROPY: "entropy_bonus"}[text]
+            ENTROPY: "entropy_bonus", MASK: "top_entropy"}[text]
     # per-device sizes that are no multiple of the group: GRPOConfig refuses them on one process
     # (its global batch is the per-device one); a rank of several reads its config so
     per_device = {k: config.pop(k) for k in ("per_device_train_batch_size", "per_device_eval_batch_size")

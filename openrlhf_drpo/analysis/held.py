@@ -153,22 +153,29 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,), explicit
     values = {k: float(v) for k, v in values.items()}
     out = []
     spread_overs = {r.over for r in _spread_reads(obj)} if len(set(group)) > 1 else set()
+    # the order statistics, said only where read (the other reports' lines are as they were)
+    extremes = [k for k in ("group_max", "group_min") if any(n.op == k for n in obj.expr.walk())]
+    order = f", {' = '.join(f'{k}(x)' for k in extremes)} = x" if extremes else ""
+    quantile = ", batch_quantile(x, q) = x" if any(n.op == "batch_quantile" for n in obj.expr.walk()) else ""
     if spread_overs:
-        out.append(("G", point["group_size"], _group_text(point, group)))
+        out.append(("G", point["group_size"], _group_text(point, group) + (
+            f"; {' and '.join(extremes)} of a value that reads A {'is' if len(extremes) == 1 else 'are'} over "
+            "these responses too" if extremes else "")))
     elif "group" in overs:
         shown = ",".join(f"{float(c):g}" for c in group)
         source = ("--group-size" if not explicit else f"--group {shown}: every response's advantage is A"
                   if len(set(group)) == 1 else f"G from --group {shown}: no group reduction here reads A")
         out.append(("G", point["group_size"], f"a group of G = {point['group_size']} equal responses ({source}): "
-                    "group_sum(x) = G·x, group_mean(x) = x, group_std(x) = 0, group_count(x) = G"))
+                    f"group_sum(x) = G·x, group_mean(x) = x, group_std(x) = 0, group_count(x) = G{order}"))
     if "batch" in spread_overs:
         out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} responses (--batch-size), N/G "
                     "such groups: a batch reduction of a value that reads A is over their advantages, of any other "
-                    "value batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, batch_mean(x) = x"))
+                    "value batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, "
+                    f"batch_mean(x) = x{quantile}"))
     elif "batch" in overs:
         out.append(("N", point["batch_size"], f"a batch of N = {point['batch_size']} such responses (--batch-size): "
                     "batch_sum(x) = N·|y|·x over its tokens or N·x over its responses, batch_mean(x) = x, "
-                    "batch_count(x) = N·|y| or N"))
+                    f"batch_count(x) = N·|y| or N{quantile}"))
     if "prefix" in overs:
         out.append(("p", point["position"], f"the token at position p = {point['position']} of its response "
                     "(--position; the last by default): prefix_sum(x) = p·x, prefix_mean(x) = x"))

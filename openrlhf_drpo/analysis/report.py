@@ -82,6 +82,8 @@ def _locality(res, evidence):
     if wider and width == "token":
         return [text + "; a statistic of fixed inputs in it needs " + " and ".join(wider) + " in each loss call"]
     text += f"; {_WHOLE[width]}"
+    if width == "batch" and "batch_quantile(" in res.objective:     # an order statistic is not a sum
+        text = text.replace("(sums all-reduced across ranks)", "(on one rank: a quantile needs every rank's values)")
     return [text + "".join(f", and a statistic of fixed inputs needs {w}" for w in wider)]
 
 

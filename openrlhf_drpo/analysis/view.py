@@ -8,10 +8,11 @@ from fractions import Fraction
 
 from openrlhf_drpo.analysis.held import (GROUP_SIZE, HELD, OnPolicy, exactness, held_group, holdable, spread,
                                          statements, statistics)
-from dsl.ir import Node, add, is_num, neg, rebuild, sub
+from dsl.errors import DslError
+from dsl.ir import Node, Pos, add, is_num, neg, rebuild, sub
 from dsl.names import display_name
 from dsl.objective import Objective
-from dsl.walks import VIEW_NAMES, derivative, numpy_plan, reads_whole_response, uniform_view
+from dsl.walks import VIEW_NAMES, NotHeld, derivative, numpy_plan, reads_whole_response, uniform_view
 
 
 def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_size=None, position=None,
@@ -51,7 +52,13 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
                **{k: chosen[k] for k in stats}}
     swap = {node: Node("param", value=k) for k, (node, _) in stats.items()}     # each held statistic as its parameter
     expr = rebuild(obj.expr, lambda m, args: swap.get(m))
-    expr = uniform_view(expr, obj.options["anchor"], view_names, group, None if swap else obj.facts.level)
+    try:
+        expr = uniform_view(expr, obj.options["anchor"], view_names, group, None if swap else obj.facts.level)
+    except NotHeld as e:        # (a batch quantile of A: its neighbours' ranks depend on N and on A's sign)
+        pos = e.node.pos or Pos(1, 1)
+        raise DslError(str(e), obj.path, pos.line, pos.col, obj.source.split("\n")[pos.line - 1],
+                       f"hold the group's advantages equal (--group {','.join(['1'] * len(group))}), or read A "
+                       "outside it") from None
     used = {n.value for n in expr.walk() if n.op == "param"}
     params = dict(obj.params) | {k: v for k, v in values.items() if k in used and k not in obj.params}
     scope["rho_name"] = view_names["rho"] if view_names["rho"] in used else None

@@ -120,7 +120,7 @@ def _guarded(root: Node, budget: int | None) -> Node:
             elif n.op == "clip":    # min(max(x, lo), hi), as dsl.lowerings.torch_clip
                 out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
             elif OPS[n.op].reduce:
-                out = Node(n.op, (walk(n.args[0], None),), n.value, n.pos, n.level)
+                out = Node(n.op, (walk(n.args[0], None), *n.args[1:]), n.value, n.pos, n.level)
             else:
                 out = Node(n.op, tuple(walk(a, c) for a in n.args), n.value, n.pos, n.level)
             memo[n, c] = out if c is None or (n.args and not OPS[n.op].reduce) else Node("select", (c, out))

@@ -24,6 +24,7 @@ import torch
 from trl import GRPOTrainer
 
 from dsl.parser import Objective
+from dsl.printing import render
 from openrlhf_drpo.core import Aggregation, CompiledLoss, turn_ids
 from openrlhf_drpo.core.loss import refuse_unprovided
 
@@ -267,6 +268,13 @@ def _check_config(config, objective_loss):
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' reads the entropy H and writes its own entropy "
                          f"terms, to which TRL's entropy_coef={config.entropy_coef} would add a second bonus; set "
                          "entropy_coef=0.0 and write the bonus into the objective (e.g. + 0.01*H)")
+    # an objective with its own entropy quantile (top_entropy) masks as top_entropy_quantile does: twice
+    quantiles = [n for n in objective_loss.objective.expr.walk() if n.op == "batch_quantile" and "H" in {
+        m.value for m in n.args[0].walk() if m.op == "var"}]
+    if quantiles and getattr(config, "top_entropy_quantile", 1.0) < 1.0:
+        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' writes its own entropy mask "
+                         f"({render(quantiles[0])}), on which TRL's top_entropy_quantile="
+                         f"{config.top_entropy_quantile} would mask a second time; set top_entropy_quantile=1.0")
 
 
 def _turns_and_staleness(reads, inputs, mask) -> dict:
