@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from dsl.ir import ONE, Node, mul
+from dsl.ir import ONE, Node, mul, postorder
 from dsl.lowerings import TORCH_REDUCTIONS, is_literal
 from dsl.operations import OPS
 from dsl.parser import Objective
@@ -336,6 +336,18 @@ def _reverse_functions(value, params, kept, per_response, entropy) -> str:
         "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
 
 
+def batch_depth(value: Node, kept: Node | None, entropy: bool) -> int:
+    """How deeply the batch reductions nest in everything the generated code computes (ℓ, the
+    reverse mode's gradients, whose adjoint of a batch reduction is another one, the filters): the
+    no-grad passes core.collectives.BatchStatistics takes for every sum to be the step's."""
+    guarded = guard_selects(value)
+    roots = [guarded, reverse_gradient(guarded, GRAD_SEEDS)] + [reverse_gradient(guarded, {"H": ONE})] * entropy
+    depth: dict = {}
+    for n in postorder(Node("add", tuple(roots + [kept] * (kept is not None)))):
+        depth[n] = max((depth[a] for a in n.args), default=0) + (n.op in OPS and OPS[n.op].over == "batch")
+    return max(depth.values())
+
+
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     return _generate(obj)[0]
@@ -359,7 +371,8 @@ def _generate(obj: Objective) -> tuple[str, dict]:
     reduces = any(map(reads_whole_response, value.walk()))
     # reduces: the eager kernel flattens tokens, which a response's reduction (or a third version's input) cannot take
     facts = {"includes_coef": nonlocal_ or v3, "reduces": reduces or v3, "third_version": v3,
-             "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk())}
+             "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk()),
+             "batch_depth": batch_depth(value, kept, entropy) if v3 else 0}
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",

@@ -153,3 +153,4 @@ class Generated:
     reduces: bool                    # it reads whole responses or the third version's inputs: never flattened
     third_version: bool              # it reads the TokenBatch's ref, entropy, sum_pi_sq, group or pg
     filtered_per_response: bool      # a filter reads a whole response (the filtered fraction counts responses)
+    batch_depth: int = 0             # how deeply batch reductions nest (BatchStatistics' no-grad passes)
