@@ -20,7 +20,7 @@ F64 = torch.float64
 # Σ coef·A), one under sg, two whose sums nest (an adjoint that reads S; S inside S: two passes),
 # one over responses
 OBJECTIVES = {"trust_the_batch": 1, "batch_mean(r)*A": 1, "sg(batch_mean(r))*r*A": 1,
-              "batch_mean(r*A)*batch_sum(r)/batch_count(A)": 2, "batch_mean(r - batch_mean(r))*A": 2,
+              "batch_mean(r*A)*batch_sum(r)/batch_count(A)": 2, "batch_mean((r - batch_mean(r))^2)*A": 2,
               "batch_mean(seq_mean(r))*A": 1}
 PATHS = {"eager": {}, "sync-free": {"sync_free": True}, "lab": {"track_extremes": True}}
 AGGREGATIONS = ("token-mean", "weighted", "seq-mean-token-mean")

@@ -23,12 +23,12 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from dsl.ir import ONE, Node, mul, postorder
+from dsl.ir import ONE, Node, mul
 from dsl.lowerings import TORCH_REDUCTIONS, is_literal
 from dsl.operations import OPS
 from dsl.parser import Objective
 from dsl.printing import render
-from openrlhf_drpo.core.reverse_mode import reverse_gradient
+from openrlhf_drpo.core.reverse_mode import nesting, reverse_gradient
 from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
 from openrlhf_drpo.core.values import Generated
 from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
@@ -336,18 +336,6 @@ def _reverse_functions(value, params, kept, per_response, entropy) -> str:
         "objective_and_grad_eager = objective_and_grad   # reductions: no eager specialization"])
 
 
-def batch_depth(value: Node, kept: Node | None, entropy: bool) -> int:
-    """How deeply the batch reductions nest in everything the generated code computes (ℓ, the
-    reverse mode's gradients, whose adjoint of a batch reduction is another one, the filters): the
-    no-grad passes core.collectives.BatchStatistics takes for every sum to be the step's."""
-    guarded = guard_selects(value)
-    roots = [guarded, reverse_gradient(guarded, GRAD_SEEDS)] + [reverse_gradient(guarded, {"H": ONE})] * entropy
-    depth: dict = {}
-    for n in postorder(Node("add", tuple(roots + [kept] * (kept is not None)))):
-        depth[n] = max((depth[a] for a in n.args), default=0) + (n.op in OPS and OPS[n.op].over == "batch")
-    return max(depth.values())
-
-
 def torch_source(obj: Objective) -> str:
     """Readable, commented torch code for the objective: exactly what ObjectiveLoss runs."""
     return _generate(obj)[0]
@@ -372,7 +360,11 @@ def _generate(obj: Objective) -> tuple[str, dict]:
     # reduces: the eager kernel flattens tokens, which a response's reduction (or a third version's input) cannot take
     facts = {"includes_coef": nonlocal_ or v3, "reduces": reduces or v3, "third_version": v3,
              "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk()),
-             "batch_depth": batch_depth(value, kept, entropy) if v3 else 0}
+             "batch_depth": 0}
+    if v3:      # how deeply batch sums nest in all the code computes: BatchStatistics' no-grad passes
+        g = guard_selects(value)
+        facts["batch_depth"] = nesting("batch", g, reverse_gradient(g, GRAD_SEEDS),
+                                       *[reverse_gradient(g, {"H": ONE})] * entropy, *[kept] * (kept is not None))
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",

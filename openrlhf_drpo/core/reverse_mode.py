@@ -51,3 +51,14 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
         if n.op == "var" and n.value in seeds:
             total = add(total, mul(a, seeds[n.value]))
     return total
+
+
+def nesting(over: str, *roots: Node) -> int:
+    """How deeply the reductions `over` (OPS' over: "batch") nest in `roots`: the reverse mode's
+    adjoint of a batch reduction is another, which reads what its node's adjoint reads (S itself,
+    where the objective's factor on S holds it): core.collectives.BatchStatistics' passes."""
+    depth: dict = {}
+    for root in roots:
+        for n in postorder(root):
+            depth[n] = max((depth[a] for a in n.args), default=0) + (n.op in OPS and OPS[n.op].over == over)
+    return max((depth[r] for r in roots), default=0)
