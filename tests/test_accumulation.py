@@ -184,3 +184,40 @@ def test_each_pass_is_one_all_reduce_and_the_training_calls_issue_none(ranks, te
             assert [c["passes"] for c in both] == [OBJECTIVES[text]] * 2
             assert both[0]["recording"] == both[1]["recording"] and len(both[0]["recording"]) == OBJECTIVES[text]
             assert [c["training"] for c in both] == [[], []]
+
+
+def _stats_and_batches():
+    from openrlhf_drpo.core import CompiledLoss
+    loss_fn = CompiledLoss(load("batch_mean(r)*A"))
+    return loss_fn, loss_fn.batch_statistics(), micro_batches(0)
+
+
+def test_batch_statistics_on_the_plain_path_are_refused_naming_the_fused_path():
+    from openrlhf_drpo.core import CompiledLoss
+    loss_fn = CompiledLoss(load("batch_mean(r)*A"), fused=False)
+    new, old, A, mask, w = micro_batches(0)[0]
+    with pytest.raises(ValueError, match=r"BatchStatistics .* needs the fused path.* use fused=True"):
+        loss_fn(new, old, A, mask, aggregation=aggregation("token-mean", w, loss_fn.batch_statistics()))
+
+
+def test_a_training_call_before_any_recording_pass_is_refused():
+    loss_fn, stats, parts = _stats_and_batches()
+    new, old, A, mask, w = parts[0]
+    with pytest.raises(RuntimeError, match="before any recording pass"):
+        loss_fn(new, old, A, mask, aggregation=aggregation("token-mean", w, stats))
+
+
+def test_a_micro_batch_whose_call_asks_for_other_sums_is_refused():
+    """Host weights on one micro-batch and not on the next: another sequence of sums (the objective's
+    own gradient for w is one more evaluation), never summed into the wrong statistic."""
+    loss_fn, stats, parts = _stats_and_batches()
+    with pytest.raises(RuntimeError, match="must have the same configuration"):
+        for _ in stats.recording():
+            with torch.no_grad():
+                for i, (new, old, A, mask, w) in enumerate(parts):
+                    loss_fn(new, old, A, mask, aggregation=aggregation("weighted" if i else "token-mean", w, stats))
+
+
+def test_an_objective_without_a_batch_reduction_takes_no_statistics():
+    from openrlhf_drpo.core import CompiledLoss
+    assert CompiledLoss(load("drpo")).batch_statistics() is None
