@@ -80,7 +80,6 @@ class BatchStatistics:
         self.group, self.passes = group, passes
         self.totals: list | None = None      # the last finished pass's step totals
         self.pending: list | None = None     # the running pass's sums (None: training calls)
-        self.sites: int | None = None        # the number of sums one call asks for (from its first)
         self.cursor = 0
         self.calls = 0
 
@@ -111,7 +110,7 @@ class BatchStatistics:
         i = self.cursor
         self.cursor += 1
         if self.pending is not None:
-            if self.calls == 1 and i == len(self.pending):
+            if self.calls == 1 and i == len(self.pending) and (self.totals is None or i < len(self.totals)):
                 self.pending.append(t.detach().clone())
             elif i < len(self.pending) and self.pending[i].shape == t.shape:
                 self.pending[i] += t.detach()

@@ -54,9 +54,9 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
 
 
 def nesting(over: str, *roots: Node) -> int:
-    """How deeply the reductions `over` (OPS' over: "batch") nest in `roots`: the reverse mode's
-    adjoint of a batch reduction is another, which reads what its node's adjoint reads (S itself,
-    where the objective's factor on S holds it): core.collectives.BatchStatistics' passes."""
+    """How deeply the reductions `over` (an OPS row's over: "batch") nest in `roots`, the reverse
+    mode's gradients among them (a batch reduction's adjoint is another, whose argument may read
+    the objective's own batch reductions): core.collectives.BatchStatistics' passes."""
     depth: dict = {}
     for root in roots:
         for n in postorder(root):
