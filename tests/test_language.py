@@ -379,8 +379,10 @@ def test_shipped_objectives_are_found_from_a_regular_install_and_no_local_folder
     root = pathlib.Path(__file__).resolve().parents[1]
     # built from a copy: pip writes build/ beside the sources, and the checkout stays untouched
     src = tmp_path / "src"
+    # (never the virtual environments and wheels setup.sh leaves in the checkout: gigabytes)
     shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__",
-                                                             ".hypothesis", ".pytest_cache", "runs"))
+                                                             ".hypothesis", ".pytest_cache", "runs", ".venv*", ".whl",
+                                                             ".gpuwhl"))
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(src)], check=True, capture_output=True)
