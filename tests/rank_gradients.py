@@ -5,7 +5,7 @@ ranks, the step's rollout to rollout{k}.pt, and rollouts that do not depend on t
 Nothing else of the run changes.
 
 - trainer: OpenRLHF's single controller, which before fit() has each policy rank wrap its
-  strategy's optimizer_step (through Ray's __ray_call__: the policy actor class stays drpo-train's).
+  strategy's optimizer_step (at the accumulation's boundary, where DeepSpeed steps) (through Ray's __ray_call__: the policy actor class stays drpo-train's).
   Every rank gathers (ZeRO-2 keeps a partition each: safe_get_full_grad all-reduces them); rank 0 saves.
 - rollout_actor: drpo-lab's seeded vLLM actor (a sample's seed from its prompt and index, not from
   the engine's order). With OPENRLHF_DRPO_SKIP_VLLM_RELOAD=1 the engine keeps its first weights,
@@ -29,6 +29,10 @@ def record_gradients(policy_actor, out: str) -> None:
     optimizer_step = strategy.optimizer_step
 
     def recording_step(optimizer, model, scheduler, **kwargs):
+        # OpenRLHF calls it after every micro-batch; DeepSpeed steps (and has the step's gradient)
+        # only at the accumulation's boundary (test_accumulation_train: 4 micro-batches a step)
+        if not model.model.is_gradient_accumulation_boundary():
+            return optimizer_step(optimizer, model, scheduler, **kwargs)
         # the same collectives on every rank, parameter by parameter, before DeepSpeed steps
         grads = [safe_get_full_grad(p).detach().float().reshape(-1) for p in model.model.parameters()]
         step = next(steps)

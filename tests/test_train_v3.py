@@ -41,9 +41,10 @@ def _objective(tmp_path, name):
      "objective 'group' uses group_mean (each prompt's responses whole in one loss call, with their group ids), but "
      "drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size 1: set it to a multiple of "
      "--rollout.n_samples_per_prompt 2"),
-    ("batch", [], "objective 'batch' uses batch_mean (the optimizer step's whole batch in one loss call on each "
-                  "rank), but a loss call holds one micro-batch, --train.micro_batch_size 2 on each of 1 data-parallel "
-                  "rank, and the optimizer step --train.batch_size 4: set --train.micro_batch_size 4"),
+    ("batch", ["--train.batch_size", "6", "--train.micro_batch_size", "4"],
+     "objective 'batch' uses batch_mean (the optimizer step's whole batch in one loss call on each rank), but an "
+     "optimizer step of --train.batch_size 6 is not whole micro-batches of --train.micro_batch_size 4 on each of 1 "
+     "data-parallel rank: make --train.batch_size a multiple of 4"),
     ("batch", ["--train.micro_batch_size", "4", "--train.dynamic_batch_enable"],
      "objective 'batch' uses batch_mean (the optimizer step's whole batch in one loss call on each rank), but "
      "--train.dynamic_batch_enable repartitions the micro-batches by length: turn it off"),
@@ -60,7 +61,8 @@ def test_drpo_train_refuses_at_launch_an_input_its_flags_do_not_give_naming_the_
 
 @pytest.mark.parametrize("name, refused, flags", [
     ("k3", [], KL_FLAGS), ("group", ["--train.micro_batch_size", "1"], ["--train.micro_batch_size", "2"]),
-    ("batch", [], ["--train.micro_batch_size", "4"]), ("collision", ["--ds.packing_samples"], []),
+    # (the defaults: 2 micro-batches a step, whose batch statistics drpo-train takes before the step)
+    ("batch", ["--train.batch_size", "6", "--train.micro_batch_size", "4"], []), ("collision", ["--ds.packing_samples"], []),
 ])
 def test_the_flags_a_refusal_names_make_drpo_train_accept_the_objective(name, refused, flags, tmp_path):
     """The same objective refused without the flags and accepted with them: OpenRLHF's args then
@@ -95,8 +97,8 @@ def _flat(**changes):
      "drpo-train sums a batch over all ranks as data-parallel ones: set --ds.ring_attn_size 1 and "
      "--ds.tensor_parallel_size 1"),
     ({"actor__num_gpus_per_node": 2}, "batch",
-     "a loss call holds one micro-batch, --train.micro_batch_size 4 on each of 2 data-parallel ranks, and the "
-     "optimizer step --train.batch_size 4: set --train.micro_batch_size 2 (× 2 = --train.batch_size)"),
+     "an optimizer step of --train.batch_size 4 is not whole micro-batches of --train.micro_batch_size 4 on each of "
+     "2 data-parallel ranks: make --train.batch_size a multiple of 8"),
 ])
 def test_on_several_ranks_groups_and_batches_need_whole_shares_per_rank(changes, key, expected):
     from openrlhf_drpo.hosts.openrlhf.inputs import missing_at_launch

@@ -456,7 +456,8 @@ MASK = (Path(__file__).resolve().parent.parent / "objectives" / "top_entropy.dsl
     (GROUP, dict(eval_strategy="steps", per_device_eval_batch_size=6, num_generations_eval=4),
      "uses group_mean .*, but per_device_eval_batch_size=6 is not a multiple of num_generations_eval=4"),
     (BATCH, dict(gradient_accumulation_steps=2, steps_per_generation=1), "objective 'batch_pull' uses batch_mean .*, "
-     "but gradient_accumulation_steps=2: an optimizer step accumulates that many loss calls"),
+     "but steps_per_generation=1 is not a multiple of gradient_accumulation_steps=2: an optimizer step's "
+     "micro-batches would come from two generation batches"),
     (ENTROPY, dict(entropy_coef=0.05), r"objective 'entropy_bonus' reads the entropy H and writes its own entropy "
      r"terms, to which TRL's entropy_coef=0.05 would add a second bonus; set entropy_coef=0.0"),
     (MASK, dict(top_entropy_quantile=0.2), r"objective 'top_entropy' writes its own entropy mask \(batch_quantile\(H, "

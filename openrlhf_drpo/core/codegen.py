@@ -28,7 +28,7 @@ from dsl.lowerings import TORCH_REDUCTIONS, is_literal
 from dsl.operations import OPS
 from dsl.parser import Objective
 from dsl.printing import render
-from openrlhf_drpo.core.reverse_mode import reverse_gradient
+from openrlhf_drpo.core.reverse_mode import nesting, reverse_gradient
 from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
 from openrlhf_drpo.core.values import Generated
 from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
@@ -368,7 +368,13 @@ def _generate(obj: Objective) -> tuple[str, dict]:
     reduces = any(map(reads_whole_response, value.walk()))
     # reduces: the eager kernel flattens tokens, which a response's reduction (or a third version's input) cannot take
     facts = {"includes_coef": nonlocal_ or v3, "reduces": reduces or v3, "third_version": v3,
-             "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk()), "channels": channels}
+             "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk()),
+             "batch_depth": 0,
+             "channels": channels}
+    if v3:      # how deeply batch sums nest in all the code computes: BatchStatistics' no-grad passes
+        g = guard_selects(value)
+        facts["batch_depth"] = nesting("batch", g, reverse_gradient(g, GRAD_SEEDS),
+                                       *[reverse_gradient(g, CHANNELS[c]) for c in channels], *[kept] * (kept is not None))
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
     header = [
         f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",

@@ -25,7 +25,7 @@ from torch import nn
 import dsl
 from dsl.vocabulary import support
 from openrlhf_drpo.core.codegen import compile_objective
-from openrlhf_drpo.core.collectives import rank_sums
+from openrlhf_drpo.core.collectives import BatchStatistics, rank_sums
 from dsl.objective import OPTIONS, Objective
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_support,
                                          check_turns, group_representatives, refuse_bad_mask, refuse_bad_staleness)
@@ -90,6 +90,14 @@ class CompiledLoss(nn.Module):
                 raise ValueError(f"{who + ': ' if who else ''}objective '{self.objective.name}' uses {why}, "
                                  f"but {missing[key]}")
 
+    def batch_statistics(self, process_group=None) -> BatchStatistics | None:
+        """For an optimizer step of several micro-batches: the step's batch reductions, exact, summed
+        over `process_group`'s ranks (core.collectives.BatchStatistics says how a host runs them);
+        None where the objective has no batch reduction (nothing to pass)."""
+        if "batch" not in self.inputs():
+            return None
+        return BatchStatistics(process_group, self.generated.batch_depth)
+
     def lacks(self, config) -> dict:      # a host's: what it withholds under `config` (None: any), with why
         return {}
 
@@ -113,6 +121,8 @@ class CompiledLoss(nn.Module):
                        ref_log_probs=ref_log_probs, entropy=entropy, sum_pi_sq=sum_pi_sq, groups=groups,
                        turns=turns, staleness=staleness, aggregation=aggregation, vocab_log_probs=vocab_log_probs,
                        vocab_ref_log_probs=vocab_ref_log_probs)
+        if isinstance(b.pg, BatchStatistics):
+            b.pg.begin()
         compiled, sync_free = self._path(b.logp)
         fused = self._fused(compiled, sync_free, b)
         if self.fused:
@@ -179,6 +189,11 @@ def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=N
                                          "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups,
                                          "turns": turns, "staleness": staleness,
                                          "vocab_log_probs": vocab_log_probs, "vocab_ref_log_probs": vocab_ref_log_probs}))
+    if isinstance(agg.process_group, BatchStatistics) and not loss.fused:
+        # autograd's gradient through a step total would be this call's ∂f/∂S alone, not the step's λ
+        raise ValueError(f"{who}: BatchStatistics (batch reductions over micro-batches) needs the fused path, whose "
+                         "reverse mode reads the step's λ = Σ ∂f/∂S from them; the plain path (fused=False) takes "
+                         "a batch statistic over one call only: use fused=True")
     mode = agg.mode or loss.aggregate
     if mode not in OPTIONS["aggregate"]:
         raise ValueError(f"{who}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")

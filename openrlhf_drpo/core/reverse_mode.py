@@ -51,3 +51,14 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
         if n.op == "var" and n.value in seeds:
             total = add(total, mul(a, seeds[n.value]))
     return total
+
+
+def nesting(over: str, *roots: Node) -> int:
+    """How deeply the reductions `over` (an OPS row's over: "batch") nest in `roots`, the reverse
+    mode's gradients among them (a batch reduction's adjoint is another, whose argument may read
+    the objective's own batch reductions): core.collectives.BatchStatistics' passes."""
+    depth: dict = {}
+    for root in roots:
+        for n in postorder(root):
+            depth[n] = max((depth[a] for a in n.args), default=0) + (n.op in OPS and OPS[n.op].over == over)
+    return max((depth[r] for r in roots), default=0)

@@ -165,3 +165,4 @@ class Generated:
     # the inputs with a gradient channel of their own, in the order value_and_grad returns their
     # gradients after keep: "entropy" (H), "vocab_logp" (the support's log π, [B, T, k])
     channels: tuple = ()
+    batch_depth: int = 0             # how deeply batch reductions nest (BatchStatistics' no-grad passes)

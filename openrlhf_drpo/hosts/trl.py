@@ -72,7 +72,8 @@ class TrlObjectiveLoss(CompiledLoss):
                 "groups": "TRL's prompt groups (steps_per_generation=1)",
                 "turns": "TRL's tool_mask: each run of tool-result tokens ends a turn (no tools: one turn)",
                 "staleness": "0: TRL samples each generation batch with the weights its update starts from",
-                "batch": "one loss call per optimizer step (gradient_accumulation_steps=1)"}
+                "batch": "the optimizer step's micro-batches, in no-grad passes over TRL's buffered generation batch "
+                         "before the step (gradient_accumulation_steps > 1), summed over the processes"}
 
     def lacks(self, config) -> dict:
         return _not_provided(config)
@@ -113,48 +114,15 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         return output
 
     def _compute_loss(self, model, inputs):
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
-            completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
-            **{k: inputs.get(k) for k in _MULTIMODAL})
-        advantages = inputs["advantages"]
-        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-        old = inputs.get("old_per_token_logps")
-        old = per_token_logps.detach() if old is None else old     # num_iterations == 1: μ = π
-        sampling = inputs.get("sampling_per_token_logps")
-        # vLLM marks tokens it could not score NaN: ratio 1 there (TRL zeroes their log-difference);
-        # TRL's off-policy mask reads them raw and ignores them itself
-        rollout = None if sampling is None else torch.where(torch.isnan(sampling), old, sampling)
-
-        # TRL's per-token factors on the policy term, by TRL's own helpers
-        factor = torch.ones_like(per_token_logps)
-        entropy_mask = None
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-            factor = factor * entropy_mask
-        if self.off_policy_mask_threshold is not None:
-            factor = factor * self.get_off_policy_mask(advantages, per_token_logps,
-                                                       old if sampling is None else sampling, mask,
-                                                       self.off_policy_mask_threshold)
-        if self.use_vllm and self.vllm_importance_sampling_correction:     # an objective on π_rollout: refused
-            factor = factor * inputs["importance_sampling_ratio"]
-
         mode = "train" if self.model.training else "eval"
-        per_response, norm = _normalization(self, mask, inputs, mode)
-        weights = factor * per_response
         reads = self.objective_loss.inputs()
-        ref = inputs.get("ref_per_token_logps")
         # the batch's ranks: TRL's data-parallel processes (accelerate's default process group)
         ranks = torch.distributed.group.WORLD if "batch" in reads and self.accelerator.num_processes > 1 else None
-        loss, metrics = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
-                                            rollout_log_probs=rollout, ref_log_probs=ref,
-                                            entropy=entropies if "entropy" in reads else None,
-                                            groups=inputs.get("groups"), **_turns_and_staleness(reads, inputs, mask),
-                                            aggregation=Aggregation("token-mean", norm=norm, weights=weights,
-                                                                    process_group=ranks))
+        if "batch" in reads and mode == "train" and self.current_gradient_accumulation_steps > 1:
+            ranks = _step_statistics(self, model)
+        (loss, metrics), (per_token_logps, entropies, aux_loss, old, mask, per_response, norm, entropy_mask) = \
+            _objective_call(self, model, inputs, mode, ranks)
+        ref = inputs.get("ref_per_token_logps")
         if self.beta != 0.0:
             per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
             if self.args.use_bias_correction_kl:
@@ -193,6 +161,73 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         for (_, m), value in zip(logged, torch.where(maxima, gathered.amax(0), gathered.nanmean(0)).tolist()):
             self._metrics[mode][m.key].append(value)
         return loss
+
+
+def _objective_call(self, model, inputs, mode, ranks):   # self: the ObjectiveGRPOTrainer
+    """The policy term of one loss call: the model's forward on `inputs` (a micro-batch), TRL's
+    per-token factors and normalization, and the objective's (loss, metrics), with what the rest
+    of _compute_loss reads."""
+    reads = self.objective_loss.inputs()
+    prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+    completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+    mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+    per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+        model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
+        completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
+        **{k: inputs.get(k) for k in _MULTIMODAL})
+    advantages = inputs["advantages"]
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    old = inputs.get("old_per_token_logps")
+    old = per_token_logps.detach() if old is None else old     # num_iterations == 1: μ = π
+    sampling = inputs.get("sampling_per_token_logps")
+    # vLLM marks tokens it could not score NaN: ratio 1 there (TRL zeroes their log-difference);
+    # TRL's off-policy mask reads them raw and ignores them itself
+    rollout = None if sampling is None else torch.where(torch.isnan(sampling), old, sampling)
+
+    # TRL's per-token factors on the policy term, by TRL's own helpers
+    factor = torch.ones_like(per_token_logps)
+    entropy_mask = None
+    if self.top_entropy_quantile < 1.0:
+        entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        factor = factor * entropy_mask
+    if self.off_policy_mask_threshold is not None:
+        factor = factor * self.get_off_policy_mask(advantages, per_token_logps,
+                                                   old if sampling is None else sampling, mask,
+                                                   self.off_policy_mask_threshold)
+    if self.use_vllm and self.vllm_importance_sampling_correction:     # an objective on π_rollout: refused
+        factor = factor * inputs["importance_sampling_ratio"]
+
+    per_response, norm = _normalization(self, mask, inputs, mode)
+    weights = factor * per_response
+    ref = inputs.get("ref_per_token_logps")
+    loss, metrics = self.objective_loss(per_token_logps, old, advantages.expand_as(per_token_logps), mask,
+                                        rollout_log_probs=rollout, ref_log_probs=ref,
+                                        entropy=entropies if "entropy" in reads else None,
+                                        groups=inputs.get("groups"), **_turns_and_staleness(reads, inputs, mask),
+                                        aggregation=Aggregation("token-mean", norm=norm, weights=weights,
+                                                                process_group=ranks))
+    return (loss, metrics), (per_token_logps, entropies, aux_loss, old, mask, per_response, norm, entropy_mask)
+
+def _step_statistics(self, model):     # self: the ObjectiveGRPOTrainer
+    """At an optimizer step's first micro-batch, its batch statistics (core.collectives.BatchStatistics):
+    no-grad passes of the model's forward and the loss over the step's micro-batches, TRL's buffered
+    slices of its generation batch, summed over the processes; the step's calls read them."""
+    left = getattr(self, "_drpo_step_left", 0)
+    if left == 0:
+        steps, spg = self.current_gradient_accumulation_steps, self.args.steps_per_generation
+        first = self._step % spg
+        if first + steps > spg:
+            raise RuntimeError(f"ObjectiveGRPOTrainer: the optimizer step's micro-batches {first}..{first + steps - 1} "
+                               f"are not all in one generation batch of steps_per_generation={spg} slices")
+        ranks = torch.distributed.group.WORLD if self.accelerator.num_processes > 1 else None
+        stats = self.objective_loss.batch_statistics(ranks)
+        for _ in stats.recording():
+            with torch.no_grad():
+                for j in range(first, first + steps):
+                    _objective_call(self, model, self._buffered_inputs[j], "train", stats)
+        self._drpo_stats, left = stats, steps
+    self._drpo_step_left = left - 1
+    return self._drpo_stats
 
 
 def _normalization(trainer, mask, inputs, mode):
@@ -324,7 +359,10 @@ def _not_provided(config) -> dict:
         out["groups"] = (f"per_device_eval_batch_size={eval_per_device} is not a multiple of num_generations_eval"
                          f"={eval_size}: a prompt's group would straddle processes; make it a multiple")
     accumulation = getattr(config, "gradient_accumulation_steps", 1)
-    if accumulation != 1:
-        out["batch"] = (f"gradient_accumulation_steps={accumulation}: an optimizer step accumulates that many loss "
-                        "calls; set gradient_accumulation_steps=1 (one loss call per optimizer step)")
+    if accumulation != 1 and steps % accumulation:
+        # the no-grad passes before a step read its micro-batches, which must all be generated by then
+        out["batch"] = (f"steps_per_generation={steps} is not a multiple of gradient_accumulation_steps="
+                        f"{accumulation}: an optimizer step's micro-batches would come from two generation batches, "
+                        "the later one not yet generated when the step's batch statistics are taken; make "
+                        "steps_per_generation a multiple of gradient_accumulation_steps")
     return out

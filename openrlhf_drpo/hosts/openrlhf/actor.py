@@ -91,7 +91,11 @@ def install_objective(trainer, spec, step_log=None):
     @functools.wraps(original_train)
     def ppo_train(*args, **kwargs):
         state.update(ratio_max=[], micro=0, update=0, row={})
-        with inputs.whole_groups(ppo_actor) if "groups" in loss_fn.inputs() else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if "groups" in loss_fn.inputs():
+                stack.enter_context(inputs.whole_groups(ppo_actor))
+            if "batch" in loss_fn.inputs() and trainer.strategy.accumulated_gradient > 1:
+                stack.enter_context(inputs.step_statistics(ppo_actor, trainer, loss_fn))
             status = original_train(*args, **kwargs)
         if state["ratio_max"]:
             status["drpo_ratio_max"] = trainer.strategy.all_reduce(max(state["ratio_max"]), op="max")

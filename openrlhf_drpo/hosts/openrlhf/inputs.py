@@ -9,7 +9,9 @@ inputs the run would not give or whose group or batch reductions its micro-batch
     sum_π_sq   Σ_v π_v² from the same logits or chunks, without gradient
     groups     a response's rollout index // --rollout.n_samples_per_prompt, kept at append;
                ppo_train's micro-batches are whole groups, shuffled (GroupBatches)
-    batch      a micro-batch that is the rank's whole optimizer batch, summed over the ranks
+    batch      the optimizer step's batch over its micro-batches and the ranks: one micro-batch a step,
+               summed over the ranks in the loss call; several, the step's totals from no-grad
+               passes over its micro-batches before it trains (step_statistics)
 """
 from __future__ import annotations
 
@@ -58,10 +60,10 @@ def missing_at_launch(ns) -> dict:
     if ring > 1 or tp > 1:
         missing["batch"] = ("drpo-train sums a batch over all ranks as data-parallel ones: set --ds.ring_attn_size 1 "
                             "and --ds.tensor_parallel_size 1")
-    elif micro * dp != batch:
-        missing["batch"] = (f"a loss call holds one micro-batch, --train.micro_batch_size {micro} on each of {dp} "
-                            f"data-parallel rank{'s' * (dp != 1)}, and the optimizer step --train.batch_size {batch}: "
-                            f"set --train.micro_batch_size {max(batch // dp, 1)} (× {dp} = --train.batch_size)")
+    elif batch % (micro * dp):
+        missing["batch"] = (f"an optimizer step of --train.batch_size {batch} is not whole micro-batches of "
+                            f"--train.micro_batch_size {micro} on each of {dp} data-parallel rank{'s' * (dp != 1)}: "
+                            f"make --train.batch_size a multiple of {micro * dp}")
     n = g("rollout.n_samples_per_prompt")
     if micro % n:
         missing["groups"] = ("drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size "
@@ -165,7 +167,9 @@ def supplied(loss, trainer, experience):
         given["turns"] = turn_ids(experience.action_mask)
     if "staleness" in need:     # synchronous: each rollout sampled by the weights this step starts from
         given["staleness"] = torch.zeros_like(experience.action_mask, dtype=torch.float32)
-    if "batch" in need and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+    if "batch" in need and getattr(loss, "statistics", None) is not None:
+        given["process_group"] = loss.statistics       # the step's totals (step_statistics)
+    elif "batch" in need and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         given["process_group"] = torch.distributed.group.WORLD
     actor = trainer.actor
     own = actor.__dict__.get("forward")       # logprobs.install's chunked forward, or None: Actor.forward
@@ -195,3 +199,69 @@ def supplied(loss, trainer, experience):
             actor.__dict__.pop("forward", None)
         else:
             actor.forward = own
+
+
+@contextlib.contextmanager
+def step_statistics(module, trainer, loss):
+    """For ppo_train (`module`: OpenRLHF's ppo_actor): each optimizer step of several micro-batches
+    first takes its batch statistics (core.collectives.BatchStatistics), in no-grad passes of the
+    actor's forward and the loss over the step's micro-batches, summed over the ranks; its training
+    calls then read them (supplied). The step's window is OpenRLHF's iter_grad_accum_global_norm's
+    (the micro-batches that share one loss normalizer), each window the accumulation's length but
+    for a last partial one (refused otherwise: a step split into windows would be another batch)."""
+    original = module.iter_grad_accum_global_norm
+    ranks = torch.distributed.group.WORLD if torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1 else None
+
+    def windows(data_iter, strategy, accumulated, mask_fn):
+        window, last = [], None
+        for item, info in original(data_iter, strategy, accumulated, mask_fn):
+            if window and info is not last:
+                yield window, last
+                window = []
+            window.append(item)
+            last = info
+        if window:
+            yield window, last
+
+    def run(data_iter, strategy, accumulated, mask_fn):
+        # one window ahead (its normalizer's collective comes earlier, on every rank alike): only
+        # the last may be short
+        steps = windows(data_iter, strategy, accumulated, mask_fn)
+        current = next(steps, None)
+        while current is not None:
+            (window, info), current = current, next(steps, None)
+            if current is not None and len(window) != accumulated:
+                raise RuntimeError(f"openrlhf-drpo: an optimizer step's micro-batches came {len(window)} to a loss "
+                                   f"normalizer, not {accumulated}: batch statistics over part of a step")
+            loss.statistics = stats = loss.batch_statistics(ranks)
+            try:
+                for _ in stats.recording():
+                    for item in window:
+                        _no_grad_call(trainer, loss, item, info)
+                for item in window:
+                    yield item, info
+            finally:
+                loss.statistics = None
+
+    module.iter_grad_accum_global_norm = run
+    try:
+        yield
+    finally:
+        module.iter_grad_accum_global_norm = original
+
+
+def _no_grad_call(trainer, loss, item, info):
+    """ActorPPOTrainer.training_step's forward and loss call on one micro-batch, without gradient,
+    its backward or its step: what the batch statistics sum."""
+    item.to_device(torch.cuda.current_device())
+    trainer.actor.train()       # as training_step: the same forward (dropout included) as the training call
+    kept = dict(item.info) if GROUP_KEY in item.info else None      # group_ids takes them out of info
+    with torch.no_grad(), supplied(loss, trainer, item):
+        log_probs, _ = trainer.actor(item.sequences, item.action_mask, attention_mask=item.attention_mask,
+                                     return_output=True, ring_attn_group=trainer.strategy.ring_attn_group,
+                                     return_entropy=trainer.args.actor.entropy_coef is not None)
+        loss(log_probs, item.action_log_probs, item.advantages, action_mask=item.action_mask,
+             rollout_log_probs=item.rollout_log_probs, **info)
+    if kept is not None:
+        item.info.update(kept)

@@ -101,7 +101,8 @@ class ObjectiveLoss(CompiledLoss):
     provides = {"rollout_log_probs": "drpo-train keeps vLLM's log-probs for it",
                 **{key: "drpo-train gives it in ObjectiveLoss.given, PolicyLoss's arguments have no place for it"
                    for key in ("ref_log_probs", "entropy", "sum_pi_sq", "groups", "turns", "staleness")},
-                "batch": "drpo-train sums a micro-batch that is each rank's whole optimizer batch over the ranks"}
+                "batch": "drpo-train sums the optimizer step's micro-batches over the ranks, in no-grad passes "
+                         "before the step where it has several"}
     argument_names = {"mask": "action_mask"}
 
     def lacks(self, config) -> dict:
@@ -116,6 +117,7 @@ class ObjectiveLoss(CompiledLoss):
         # drpo-train's inputs for the call beyond PolicyLoss's arguments (ref_log_probs, entropy,
         # sum_pi_sq, groups; process_group for batch reductions): inputs.supplied sets them per step
         self.given: dict = {}
+        self.statistics = None      # drpo-train's BatchStatistics for the step it trains (inputs.step_statistics)
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
                 dp_size=1, batch_num_tokens=None, global_batch_size=None):
