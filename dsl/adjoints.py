@@ -1,11 +1,12 @@
-"""The reductions' adjoint rules, named by their rows (dsl.operations: Op.adjoint): what reverse
+"""The derivative rules of min, max, clip and pow (their rows' `gradient`, below), and the
+reductions' adjoint rules, named by their rows (dsl.operations: Op.adjoint): what reverse
 mode (core.reverse_mode) gives a reduction's argument, in IR. A rule (n, a, x) takes the node, its
 adjoint a (at each token that read it) and its argument x, and returns what x's adjoint receives at
 each token: a gathered from every token that read n, spread back over the tokens n read (reverse
 mode masks it: a masked token receives nothing)."""
 from __future__ import annotations
 
-from dsl.ir import ONE, ZERO, Node, add, div, mul, sub
+from dsl.ir import ONE, ZERO, Node, add, call, div, ind, is_num, mul, num, power, sub
 
 SEQ_LEN = Node("var", value="seq_len")
 
@@ -96,3 +97,37 @@ def quantile(n, g, x, sibling):
 
 def entries(n, a, x):               # a vocabulary sum: each entry of the token's support read once
     return a
+
+
+# ---------------------------------------------------------------- the operations' derivative rules
+# d(node)/dr given the derivatives `d` of its arguments. π = μ·r, so dπ/dr = μ.
+def d_pow(n, d):
+    x, y = n.args
+    if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
+        exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
+        return mul(mul(y, power(x, exponent)), d[0])
+    return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
+
+
+def d_extreme(n, d, better):
+    # Piecewise, never Heaviside: the first argument that attains the extreme owns the
+    # derivative (ties go to the earliest), the same choice torch.where makes.
+    total = ZERO
+    for i, (ai, di) in enumerate(zip(n.args, d)):
+        if is_num(di, 0):
+            continue
+        conds = [Node(better[j < i], (ai, aj)) for j, aj in enumerate(n.args) if j != i]
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = Node("and", (cond, c))
+        total = add(total, mul(ind(cond), di))
+    return total
+
+
+def d_clip(n, d):
+    # clip(x, lo, hi) is min(max(x, lo), hi) in every lowering (also when lo > hi, as
+    # torch.clamp), so its rule is those two rules composed.
+    x, lo, hi = n.args
+    m = Node("max", (x, lo))
+    dm = d_extreme(m, [d[0], d[1]], {False: "ge", True: "gt"})
+    return d_extreme(Node("min", (m, hi)), [dm, d[2]], {False: "le", True: "lt"})

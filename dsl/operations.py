@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dsl import adjoints as adj
-from dsl.ir import ONE, ZERO, Node, add, call, div, ind, is_num, mul, neg, num, power, sub
+from dsl.ir import ONE, ZERO, Node, add, call, div, is_num, mul, neg, num, power, sub
 from dsl.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sigmoid, py_sign,
                         py_softplus, torch_clip, torch_extreme, torch_select)
 
@@ -103,40 +103,6 @@ class Op:
 
     def is_continuous(self, node: Node) -> bool:
         return self.continuous(node) if callable(self.continuous) else self.continuous
-
-
-# ---------------------------------------------------------------- derivative rules
-# d(node)/dr given the derivatives `d` of its arguments. π = μ·r, so dπ/dr = μ.
-def _d_pow(n, d):
-    x, y = n.args
-    if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
-        exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
-        return mul(mul(y, power(x, exponent)), d[0])
-    return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
-
-
-def _d_extreme(n, d, better):
-    # Piecewise, never Heaviside: the first argument that attains the extreme owns the
-    # derivative (ties go to the earliest), the same choice torch.where makes.
-    total = ZERO
-    for i, (ai, di) in enumerate(zip(n.args, d)):
-        if is_num(di, 0):
-            continue
-        conds = [Node(better[j < i], (ai, aj)) for j, aj in enumerate(n.args) if j != i]
-        cond = conds[0]
-        for c in conds[1:]:
-            cond = Node("and", (cond, c))
-        total = add(total, mul(ind(cond), di))
-    return total
-
-
-def _d_clip(n, d):
-    # clip(x, lo, hi) is min(max(x, lo), hi) in every lowering (also when lo > hi, as
-    # torch.clamp), so its rule is those two rules composed.
-    x, lo, hi = n.args
-    m = Node("max", (x, lo))
-    dm = _d_extreme(m, [d[0], d[1]], {False: "ge", True: "gt"})
-    return _d_extreme(Node("min", (m, hi)), [dm, d[2]], {False: "le", True: "lt"})
 
 
 # ---------------------------------------------------------------- families of rows
@@ -243,7 +209,7 @@ OPS: dict[str, Op] = {
                      continuous=True, branching=False, piecewise=False, exact=lambda a: -a, not_real=None,
                      compares=None),
     # IEEE's 1^±∞ = 1^NaN = 1, (−1)^±∞ = 1 and x^−∞ = 0 for x < −1 are NaN in SymPy
-    "pow": _operator("^", 8, 2, lambda sp, a, b: a ** b, py_pow, torch_symbol="**", gradient=_d_pow,
+    "pow": _operator("^", 8, 2, lambda sp, a, b: a ** b, py_pow, torch_symbol="**", gradient=adj.d_pow,
                      continuous=lambda n: n.args[1].op == "num" and n.args[1].value >= 0, branching=False,
                      piecewise=False, exact=_pow_exact, compares=None,
                      not_real=lambda a, b: "a negative base to a fractional power"
@@ -318,18 +284,18 @@ OPS: dict[str, Op] = {
     # argument that comparisons with NaN, all false, leave (torch.clamp, a constant bound, gives NaN).
     "min": _function("min", lambda sp, *a: sp.Min(*a, evaluate=False), torch_extreme("<="), py_min,
                      np_reduce("minimum"), arity=(2, None), signature="min(a, b, ...)",
-                     gradient=lambda n, d: _d_extreme(n, d, {False: "le", True: "lt"}), continuous=True,
+                     gradient=lambda n, d: adj.d_extreme(n, d, {False: "le", True: "lt"}), continuous=True,
                      branching=True, piecewise=True, exact=None, not_real=None,
                      compares=lambda *a: list(itertools.combinations(a, 2))),
     "max": _function("max", lambda sp, *a: sp.Max(*a, evaluate=False), torch_extreme(">="), py_max,
                      np_reduce("maximum"), arity=(2, None), signature="max(a, b, ...)",
-                     gradient=lambda n, d: _d_extreme(n, d, {False: "ge", True: "gt"}), continuous=True,
+                     gradient=lambda n, d: adj.d_extreme(n, d, {False: "ge", True: "gt"}), continuous=True,
                      branching=True, piecewise=True, exact=None, not_real=None,
                      compares=lambda *a: list(itertools.combinations(a, 2))),
     "clip": _function("clip", lambda sp, x, lo, hi: sp.Min(sp.Max(x, lo, evaluate=False), hi, evaluate=False),
                       torch_clip, lambda x, lo, hi: min(max(x, lo), hi),
                       lambda x, lo, hi: f"np.minimum(np.maximum({x}, {lo}), {hi})", arity=(3, 3),
-                      signature="clip(x, lo, hi)", gradient=_d_clip, continuous=True, branching=True,
+                      signature="clip(x, lo, hi)", gradient=adj.d_clip, continuous=True, branching=True,
                       piecewise=True, exact=None, not_real=None, compares=lambda x, lo, hi: [(x, lo), (x, hi)]),
     "sg": _function("sg", lambda sp, a: a, lambda a: f"({a}).detach()", lambda a: a, lambda a: a,
                     gradient="zero", continuous=True, branching=False, piecewise=False, exact=None,

@@ -224,3 +224,12 @@ def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(name, fused):
         loss.backward()
         metrics.logged()
     assert reads.seen == []
+
+
+def test_an_order_statistic_over_an_optimizer_step_of_several_micro_batches_is_refused_by_name():
+    # BatchStatistics' no-grad passes sum each micro-batch's statistics; a quantile is not a sum of parts
+    from openrlhf_drpo.core.collectives import BatchStatistics
+    with pytest.raises(ValueError, match=r"batch_quantile over an optimizer step of several micro-batches is not "
+                                         r"supported.*gradient_accumulation_steps=1"):
+        CompiledLoss("top_entropy").batch_statistics()
+    assert isinstance(CompiledLoss("trust_the_batch").batch_statistics(), BatchStatistics)

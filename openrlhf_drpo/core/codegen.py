@@ -234,18 +234,11 @@ def _prelude(used, unclamped=False) -> list[str]:
             out.append("    keep = (raw - log_ratio).sign_().abs_().neg_().add_(1.0)")
         if "dr" in used:
             out.append("    dr = r * keep")
-    if "pi" in used:
-        out.append("    pi = torch.exp(logp)")
-    if "mu" in used:
-        out.append("    mu = torch.exp(anchor)")
+    out += ["    pi = torch.exp(logp)"] * ("pi" in used) + ["    mu = torch.exp(anchor)"] * ("mu" in used)
     for name, field, exp in _FROM_BATCH:
         out += [f"    {name} = b.{field}"] * bool(used & {name, exp}) + [f"    {exp} = torch.exp({name})"] * (exp in used)
-    if "seq_len" in used:
-        out.append("    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)")
-    if "turn_len" in used:
-        out.append("    turn_len = _turn_len(m, logp, turns)")
-    if "mf" in used:
-        out.append("    mf = m.to(dtype)")
+    out += ["    seq_len = m.sum(-1, keepdim=True).to(dtype).expand_as(logp)"] * ("seq_len" in used)
+    out += ["    turn_len = _turn_len(m, logp, turns)"] * ("turn_len" in used) + ["    mf = m.to(dtype)"] * ("mf" in used)
     return out
 
 
@@ -369,15 +362,13 @@ def _generate(obj: Objective) -> tuple[str, dict]:
     # reduces: the eager kernel flattens tokens, which a response's reduction (or a third version's input) cannot take
     facts = {"includes_coef": nonlocal_ or v3, "reduces": reduces or v3, "third_version": v3,
              "filtered_per_response": any(reads_whole_response(n) for f in found for n in f.walk()),
-             "batch_depth": 0,
-             "channels": channels}
+             "channels": channels, "batch_depth": 0}
     if v3:      # how deeply batch sums nest in all the code computes: BatchStatistics' no-grad passes
         g = guard_selects(value)
-        facts["batch_depth"] = nesting("batch", g, reverse_gradient(g, GRAD_SEEDS),
-                                       *[reverse_gradient(g, CHANNELS[c]) for c in channels], *[kept] * (kept is not None))
+        facts["batch_depth"] = nesting("batch", g, *[reverse_gradient(g, s) for s in [GRAD_SEEDS, *map(CHANNELS.get, channels)]],
+                                       *[kept] * (kept is not None))
     params = ", ".join(f"{k} = {float(v):g}" for k, v in obj.params.items()) or "none"
-    header = [
-        f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
+    header = [f"# objective {obj.name} ({obj.path}), maximized: {render(obj.expr)}",
         f"# parameters: {params}; @anchor = {obj.options['anchor']}; @aggregate = {obj.options['aggregate']}",
         "# b: the call's TokenBatch: logp = log π (current policy), anchor = log μ, A = advantages, b.old/b.rollout",
         "# = log π_old/log π_rollout; m = the mask (reductions read only its tokens), coef = the aggregation weight;",
@@ -404,7 +395,6 @@ def compile_objective(obj: Objective) -> Generated:
     """The objective's generated functions as callables, with their facts, in one record."""
     import torch
     source, facts = _generate(obj)
-    namespace = {"torch": torch}
-    exec(compile(source, f"<objective {obj.name}>", "exec"), namespace)
+    exec(compile(source, f"<objective {obj.name}>", "exec"), namespace := {"torch": torch})
     return Generated(namespace["objective"], namespace["objective_and_grad"], namespace["objective_and_grad_eager"],
                      namespace.get("filtered"), source, **facts)

@@ -27,12 +27,14 @@ from dsl.vocabulary import support
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.core.collectives import BatchStatistics, rank_sums
 from dsl.objective import OPTIONS, Objective
+from dsl.operations import OPS
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_support,
                                          check_turns, group_representatives, refuse_bad_mask, refuse_bad_staleness)
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
-from openrlhf_drpo.core.values import FILTERED, METRICS, Aggregation, LossMetrics, LossOutput, TokenBatch
+from openrlhf_drpo.core.values import (FILTERED, INPUT_NOT_GIVEN, METRICS, Aggregation, LossMetrics, LossOutput, TokenBatch,
+                                      objective_inputs)
 
 
 class CompiledLoss(nn.Module):
@@ -94,9 +96,7 @@ class CompiledLoss(nn.Module):
         """For an optimizer step of several micro-batches: the step's batch reductions, exact, summed
         over `process_group`'s ranks (core.collectives.BatchStatistics says how a host runs them);
         None where the objective has no batch reduction (nothing to pass)."""
-        if "batch" not in self.inputs():
-            return None
-        return BatchStatistics(process_group, self.generated.batch_depth)
+        return _batch_statistics(self, process_group) if "batch" in self.inputs() else None
 
     def lacks(self, config) -> dict:      # a host's: what it withholds under `config` (None: any), with why
         return {}
@@ -107,16 +107,10 @@ class CompiledLoss(nn.Module):
     def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, ref_log_probs=None,
                 entropy=None, sum_pi_sq=None, groups=None, turns=None, staleness=None,
                 aggregation: Aggregation | None = None, vocab_log_probs=None, vocab_ref_log_probs=None) -> LossOutput:
-        """(loss, metrics): the loss (its gradient by autograd, to log π and, where the objective
-        reads H, to `entropy`) and its LossMetrics, aggregated as `aggregation` says (the
-        objective's own @aggregate over the local count by default). The third version's inputs,
-        [B, T] like log π: ref_log_probs (log π_ref), entropy (H, attached to the policy's graph),
-        sum_pi_sq (Σ_v π_v²); groups: [B] integer ids, equal for the responses of one prompt. The
-        fourth version's: turns, [B, T] integer ids, equal for the tokens of one turn of a response;
-        staleness, [B, T]: the policy versions between each token's behaviour policy and the current one;
-        and, [B, T, k] on each token's top-k support (self.support: π_ref's or the policy's),
-        vocab_log_probs (log π of each entry, attached to the policy's graph) and vocab_ref_log_probs
-        (log π_ref's or a teacher's of the same entries)."""
+        """(loss, metrics): the loss (its gradient by autograd, to log π and to `entropy` and
+        `vocab_log_probs` where the objective reads them) and its LossMetrics, aggregated as
+        `aggregation` says (the objective's own @aggregate over the local count by default). The
+        inputs beyond the four, [B, T] but groups [B] and the vocab_ ones [B, T, k]: docs/api.md."""
         b = self.batch(log_probs, old_log_probs, advantages, mask, rollout_log_probs=rollout_log_probs,
                        ref_log_probs=ref_log_probs, entropy=entropy, sum_pi_sq=sum_pi_sq, groups=groups,
                        turns=turns, staleness=staleness, aggregation=aggregation, vocab_log_probs=vocab_log_probs,
@@ -161,6 +155,19 @@ class CompiledLoss(nn.Module):
             self._kernels[use, sync_free, key] = build_kernels(self, use, sync_free,
                                                                f"{self.objective.name}_{len(self._kernels)}")
         return self._kernels[use, sync_free, key]
+
+
+def _batch_statistics(loss: CompiledLoss, process_group) -> BatchStatistics:
+    # the passes carry sums only: an order statistic of one micro-batch is not the step's
+    order = sorted({n.op for n in loss.objective.expr.walk() if n.op in OPS and OPS[n.op].over == "batch"
+                    and OPS[n.op].reduce not in ("sum", "mean", "count")})
+    if order:
+        raise ValueError(f"{type(loss).__name__}: {', '.join(order)} over an optimizer step of several "
+                         "micro-batches is not supported: the no-grad passes sum each micro-batch's "
+                         "statistics, and an order statistic is not a sum of its parts; train with one "
+                         "micro-batch per step (drpo-train: --train.micro_batch_size × ranks = "
+                         "--train.batch_size; TRL: gradient_accumulation_steps=1)")
+    return BatchStatistics(process_group, loss.generated.batch_depth)
 
 
 def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
@@ -299,42 +306,6 @@ def plain_loss(generated, b: TokenBatch):
     return torch.where(keep.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
 
 
-# the third version's inputs: forward's argument, the built-in that reads it, what the objective uses
-_INPUTS = {"ref_log_probs": ("pi_ref", "π_ref"), "entropy": ("H", "H (the entropy, with its gradient)"),
-           "sum_pi_sq": ("sum_pi_sq", "sum_π_sq (Σ_v π_v²)"),
-           "staleness": ("staleness", "staleness (each token's policy versions behind the current one)"),
-           "vocab_log_probs": ("pi_v", "π_v (the policy's log-probs on each token's top-k support, with their gradient)"),
-           "vocab_ref_log_probs": ("pi_ref_v", "π_ref_v (π_ref's or a teacher's log-probs on each token's top-k support)")}
-_WHOLE = {"groups": ("group", "each prompt's responses whole in one loss call, with their group ids"),
-          "batch": ("batch", "the optimizer step's whole batch in one loss call on each rank")}
-_NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
-              "ref_log_probs": "no reference log-probs were given (ref_log_probs=)",
-              "entropy": "no entropy was given (entropy=, attached to the policy's graph)",
-              "sum_pi_sq": "no Σ_v π_v² was given (sum_pi_sq=)",
-              "groups": "no group ids were given (groups=, one per response)",
-              "turns": "no turn ids were given (turns=, one per token)",
-              "staleness": "no staleness was given (staleness=, one per token)",
-              "vocab_log_probs": "no support log-probs were given (vocab_log_probs=, [B, T, k], attached to the policy's graph)",
-              "vocab_ref_log_probs": "no reference support log-probs were given (vocab_ref_log_probs=, [B, T, k])"}
-
-
-def objective_inputs(obj: Objective) -> dict:
-    """CompiledLoss.inputs(): each input beyond the four every objective reads, and each thing a
-    loss call must hold whole, with what in the objective needs it."""
-    out, names, whole = {}, obj.names(), obj.facts.kept_whole
-    if obj.reads_rollout():
-        out["rollout_log_probs"] = "@anchor = rollout" if obj.options["anchor"] == "rollout" else "π_rollout"
-    out.update({key: what for key, (name, what) in _INPUTS.items() if name in names})
-    turn = sorted({n.op for n in obj.expr.walk() if n.op.startswith("turn_")} | ({"turn_len"} & names))
-    if turn:
-        out["turns"] = f"{', '.join(turn)} (each token's turn id within its response)"
-    for key, (over, what) in _WHOLE.items():
-        if key in whole:
-            used = sorted({n.op for n in obj.expr.walk() if n.op.startswith(f"{over}_")})
-            out[key] = f"{', '.join(used)} ({what})"
-    return out
-
-
 def refuse_unprovided(loss: CompiledLoss, config=None) -> None:
     """A host's one refusal, at its construction (before any model loads) and again where its
     configuration comes later (TRL's default config, drpo-train's command line): every input the
@@ -351,7 +322,7 @@ def refuse_unprovided(loss: CompiledLoss, config=None) -> None:
 def not_given(loss: CompiledLoss, given: dict) -> dict:
     """refuse_missing's argument for a call: each input not given, with how its host provides it."""
     how = loss.provides or {}
-    return {key: _NOT_GIVEN[key] + (f": {how[key]}" if key in how else "") for key, x in given.items() if x is None}
+    return {key: INPUT_NOT_GIVEN[key] + (f": {how[key]}" if key in how else "") for key, x in given.items() if x is None}
 
 
 def _check_arguments(who: str, fused, compile, overrides: dict) -> None:

@@ -4,9 +4,12 @@ loss and its LossMetrics, each metric declared once in METRICS)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from dsl.objective import Objective
 
 
 @dataclass(frozen=True)
@@ -166,3 +169,39 @@ class Generated:
     # gradients after keep: "entropy" (H), "vocab_logp" (the support's log π, [B, T, k])
     channels: tuple = ()
     batch_depth: int = 0             # how deeply batch reductions nest (BatchStatistics' no-grad passes)
+
+
+# the third version's inputs: forward's argument, the built-in that reads it, what the objective uses
+_INPUTS = {"ref_log_probs": ("pi_ref", "π_ref"), "entropy": ("H", "H (the entropy, with its gradient)"),
+           "sum_pi_sq": ("sum_pi_sq", "sum_π_sq (Σ_v π_v²)"),
+           "staleness": ("staleness", "staleness (each token's policy versions behind the current one)"),
+           "vocab_log_probs": ("pi_v", "π_v (the policy's log-probs on each token's top-k support, with their gradient)"),
+           "vocab_ref_log_probs": ("pi_ref_v", "π_ref_v (π_ref's or a teacher's log-probs on each token's top-k support)")}
+_WHOLE = {"groups": ("group", "each prompt's responses whole in one loss call, with their group ids"),
+          "batch": ("batch", "the optimizer step's whole batch in one loss call on each rank")}
+INPUT_NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
+              "ref_log_probs": "no reference log-probs were given (ref_log_probs=)",
+              "entropy": "no entropy was given (entropy=, attached to the policy's graph)",
+              "sum_pi_sq": "no Σ_v π_v² was given (sum_pi_sq=)",
+              "groups": "no group ids were given (groups=, one per response)",
+              "turns": "no turn ids were given (turns=, one per token)",
+              "staleness": "no staleness was given (staleness=, one per token)",
+              "vocab_log_probs": "no support log-probs were given (vocab_log_probs=, [B, T, k], attached to the policy's graph)",
+              "vocab_ref_log_probs": "no reference support log-probs were given (vocab_ref_log_probs=, [B, T, k])"}
+
+
+def objective_inputs(obj: Objective) -> dict:
+    """CompiledLoss.inputs(): each input beyond the four every objective reads, and each thing a
+    loss call must hold whole, with what in the objective needs it."""
+    out, names, whole = {}, obj.names(), obj.facts.kept_whole
+    if obj.reads_rollout():
+        out["rollout_log_probs"] = "@anchor = rollout" if obj.options["anchor"] == "rollout" else "π_rollout"
+    out.update({key: what for key, (name, what) in _INPUTS.items() if name in names})
+    turn = sorted({n.op for n in obj.expr.walk() if n.op.startswith("turn_")} | ({"turn_len"} & names))
+    if turn:
+        out["turns"] = f"{', '.join(turn)} (each token's turn id within its response)"
+    for key, (over, what) in _WHOLE.items():
+        if key in whole:
+            used = sorted({n.op for n in obj.expr.walk() if n.op.startswith(f"{over}_")})
+            out[key] = f"{', '.join(used)} ({what})"
+    return out
