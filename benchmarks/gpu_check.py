@@ -74,13 +74,16 @@ def edge_batch(B=8, T=64, seed=0):
 
 
 def third_inputs(new, seed=0):
-    """The third version's inputs for a batch of log-probs `new` (tests/extra_inputs.py's): log π_ref
-    near log π, H in [0, 2), Σ_v π_v² between π² and π² + (1 − π)², two responses per group."""
+    """The third and fourth versions' inputs for a batch of log-probs `new` (tests/extra_inputs.py's):
+    log π_ref near log π, H in [0, 2), Σ_v π_v² between π² and π² + (1 − π)², two responses per
+    group, turns of three tokens, staleness 0 to 3."""
     g = torch.Generator().manual_seed(seed)
     noise = lambda: torch.rand(new.shape, generator=g, dtype=torch.float64)      # noqa: E731
     pi = torch.exp(new.double())
     return {"ref_log_probs": new.double() + 0.4 * (noise() - 0.5), "entropy": 2 * noise(),
-            "sum_pi_sq": pi ** 2 + noise() * (1 - pi) ** 2, "groups": torch.arange(new.shape[0]) // 2}
+            "sum_pi_sq": pi ** 2 + noise() * (1 - pi) ** 2, "groups": torch.arange(new.shape[0]) // 2,
+            "turns": (torch.arange(new.shape[-1]) // 3).expand(new.shape),
+            "staleness": torch.randint(0, 4, new.shape, generator=g).double()}
 
 
 def run(loss_fn, new, old, A, mask, rollout, extras=None):

@@ -105,6 +105,10 @@ def num(x) -> Node:
     return Node("num", value=Fraction(x))
 
 
+def var(name: str) -> Node:
+    return Node("var", value=name)
+
+
 ZERO, ONE = num(0), num(1)
 
 

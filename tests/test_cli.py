@@ -174,4 +174,4 @@ def test_the_completion_script_completes_each_commands_flags_choices_and_objecti
     out = subprocess.run(["bash", "-c", f"source c.sh\n{calls}"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["dro drpo", "--sweep", "mine.dsl", "stress stale", "--drpo.anchor", "rollout",
-                                       "", "gspo gspo_turn", "--version"]
+                                       "", "gspo gspo_seq_mean_is gspo_turn", "--version"]

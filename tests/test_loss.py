@@ -84,12 +84,14 @@ def shipped_loss(name, fused=True, **options):
 def call(loss_fn, lp, old, A, mask, rollout=None, held=None):
     """(loss, the rest of what the call returns) of the adapter's call, or of the core's with the
     third version's inputs: at the analysis's held point (held = μ's log-probs: π_ref = μ, groups of
-    one), or else as tests/extra_inputs.py gives them."""
+    one, H = 1 nat and staleness 1 on every token, so that a batch statistic of them is theirs), or
+    else as tests/extra_inputs.py gives them."""
     if not isinstance(loss_fn, ObjectiveLoss):
         extras = extra_inputs(loss_fn, lp)
         if held is not None:
             extras.update({k: v for k, v in (("ref_log_probs", held), ("groups", torch.arange(lp.shape[0])),
-                                             ("staleness", torch.ones_like(held))) if k in extras})
+                                             ("staleness", torch.ones_like(held)),
+                                             ("entropy", torch.ones_like(held).requires_grad_())) if k in extras})
         loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout, **extras)
         return loss, metrics.values
     out = loss_fn(lp, old, A, action_mask=mask, rollout_log_probs=rollout)

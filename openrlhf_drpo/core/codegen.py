@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from dsl.ir import ONE, Node, mul
+from dsl.ir import ONE, Node, mul, var
 from dsl.lowerings import TORCH_REDUCTIONS, is_literal
 from dsl.operations import OPS
 from dsl.parser import Objective
@@ -36,16 +36,12 @@ from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whol
 CLAMP = 20.0
 
 
-def _var(name):
-    return Node("var", value=name)
-
-
 # d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
 # (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
 # clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
-GRAD_SEEDS = {"r": _var("dr"), "pi": _var("pi"), "logp": Node("num", value=1), "log_ratio": _var("keep")}
-CHANNELS = {"entropy": {"H": ONE}, "vocab_logp": {"pi_v": _var("pi_v"), "lv": ONE}}   # Generated.channels' seeds
-UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": _var("r"), "log_ratio": Node("num", value=1)}
+GRAD_SEEDS = {"r": var("dr"), "pi": var("pi"), "logp": Node("num", value=1), "log_ratio": var("keep")}
+CHANNELS = {"entropy": {"H": ONE}, "vocab_logp": {"pi_v": var("pi_v"), "lv": ONE}}   # Generated.channels' seeds
+UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": var("r"), "log_ratio": Node("num", value=1)}
 
 
 # ---------------------------------------------------------------- the kernels' own lowering table
