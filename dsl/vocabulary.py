@@ -80,7 +80,7 @@ def refuse_r_analysis(obj) -> None:
     found = [n for n in obj.expr.walk() if is_vocabulary(n)]
     if not found:
         return
-    n = found[0]
+    n = min(found, key=lambda m: (m.pos.line, m.pos.col) if m.pos else (1 << 30, 0))     # the first in the file
     pos = n.pos
     lines = obj.source.split("\n")
     line = lines[pos.line - 1] if pos and pos.line <= len(lines) else None
@@ -88,5 +88,5 @@ def refuse_r_analysis(obj) -> None:
                    "entry of the support through the softmax, not the sampled token's ratio r alone, so no weight "
                    f"w, boundary or range of r describes it (its level: token; the objective's locality: "
                    f"{obj.facts.locality})", obj.path, pos.line if pos else 1, pos.col if pos else 1, line,
-                   "train it with drpo-train or CompiledLoss (its gradient is held to autograd and to a float64 "
-                   "full-softmax reference in tests/test_vocabulary.py)")
+                   "train it with CompiledLoss, given the support's log-probs (no host gives them yet; its gradient "
+                   "is held to autograd and to a float64 full-softmax reference in tests/test_vocabulary.py)")

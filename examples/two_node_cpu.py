@@ -11,7 +11,8 @@ soon as the driver has joined the cluster: the workers build the objective from 
 args carry, and import openrlhf_drpo from the runtime environment the driver shipped. Prints
 the run's placement, its steps and its time; the full log is OUT/train.log. Exits 1 unless two
 nodes took part, every model process imported the shipped openrlhf_drpo, the objective file was
-gone before any worker started, and every step ran.
+deleted as the driver joined the cluster (nothing orders that before a worker starts; none reads
+it), and every step ran.
 """
 import argparse
 import os

@@ -72,6 +72,10 @@ REFUSED = {
     "kl_loss_coef": ("actor_rollout_ref.actor.kl_loss_coef=0.001: verl adds its own KL to the reference (low_var_kl) "
                      "to the loss, and the objective 'grpo_k3' has its own: leave kl_loss_coef=0 (the objective's "
                      "term replaces verl's)"),
+    "kl_in_reward": ("algorithm.use_kl_in_reward=True: verl adds its own KL penalty to the rewards "
+                     "(ray_trainer.apply_kl_penalty), and the objective 'grpo_k3' has its own KL to π_ref: set "
+                     "algorithm.use_kl_in_reward=False and actor_rollout_ref.actor.use_kl_loss=True with "
+                     "kl_loss_coef=0 (the objective's term replaces verl's)"),
     # an input verl's settings withhold
     "no_entropy": ("objective 'entropy_bonus' uses H (the entropy, with its gradient), but verl's actor computed no "
                    "entropy at the update: it does only with actor_rollout_ref.actor.calculate_entropy=True or "

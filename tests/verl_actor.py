@@ -204,6 +204,8 @@ def main(kl_forms):
     no_ref = copy.deepcopy(batch)
     no_ref.batch.pop("ref_log_prob")
     out["refused"]["no_ref_log_prob"] = refusal(lambda: update(eng, no_ref, actor_config("dsl:grpo_k3"), grpo_adv))
+    # a reference without use_kl_loss: verl made it for use_kl_in_reward's penalty in the rewards
+    out["refused"]["kl_in_reward"] = refusal(lambda: update(eng, batch, actor_config("dsl:grpo_k3"), grpo_adv))
     out["refused"]["balance_batch"] = refusal(lambda: update(eng, batch, actor_config(mode), raw, order=balanced))
     out["refused"]["not_through_the_actor"] = refusal(lambda: get_policy_loss_fn("dsl:entropy_bonus")(
         old_log_prob=grpo_adv, log_prob=grpo_adv, advantages=grpo_adv, response_mask=mask.bool(),

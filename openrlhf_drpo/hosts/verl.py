@@ -185,6 +185,13 @@ def actor_inputs(core: CompiledLoss, config, log_prob) -> dict:
     if "ref_log_probs" in reads:
         if config.use_kl_loss and config.kl_loss_coef != 0:
             _superseded(name, "kl_loss_coef", config.kl_loss_coef, f"KL to the reference ({config.kl_loss_type})")
+        if not config.use_kl_loss and "ref_log_prob" in data.keys():
+            # verl makes a reference only for use_kl_loss or use_kl_in_reward (need_reference_policy):
+            # here, for the latter, whose KL penalty in the rewards the objective's own would repeat
+            raise ValueError(f"algorithm.use_kl_in_reward=True: verl adds its own KL penalty to the rewards "
+                             f"(ray_trainer.apply_kl_penalty), and the objective '{name}' has its own KL to "
+                             "π_ref: set algorithm.use_kl_in_reward=False and actor_rollout_ref.actor.use_kl_loss=True "
+                             "with kl_loss_coef=0 (the objective's term replaces verl's)")
         if "ref_log_prob" not in data.keys():
             missing["ref_log_probs"] = ("verl's batch has no ref_log_prob: verl computes it only with "
                                         "actor_rollout_ref.actor.use_kl_loss=True or algorithm.use_kl_in_reward=True "
