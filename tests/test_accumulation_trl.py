@@ -1,9 +1,16 @@
 """ObjectiveGRPOTrainer with gradient accumulation and a batch objective (issue 39, item 1):
-gradient_accumulation_steps=4 on one process (TRL on two CPU processes is not run here: the
-core's test_accumulation holds two ranks × 4 micro-batches), each optimizer step's batch statistics
-taken in no-grad passes over TRL's buffered slices of its generation batch: each training call's
-gradient to log π is its rows of the one-pass gradient of the step's 4 slices in one loss call,
-and, for the objectives written out by hand, of that hand-written loss (no code of the package)."""
+gradient_accumulation_steps=4, each optimizer step's batch statistics taken in no-grad passes over
+TRL's buffered slices of its generation batch, summed over the processes. On one process, each
+training call's gradient to log π is its rows of the one-pass gradient of the step's 4 slices in
+one loss call, and, for the objectives written out by hand, of that hand-written loss (no code of
+the package). On two CPU processes (a gloo group), each call's gradient on each rank is its rows of
+the hand-written gradient of the step's 8 slices (both ranks' 4) in one loss."""
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 from datasets import Dataset
@@ -23,10 +30,18 @@ OBJECTIVES = {"trust_the_batch": "trust_the_batch", "batch_mean_r_A": "batch_mea
 MICRO, STEPS = 4, 2
 
 
-def accumulated(tmp_path, objective):
-    """Each training call's inputs and gradient to log π, and the no-grad calls' count before each."""
-    model, _, model_dir = tiny_llama(str(tmp_path), SPECIAL + WORDS, seed=0, hidden=32)
+def tiny(directory):
+    """The tiny Llama, saved (before a process group exists: transformers saves on rank 0 only)."""
+    model, _, model_dir = tiny_llama(str(directory), SPECIAL + WORDS, seed=0, hidden=32)
     model.save_pretrained(model_dir)
+    return model_dir
+
+
+def accumulated(tmp_path, objective, model_dir=None):
+    """Each training call's inputs and gradient to log π, and the no-grad calls' count before each
+    (under RANK/WORLD_SIZE, those of this process)."""
+    tmp_path = pathlib.Path(tmp_path)
+    model_dir = model_dir or tiny(tmp_path)
     prompts = Dataset.from_list([{"prompt": " ".join(WORDS[(3 * i + j) % 16] for j in range(4))} for i in range(64)])
     args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=6, max_steps=STEPS, learning_rate=1e-2, logging_steps=1, report_to="none",
@@ -49,7 +64,9 @@ def accumulated(tmp_path, objective):
                       "weights": agg.weights.detach(), "norm": float(agg.norm), "grad": grad})
         return out
     loss_fn.forward = recording
-    torch.manual_seed(0)
+    # a seed per process, as TRL's own (set_seed(seed, device_specific=True)): with one seed the
+    # ranks' near-uniform tiny model samples the same tokens, rewards and advantages on both
+    torch.manual_seed(trainer.accelerator.process_index)
     trainer.train()
     return calls, no_grad, loss_fn.generated.batch_depth
 
@@ -103,3 +120,64 @@ def test_4_accumulated_micro_batches_give_the_hand_written_gradient(run):
         by_hand(name, (x := c["log_probs"].double().requires_grad_()), c["old"].double(), c["A"].double(), c["mask"],
                 c["norm"]), x)[0], (0, b["grad"].shape[1] - c["mask"].shape[1])) for c in step])
     assert not torch.allclose(own, b["grad"], rtol=1e-3, atol=1e-6)
+
+
+# one rank of a two-process gloo group (accelerate reads RANK, WORLD_SIZE and MASTER_*): both
+# objectives' runs, each rank's calls saved to a file (a pipe this big could deadlock)
+RANK = """
+import sys, torch
+directory, rank = sys.argv[1], sys.argv[2]
+import test_accumulation_trl as t
+model_dir = t.tiny(f"{directory}/rank{rank}")
+for name, objective in t.OBJECTIVES.items():
+    calls, no_grad, passes = t.accumulated(f"{directory}/rank{rank}/{name}", objective, model_dir)
+    torch.save({"calls": calls, "no_grad": no_grad, "passes": passes,
+                "world": torch.distributed.get_world_size()}, f"{directory}/{name}.rank{rank}.pt")
+"""
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Each objective's recorded run on each of two CPU processes."""
+    directory = tmp_path_factory.mktemp("ranks")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = pathlib.Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), WORLD_SIZE="2")
+    logs = [open(directory / f"out{r}", "w") for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(directory), str(r)], stdout=logs[r],
+                              stderr=subprocess.STDOUT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(2)]
+    codes = [p.wait(timeout=900) for p in procs]
+    for log in logs:
+        log.close()
+    assert codes == [0, 0], [(directory / f"out{r}").read_text()[-3000:] for r in range(2)]
+    return {name: [torch.load(directory / f"{name}.rank{r}.pt") for r in range(2)] for name in OBJECTIVES}
+
+
+@pytest.mark.parametrize("name", OBJECTIVES)
+def test_2_ranks_of_4_accumulated_micro_batches_give_the_hand_written_gradient_of_the_whole_step(two_ranks, name):
+    """Each training call's gradient to log π, on each of 2 processes, is its rows of the
+    hand-written one-pass gradient of the step's 8 micro-batches (both ranks' 4) in one loss."""
+    ranks = two_ranks[name]
+    assert [r["world"] for r in ranks] == [2, 2]
+    for r in ranks:
+        assert len(r["calls"]) == STEPS * MICRO
+        assert r["no_grad"] == [k * MICRO for k in range(STEPS) for _ in range(r["passes"] * MICRO)]
+    for k in range(STEPS):
+        per_rank = [list(steps(r["calls"]))[k] for r in ranks]
+        step = [c for s, _ in per_rank for c in s]
+        assert len({c["norm"] for c in step}) == 1      # dapo: the generation batch's tokens over both ranks
+        width = max(b["mask"].shape[1] for _, b in per_rank)
+        pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]))      # noqa: E731
+        b = {key: torch.cat([pad(rb[key]) for _, rb in per_rank]) for key in ("log_probs", "old", "A", "mask", "grad")}
+        lp = b["log_probs"].clone().requires_grad_()
+        (expected,) = torch.autograd.grad(by_hand(name, lp, b["old"], b["A"], b["mask"], step[0]["norm"]), lp)
+        assert torch.allclose(b["grad"], expected, rtol=1e-4, atol=1e-7), float((b["grad"] - expected).abs().max())
+        assert (expected != 0).any()
+    # the case can tell: on the off-policy step, one rank's 4 micro-batches alone would be another gradient
+    alone = torch.cat([pad(torch.autograd.grad(by_hand(name, (x := rb["log_probs"].clone().requires_grad_()), rb["old"],
+                                                       rb["A"], rb["mask"], step[0]["norm"]), x)[0])
+                       for _, rb in per_rank])
+    assert not torch.allclose(alone, expected, rtol=1e-3, atol=1e-6)
