@@ -92,7 +92,7 @@ class _Training(ppo_trainer_async.TrainingActor.__ray_actor_class__, _Broadcast)
         return super().train_step(rollout_samples, global_step)
 
     def ppo_train(self, global_steps):
-        # BasePPOTrainer.ppo_train trains the actor only past --critic.freezing_steps (ppo_trainer.py:264)
+        # BasePPOTrainer.ppo_train trains the actor only past --critic.freezing_steps (ppo_trainer.py:272)
         self._drpo_trained = global_steps > self.args.critic.freezing_steps
         return super().ppo_train(global_steps)
 
