@@ -33,6 +33,8 @@ class Handle:
 
     def __getattr__(self, name):
         method = getattr(self.obj, name)
+        if not asyncio.iscoroutinefunction(method):
+            return types.SimpleNamespace(remote=method)
         return types.SimpleNamespace(remote=lambda *a, **k: asyncio.run_coroutine_threadsafe(
             method(*a, **k), self.loop).result())
 
@@ -100,17 +102,22 @@ def test_async_staleness_is_the_trainings_between_the_weights_that_sampled_and_t
     monkeypatch.setattr(ppo_trainer_async, "prepare_datasets", lambda strategy, tok: (loader, None, 7))
     monkeypatch.setattr(samples_generator.SamplesGenerator, "_generate_vllm", pipe.vllm)
     strategy = types.SimpleNamespace(args=a)
-    lock, rollouts, slots = Handle(versions._Lock()), queue.Queue(queue_size), queue.Queue(queue_size)
+    lock, rollouts, slots = Handle(ppo_trainer_async.VLLMLock.__ray_actor_class__()), queue.Queue(queue_size), \
+        queue.Queue(queue_size)
     for _ in range(queue_size):
         slots.put(0)
-    generator = versions._Generator("model", strategy, [object()], vllm_lock=lock, rollout_queue=rollouts,
-                                    rollout_slots=slots)
-    trainer = object.__new__(versions._Training)     # its __init__ builds models and loggers: set what fit reads
+    counter = Handle(versions._Versions())
+    generator = ppo_trainer_async.GenerateSamplesActor.__ray_actor_class__(
+        "model", strategy, [object()], vllm_lock=lock, rollout_queue=rollouts, rollout_slots=slots)
+    # its __init__ builds models and loggers: set what fit reads
+    trainer = object.__new__(ppo_trainer_async.TrainingActor.__ray_actor_class__)
     trainer.__dict__.update(args=a, strategy=strategy, vllm_lock=lock, _partial_rollout=False, rollout_queue=rollouts,
                             rollout_slots=slots, wandb_logger=None, tensorboard_logger=None, vllm_engines=[object()],
                             experience_maker=pipe, actor_model_group=pipe, critic_model_group=None,
                             tokenizer=types.SimpleNamespace(decode=lambda *a, **k: ["text"]),
                             kl_ctl=types.SimpleNamespace(value=0.0), save_logs_and_checkpoints=lambda *a: None)
+    versions.install_generator(generator, counter)      # what drpo-train's PPOTrainerAsync runs in each actor
+    versions.install_training(trainer, counter)
     failed = []
 
     def generate():

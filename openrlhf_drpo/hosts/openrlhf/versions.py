@@ -4,8 +4,9 @@ OpenRLHF 0.11.2's PPOTrainerAsync runs a generator actor and a training actor ov
 rollout batches (--train.async_queue_size). Without --train.partial_rollout_enable one lock
 (VLLMLock) is held over each generation (ppo_trainer_async.py:128-140) and over each weight
 broadcast (:255-265), so every sample is drawn by one version of the weights. drpo-train keeps
-the version in that lock: the training actor advances it inside the lock after each broadcast
-that follows an actor training; the generator reads it inside the lock at each vLLM call (a
+the version in a counter actor used only under that lock: the training actor advances it inside
+the lock after each broadcast that follows an actor training; the generator reads it inside the
+lock at each vLLM call (a
 call's samples beyond one training batch wait in SamplesGenerator's buffer with their own tag);
 the training actor turns each sample's tag into its staleness, its own count minus the tag,
 before it makes the experiences. The loss reads it from experience.info (logged as
@@ -16,7 +17,6 @@ from __future__ import annotations
 import ray
 import torch
 from openrlhf.trainer import ppo_trainer_async
-from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
 from openrlhf_drpo.hosts.openrlhf.inputs import STALENESS_KEY
 
@@ -40,26 +40,20 @@ def tag_staleness(samples, current: int) -> None:
         s.info[STALENESS_KEY] = (current - version).float()
 
 
-class _Lock(ppo_trainer_async.VLLMLock.__ray_actor_class__):
-    """OpenRLHF's lock, holding the policy version of the weights the engines have."""
+class _Versions:
+    """The policy version of the weights the engines hold: written and read only under OpenRLHF's
+    lock. Its own Ray actor, not a subclass of OpenRLHF's (a subclass of a Ray actor's class breaks
+    the zero-argument super() in the class's own methods in Ray's workers)."""
 
     def __init__(self):
-        super().__init__()
-        self._version = 0
+        self.version = 0
 
-    async def drpo_version(self) -> int:
-        return self._version
+    def get(self) -> int:
+        return self.version
 
-    async def drpo_advance(self) -> int:
-        self._version += 1
-        return self._version
-
-
-class _Generator(ppo_trainer_async.GenerateSamplesActor.__ray_actor_class__):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.samples_generator._generate_vllm = versioned(self.samples_generator._generate_vllm,
-                                                          lambda: ray.get(self.vllm_lock.drpo_version.remote()))
+    def advance(self) -> int:
+        self.version += 1
+        return self.version
 
 
 def versioned(generate, read_version):
@@ -72,49 +66,63 @@ def versioned(generate, read_version):
     return call
 
 
-class _Broadcast(BasePPOTrainer):
-    """Between TrainingActor and BasePPOTrainer in the training actor's MRO: TrainingActor's
-    broadcast_to_vllm takes the lock and calls this one, which advances the version before the
-    lock is released (a generation waiting on it then reads the new one)."""
-
-    def broadcast_to_vllm(self):
-        super().broadcast_to_vllm()
-        if self._drpo_trained:     # a step that trained the actor: new weights, a new version
-            self._drpo_version = ray.get(self.vllm_lock.drpo_advance.remote())
-            self._drpo_trained = False
+def install_generator(actor, versions) -> None:
+    """On OpenRLHF's GenerateSamplesActor (run in its process): each vLLM call's samples tagged."""
+    actor.samples_generator._generate_vllm = versioned(actor.samples_generator._generate_vllm,
+                                                       lambda: ray.get(versions.get.remote()))
 
 
-class _Training(ppo_trainer_async.TrainingActor.__ray_actor_class__, _Broadcast):
-    _drpo_version, _drpo_trained = 0, False
+class _Broadcasts:
+    """The training actor's actor_model_group, but for its weight broadcast, which TrainingActor
+    runs under the lock (BasePPOTrainer.broadcast_to_vllm, ppo_trainer.py:316): after a step that
+    trained the actor, the version advances before the lock is released."""
 
-    def train_step(self, rollout_samples, global_step):
-        tag_staleness(rollout_samples, self._drpo_version)
-        return super().train_step(rollout_samples, global_step)
+    def __init__(self, group, trainer, versions):
+        self._group, self._trainer, self._versions = group, trainer, versions
 
-    def ppo_train(self, global_steps):
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+    def async_run_method(self, method_name, *args, **kwargs):
+        refs = self._group.async_run_method(method_name, *args, **kwargs)
+        if method_name == "broadcast_to_vllm" and self._trainer.drpo_trained:
+            ray.get(refs)
+            self._trainer.drpo_version = ray.get(self._versions.advance.remote())
+            self._trainer.drpo_trained = False
+        return refs
+
+
+def install_training(actor, versions) -> None:
+    """On OpenRLHF's TrainingActor (run in its process): each batch's staleness set before its
+    experiences are made; the version advanced by each broadcast after an actor training."""
+    actor.drpo_version, actor.drpo_trained = 0, False
+    actor.actor_model_group = _Broadcasts(actor.actor_model_group, actor, versions)
+    train_step, ppo_train = actor.train_step, actor.ppo_train
+
+    def step(rollout_samples, global_step):
+        tag_staleness(rollout_samples, actor.drpo_version)
+        return train_step(rollout_samples, global_step)
+
+    def train(global_steps):
         # BasePPOTrainer.ppo_train trains the actor only past --critic.freezing_steps (ppo_trainer.py:272)
-        self._drpo_trained = global_steps > self.args.critic.freezing_steps
-        return super().ppo_train(global_steps)
+        actor.drpo_trained = global_steps > actor.args.critic.freezing_steps
+        return ppo_train(global_steps)
+    actor.train_step, actor.ppo_train = step, train
 
 
-def _remote(original, cls):
-    return ray.remote(**original._default_options)(cls) if original._default_options else ray.remote(cls)
+def _install(actor, install, versions):     # (run by __ray_call__ in the actor's process)
+    install(actor, versions)
 
 
 class _Trainer(ppo_trainer_async.PPOTrainerAsync.__ray_actor_class__):
-    """PPOTrainerAsync building drpo-train's lock, generator and training actor (in its own process)."""
+    """OpenRLHF's PPOTrainerAsync whose generator and training actors then count versions."""
 
     def __init__(self, *args, **kwargs):
-        m = ppo_trainer_async
-        parts = {"VLLMLock": (m.VLLMLock, _Lock), "GenerateSamplesActor": (m.GenerateSamplesActor, _Generator),
-                 "TrainingActor": (m.TrainingActor, _Training)}
-        try:
-            for name, (original, cls) in parts.items():
-                setattr(m, name, _remote(original, cls))
-            super().__init__(*args, **kwargs)
-        finally:
-            for name, (original, _) in parts.items():
-                setattr(m, name, original)
+        # (explicitly: Ray's copy of a subclassed actor class breaks zero-argument super())
+        ppo_trainer_async.PPOTrainerAsync.__ray_actor_class__.__init__(self, *args, **kwargs)
+        versions = ray.remote(num_cpus=0)(_Versions).remote()
+        ray.get([self.generator_actor.__ray_call__.remote(_install, install_generator, versions),
+                 self.trainer_actor.__ray_call__.remote(_install, install_training, versions)])
 
 
-VersionedTrainer = _remote(ppo_trainer_async.PPOTrainerAsync, _Trainer)
+VersionedTrainer = ray.remote(_Trainer)
