@@ -110,7 +110,7 @@ def install_training(actor, versions) -> None:
     actor.train_step, actor.ppo_train = step, train
 
 
-def _install(actor, install, versions):     # (run by __ray_call__ in the actor's process)
+def _install(actor, install, versions):     # run by __ray_call__ (fn(actor, ...)) in the actor's process
     install(actor, versions)
 
 
