@@ -31,7 +31,7 @@ LAYERS = [
     "analysis.summary", "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis.notebook", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward",
     "hosts.openrlhf.inputs", "hosts.openrlhf.loss", "hosts.openrlhf.logprobs", "hosts.openrlhf.support",
-    "hosts.openrlhf.actor", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
+    "hosts.openrlhf.actor", "hosts.openrlhf.versions", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
     "hosts.verl",
     "lab.toytask", "lab.task", "lab.pipe", "lab.results", "lab.driver", "lab", "lab.__main__",
     "completion", "cli", "trl", "verl", "openrlhf_drpo",

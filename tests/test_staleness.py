@@ -126,17 +126,19 @@ def test_a_nan_staleness_on_a_masked_token_is_accepted():
     assert torch.isfinite(loss)
 
 
-def test_drpo_train_refuses_staleness_in_openrlhfs_async_mode_naming_the_flag(tmp_path):
+def test_drpo_train_refuses_staleness_with_partial_rollouts_naming_the_flag(tmp_path):
     from test_train import train_flags
     from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     path = tmp_path / "stale.dsl"
     path.write_text("r*A*exp(-0.1*staleness)\n")
     with pytest.raises(SystemExit) as exit_:
-        openrlhf_args(train_flags(tmp_path, "unused", str(path), "--train.async_enable"))
+        openrlhf_args(train_flags(tmp_path, "unused", str(path), "--train.async_enable", "--train.partial_rollout_enable"))
     assert exit_.value.code.startswith(
         "drpo-train: error: objective 'stale' uses staleness (each token's policy versions behind the current one), "
-        "but --train.async_enable: OpenRLHF 0.11.2's asynchronous trainer queues rollouts"), exit_.value.code
-    openrlhf_args(train_flags(tmp_path, "unused", str(path)))       # synchronous: accepted
+        "but --train.partial_rollout_enable: OpenRLHF 0.11.2 pauses vLLM's generation for each weight broadcast and "
+        "resumes it with the new weights"), exit_.value.code
+    openrlhf_args(train_flags(tmp_path, "unused", str(path), "--train.async_enable"))      # asynchronous: given
+    openrlhf_args(train_flags(tmp_path, "unused", str(path)))       # synchronous: 0
 
 
 def test_drpo_train_gives_staleness_zero_in_its_synchronous_steps():

@@ -9,6 +9,8 @@ inputs the run would not give or whose group or batch reductions its micro-batch
     sum_π_sq   Σ_v π_v² from the same logits or chunks, without gradient
     groups     a response's rollout index // --rollout.n_samples_per_prompt, kept at append;
                ppo_train's micro-batches are whole groups, shuffled (GroupBatches)
+    staleness  0 with the synchronous trainer; with --train.async_enable, each sample's policy
+               versions behind the one training on it (versions.py), kept in experience.info
     batch      the optimizer step's batch over its micro-batches and the ranks: one micro-batch a step,
                summed over the ranks in the loss call; several, the step's totals from no-grad
                passes over its micro-batches before it trains (step_statistics)
@@ -25,6 +27,7 @@ from openrlhf_drpo.core.boundary import turn_ids
 from openrlhf_drpo.core.loss import refuse_unprovided
 
 GROUP_KEY = "drpo_group"       # experience.info's per-sample group id, between append and the loss call
+STALENESS_KEY = "drpo_staleness"    # its staleness in asynchronous mode (versions.py), logged as a metric
 
 
 def missing_at_launch(ns) -> dict:
@@ -36,11 +39,11 @@ def missing_at_launch(ns) -> dict:
             "OpenRLHF passes the reference model's log-probs to the actor only with --algo.kl.use_loss and "
             "--algo.kl.init_coef > 0 (which creates the reference model): set both (the objective's terms in "
             "π_ref are then the KL trained; OpenRLHF's own KL loss is logged as kl, not trained)")
-    if getattr(ns, "train.async_enable", False):        # (OpenRLHF's flag; absent where a test builds the namespace)
+    if getattr(ns, "train.partial_rollout_enable", False):      # (absent where a test builds the namespace)
         missing["staleness"] = (
-            "--train.async_enable: OpenRLHF 0.11.2's asynchronous trainer queues rollouts (--train.async_queue_size) "
-            "without the weight version that sampled them (and --train.partial_rollout_enable mixes versions within "
-            "one), so drpo-train cannot give staleness; run synchronously (staleness 0)")
+            "--train.partial_rollout_enable: OpenRLHF 0.11.2 pauses vLLM's generation for each weight broadcast and "
+            "resumes it with the new weights (ppo_trainer_async.py:255-265), so one response mixes policy versions "
+            "and its tokens' versions are not recorded: leave it off (--train.async_enable alone gives staleness)")
     if g("ds.packing_samples") or g("train.dynamic_batch_enable"):
         missing["sum_pi_sq"] = ("drpo-train computes Σ_v π_v² only on unpacked samples: turn off "
                                 "--ds.packing_samples and --train.dynamic_batch_enable")
@@ -146,6 +149,24 @@ def group_ids(experience, n: int):
     return ids
 
 
+def staleness(experience, args):
+    """The [B, T] staleness of a loss call's micro-batch: 0 in OpenRLHF's synchronous trainer
+    (each rollout sampled by the weights its step starts from), each sample's own in its
+    asynchronous one (tagged by versions.py's trainer)."""
+    mask = experience.action_mask
+    zeros = torch.zeros_like(mask, dtype=torch.float32)
+    if not getattr(getattr(args, "train", None), "async_enable", False):
+        return zeros
+    per = experience.info.get(STALENESS_KEY)
+    if isinstance(per, list):       # the replay buffer re-batches a sample's 0-d tensors as a list
+        per = torch.stack([torch.as_tensor(x) for x in per]) if per else torch.zeros(0)
+    if per is None or per.shape != mask.shape[:1]:
+        raise RuntimeError(f"openrlhf-drpo: this asynchronous experience of {mask.shape[0]} samples has "
+                           f"{'no staleness' if per is None else f'staleness {list(per.shape)}'} in its info: "
+                           "its rollouts must come through drpo-train's asynchronous trainer (versions.py)")
+    return zeros + per.to(mask.device, torch.float32)[:, None]
+
+
 def sum_pi_sq_from_logits(logits):
     """Σ_v π_v² = exp(logsumexp(2z) − 2·logsumexp(z)) on the temperature-scaled fp32 logits z,
     without gradient (the objective reads it as a fixed input)."""
@@ -165,8 +186,8 @@ def supplied(loss, trainer, experience):
         given["groups"] = group_ids(experience, trainer.args.rollout.n_samples_per_prompt)
     if "turns" in need:     # the agent's action ranges are action_mask's runs; its gaps, the environment's tokens
         given["turns"] = turn_ids(experience.action_mask)
-    if "staleness" in need:     # synchronous: each rollout sampled by the weights this step starts from
-        given["staleness"] = torch.zeros_like(experience.action_mask, dtype=torch.float32)
+    if "staleness" in need:
+        given["staleness"] = staleness(experience, trainer.args)
     if "batch" in need and getattr(loss, "statistics", None) is not None:
         given["process_group"] = loss.statistics       # the step's totals (step_statistics)
     elif "batch" in need and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:

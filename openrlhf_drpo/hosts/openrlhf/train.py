@@ -9,7 +9,8 @@ OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1)
 --drpo.* flags to its parser, then parse, analyse and compile the objective in this driver
 (a bad file fails here, before Ray starts) and ship its text and parameters inside the
 args, and (2) point the launcher at a PolicyModelActor subclass that installs the compiled
-objective where the trainer calls its policy loss. Pre-flight checks run at parse time, and
+objective where the trainer calls its policy loss, and (3) in asynchronous mode, at the trainer
+that counts policy versions (versions.py). Pre-flight checks run at parse time, and
 with neither a Ray cluster nor CUDA, CPU mode (hosts/openrlhf/cpu_mode.py) adapts the pipeline to this
 machine's CPU (with --drpo.cpu_mode cluster, to a Ray cluster's CPUs); the first line of output
 says which mode and why. On a cluster, the driver's openrlhf_drpo and dsl reach every worker in
@@ -202,8 +203,10 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
         return ns
 
     import ray
+    from openrlhf.trainer import ppo_trainer_async
     from openrlhf.trainer.ray import ppo_actor
     from openrlhf_drpo.hosts.openrlhf.actor import DrpoPolicyModelActor
+    from openrlhf_drpo.hosts.openrlhf.versions import VersionedTrainer
     original_init = ray.init
 
     def ray_init(*args, **kwargs):
@@ -229,6 +232,7 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
     with contextlib.ExitStack() as stack:
         _patch(stack, argparse.ArgumentParser, "parse_args", parse_args)
         _patch(stack, ppo_actor, "PolicyModelActor", DrpoPolicyModelActor)
+        _patch(stack, ppo_trainer_async, "PPOTrainerAsync", VersionedTrainer)    # tags policy versions
         _patch(stack, ray, "init", ray_init)
         for module, name, value in (cpu_mode.actor_patches() if cpu else []):
             _patch(stack, module, name, value)
