@@ -70,37 +70,30 @@ def refuse_bad_mask(who: str, names: dict, mask, ok) -> None:
 def check_groups(who: str, names: dict, groups, logp) -> None:
     """The group ids: one integer per response ([batch]) on log_probs' device, or a message
     naming the tensor, its shape and the fix."""
-    if groups is None:
-        return
-    name, lp, batch = names.get("groups", "groups"), names.get("log_probs", "log_probs"), logp.shape[0]
-    if not isinstance(groups, torch.Tensor):
-        raise ValueError(f"{who}: {name} must be a torch.Tensor of {batch} group ids, got {type(groups).__name__}")
-    if list(groups.shape) != [batch]:
-        raise ValueError(f"{who}: {name} is {list(groups.shape)}, {lp} {list(logp.shape)}: pass one group id per "
-                         f"response, a [{batch}] tensor (the responses of one prompt share an id)")
-    if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
-        raise ValueError(f"{who}: {name} is {groups.dtype}: pass integer group ids ({name}.long())")
-    if groups.device != logp.device:
-        raise ValueError(f"{who}: {name} is on {groups.device}, {lp} on {logp.device}: move it with "
-                         f"{name}.to({lp}.device)")
+    if groups is not None:
+        _check_ids(who, names, "groups", groups, logp, [logp.shape[0]], f"{logp.shape[0]} group ids",
+                   "group", "response", "the responses of one prompt share an id")
 
 
 def check_turns(who: str, names: dict, turns, logp) -> None:
     """The turn ids: integers of log_probs' shape [batch, tokens] on its device (equal ids within a
     response are one turn), or a message naming the tensor, its shape and the fix."""
-    if turns is None:
-        return
-    name, lp = names.get("turns", "turns"), names.get("log_probs", "log_probs")
-    if not isinstance(turns, torch.Tensor):
-        raise ValueError(f"{who}: {name} must be a torch.Tensor of turn ids {list(logp.shape)}, got "
-                         f"{type(turns).__name__}")
-    if list(turns.shape) != list(logp.shape):
-        raise ValueError(f"{who}: {name} is {list(turns.shape)}, {lp} {list(logp.shape)}: pass one turn id per "
-                         f"token, a {list(logp.shape)} tensor (a response's tokens of one turn share an id)")
-    if turns.is_floating_point() or turns.is_complex() or turns.dtype == torch.bool:
-        raise ValueError(f"{who}: {name} is {turns.dtype}: pass integer turn ids ({name}.long())")
-    if turns.device != logp.device:
-        raise ValueError(f"{who}: {name} is on {turns.device}, {lp} on {logp.device}: move it with "
+    if turns is not None:
+        _check_ids(who, names, "turns", turns, logp, list(logp.shape), f"turn ids {list(logp.shape)}",
+                   "turn", "token", "a response's tokens of one turn share an id")
+
+
+def _check_ids(who, names, key, ids, logp, shape, count, kind, per, share) -> None:
+    name, lp = names.get(key, key), names.get("log_probs", "log_probs")
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{who}: {name} must be a torch.Tensor of {count}, got {type(ids).__name__}")
+    if list(ids.shape) != shape:
+        raise ValueError(f"{who}: {name} is {list(ids.shape)}, {lp} {list(logp.shape)}: pass one {kind} id per "
+                         f"{per}, a {shape} tensor ({share})")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{who}: {name} is {ids.dtype}: pass integer {kind} ids ({name}.long())")
+    if ids.device != logp.device:
+        raise ValueError(f"{who}: {name} is on {ids.device}, {lp} on {logp.device}: move it with "
                          f"{name}.to({lp}.device)")
 
 

@@ -51,11 +51,7 @@ class ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp, g_ent, g_sq):
         hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # the head's gradient sums over every chunk: in fp32, cast once at the end
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        grads = head_grads(ctx, hidden, weight, bias)
         for s in range(0, len(labels), ctx.chunk):
             h, rows = hidden[s:s + ctx.chunk], slice(s, s + ctx.chunk)
             log_q = head_logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None])    # log-softmax
@@ -69,16 +65,37 @@ class ChunkedLogProbs(torch.autograd.Function):
             if g_ent is not None:
                 dz -= q.mul_(log_q.add_(ent[rows, None])).mul_(g_ent[rows, None])
             del q, log_q
-            # through the temperature and the fp32 cast, back into the head's dtype, as autograd does
-            dz = (dz / ctx.temperature if ctx.temperature != 1.0 else dz).to(weight.dtype)
-            if need_h:
-                grad_h[rows] = dz @ weight
-            if need_w:
-                grad_w += dz.T @ h
-            if need_b:
-                grad_b += dz.sum(0)
-        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
+            add_head_grads(grads, dz, h, rows, weight, ctx.temperature)
+        return (*head_grads_out(grads, weight, bias), None, None, None, None, None)
+
+
+def head_grads(ctx, hidden, weight, bias) -> tuple:
+    """A chunked head's backward buffers, where autograd asks for them: the hidden states' (one
+    chunk's rows at a time), and the weight's and the bias's, which sum over every chunk: in fp32,
+    cast once at the end (head_grads_out)."""
+    need_h, need_w, need_b = ctx.needs_input_grad[:3]
+    return (torch.empty_like(hidden) if need_h else None,
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None,
+            torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None)
+
+
+def add_head_grads(grads, dz, h, rows, weight, temperature) -> None:
+    """One chunk's logits gradient dz (fp32) into the head's buffers: through the temperature and
+    the fp32 cast, back into the head's dtype, as autograd does."""
+    grad_h, grad_w, grad_b = grads
+    dz = (dz / temperature if temperature != 1.0 else dz).to(weight.dtype)
+    if grad_h is not None:
+        grad_h[rows] = dz @ weight
+    if grad_w is not None:
+        grad_w += dz.T @ h
+    if grad_b is not None:
+        grad_b += dz.sum(0)
+
+
+def head_grads_out(grads, weight, bias) -> tuple:
+    grad_h, grad_w, grad_b = grads
+    return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype))
 
 
 def token_logprobs(hidden, weight, bias, labels, temperature=1.0, chunk=CHUNK, entropy=False, sum_sq=False):

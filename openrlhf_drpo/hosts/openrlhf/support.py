@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK, head_logits
+from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK, add_head_grads, head_grads, head_grads_out, head_logits
 
 
 class ChunkedSupport(torch.autograd.Function):
@@ -38,23 +38,13 @@ class ChunkedSupport(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g, _):
         hidden, weight, bias, support, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        grads = head_grads(ctx, hidden, weight, bias)
         for s in range(0, hidden.shape[0], ctx.chunk):
             rows, h = slice(s, s + ctx.chunk), hidden[s:s + ctx.chunk]
             q = head_logits(h, weight, bias, ctx.temperature).sub_(lse[rows, None]).exp_()
             dz = q.mul_(-g[rows].sum(-1, keepdim=True)).scatter_add_(-1, support[rows], g[rows].float())
-            dz = (dz / ctx.temperature if ctx.temperature != 1.0 else dz).to(weight.dtype)
-            if need_h:
-                grad_h[rows] = dz @ weight
-            if need_w:
-                grad_w += dz.T @ h
-            if need_b:
-                grad_b += dz.sum(0)
-        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+            add_head_grads(grads, dz, h, rows, weight, ctx.temperature)
+        return (*head_grads_out(grads, weight, bias), None, None, None, None)
 
 
 def support_logprobs(hidden, weight, bias=None, index=None, k=None, temperature=1.0, chunk=CHUNK):
