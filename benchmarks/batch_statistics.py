@@ -13,28 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 import dsl
+from loss_speed import timed     # this script's folder is on sys.path
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 
 OBJECTIVES = ("trust_the_batch", "batch_mean(r)*A")
 MICRO = 4
-
-
-def timed(fn, reps):
-    """Median (this thread's CPU seconds, wall seconds) of one call, after one warm-up call."""
-    fn()
-    cpu, wall = [], []
-    for _ in range(reps):
-        c, w = time.thread_time(), time.perf_counter()
-        fn()
-        cpu.append(time.thread_time() - c)
-        wall.append(time.perf_counter() - w)
-    return statistics.median(cpu), statistics.median(wall)
 
 
 def step(loss_fn, batches, log_probs):

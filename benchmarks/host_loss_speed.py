@@ -17,28 +17,16 @@ import argparse
 import collections
 import importlib.util
 import json
-import statistics
 import os
 import subprocess
-import time
 import types
 from pathlib import Path
 
 import torch
 
+from loss_speed import timed     # this script's folder is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def timed(fn, reps):
-    """Median seconds of one call: (this thread's CPU time, wall time)."""
-    fn()
-    cpu, wall = [], []
-    for _ in range(reps):
-        c, w = time.thread_time(), time.perf_counter()
-        fn()
-        cpu.append(time.thread_time() - c)
-        wall.append(time.perf_counter() - w)
-    return statistics.median(cpu), statistics.median(wall)
 
 
 def side_by_side(pairs, reps):

@@ -122,6 +122,19 @@ def step(fn, new, old, A, mask):
     return lp.grad
 
 
+def timed(fn, reps):
+    """Median (this thread's CPU seconds, wall seconds) of one call, after one warm-up call (the
+    host-loss and batch-statistics benchmarks time with it)."""
+    fn()
+    cpu, wall = [], []
+    for _ in range(reps):
+        c, w = time.thread_time(), time.perf_counter()
+        fn()
+        cpu.append(time.thread_time() - c)
+        wall.append(time.perf_counter() - w)
+    return statistics.median(cpu), statistics.median(wall)
+
+
 def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
