@@ -203,8 +203,8 @@ def test_a_host_added_as_the_page_says_takes_its_layer_and_gives_the_objectives_
     assert proc.stdout.strip().split("\n") == [
         "ToyLoss: objective 'tis_ppo' uses π_rollout, but ToyLoss does not provide it (ToyLoss.provides declares no "
         "'rollout_log_probs')",
-        "ToyLoss: objective 'trust_the_batch' uses batch_count, batch_sum (the optimizer step's whole batch in one loss "
-        "call on each rank), but the toy host calls the loss once per micro-batch, not on the optimizer step's batch"]
+        "ToyLoss: objective 'trust_the_batch' uses batch_count, batch_sum (the optimizer step's whole batch, in one loss "
+        "call or through batch_statistics() over its micro-batches), but the toy host calls the loss once per micro-batch, not on the optimizer step's batch"]
 
 
 FIELD = """

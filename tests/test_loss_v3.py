@@ -346,11 +346,12 @@ def test_inputs_lists_what_each_objective_reads_and_what_a_call_keeps_whole_for_
     assert reads == {"entropy": "H (the entropy, with its gradient)", "sum_pi_sq": "sum_π_sq (Σ_v π_v²)",
                      "groups": "group_count, group_sum (each prompt's responses whole in one loss call, with their "
                                "group ids)",
-                     "batch": "batch_mean (the optimizer step's whole batch in one loss call on each rank)"}
+                     "batch": "batch_mean (the optimizer step's whole batch, in one loss call or through batch_statistics() over its micro-batches)"}
     assert CompiledLoss("ppo").inputs() == {}
     loss_fn = CompiledLoss(dsl.parse(TABLE[9], "ess.dsl"))
-    with pytest.raises(ValueError, match=r"^Toy: objective 'ess' uses batch_mean \(the optimizer step's whole batch "
-                                         r"in one loss call on each rank\), but micro_batch < optimizer batch$"):
+    with pytest.raises(ValueError, match=r"^Toy: objective 'ess' uses batch_mean \(the optimizer step's whole batch, in one "
+                                         r"loss call or through batch_statistics\(\) over its micro-batches\), but "
+                                         r"micro_batch < optimizer batch$"):
         loss_fn.refuse_missing({"batch": "micro_batch < optimizer batch"}, "Toy")
     loss_fn.refuse_missing({"groups": "never"}, "Toy")      # an input the objective does not read: no refusal
 

@@ -42,11 +42,11 @@ def _objective(tmp_path, name):
      "drpo-train shuffles whole prompts into micro-batches of --train.micro_batch_size 1: set it to a multiple of "
      "--rollout.n_samples_per_prompt 2"),
     ("batch", ["--train.batch_size", "6", "--train.micro_batch_size", "4"],
-     "objective 'batch' uses batch_mean (the optimizer step's whole batch in one loss call on each rank), but an "
+     "objective 'batch' uses batch_mean (the optimizer step's whole batch, in one loss call or through batch_statistics() over its micro-batches), but an "
      "optimizer step of --train.batch_size 6 is not whole micro-batches of --train.micro_batch_size 4 on each of 1 "
      "data-parallel rank: make --train.batch_size a multiple of 4"),
     ("batch", ["--train.micro_batch_size", "4", "--train.dynamic_batch_enable"],
-     "objective 'batch' uses batch_mean (the optimizer step's whole batch in one loss call on each rank), but "
+     "objective 'batch' uses batch_mean (the optimizer step's whole batch, in one loss call or through batch_statistics() over its micro-batches), but "
      "--train.dynamic_batch_enable repartitions the micro-batches by length: turn it off"),
 ])
 def test_drpo_train_refuses_at_launch_an_input_its_flags_do_not_give_naming_the_flags(name, flags, message, tmp_path,

@@ -176,7 +176,7 @@ REFUSED = {
     "otb": (open(ROOT / "objectives" / "otb.dsl").read(), "objective 'otb' uses sum_π_sq (Σ_v π_v²), but verl "
             "computes no Σ_v π_v² at the update"),
     "batch_pull": ("r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n", "objective 'batch_pull' uses batch_mean (the "
-                   "optimizer step's whole batch in one loss call on each rank), but verl calls a policy loss once "
+                   "optimizer step's whole batch, in one loss call or through batch_statistics() over its micro-batches), but verl calls a policy loss once "
                    "per micro-batch (ppo_micro_batch_size_per_gpu), not once per optimizer step's batch"),
 }
 # verl's kl_loss_type -> the same KL in the language, as the objective -KL (the loss is +KL)

@@ -178,7 +178,7 @@ _INPUTS = {"ref_log_probs": ("pi_ref", "π_ref"), "entropy": ("H", "H (the entro
            "vocab_log_probs": ("pi_v", "π_v (the policy's log-probs on each token's top-k support, with their gradient)"),
            "vocab_ref_log_probs": ("pi_ref_v", "π_ref_v (π_ref's or a teacher's log-probs on each token's top-k support)")}
 _WHOLE = {"groups": ("group", "each prompt's responses whole in one loss call, with their group ids"),
-          "batch": ("batch", "the optimizer step's whole batch in one loss call on each rank")}
+          "batch": ("batch", "the optimizer step's whole batch, in one loss call or through batch_statistics() over its micro-batches")}
 INPUT_NOT_GIVEN = {"rollout_log_probs": "no rollout log-probs were given",
               "ref_log_probs": "no reference log-probs were given (ref_log_probs=)",
               "entropy": "no entropy was given (entropy=, attached to the policy's graph)",
