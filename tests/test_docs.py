@@ -194,3 +194,28 @@ def test_every_function_of_the_language_is_documented():
     page = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
     missing = [name for name in FUNCTIONS if not re.search(rf"`{name}[`(]|\b{name}\b", page)]
     assert not missing, f"docs/language.md does not describe: {missing}"
+
+
+# The README's first screen: each claim of where the project has been checked, the file it names
+# for it, and what in that file holds it (issue 40 item 6: every such claim shown by a test or a
+# benchmark of the project's own)
+FRONT_CLAIMS = [
+    ("pipeline (Ray, DeepSpeed, vLLM) runs it on a CPU", "tests/test_pipeline.py",
+     "def test_drpo_train_runs_the_whole_pipeline_on_cpu"),
+    ("`PolicyLoss` in its 48 configurations", "tests/test_sequence.py", "assert sum(map(_valid, CONFIGS)) == 48"),
+    ("`GRPOTrainer` step by step", "tests/test_trl.py", "def test_grpo_clip_higher_logs_trls_own_loss_and_reward_step_by_step"),
+    ("every `loss_agg_mode`", "tests/test_verl.py", '"seq-mean-token-sum", "seq-mean-token-sum-norm"]'),
+    ("H100, the 47 objectives shipped then matched a float64 reference in fp32 and bf16", "docs/benchmarks.md",
+     "all 47 shipped objectives, plain and fused"),
+]
+
+
+@pytest.mark.parametrize("claim, path, evidence", FRONT_CLAIMS, ids=[c[2][:30] for c in FRONT_CLAIMS])
+def test_each_claim_on_the_readmes_first_screen_names_the_file_that_holds_it(claim, path, evidence):
+    screen = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## ", 1)[0]
+    said = " ".join(p for p in re.split(r"\n\s*\n", screen) if " ".join(claim.split()) in " ".join(p.split()))
+    assert said, f"the README's first screen no longer says {claim!r}"
+    named = {f"tests/{m}" if not m.startswith(("tests/", "docs/")) else m
+             for m in re.findall(r"\b((?:tests/|docs/)?test_\w+\.py|docs/\w+\.md)", said)}
+    assert path in named, f"{claim!r}: its paragraph names {sorted(named)}, not {path}, which holds it"
+    assert evidence in (ROOT / path).read_text(encoding="utf-8"), f"{path} no longer holds {claim!r}"
