@@ -175,3 +175,21 @@ def test_the_completion_script_completes_each_commands_flags_choices_and_objecti
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["dro drpo", "--sweep", "mine.dsl", "stress stale", "--drpo.anchor", "rollout",
                                        "", "gspo gspo_seq_mean_is gspo_turn", "--version"]
+
+
+def test_the_plot_names_the_w_zero_line_in_a_legend_where_a_panel_draws_it(tmp_path, monkeypatch):
+    import matplotlib.figure
+    from openrlhf_drpo import analyze
+    from openrlhf_drpo.analysis.plot import plot
+    shown, save = [], matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):       # each panel's legend, as the file gets it
+        shown.append([[t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []
+                      for ax in fig.axes if ax.get_label() != "<colorbar>"])
+        return save(fig, *args, **kwargs)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    # drpo's boundaries are π = μ ± δ: inside the square at δ = 0.1, outside it at δ = 1 (no line drawn)
+    plot([analyze("drpo", delta=0.1), analyze("drpo", delta=1)], str(tmp_path / "w.png"))
+    boundary = "w = 0 or changes sign (the boundary)"
+    assert [boundary in legend for legend in shown[0]] == [True, True, False, False], shown
+    assert all("π = μ (r = 1)" in legend for legend in shown[0]), shown

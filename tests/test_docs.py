@@ -13,6 +13,7 @@ A page's fenced blocks, by their info string:
   end to end by tests/test_pipeline.py, tests/test_lab.py and CI itself.
 With UPDATE_DOCS=1, a console or output block that differs is rewritten with what was produced
 (a developer's tool: the suite's tree check then fails the run on purpose)."""
+import json
 import os
 import pathlib
 import re
@@ -177,10 +178,39 @@ def test_the_path_check_flags_a_moved_file_and_passes_another_projects(tmp_path)
     assert missing_paths(page) == ["page.md:1: dsl/symbolic.py", "page.md:1: core/gone.py"]
 
 
-def test_the_verl_configuration_on_the_hosts_page_is_the_example_file():
+VERL_LOADS = """
+import json, sys
+from hydra import compose, initialize_config_dir
+from verl.trainer.ppo import core_algos
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.import_utils import import_external_libs
+with initialize_config_dir(config_dir=sys.argv[1], version_base=None):
+    cfg = compose("verl_drpo")                   # what main_ppo's --config-name verl_drpo loads
+actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)     # verl's own checks of the actor's config
+import_external_libs("openrlhf_drpo.verl")       # what VERL_USE_EXTERNAL_MODULES does
+loss = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode).args[0]      # as verl's actor looks it up
+print(json.dumps({"config": type(actor).__name__, "loss_mode": actor.policy_loss.loss_mode,
+                  "agg": actor.loss_agg_mode, "objective": loss.objective.name,
+                  "params": {k: str(v) for k, v in loss.objective.params.items()}}))
+"""
+
+
+def test_the_verl_configuration_on_the_hosts_page_is_the_example_file_and_verls_loader_trains_it(tmp_path):
+    # in verl's venv (tests/test_verl.py says why it is its own): Hydra composes the page's file
+    # over verl's ppo_trainer, verl builds its actor config and looks the loss up
+    from test_verl import VERL_PYTHON
     page = (ROOT / "docs" / "hosts.md").read_text(encoding="utf-8")
     shown = re.search(r"```yaml\n(.*?)```", page, re.S).group(1)
     assert shown == (ROOT / "examples" / "verl_drpo.yaml").read_text(encoding="utf-8")
+    (tmp_path / "verl_drpo.yaml").write_text(shown, encoding="utf-8")
+    assert VERL_PYTHON.exists(), f"{VERL_PYTHON} is missing: run bash scripts/setup_verl.sh"
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    proc = subprocess.run([str(VERL_PYTHON), "-c", VERL_LOADS, str(tmp_path)], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {
+        "config": "FSDPActorConfig", "loss_mode": "dsl:drpo?delta=0.2", "agg": "token-mean", "objective": "drpo",
+        "params": {"delta": "1/5"}}
 
 
 def test_the_readme_is_at_most_250_lines():
@@ -194,3 +224,28 @@ def test_every_function_of_the_language_is_documented():
     page = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
     missing = [name for name in FUNCTIONS if not re.search(rf"`{name}[`(]|\b{name}\b", page)]
     assert not missing, f"docs/language.md does not describe: {missing}"
+
+
+# The README's first screen: each claim of where the project has been checked, the file it names
+# for it, and what in that file holds it (issue 40 item 6: every such claim shown by a test or a
+# benchmark of the project's own)
+FRONT_CLAIMS = [
+    ("pipeline (Ray, DeepSpeed, vLLM) runs it on a CPU", "tests/test_pipeline.py",
+     "def test_drpo_train_runs_the_whole_pipeline_on_cpu"),
+    ("`PolicyLoss` in its 48 configurations", "tests/test_sequence.py", "assert sum(map(_valid, CONFIGS)) == 48"),
+    ("`GRPOTrainer` step by step", "tests/test_trl.py", "def test_grpo_clip_higher_logs_trls_own_loss_and_reward_step_by_step"),
+    ("every `loss_agg_mode`", "tests/test_verl.py", '"seq-mean-token-sum", "seq-mean-token-sum-norm"]'),
+    ("H100, the 47 objectives shipped then matched a float64 reference in fp32 and bf16", "docs/benchmarks.md",
+     "all 47 shipped objectives, plain and fused"),
+]
+
+
+@pytest.mark.parametrize("claim, path, evidence", FRONT_CLAIMS, ids=[c[2][:30] for c in FRONT_CLAIMS])
+def test_each_claim_on_the_readmes_first_screen_names_the_file_that_holds_it(claim, path, evidence):
+    screen = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## ", 1)[0]
+    said = " ".join(p for p in re.split(r"\n\s*\n", screen) if " ".join(claim.split()) in " ".join(p.split()))
+    assert said, f"the README's first screen no longer says {claim!r}"
+    named = {f"tests/{m}" if not m.startswith(("tests/", "docs/")) else m
+             for m in re.findall(r"\b((?:tests/|docs/)?test_\w+\.py|docs/\w+\.md)", said)}
+    assert path in named, f"{claim!r}: its paragraph names {sorted(named)}, not {path}, which holds it"
+    assert evidence in (ROOT / path).read_text(encoding="utf-8"), f"{path} no longer holds {claim!r}"

@@ -290,28 +290,3 @@ def test_each_verl_kl_form_and_its_entropy_bonus_written_in_the_language_equals_
 def test_a_prefix_objective_runs_through_verls_policy_loss_and_equals_its_hand_written_form(third_version):
     assert third_version["prefix"] and all(third_version["prefix"].values()), third_version["prefix"]
     assert third_version["prefix_differs_from_token_level"]      # not vacuous: the prefix acts
-
-
-VERL_EXAMPLE = """
-import json, os
-from hydra import compose, initialize_config_dir
-from verl.trainer.ppo import core_algos
-from verl.utils.config import omega_conf_to_dataclass
-from verl.utils.import_utils import import_external_libs
-with initialize_config_dir(config_dir=os.path.abspath("examples"), version_base=None):
-    cfg = compose("verl_drpo")                   # what main_ppo's --config-name verl_drpo loads
-actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)     # verl's own checks of the actor's config
-import_external_libs("openrlhf_drpo.verl")       # what VERL_USE_EXTERNAL_MODULES does
-loss = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode).args[0]      # as verl's actor looks it up
-print(json.dumps({"config": type(actor).__name__, "loss_mode": actor.policy_loss.loss_mode,
-                  "agg": actor.loss_agg_mode, "objective": loss.objective.name,
-                  "params": {k: str(v) for k, v in loss.objective.params.items()}}))
-"""
-
-
-def test_the_example_verl_config_loads_in_verls_own_loader_and_trains_the_objective_it_names():
-    proc = verl_python(VERL_EXAMPLE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == {
-        "config": "FSDPActorConfig", "loss_mode": "dsl:drpo?delta=0.2", "agg": "token-mean", "objective": "drpo",
-        "params": {"delta": "1/5"}}

@@ -5,6 +5,8 @@ alerts), held in one declared result (result) that the presentation renders (rep
 alert_text, mathtext, notebook). `analyze` is the public entry point; budgets bounds the work."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import dsl
 from openrlhf_drpo.analysis import notebook  # noqa: F401  (registers how a result renders)
 from openrlhf_drpo.analysis.held import GROUP_SIZE
@@ -13,7 +15,7 @@ from openrlhf_drpo.analysis.result import Analysis
 
 
 def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.0, group_size: int = GROUP_SIZE,
-            group=None, batch_size: int | None = None, position: int | None = None, held: dict | None = None,
+            group: Iterable[float] | None = None, batch_size: int | None = None, position: int | None = None, held: dict | None = None,
             **params) -> Analysis:
     """What drpo-analyze prints, as a value: `objective` is a shipped name, a .dsl path, NAME:k=v,...
     or a dsl.Objective (dsl.parse("r*A - ...") for a formula); keyword `params` override its

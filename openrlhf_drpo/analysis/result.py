@@ -152,7 +152,7 @@ class Analysis:
             raise KeyError(key)
         setattr(self, name, value)
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: object = None) -> object:
         try:
             return self[key]
         except KeyError:

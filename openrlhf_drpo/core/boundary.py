@@ -97,7 +97,7 @@ def _check_ids(who, names, key, ids, logp, shape, count, kind, per, share) -> No
                          f"{name}.to({lp}.device)")
 
 
-def turn_ids(kept):
+def turn_ids(kept: torch.Tensor) -> torch.Tensor:
     """[B, T] turn ids from a mask (or a host's tool mask) whose gaps inside a response are the
     environment's tokens (a tool's output, an observation): a turn ends where a run of dropped
     tokens begins after a kept one, so a token's id counts those runs before it (a host's own

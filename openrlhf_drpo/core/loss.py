@@ -20,7 +20,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import dsl
 from dsl.vocabulary import support
@@ -35,6 +35,8 @@ from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_k
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
 from openrlhf_drpo.core.values import (FILTERED, INPUT_NOT_GIVEN, METRICS, Aggregation, LossMetrics, LossOutput, TokenBatch,
                                       objective_inputs)
+
+OptTensor = Tensor | None      # an input a call may leave out
 
 
 class CompiledLoss(nn.Module):
@@ -92,21 +94,23 @@ class CompiledLoss(nn.Module):
                 raise ValueError(f"{who + ': ' if who else ''}objective '{self.objective.name}' uses {why}, "
                                  f"but {missing[key]}")
 
-    def batch_statistics(self, process_group=None) -> BatchStatistics | None:
+    def batch_statistics(self, process_group: object | None = None) -> BatchStatistics | None:
         """For an optimizer step of several micro-batches: the step's batch reductions, exact, summed
         over `process_group`'s ranks (core.collectives.BatchStatistics says how a host runs them);
         None where the objective has no batch reduction (nothing to pass)."""
         return _batch_statistics(self, process_group) if "batch" in self.inputs() else None
 
-    def lacks(self, config) -> dict:      # a host's: what it withholds under `config` (None: any), with why
+    def lacks(self, config: object) -> dict:      # a host's: what it withholds under `config` (None: any), with why
         return {}
 
     def extra_repr(self) -> str:
         return f"{self.objective.name}: {self.objective.canonical().splitlines()[-1]}, fused={self.fused}"
 
-    def forward(self, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None, ref_log_probs=None,
-                entropy=None, sum_pi_sq=None, groups=None, turns=None, staleness=None,
-                aggregation: Aggregation | None = None, vocab_log_probs=None, vocab_ref_log_probs=None) -> LossOutput:
+    def forward(self, log_probs: Tensor, old_log_probs: OptTensor, advantages: Tensor, mask: OptTensor = None, *,
+                rollout_log_probs: OptTensor = None, ref_log_probs: OptTensor = None, entropy: OptTensor = None,
+                sum_pi_sq: OptTensor = None, groups: OptTensor = None, turns: OptTensor = None,
+                staleness: OptTensor = None, aggregation: Aggregation | None = None, vocab_log_probs: OptTensor = None,
+                vocab_ref_log_probs: OptTensor = None) -> LossOutput:
         """(loss, metrics): the loss (its gradient by autograd, to log π and to `entropy` and
         `vocab_log_probs` where the objective reads them) and its LossMetrics, aggregated as
         `aggregation` says (the objective's own @aggregate over the local count by default). The
@@ -133,9 +137,9 @@ class CompiledLoss(nn.Module):
         self.metrics = call_metrics(self, stats, b)
         return LossOutput(loss, self.metrics)
 
-    def batch(self, log_probs, old_log_probs, advantages, mask=None, **inputs) -> TokenBatch:
-        """forward's arguments (the same keywords) as the TokenBatch its kernels take, every input
-        checked here, once: each error forward raises (token_batch)."""
+    def batch(self, log_probs: Tensor, old_log_probs: OptTensor, advantages: Tensor, mask: OptTensor = None,
+              **inputs) -> TokenBatch:
+        """forward's arguments as the TokenBatch its kernels take, each checked here once (token_batch)."""
         return token_batch(self, log_probs, old_log_probs, advantages, mask, **inputs)
 
     def _path(self, logp) -> tuple[bool, bool]:

@@ -4,7 +4,7 @@ loss and its LossMetrics, each metric declared once in METRICS)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 import torch
 
@@ -112,7 +112,7 @@ class TokenBatch:
         """The tensor fields in TENSORS' order (None where absent)."""
         return tuple(getattr(self, name) for name in TENSORS)
 
-    def with_tensors(self, tensors) -> TokenBatch:
+    def with_tensors(self, tensors: Iterable[torch.Tensor | None]) -> TokenBatch:
         """This batch with its tensor fields replaced, in TENSORS' order."""
         return replace(self, **dict(zip(TENSORS, tensors)))
 
@@ -121,7 +121,7 @@ class TokenBatch:
         return self._changed({name: x.detach() for name in TENSORS
                               if (x := getattr(self, name)) is not None and x.requires_grad})
 
-    def widened(self, dtype) -> TokenBatch:
+    def widened(self, dtype: torch.dtype) -> TokenBatch:
         """Every floating field but the mask in the compute dtype (compiled, the casts fuse into the loads)."""
         return self._changed({name: x.to(dtype) for name in _FLOATS
                               if (x := getattr(self, name)) is not None and x.dtype != dtype})
@@ -131,7 +131,7 @@ class TokenBatch:
         # runs a small batch in ~300 µs
         return replace(self, **changes) if changes else self
 
-    def selected(self, fn) -> TokenBatch:
+    def selected(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TokenBatch:
         """fn applied to each per-token input the generated code reads (log π, μ, A, the policies,
         the third version's per-token inputs, the support's entries with k moved first so that a
         [B, T] selection broadcasts over them): a selection by the mask, a cast."""

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from dsl.parser import Objective
 from dsl.printing import render
@@ -75,7 +75,7 @@ class TrlObjectiveLoss(CompiledLoss):
                 "batch": "the optimizer step's micro-batches, in no-grad passes over TRL's buffered generation batch "
                          "before the step (gradient_accumulation_steps > 1), summed over the processes"}
 
-    def lacks(self, config) -> dict:
+    def lacks(self, config: GRPOConfig | None) -> dict:
         return _not_provided(config)
 
 
@@ -366,3 +366,6 @@ def _not_provided(config) -> dict:
                         "the later one not yet generated when the step's batch statistics are taken; make "
                         "steps_per_generation a multiple of gradient_accumulation_steps")
     return out
+
+
+__all__ = ["FORMULAS", "NORMALIZATIONS", "SUPERSEDED", "TRL_VERSION", "ObjectiveGRPOTrainer", "TrlObjectiveLoss"]

@@ -21,6 +21,7 @@ import functools
 import inspect
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,11 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_loss
 from verl.workers.utils import losses as actor_losses
 from verl.workers.utils.padding import no_padding_2_padding
+
+if TYPE_CHECKING:      # (verl's own annotations' types)
+    from omegaconf import DictConfig
+    from tensordict import TensorDict
+    from verl.workers.config import ActorConfig
 
 PREFIX = "dsl:"
 VERL_VERSION = "0.9.1"
@@ -76,7 +82,7 @@ GIVEN = {"ref_log_probs": "verl's ref_log_prob (actor_rollout_ref.actor.use_kl_l
 class VerlObjectiveLoss(CompiledLoss):
     provides = GIVEN     # and log π, μ, A and the mask; NOT_GIVEN says why not the others
 
-    def lacks(self, config) -> dict:
+    def lacks(self, config: ActorConfig | DictConfig | None) -> dict:
         return NOT_GIVEN
 
 
@@ -102,7 +108,7 @@ SUPERSEDED = {
 _ABSENT = object()
 
 
-def refuse_superseded(config, name: str) -> None:
+def refuse_superseded(config: ActorConfig | DictConfig, name: str) -> None:
     """Refuses a verl config that sets a SUPERSEDED setting (at any value but verl's default)."""
     def value(path):
         node = config
@@ -144,7 +150,8 @@ def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size
 _MICRO_BATCH = contextvars.ContextVar("openrlhf_drpo_verl_micro_batch", default=None)
 
 
-def ppo_loss(config, model_output, data, dp_group=None):
+def ppo_loss(config: ActorConfig, model_output: dict, data: TensorDict,
+             dp_group: torch.distributed.ProcessGroup | None = None) -> tuple[torch.Tensor, dict]:
     """verl's actor loss (verl.workers.utils.losses.ppo_loss, which its actor worker binds with its
     config and its engine calls once per micro-batch), unchanged, with the model output and the
     micro-batch kept for the policy loss it calls: they hold what the policy-loss call drops."""
@@ -160,7 +167,7 @@ def _superseded(name, setting, value, why):
                      f"objective '{name}' has its own: leave {setting}=0 (the objective's term replaces verl's)")
 
 
-def actor_inputs(core: CompiledLoss, config, log_prob) -> dict:
+def actor_inputs(core: CompiledLoss, config: ActorConfig | DictConfig | None, log_prob: torch.Tensor) -> dict:
     """The inputs in GIVEN the objective reads, from verl's micro-batch as verl's ppo_loss reads its
     own (padded to log_prob's rows); refused by name where verl's settings withhold one, or set a
     term of verl's own that the objective's replaces."""
@@ -229,8 +236,10 @@ def _groups(config, data, log_prob, missing):
     return torch.tensor([ids[u] for u in uids], device=log_prob.device)
 
 
-def policy_loss(core: CompiledLoss, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                config=None, rollout_is_weights=None):
+def policy_loss(core: CompiledLoss, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, loss_agg_mode: str = "token-mean",
+                config: ActorConfig | DictConfig | None = None,
+                rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's PolicyLossFn: (loss, metrics). μ is verl's old log-probs."""
     if config is not None:
         refuse_superseded(config, core.objective.name)
@@ -286,7 +295,7 @@ def _check_verl():
                                f"(verl {VERL_VERSION}'s, which policy_loss follows)")
 
 
-def get_policy_loss_fn(name):
+def get_policy_loss_fn(name: str) -> core_algos.PolicyLossFn:
     """verl's get_policy_loss_fn, which first registers the loss_mode asked for, and only it,
     where it carries its objective and parameters, `dsl:<name or path>?delta=0.2&eps_high=0.28`:
     verl's PolicyLossConfig takes no keys of ours, so its config sets them through loss_mode."""
