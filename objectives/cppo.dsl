@@ -7,7 +7,8 @@
 # δ_b' = clamp(torch.quantile(D, 0.9), δ_b, 2δ_b) over the response, token-mean aggregation, μ the
 # rollout's log-probs (old_logp_source = "rollout"). Choices: w_t's positions count the response's
 # unmasked tokens (UniRL's its packed tokens: the same where no token inside a response is masked);
-# the mask is computed in the loss's dtype (UniRL's in float32).
+# the mask is computed in the loss's dtype (UniRL's in float32). UniRL's old_logp_source = "replay" (the
+# anchor recomputed before the updates) is @anchor = old.
 @anchor = rollout
 δ = 0.2
 w_min = 0.8

@@ -7,10 +7,11 @@
 # trigger (a token of a negative-advantage response whose ratio π_θ/π_behav is extremely small), the
 # veto of H_κ for A < 0, and the behaviour policy as the stored rollout log-probs (@anchor = rollout). Ours,
 # not the authors': κ = 1e-4 (the page's illustration shows a trigger below 10⁻⁴; no threshold is
-# published) and the token-mean aggregation.
+# published), the token-mean aggregation, and the response's advantage read as its tokens' mean (GRPO's
+# one value per response; a host with per-token advantages gives their mean).
 @anchor = rollout
 κ = 1e-4
 ε_low = 1
 ε_high = 4
-harmful = A < 0 and r >= κ and prefix_sum([r < κ]) > 0
+harmful = seq_mean(A) < 0 and r >= κ and prefix_sum([r < κ]) > 0
 [not harmful]*min(r*A, clip(r, 1 - ε_low, 1 + ε_high)*A)

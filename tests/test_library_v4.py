@@ -146,7 +146,7 @@ def mu_grpo(b, logp, kappa=1e-4, eps_low=1.0, eps_high=4.0):
     for i in range(logp.shape[0]):
         at = b["m"][i].nonzero().flatten().tolist()
         triggers = [t for t in at if ratio[i, t] < kappa]
-        if at and b["A"][i, at[0]] < 0 and triggers:
+        if at and b["A"][i, at].mean() < 0 and triggers:        # the response's advantage
             for t in at:
                 if t > triggers[0] and t not in triggers:
                     keep[i, t] = 0.0

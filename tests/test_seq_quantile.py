@@ -185,3 +185,19 @@ def test_each_host_gives_it_without_an_input_of_its_own(host):
         from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss as Loss
     assert Loss(dsl.parse("r*A*seq_quantile(r, 0.5)")).inputs() == {}
     assert set(Loss("cppo").inputs()) == {"rollout_log_probs"}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+def test_no_path_syncs_with_the_host_on_the_path_cuda_takes(fused):
+    """The per-row sort, the neighbours' gather and the tie masks read no value on the host (test_core's
+    recorder): the sync-free path stays so."""
+    from test_core import HostReads, SyncOps
+    b = batch(3)
+    loss_fn = CompiledLoss(dsl.parse(OBJECTIVE + " + 0.1*r*A*seq_quantile(r, 0.5)"), fused=fused)
+    loss_fn.sync_free = True
+    with HostReads() as reads, SyncOps(reads.seen):
+        lp = b["new"].clone().requires_grad_()
+        loss, metrics = loss_fn(lp, b["old"], b["A"], b["mask"])
+        loss.backward()
+        metrics.logged()
+    assert reads.seen == []
