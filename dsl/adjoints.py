@@ -88,8 +88,8 @@ def shared(cmp):
 
 
 def along(rule):
-    """seq_quantile and its parts: rule(n, g, x, sibling) where every token of the response read n (g = a)
-    and sibling(kind, y) is the same reduction along the response (seq_sum: the rules wide's take)."""
+    """seq_quantile and its parts: rule(n, g, x, sibling), one of wide's rules, where every token of the
+    response read n (g = a) and sibling(kind, y) is that kind of reduction along the response (seq_sum)."""
     return lambda n, a, x: rule(n, a, x, lambda kind, y: Node(f"seq_{kind}", (y,)))
 
 

@@ -177,8 +177,32 @@ def test_its_loss_is_the_same_under_a_data_parallel_process_group(monkeypatch):
     assert calls == [] and all(torch.equal(x, y) for x, y in zip(alone, ranked))
 
 
-@pytest.mark.parametrize("host", ["trl", "openrlhf"])
-def test_each_host_gives_it_without_an_input_of_its_own(host):
+_VERL = """
+import dsl
+from openrlhf_drpo.hosts.verl import VerlObjectiveLoss
+print(VerlObjectiveLoss(dsl.parse("r*A*seq_quantile(r, 0.5)")).inputs())
+try:
+    VerlObjectiveLoss("cppo")
+except ValueError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("host", ["trl", "openrlhf", "verl"])
+def test_each_host_gives_it_without_an_input_of_its_own_and_verl_refuses_cppos_rollout_by_name(host):
+    if host == "verl":      # in verl's venv (tests/test_verl.py's)
+        import os
+        import subprocess
+        from test_verl import ROOT, VERL_PYTHON
+        assert VERL_PYTHON.exists(), f"{VERL_PYTHON} is missing: run bash scripts/setup_verl.sh"
+        proc = subprocess.run([str(VERL_PYTHON), "-c", _VERL], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.splitlines() == ["{}", "objective 'cppo' uses @anchor = rollout, but verl gives a policy "
+                                            "loss none: verl's policy-loss call passes rollout IS weights, not "
+                                            "rollout log-probs; use an objective on μ with verl's "
+                                            "algorithm.rollout_correction instead"], proc.stdout
+        return
     if host == "trl":
         from openrlhf_drpo.hosts.trl import TrlObjectiveLoss as Loss
     else:
