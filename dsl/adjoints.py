@@ -87,10 +87,17 @@ def shared(cmp):
     return rule
 
 
+def along(rule):
+    """seq_quantile and its parts: rule(n, g, x, sibling), one of wide's rules, where every token of the
+    response read n (g = a) and sibling(kind, y) is that kind of reduction along the response (seq_sum)."""
+    return lambda n, a, x: rule(n, a, x, lambda kind, y: Node(f"seq_{kind}", (y,)))
+
+
 def quantile(n, g, x, sibling):
     # torch.quantile's lerp(v_lo, v_hi, f): (1 − f) to the lower neighbour's ties, f to the upper's
-    # (where they are one value, its ties share the whole); f = q·(n − 1) − ⌊q·(n − 1)⌋
-    part = lambda k: Node(f"batch_q{k}", (x, n.args[1]), level=n.level)      # noqa: E731
+    # (where they are one value, its ties share the whole); f = q·(n − 1) − ⌊q·(n − 1)⌋; the parts are
+    # the row's own (seq_qlow for seq_quantile, batch_qlow for batch_quantile)
+    part = lambda k: Node(n.op.replace("quantile", f"q{k}"), (x, n.args[1]), level=n.level)      # noqa: E731
     frac, ties = part("frac"), shared("eq")
     return add(mul(sub(ONE, frac), ties(part("low"), g, x, sibling)), mul(frac, ties(part("high"), g, x, sibling)))
 

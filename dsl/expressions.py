@@ -32,8 +32,9 @@ NOT_IN_LANGUAGE = {
                           "logsumexp", "whiten", "normalize")},
     **{k: f"write batch_quantile(x, {q}), the batch's {what}" for k, q, what in (
         ("batch_max", 1, "largest"), ("batch_min", 0, "smallest"), ("median", 0.5, "median"))},
-    **{k: "write batch_quantile(x, q), q in [0, 1] (or group_max(x), group_min(x))"
-       for k in ("quantile", "percentile")},
+    "seq_median": "write seq_quantile(x, 0.5), the response's median",
+    **{k: "write batch_quantile(x, q), or seq_quantile(x, q) along a response, q in [0, 1] (or group_max(x), "
+          "group_min(x))" for k in ("quantile", "percentile")},
 }
 
 
@@ -120,12 +121,12 @@ class Expressions:
             want = f"{lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
             raise self.src.error(f"{name}() takes {want} argument{'s' if want != '1' else ''}, got {len(args)}",
                                  pos, f"write {OPS[name].signature}")
-        # batch_quantile's q: a number or a parameter (its range: Objective.check_constants)
+        # seq_quantile's and batch_quantile's q: a number or a parameter (its range: Objective.check_constants)
         for i, _, _ in OPS[name].constants:
             if any(m.op == "var" or OPS.get(m.op, OPS["add"]).reduce for m in args[i].walk()):
                 raise self.src.error(f"{name}'s argument {i + 1} must be a constant, got '{render(args[i])}'",
                                      args[i].pos or pos, f"write {OPS[name].signature} with a number or a parameter "
-                                     "there (each token's own value is no order statistic of the batch)")
+                                     "there (one q for every token: a q per token is no order statistic)")
         return Node(name, tuple(args), pos=pos)
 
     def _implicit(self, t, rec) -> Node:

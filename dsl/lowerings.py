@@ -120,6 +120,44 @@ def _turn_mean(x, m, like, turns):
     return _turn_sum(x, m, like, turns) / _turn_len(m, like, turns).clamp(min=1)
 
 
+def _seq_order(x, m, like, q):
+    """_batch_order's, along each response ([B, 1] each): its lower and upper neighbours among its unmasked
+    tokens, the weight f, the count n and whether one is NaN; sorted per row without gradient, no host sync."""
+    values, n = _selected(x, m, 0.0, like).expand_as(like), m.sum(-1, keepdim=True)
+    nan = (m & values.isnan()).any(-1, keepdim=True)
+    if like.shape[-1] == 0:             # no token: 0, still attached to x's graph
+        zero = values.sum(-1, keepdim=True)
+        return zero, zero, zero, n, nan
+    rank = q * (n - 1).clamp(min=0).to(like.dtype)
+    below = rank.floor()
+    order = torch.where(m, values, math.inf).detach().sort(-1).values
+
+    def neighbour(k):
+        at = order.gather(-1, k.long())
+        return torch.where(m & (values <= at), values, -math.inf).amax(-1, keepdim=True)
+    return neighbour(below), neighbour(rank.ceil()), rank - below, n, nan
+
+
+def _seq_quantile(x, m, like, q):
+    low, high, frac, n, nan = _seq_order(x, m, like, q)
+    return _batch_stat(torch.where(low == high, low, torch.lerp(low, high, frac)), n, nan, like)
+
+
+def _seq_qlow(x, m, like, q):          # seq_quantile's neighbours and weight (its adjoint's)
+    low, _, _, n, nan = _seq_order(x, m, like, q)
+    return _batch_stat(low, n, nan, like)
+
+
+def _seq_qhigh(x, m, like, q):
+    _, high, _, n, nan = _seq_order(x, m, like, q)
+    return _batch_stat(high, n, nan, like)
+
+
+def _seq_qfrac(x, m, like, q):
+    frac, n = _seq_order(x, m, like, q)[2:4]
+    return torch.where(n > 0, frac, 0.0).expand_as(like)
+
+
 def _response_values(x, m, like):
     """[B, 1]: each response's value of a response-level x (the mean of its tokens, which all
     hold it; 0 for an empty response), and 1 where the response is not empty."""

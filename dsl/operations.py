@@ -79,7 +79,7 @@ class Op:
     # IR (core.reverse_mode), or "none" (a count reads no value); required: never guessed from `reduce`
     adjoint: Callable | str | None = None
     # arguments that must be constants (a number or a parameter), each in a closed range: ((index, lo, hi), ...)
-    # (batch_quantile's q): the parser refuses any other, located
+    # (seq_quantile's and batch_quantile's q): the parser refuses any other, located
     constants: tuple = ()
 
     def __post_init__(self):
@@ -142,8 +142,8 @@ def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
             + "".join(f", {c}" for c in more[:-1]) + ")")
     elif over == "turn":
         torch = lambda x: f"_{name}({x}, m, logp, turns)"      # noqa: E731
-    else:
-        torch = lambda x: f"_{name}({x}, m, logp)"      # noqa: E731
+    else:       # (then its constant arguments: seq_quantile's q)
+        torch = lambda x, *more: f"_{name}({x}, m, logp" + "".join(f", {c}" for c in more) + ")"    # noqa: E731
     uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n,
                "qfrac": _uniform_frac}.get(kind, lambda x, n, *constants: x)
     arity, signature = 1 + len(constants), f"{name}(x{''.join(', ' + c[3] for c in constants)})"
@@ -164,9 +164,11 @@ def _uniform_frac(x, n, q):
 
 
 _SMOOTH = ("sum", "mean", "std", "count", "qfrac")      # the rest pick elements by comparing them (SymPy settles cases)
-# the q-quantile (batch_quantile's q, a constant in [0, 1]): torch.quantile's linear interpolation between two
-# order statistics, its lower and upper neighbours (internal, with the interpolation weight: its adjoint's)
+# the q-quantile (seq_quantile's and batch_quantile's q, a constant in [0, 1]): torch.quantile's linear interpolation
+# between two order statistics, its lower and upper neighbours (internal, with the interpolation weight: its adjoint's),
+# along a response (each token reads its response's) or over the batch
 _QUANTILE = ((1, 0, 1, "q"),)
+_QUANTILES = (("seq", "response", adj.along), ("batch", "batch", lambda rule: adj.wide("batch", rule)))
 
 
 def _constant(n: Node) -> bool:
@@ -346,11 +348,11 @@ OPS: dict[str, Op] = {
     # two neighbours by the interpolation weights (dsl.adjoints.quantile)
     **{f"group_{k}": _reduction(f"group_{k}", "group", k, adjoint=adj.wide("group", adj.shared(cmp)))
        for k, cmp in (("max", "ge"), ("min", "le"))},
-    "batch_quantile": _reduction("batch_quantile", "batch", "quantile", adjoint=adj.wide("batch", adj.quantile),
-                                 constants=_QUANTILE),
-    **{f"batch_q{k}": _reduction(f"batch_q{k}", "batch", f"q{k}", callable=False, constants=_QUANTILE,
-                                 adjoint="none" if k == "frac" else adj.wide("batch", adj.shared("eq")))
-       for k in ("low", "high", "frac")},
+    **{f"{p}_quantile": _reduction(f"{p}_quantile", over, "quantile", adjoint=spread(adj.quantile), constants=_QUANTILE)
+       for p, over, spread in _QUANTILES},
+    **{f"{p}_q{k}": _reduction(f"{p}_q{k}", over, f"q{k}", callable=False, constants=_QUANTILE,
+                               adjoint="none" if k == "frac" else spread(adj.shared("eq")))
+       for p, over, spread in _QUANTILES for k in ("low", "high", "frac")},
     # prefix_sum's adjoint (not in the language)
     "suffix_sum": _reduction("suffix_sum", "suffix", "sum", callable=False, adjoint=adj.suffix_sum),
     # the fourth version: a sum over the token's vocabulary support, the top-k of π_ref (or a teacher)

@@ -29,6 +29,22 @@ def v4_batch(seed=0):
     return b
 
 
+def mu_batch(seed=0):
+    """v4_batch with one advantage per response (μ-GRPO's veto reads the response's sign) and triggers,
+    tokens whose ratio to the rollout is below 1e-4: two in negative response 7 (at 2 and 5, the tokens
+    between and after them vetoed, they are not), one in positive response 5 (nothing vetoed); response
+    2's ratio e³ past the clip's 5 with a positive advantage."""
+    b = v4_batch(seed)
+    b["A"] = b["A"][:, :1].expand_as(b["A"]).clone()
+    b["A"][7], b["A"][5], b["A"][2] = -b["A"][7].abs(), b["A"][5].abs(), b["A"][2].abs()
+    for i, t in ((7, 2), (7, 5), (5, 1)):
+        b["new"][i, t] = b["rollout"][i, t] - 12.0
+    return b
+
+
+BATCHES = {"mu_grpo": mu_batch}
+
+
 def masked_mean_nemo(x, m, dim=None, eps=1e-8):
     """NeMo-RL nemo_rl/algorithms/utils.py masked_mean (no global factor): Σ(x·m)/(Σm + 1e-8); eps = 0
     the exact mean, an empty response's 0 as the language's (NeMo's 1e-8 gives it 0 too)."""
@@ -93,7 +109,51 @@ def geo_mask(b, logp, low=0.1, high=10.0):
     return _prime_rl(b, logp, lambda s, g, adv: ((low <= g.exp()) & (g.exp() <= high)) * adv)
 
 
-REFERENCES = [kl_unbiased, gspo_seq_mean_is, seq_tis, seq_mis, geo_mask]
+def cppo(b, logp, delta=0.2, w_min=0.8, delta_b=0.02, q=0.9):
+    # UniRL unirl/algorithms/cppo.py (PR #58) _cppo_loss: −A·r, r = exp(clamp(log π − log μ, ±20)), μ the
+    # rollout's, times _cppo_mask's keep (no gradient), token-mean. The mask, per response (here its unmasked
+    # tokens, in order): D = |π − μ|; kept where A·(r − 1) ≤ 0 or w_t·D_t ≤ min(δ, δ + b·W_{t−1} − S_{t−1}),
+    # w_t linear from 1 at the first token to w_min at the last, S and W the sums of w·D and w before t,
+    # b = torch.quantile(D, 0.9) clamped to [δ_b, 2δ_b]
+    ratio = host_ratio(logp, b["rollout"])
+    keep = torch.zeros_like(logp)
+    with torch.no_grad():
+        D = (logp.exp() - b["rollout"].exp()).abs()
+        toward = b["A"] * (ratio - 1) <= 0
+        for i in range(logp.shape[0]):
+            at = b["m"][i].nonzero().flatten()
+            n = len(at)
+            if n == 0:
+                continue
+            d = D[i, at]
+            w = torch.tensor([1 - (1 - w_min) * k / max(n - 1, 1) for k in range(n)], dtype=F64)
+            z = w * d
+            z_before = torch.tensor([float(z[:k].sum()) for k in range(n)], dtype=F64)
+            w_before = torch.tensor([float(w[:k].sum()) for k in range(n)], dtype=F64)
+            budget = min(max(float(torch.quantile(d, q)), delta_b), 2 * delta_b)
+            limit = torch.clamp(delta + budget * w_before - z_before, max=delta)
+            keep[i, at] = (toward[i, at] | (z <= limit)).to(F64)
+    return token_mean(-b["A"] * ratio * keep, b["m"])
+
+
+def mu_grpo(b, logp, kappa=1e-4, eps_low=1.0, eps_high=4.0):
+    # the μ-GRPO project page: GRPO's clipped surrogate at the relaxed clip [0, 5] against the behaviour
+    # policy (the rollout's stored log-probs); in a negative-advantage response, the triggers T are the
+    # tokens whose ratio is below κ, S_κ the tokens after the first of them (exclusive), and the
+    # harmful set H_κ = S_κ \ T is masked; token-mean
+    ratio = host_ratio(logp, b["rollout"])
+    keep = torch.ones_like(logp)
+    for i in range(logp.shape[0]):
+        at = b["m"][i].nonzero().flatten().tolist()
+        triggers = [t for t in at if ratio[i, t] < kappa]
+        if at and b["A"][i, at].mean() < 0 and triggers:        # the response's advantage
+            for t in at:
+                if t > triggers[0] and t not in triggers:
+                    keep[i, t] = 0.0
+    return token_mean(-ppo(ratio, b["A"], eps_low, eps_high) * keep, b["m"])
+
+
+REFERENCES = [kl_unbiased, gspo_seq_mean_is, seq_tis, seq_mis, geo_mask, cppo, mu_grpo]
 # the host normalizer each source divides by where it is not the language's own count
 NORM = {"gspo_seq_mean_is": len(LENGTHS) + 1e-8}
 
@@ -117,7 +177,7 @@ def theirs(reference, b, **kw):
 @pytest.mark.parametrize("fused, sync_free", PATHS, ids=["fused", "plain", "sync_free"])
 @pytest.mark.parametrize("reference", REFERENCES, ids=lambda f: f.__name__)
 def test_each_v4_objective_equals_its_sources_formula_in_loss_and_gradient(reference, fused, sync_free):
-    b = v4_batch()
+    b = BATCHES.get(reference.__name__, v4_batch)()
     (l0, g0), (l1, g1) = theirs(reference, b), ours(reference.__name__, b, fused, sync_free)
     assert torch.isfinite(g0).all() and g0.abs().sum() > 0
     assert torch.allclose(l1, l0, rtol=1e-12, atol=1e-15), (l1, l0)
@@ -137,12 +197,13 @@ def test_nemo_rls_own_masked_means_differ_from_the_files_exact_ones_by_their_1e_
 ACTS = [("kl_unbiased", dict(β=0)), ("kl_unbiased", dict(w_max=1e30)), ("kl_unbiased", dict(ε_low=100, ε_high=100)),
         ("gspo_seq_mean_is", dict(C=1e30)), ("gspo_seq_mean_is", dict(ε_low=100, ε_high=100)),
         ("seq_tis", dict(C=1e30)), ("seq_mis", dict(low=0, high=1e30)), ("geo_mask", dict(low=0)),
-        ("geo_mask", dict(high=1e30))]
+        ("geo_mask", dict(high=1e30)), ("cppo", dict(δ=1e30)), ("cppo", dict(δ_b=10)), ("cppo", dict(w_min=1)),
+        ("cppo", dict(q=0)), ("mu_grpo", dict(κ=0)), ("mu_grpo", dict(ε_high=1e30))]
 
 
 @pytest.mark.parametrize("name, undone", ACTS, ids=lambda x: str(x))
 def test_each_v4_clip_filter_and_truncation_acts_on_the_test_batch(name, undone):
-    b = v4_batch()
+    b = BATCHES.get(name, v4_batch)()
     (l0, g0), (l1, g1) = ours(name, b), ours(name, b, **undone)
     assert not (torch.allclose(l0, l1, rtol=1e-6) and torch.allclose(g0, g1, rtol=1e-6, atol=1e-12))
 
@@ -181,6 +242,7 @@ def test_kl_unbiased_equals_openrlhfs_own_compute_approx_kl_and_policy_loss():
 def test_the_v4_objectives_locality_and_inputs_are_what_hosts_must_provide():
     want = {"kl_unbiased": ("token", {"ref_log_probs"}), "gspo_seq_mean_is": ("response", {"rollout_log_probs"}),
             "seq_tis": ("response", {"rollout_log_probs"}), "seq_mis": ("response", {"rollout_log_probs"}),
-            "geo_mask": ("response", {"rollout_log_probs"})}
+            "geo_mask": ("response", {"rollout_log_probs"}), "cppo": ("response", {"rollout_log_probs"}),
+            "mu_grpo": ("response", {"rollout_log_probs"})}
     for name, (locality, inputs) in want.items():
         assert (dsl.load(name).locality(), set(CompiledLoss(name).inputs())) == (locality, inputs), name

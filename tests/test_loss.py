@@ -71,10 +71,11 @@ def analyze_scope(name):
 # gives them): those objectives run through the core itself, with them (tests/extra_inputs.py).
 THIRD = {n for n in SHIPPED if third_version(dsl.load(n).expr)}
 # where the analysis's weight is not each token's on this batch: a prefix's held point is the
-# response's last token (ctpo); a batch statistic is held at its uniform value, and this batch's ESS
+# response's last token (ctpo; cppo, whose position weight and prefix sums differ at every token,
+# docs/library.md); a batch statistic is held at its uniform value, and this batch's ESS
 # is not 1 (trust_the_batch); OTB's baseline is held on a group of G equal responses, and its w is
 # the arbiter's (not derived)
-ORACLE = [n for n in SHIPPED if n not in ("ctpo", "trust_the_batch", "otb")]
+ORACLE = [n for n in SHIPPED if n not in ("ctpo", "cppo", "trust_the_batch", "otb")]
 
 
 def shipped_loss(name, fused=True, **options):

@@ -125,7 +125,7 @@ def test_each_reduction_equals_its_definition_and_never_reads_a_masked_token(nam
     x = b["A"] if level == "token" else (b["A"] * mask).sum(-1, keepdim=True).expand_as(b["A"]).clone()
     group = torch.tensor([GROUPS.index(g) for g in GROUPS])      # each response's group's first response
     op = OPS[name]
-    code = op.torch("x", *[repr(Q)] * len(op.constants), level) if op.over in ("group", "batch") else op.torch("x")
+    code = op.torch("x", *[repr(Q)] * len(op.constants), level) if op.over in ("group", "batch") else op.torch("x", *[repr(Q)] * len(op.constants))
     B, T = x.shape      # turn ids that repeat along a response: a turn need not be contiguous
     turns = torch.arange(T)[None, :] % 3 + torch.arange(B)[:, None] % 2
     got = eval(code, {**HELPERS, "x": dirty(x, mask), "m": mask, "logp": x, "group": group, "pg": None,

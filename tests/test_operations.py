@@ -351,7 +351,7 @@ def _reductions():
 def _reduced(name, level, values, mask):
     """The row's torch text on one response (a group of one, a batch of one)."""
     op = OPS[name]
-    code = op.torch("v", *constant_args(op), level) if op.over in ("group", "batch") else op.torch("v")
+    code = op.torch("v", *constant_args(op), level) if op.over in ("group", "batch") else op.torch("v", *constant_args(op))
     return eval(code, {**_reductions(), "v": values, "m": mask, "logp": values, "group": torch.zeros(1, dtype=torch.long),
                        "pg": None, "turns": torch.zeros_like(mask, dtype=torch.long)})[0]     # one turn
 

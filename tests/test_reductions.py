@@ -215,6 +215,8 @@ def test_a_reduction_row_without_an_adjoint_is_refused_where_it_is_built_naming_
     ("group_max", "group_mean"),    # the maximum's gradient spread over the group
     ("group_min", "group_max"),
     ("batch_quantile", "batch_qlow"),   # all of it to the lower neighbour
+    ("seq_quantile", "seq_qhigh"),      # all of it to the upper neighbour
+    ("seq_quantile", "seq_mean"),       # the quantile's gradient spread over the response
 ])
 def test_the_generated_check_fails_a_row_declaring_another_rows_adjoint(monkeypatch, name, wrong):
     monkeypatch.setitem(OPS, name, dataclasses.replace(OPS[name], adjoint=OPS[wrong].adjoint))

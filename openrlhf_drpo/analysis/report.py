@@ -57,7 +57,7 @@ def _options(res, evidence):
 
 @line("scope")
 def _scope_lines(res, evidence):
-    return _scope(res.scope)
+    return _scope(res.scope, "seq_quantile(" in res.objective)
 
 
 # what each locality means for a host: what a token's loss reads, and what a loss call must hold
@@ -305,12 +305,12 @@ def _tail(t) -> str:
     return f"{kind}{order}{note}"
 
 
-def _scope(scope) -> list[str]:
+def _scope(scope, quantile=False) -> list[str]:
     """What a sequence or mismatch objective's analysis stands for (openrlhf_drpo.analysis.view.analysis_view)."""
     out = []
     if scope["sequence"]:
         out += [f"  sequence   analysed on a response whose tokens share r, μ and A (|y| = {scope['seq_len']:g}; "
-                "--seq-len): there seq_mean(x) = seq_max(x) = seq_min(x) = x",
+                f"--seq-len): there seq_mean(x) = seq_max(x) = seq_min(x){' = seq_quantile(x, q)' * quantile} = x",
                 "             and seq_sum(x) = |y|·x, r is the response's ratio (GSPO's s), and each token's gradient is "
                 "w·r·A times its aggregation weight, as for a token; on other responses it also depends on the rest "
                 "of the response"]
