@@ -132,7 +132,14 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
                False: f"no: w ∈ {weight_range(res)} ({status}): tokens with extreme ratios can dominate the gradient"}
     worries = [line for text in res["warnings"] for line in wrap(text, "                ! ", " " * 18, width)]
     worries[:1] = [worries[0].replace(" " * 16, "  worry         ", 1)] if worries else ["  worry         none found"]
+    # a claim held at a uniform point says so on the first screen, not only in the evidence
+    scope = getattr(res, "scope", None) or {}
+    held = ("a uniform batch (each response's tokens share r, μ and A; the other inputs and the reductions as "
+            "under 'assumed' below): the claims here hold there only" if scope.get("held") else
+            "a response whose tokens share r, μ and A: on other responses a token's gradient also depends on "
+            "the rest of the response" if scope.get("sequence") else None)
+    held = wrap(held, "  held on       ", width=width) if held else []
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
     return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
-            *_objective(res, source, width), "", *_gradient(res, width), *_trust_region(res, width),
+            *_objective(res, source, width), "", *held, *_gradient(res, width), *_trust_region(res, width),
             *wrap(bounded[res.bounded], "  bounded       ", width=width), *worries]
