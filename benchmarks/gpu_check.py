@@ -143,7 +143,8 @@ def summarize(errors: dict) -> dict:
 def exactness(device, compiled, deadline):
     batch = edge_batch()
     errors = {"plain fp32": {}, "fused fp32": {}, "fused bf16": {}, "compiled fp32": {}, "compiled bf16": {}}
-    # ∂ℓ/∂log π is each objective's whole gradient but a vocabulary sum's (the support's: tests/test_vocabulary.py)
+    # ∂ℓ/∂log π is each objective's whole gradient, but a vocabulary sum's
+    # (the support's: tests/test_vocabulary.py)
     for name in [n for n in dsl.shipped_names() if not dsl.load(n).facts.vocabulary]:
         if time.monotonic() > deadline:
             return {"skipped": f"out of time after {len(errors['plain fp32'])} objectives"}

@@ -142,7 +142,8 @@ def test_the_actors_training_step_gives_autograd_s_gradient_through_the_full_sof
     ("opd_topk_tail", FLAGS[2:], TAIL + "the support's size k is the command line's: set --drpo.vocab_topk K"),
     ("opd_topk_tail", FLAGS[:2], TAIL + "π_ref's top-k comes from OpenRLHF's reference model"),
     ("opd_topk_tail", FLAGS + ("--ds.packing_samples",), TAIL + "--ds.packing_samples True: drpo-train scores"),
-    ("opd_topk_tail", FLAGS + ("--drpo.chunked_logprobs", "off"), TAIL + "drpo-train scores the support from the hidden states"),
+    ("opd_topk_tail", FLAGS + ("--drpo.chunked_logprobs", "off"),
+     TAIL + "drpo-train scores the support from the hidden states"),
     ("drpo", ("--drpo.vocab_topk", "4"), "--drpo.vocab_topk: objective 'drpo' has no vocabulary sum"),
     ("drpo", ("--drpo.teacher", "org/teacher"), "--drpo.teacher: objective 'drpo' reads neither π_ref nor its top-k"),
 ])

@@ -123,7 +123,8 @@ class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         strategy.print(f"openrlhf-drpo: policy loss is {self.drpo_loss!r}")
         if getattr(drpo, "vocab_topk", None) and getattr(self.actor, "drpo_chunk", None) is None:
             raise RuntimeError("openrlhf-drpo: the objective's vocabulary sums need the policy's log-probs on π_ref's "
-                               f"top-k from the chunked forward, which this actor cannot take ({logprobs.unsupported(self.actor)})")
+                               "top-k from the chunked forward, which this actor cannot take "
+                               f"({logprobs.unsupported(self.actor)})")
         return out
 
     def append(self, experience):
