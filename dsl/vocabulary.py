@@ -88,5 +88,6 @@ def refuse_r_analysis(obj) -> None:
                    "entry of the support through the softmax, not the sampled token's ratio r alone, so no weight "
                    f"w, boundary or range of r describes it (its level: token; the objective's locality: "
                    f"{obj.facts.locality})", obj.path, pos.line if pos else 1, pos.col if pos else 1, line,
-                   "train it with CompiledLoss, given the support's log-probs (no host gives them yet; its gradient "
-                   "is held to autograd and to a float64 full-softmax reference in tests/test_vocabulary.py)")
+                   "train it with drpo-train (ref_topk_sum, --drpo.vocab_topk K) or CompiledLoss, given the support's "
+                   "log-probs; its gradient is held to autograd and to a float64 full-softmax reference in "
+                   "tests/test_vocabulary.py")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import sympy as sp
 from hypothesis import HealthCheck, event, given, settings
+from extra_inputs import r_analysed
 from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIVES, draws
 
 import dsl
@@ -141,7 +142,7 @@ def _shipped_json(name) -> str:
 DEGENERATE = {"passk_max"}
 
 
-@pytest.mark.parametrize("name", dsl.shipped_names())
+@pytest.mark.parametrize("name", r_analysed(dsl.shipped_names()))
 def test_every_shipped_report_opens_with_a_summary_that_fits_a_screen_in_a_researchers_words(name):
     lines = report(_shipped(name)).splitlines()
     head = lines[:lines.index("evidence")]
@@ -157,6 +158,15 @@ def test_every_shipped_report_opens_with_a_summary_that_fits_a_screen_in_a_resea
     assert head[0].startswith(f"{name} — ") and "Source:" not in head[0]
 
 
+@pytest.mark.parametrize("name", sorted(set(dsl.shipped_names()) - set(r_analysed(dsl.shipped_names()))))
+def test_every_shipped_vocabulary_objective_is_refused_by_the_analysis_at_its_first_sum(name):
+    obj = dsl.load(name)
+    with pytest.raises(dsl.DslError) as e:
+        analyze(obj)
+    assert (e.value.line, e.value.col) == min((n.pos.line, n.pos.col) for n in obj.facts.vocabulary)
+    assert e.value.message.startswith("the r-analysis does not apply to the vocabulary sum"), e.value.render()
+
+
 # OTB's ∂ℓ/∂r on the uniform batch, its baseline written out, is past SymPy's budget: its report
 # says the weight is not derived and every finding is the arbiter's; the test holds it to that.
 PROVISIONAL = {"otb": "not derived"}
@@ -166,7 +176,7 @@ PROVISIONAL = {"otb": "not derived"}
 RANGE_NUMERIC = {"geo_mask": [0.0, 10.0]}
 
 
-@pytest.mark.parametrize("name", dsl.shipped_names())
+@pytest.mark.parametrize("name", r_analysed(dsl.shipped_names()))
 def test_every_shipped_objective_has_every_json_key_and_passes_its_self_check(name):
     out = json.loads(_shipped_json(name))
     assert set(out) >= {"name", "params", "objective", "weight", "cases", "boundary", "reachable",
@@ -273,7 +283,7 @@ def test_every_shipped_objective_gives_byte_identical_json_under_load_and_in_ano
     """Budgets count work, never seconds: the JSON computed while busy loops hog every core (and
     in another process, whose string hashes differ) is the JSON computed quietly, byte for byte."""
     import os
-    names = dsl.shipped_names()
+    names = r_analysed(dsl.shipped_names())
     quiet = {n: _shipped_json(n) for n in names}
     # one busy loop per core: the analysis then gets a fraction of a core, as beside a training run
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]

@@ -30,7 +30,7 @@ LAYERS = [
     "analysis.claims", "analysis.admissibility", "analysis.equiv", "analysis.result", "analysis.orchestrator",
     "analysis.summary", "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis.notebook", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward",
-    "hosts.openrlhf.inputs", "hosts.openrlhf.loss", "hosts.openrlhf.logprobs", "hosts.openrlhf.support",
+    "hosts.openrlhf.logprobs", "hosts.openrlhf.support", "hosts.openrlhf.inputs", "hosts.openrlhf.loss",
     "hosts.openrlhf.actor", "hosts.openrlhf.versions", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
     "hosts.verl",
     "lab.toytask", "lab.task", "lab.pipe", "lab.results", "lab.driver", "lab", "lab.__main__",

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from extra_inputs import extra_inputs
+from extra_inputs import extra_inputs, r_analysed
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "benchmarks"))
 from gpu_check import edge_batch as gpu_edge_batch     # noqa: E402  (a script's folder, not a package)
@@ -28,6 +28,8 @@ from openrlhf_drpo.core import CompiledLoss
 from openrlhf_drpo.core.kernels import RATIO_RANGE, aggregation_coef
 
 SHIPPED = dsl.shipped_names()
+# ∂ℓ/∂log π is the whole gradient (a vocabulary sum's is the support's: tests/test_vocabulary.py)
+THROUGH_LOG_PI = r_analysed(SHIPPED)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 GRAD_TOL = {"fp32": 1e-5, "bf16": 2 ** -8 + 1e-5}
 LOSS_TOL = 1e-5
@@ -70,7 +72,7 @@ def fused(name, path):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", THROUGH_LOG_PI)
 def test_every_fused_kernel_gives_the_float64_loss_and_gradient_in_fp32_and_bf16(name, path, dtype):
     new, old, A, mask = edge_batch()
     (lp, lo, a, ro), ref_inputs = rounded(DTYPES[dtype], new, old, A, old - 0.1 * A.abs() - 0.05)
@@ -99,7 +101,7 @@ def test_every_fused_kernel_gives_the_float64_loss_and_gradient_in_fp32_and_bf16
 EXTREMES = [-800.0, -110.0, -90.0, -30.0, 30.0, 90.0, 800.0]
 # objectives that read log π − log μ but never the clamped r: their metrics' ratio comes unclamped
 # from the generated code (a sequence ratio for GSPO, GMPO, ...)
-RAW_RATIO = [n for n in SHIPPED if "r" not in dsl.load(n).names()]
+RAW_RATIO = [n for n in THROUGH_LOG_PI if "r" not in dsl.load(n).names()]
 # objectives whose own value overflows past a log-ratio of 88.7 in fp32 (709.8 in float64), and whose
 # gradient underflows below -87: they read exp(log π − log μ) unclamped
 # (trust_the_batch: its batch ESS reads every w, so one inf w makes the loss NaN; FeynRL falls back to
@@ -143,7 +145,7 @@ def test_the_far_batch_holds_every_extreme_log_ratio():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", THROUGH_LOG_PI)
 def test_metrics_are_finite_and_equal_their_float64_values_at_log_ratios_to_800(name, path, dtype):
     """'Meaningful': each metric equals its float64 value, where the metrics' ratio is
     exp(clamp(log π − log μ, ±20)) for every objective (kernels.RATIO_RANGE), as OpenRLHF clamps

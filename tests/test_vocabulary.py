@@ -19,7 +19,7 @@ from dsl.vocabulary import support
 from openrlhf_drpo.core import CompiledLoss
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FORWARD_TAIL = (ROOT / "examples" / "opd_topk_tail.dsl").read_text(encoding="utf-8")
+FORWARD_TAIL = (ROOT / "objectives" / "opd_topk_tail.dsl").read_text(encoding="utf-8")
 REVERSE = (ROOT / "examples" / "opd_reverse_topk.dsl").read_text(encoding="utf-8")
 TINY = 1.1754943508222875e-38        # torch.finfo(torch.float32).tiny, verl's floor of the teacher tail's log
 
@@ -234,7 +234,8 @@ HOSTS = {
             "only (its LM head keeps no logits over the vocabulary, and it has no teacher's top-k)"),
     "openrlhf": ("from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss as Host",
                  "objective '{}' uses π_v (the policy's log-probs on each token's top-k support, with their "
-                 "gradient), but drpo-train gives no vocabulary support yet: its actor scores the sampled token only"),
+                 "gradient), but drpo-train gives π_ref's top-k only (ref_topk_sum): topk_sum sums over the current "
+                 "policy's top-k"),
     "verl": ("from openrlhf_drpo.hosts.verl import VerlObjectiveLoss as Host",
              "objective '{}' uses π_v (the policy's log-probs on each token's top-k support, with their gradient), "
              "but verl gives a policy loss the sampled token's log-probs only: its top-k KL is computed from the "
@@ -242,14 +243,20 @@ HOSTS = {
 }
 
 
-@pytest.mark.parametrize("host", HOSTS)
-@pytest.mark.parametrize("name", ["opd_topk_tail", "opd_reverse_topk"])
+# drpo-train gives π_ref's top-k (ref_topk_sum; its command line's refusals: tests/test_vocabulary_train.py)
+REFUSED = [(host, name) for host in HOSTS for name in ("opd_topk_tail", "opd_reverse_topk")
+           if (host, name) != ("openrlhf", "opd_topk_tail")]
+FILES = {"opd_topk_tail": ROOT / "objectives" / "opd_topk_tail.dsl",
+         "opd_reverse_topk": ROOT / "examples" / "opd_reverse_topk.dsl"}
+
+
+@pytest.mark.parametrize("host, name", REFUSED)
 def test_each_host_refuses_a_vocabulary_sum_at_construction_by_name_with_why_in_its_terms(host, name):
     """Each host, constructed in its own interpreter (verl's in its venv, tests/test_verl.py), on
-    each example objective: the refusal names π_v and why, in the host's terms."""
+    each distillation objective it does not give: the refusal names π_v and why, in the host's terms."""
     verl = pathlib.Path(os.environ.get("VERL_VENV", ROOT / ".venv-verl")) / "bin" / "python"   # (test_verl's)
     python = str(verl) if host == "verl" else sys.executable
-    code = (f"{HOSTS[host][0]}\ntry:\n    Host({str(ROOT / 'examples' / (name + '.dsl'))!r})\n"
+    code = (f"{HOSTS[host][0]}\ntry:\n    Host({str(FILES[name])!r})\n"
             "except ValueError as e:\n    print(e)\nelse:\n    print('not refused')")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("VERL_USE_EXTERNAL_MODULES", None)

@@ -13,9 +13,10 @@ import math
 
 import ray
 from openrlhf.trainer.ray import ppo_actor
+from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from openrlhf_drpo.hosts.openrlhf import cpu_mode, inputs, logprobs
+from openrlhf_drpo.hosts.openrlhf import cpu_mode, inputs, logprobs, support
 
 
 def build_loss(spec):
@@ -47,7 +48,7 @@ def install_objective(trainer, spec, step_log=None):
     micro-batches folded together): what drpo-lab reads (the gradient norm before clipping,
     r's range, the largest per-token weight). `step` counts ppo_train calls in this run.
     Each step's loss call gets the objective's other inputs (inputs.supplied); an objective that
-    reads π_ref is the KL trained, so OpenRLHF's own KL loss (--algo.kl.use_loss) gets a
+    reads π_ref (or its top-k) is the KL trained, so OpenRLHF's own KL loss (--algo.kl.use_loss) gets a
     coefficient of 0 (still logged as kl); with group reductions, ppo_train's micro-batches are
     whole groups (inputs.whole_groups)."""
     loss_fn = build_loss(spec)
@@ -58,7 +59,8 @@ def install_objective(trainer, spec, step_log=None):
         trainer._drpo_originals = trainer.training_step, trainer.ppo_train
     original_step, original_train = trainer._drpo_originals
     state = {"step": 0, "micro": 0, "update": 0, "ratio_max": [], "row": {}}
-    reads_ref = "ref_log_probs" in loss_fn.inputs()
+    # π_ref in the objective (its log-probs, or its top-k in a vocabulary sum): the objective is the KL trained
+    reads_ref = bool({"ref_log_probs", *inputs.VOCABULARY_INPUTS} & set(loss_fn.inputs()))
 
     def optimizer_stepped(micro_index) -> bool:       # as ActorPPOTrainer.training_step decides it
         if trainer.args.train.dynamic_batch_enable:
@@ -119,13 +121,20 @@ class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         self.drpo_loss = install_objective(self.trainer, strategy.args.drpo.spec,
                                            getattr(strategy.args.drpo, "step_log", None))
         strategy.print(f"openrlhf-drpo: policy loss is {self.drpo_loss!r}")
+        if getattr(drpo, "vocab_topk", None) and getattr(self.actor, "drpo_chunk", None) is None:
+            raise RuntimeError("openrlhf-drpo: the objective's vocabulary sums need the policy's log-probs on π_ref's "
+                               "top-k from the chunked forward, which this actor cannot take "
+                               f"({logprobs.unsupported(self.actor)})")
         return out
 
     def append(self, experience):
         """OpenRLHF's append, keeping each sample's group id where the objective has group
-        reductions (the replay buffer drops the rollout index it is read from)."""
+        reductions (the replay buffer drops the rollout index it is read from), and π_ref's top-k
+        in experience.info where it has vocabulary sums (inputs.unpack_support)."""
         if "groups" in self.drpo_loss.inputs():
             inputs.tag_groups(experience, self.trainer.args.rollout.n_samples_per_prompt)
+        if set(inputs.VOCABULARY_INPUTS) & set(self.drpo_loss.inputs()):
+            inputs.unpack_support(experience, self.trainer.args.drpo.vocab_topk)
         return super().append(experience)
 
     def drpo_begin_run(self, spec, step_log, seed) -> None:
@@ -162,3 +171,38 @@ class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
 
 
 DrpoPolicyModelActor = ray.remote(num_gpus=1)(_DrpoPolicyModelActor)
+
+
+class _DrpoReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
+    """OpenRLHF's reference model actor; with --drpo.vocab_topk K (an objective whose vocabulary sums
+    read π_ref's top-k), its forward also gives each response token's top-K ids and log-probs, in
+    chunks from the hidden states (support.reference_topk), packed where its log-probs travel; with
+    --drpo.teacher, π_ref is that model in place of the actor's initial weights."""
+
+    def init_model_from_pretrained(self, strategy, pretrain):
+        drpo = strategy.args.drpo
+        teacher = getattr(drpo, "teacher", None)
+        out = super().init_model_from_pretrained(strategy, teacher or pretrain)
+        self.drpo_vocab_topk = getattr(drpo, "vocab_topk", None)
+        if teacher:
+            strategy.print(f"openrlhf-drpo: π_ref is the teacher {teacher} (--drpo.teacher)")
+        if self.drpo_vocab_topk:
+            line = logprobs.install(self.model, getattr(drpo, "logprob_chunk", logprobs.CHUNK))
+            if getattr(self.model, "drpo_chunk", None) is None:
+                raise RuntimeError(f"openrlhf-drpo: π_ref's top-k is scored from the hidden states in chunks: {line}")
+            strategy.print(f"openrlhf-drpo: π_ref's top-{self.drpo_vocab_topk} at each response token from the "
+                           "reference model's hidden states (--drpo.vocab_topk)")
+        return out
+
+    def forward(self, sequences, action_mask=None, attention_mask=None, return_output=False, packed_seq_lens=None,
+                mm_train_inputs_list=None):
+        if not getattr(self, "drpo_vocab_topk", None):
+            return super().forward(sequences, action_mask, attention_mask, return_output, packed_seq_lens,
+                                   mm_train_inputs_list)
+        device = next(self.model.parameters()).device
+        packed = support.reference_topk(self.model, sequences.to(device), action_mask.to(device),
+                                        attention_mask.to(device), self.drpo_vocab_topk)
+        return packed.to("cpu")
+
+
+DrpoReferenceModelActor = ray.remote(num_gpus=1)(_DrpoReferenceModelActor)

@@ -11,6 +11,10 @@ inputs the run would not give or whose group or batch reductions its micro-batch
                ppo_train's micro-batches are whole groups, shuffled (GroupBatches)
     staleness  0 with the synchronous trainer; with --train.async_enable, each sample's policy
                versions behind the one training on it (versions.py), kept in experience.info
+    π_ref_v    π_ref's top-k at each response token, ids and log-probs (--drpo.vocab_topk): the
+               reference actor packs them beside its log-probs (support.reference_topk), the
+               policy actor's append splits them into experience.info (unpack_support); π_v, log π
+               on those ids with its gradient, from the training forward's hidden states
     batch      the optimizer step's batch over its micro-batches and the ranks: one micro-batch a step,
                summed over the ranks in the loss call; several, the step's totals from no-grad
                passes over its micro-batches before it trains (step_statistics)
@@ -25,9 +29,13 @@ import torch
 
 from openrlhf_drpo.core.boundary import turn_ids
 from openrlhf_drpo.core.loss import refuse_unprovided
+from openrlhf_drpo.hosts.openrlhf.support import policy_support
 
 GROUP_KEY = "drpo_group"       # experience.info's per-sample group id, between append and the loss call
 STALENESS_KEY = "drpo_staleness"    # its staleness in asynchronous mode (versions.py), logged as a metric
+# experience.info's per-sample π_ref top-k [A, k] (ids, log-probs), between append and the loss call
+VOCAB_IDS, VOCAB_REF = "drpo_vocab_ids", "drpo_vocab_ref"
+VOCABULARY_INPUTS = ("vocab_log_probs", "vocab_ref_log_probs")
 
 
 def missing_at_launch(ns) -> dict:
@@ -44,6 +52,7 @@ def missing_at_launch(ns) -> dict:
             "--train.partial_rollout_enable: OpenRLHF 0.11.2 pauses vLLM's generation for each weight broadcast and "
             "resumes it with the new weights (ppo_trainer_async.py:255-265), so one response mixes policy versions "
             "and its tokens' versions are not recorded: leave it off (--train.async_enable alone gives staleness)")
+    missing.update(_vocabulary_missing(ns))
     if g("ds.packing_samples") or g("train.dynamic_batch_enable"):
         missing["sum_pi_sq"] = ("drpo-train computes Σ_v π_v² only on unpacked samples: turn off "
                                 "--ds.packing_samples and --train.dynamic_batch_enable")
@@ -75,6 +84,63 @@ def missing_at_launch(ns) -> dict:
         missing["groups"] = ("each rank receives whole rollout micro-batches: set --rollout.micro_batch_size to a "
                              f"multiple of --rollout.n_samples_per_prompt {n}, so that each holds whole prompts")
     return missing
+
+
+def _vocabulary_missing(ns) -> dict:
+    """Why this command line gives no π_ref top-k (the first reason), or nothing: the reference model
+    scores it with the chunked forward on unpacked samples, and it reaches the policy actor where
+    OpenRLHF carries the reference log-probs (--algo.kl.use_loss)."""
+    g = functools.partial(getattr, ns)
+    why = None
+    if g("drpo.vocab_topk", None) is None:
+        why = ("the support's size k is the command line's: set --drpo.vocab_topk K (the k entries π_ref ranks "
+               "highest at each token; the objective names no k)")
+    elif not (g("algo.kl.use_loss") and g("algo.kl.init_coef") > 0):
+        why = ("π_ref's top-k comes from OpenRLHF's reference model, which it creates with --algo.kl.init_coef > 0 "
+               "and whose output reaches the actor only with --algo.kl.use_loss: set both (OpenRLHF's own KL loss "
+               "is then logged as kl, not trained)")
+    elif g("drpo.chunked_logprobs", "on") != "on":
+        why = "drpo-train scores the support from the hidden states in chunks: leave --drpo.chunked_logprobs on"
+    else:
+        for flag, off in (("ds.packing_samples", False), ("train.dynamic_batch_enable", False),
+                          ("ds.ring_attn_size", 1), ("ds.tensor_parallel_size", 1)):
+            if g(flag, off) != off:
+                why = (f"--{flag} {g(flag)}: drpo-train scores the support on unpacked, unsplit micro-batches in "
+                       f"their rollout order: {'turn it off' if off is False else f'set --{flag} 1'}")
+                break
+    return {} if why is None else dict.fromkeys(VOCABULARY_INPUTS, why)
+
+
+def unpack_support(experience, k: int) -> None:
+    """At the policy actor's append: experience.base_action_log_probs as the reference actor packed it
+    ([B, A, 1 + 2k], support.reference_topk) becomes OpenRLHF's [B, A] again, the top-k ids and
+    log-probs going into experience.info, which OpenRLHF's replay buffer splits per sample."""
+    packed = experience.base_action_log_probs
+    shape = None if packed is None else list(packed.shape)
+    if shape is None or len(shape) != 3 or shape[-1] != 1 + 2 * k:
+        raise RuntimeError(f"openrlhf-drpo: the reference log-probs of this experience are {shape}, not [B, A, "
+                           f"{1 + 2 * k}] with π_ref's top-{k} (--drpo.vocab_topk {k}): they must come from "
+                           "drpo-train's reference actor")
+    experience.base_action_log_probs = packed[..., 0].contiguous()
+    experience.info[VOCAB_REF] = packed[..., 1:1 + k].contiguous()
+    experience.info[VOCAB_IDS] = packed[..., 1 + k:].long()
+
+
+def support_of(experience):
+    """The micro-batch's π_ref top-k (ids, log-probs), each [B, W, k] at its action_mask's width W,
+    taken out of experience.info (so OpenRLHF does not log them): each sample's rows from its first
+    response token (the replay buffer trims responses' right padding, and pads the batch after them)."""
+    width = experience.action_mask.shape[1]
+    out = []
+    for key in (VOCAB_IDS, VOCAB_REF):
+        rows = experience.info.pop(key, None)
+        if rows is None:
+            raise RuntimeError("openrlhf-drpo: this experience has no π_ref top-k: an objective with a vocabulary "
+                               "sum needs its experiences appended through the policy actor's append")
+        rows = list(rows) if isinstance(rows, (list, tuple)) else list(rows.unbind(0))
+        out.append(torch.stack([torch.nn.functional.pad(r[:width], (0, 0, 0, width - min(len(r), width)))
+                                for r in rows]).to(experience.action_mask.device))
+    return out
 
 
 def refuse_at_launch(loss, ns) -> None:
@@ -188,22 +254,32 @@ def supplied(loss, trainer, experience):
         given["turns"] = turn_ids(experience.action_mask)
     if "staleness" in need:
         given["staleness"] = staleness(experience, trainer.args)
+    ids = None
+    if set(VOCABULARY_INPUTS) & set(need):
+        ids, given["vocab_ref_log_probs"] = support_of(experience)
     if "batch" in need and getattr(loss, "statistics", None) is not None:
         given["process_group"] = loss.statistics       # the step's totals (step_statistics)
     elif "batch" in need and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         given["process_group"] = torch.distributed.group.WORLD
     actor = trainer.actor
     own = actor.__dict__.get("forward")       # logprobs.install's chunked forward, or None: Actor.forward
-    if {"entropy", "sum_pi_sq"} & set(need):
+    if ids is not None and own is None:
+        raise RuntimeError("openrlhf-drpo: the policy's log-probs on π_ref's top-k come from the chunked forward "
+                           "(--drpo.chunked_logprobs on), which this actor does not have (its start-up line says why)")
+    if {"entropy", "sum_pi_sq", "vocab_log_probs"} & set(need):
         inner = own or types.MethodType(type(actor).forward, actor)
 
         def forward(sequences, action_mask=None, *args, **kwargs):
-            # the chunked forward scores Σ_v π_v² in its chunks; OpenRLHF's returns the logits
+            # the chunked forward scores Σ_v π_v² and the support in its chunks; OpenRLHF's returns the logits
             chunked = {"drpo_sum_pi_sq": "sum_pi_sq" in need} if own is not None else {}
+            if "vocab_log_probs" in need:       # (refused by OpenRLHF's forward, which has no hidden states to give)
+                chunked["drpo_extra"] = policy_support(actor, ids)
             out = inner(sequences, action_mask, *args, **{**kwargs, "return_entropy": True, "return_output": True,
                                                            **chunked})
             log_probs, output = out
             width = action_mask.shape[1]
+            if "vocab_log_probs" in need:
+                given["vocab_log_probs"] = output.drpo_extra
             if "entropy" in need:
                 given["entropy"] = output.entropy[:, -width:]
             if "sum_pi_sq" in need:
@@ -277,7 +353,7 @@ def _no_grad_call(trainer, loss, item, info):
     its backward or its step: what the batch statistics sum."""
     item.to_device(torch.cuda.current_device())
     trainer.actor.train()       # as training_step: the same forward (dropout included) as the training call
-    kept = dict(item.info) if GROUP_KEY in item.info else None      # group_ids takes them out of info
+    kept = dict(item.info) if {GROUP_KEY, VOCAB_IDS} & set(item.info) else None    # the loss call takes them out
     with torch.no_grad(), supplied(loss, trainer, item):
         log_probs, _ = trainer.actor(item.sequences, item.action_mask, attention_mask=item.attention_mask,
                                      return_output=True, ring_attn_group=trainer.strategy.ring_attn_group,

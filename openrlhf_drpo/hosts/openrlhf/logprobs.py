@@ -136,16 +136,24 @@ def install(actor, chunk: int = CHUNK) -> str:
 
 
 def forward(actor, sequences, action_mask=None, attention_mask=None, return_output=False, return_logprobs=False,
-            return_entropy=False, drpo_sum_pi_sq=False, **others):
+            return_entropy=False, drpo_sum_pi_sq=False, drpo_extra=None, **others):
     """Actor.forward (OpenRLHF 0.11.2), its unpacked text-only path, with the log-probs (and
     entropy) of the positions it returns scored in chunks. `output.entropy` covers those
     positions: [B, A] where OpenRLHF's is [B, T-1], of which ActorPPOTrainer reads the last A;
     drpo_sum_pi_sq: `output.sum_pi_sq` too, [B, A], no gradient (drpo-train's inputs.supplied).
-    Asked for logits, or for a route it does not take, it is OpenRLHF's forward."""
+    drpo_extra(hidden [B, A, H], head) -> [B, A, j] fp32: more scores of those positions from the
+    same hidden states (the vocabulary support, support.py), in `output.drpo_extra`; they travel in
+    the head's output, so that ZeRO-3's hooks on the head see their backward too. Asked for logits,
+    or for a route it does not take, it is OpenRLHF's forward (refused where drpo_extra is asked)."""
     def openrlhf():
+        if drpo_extra is not None:
+            raise RuntimeError("openrlhf-drpo: the vocabulary support is scored from the hidden states by the chunked "
+                               f"forward, which this call does not take ({unsupported(actor) or 'see above'}): its "
+                               "top-k needs --drpo.chunked_logprobs on, unpacked text-only samples and a plain "
+                               "torch.nn.Linear LM head whose output the model returns untouched")
         return type(actor).forward(actor, sequences, action_mask, attention_mask, return_output=return_output,
                                    return_logprobs=return_logprobs, return_entropy=return_entropy, **others)
-    if actor.drpo_chunk is None or (action_mask is None and not return_logprobs) \
+    if getattr(actor, "drpo_chunk", None) is None or (action_mask is None and not return_logprobs) \
             or others.get("ring_attn_group") is not None \
             or set(others) - {"allgather_logits", "ring_attn_group", "packed_seq_lens"}:
         return openrlhf()
@@ -164,6 +172,8 @@ def forward(actor, sequences, action_mask=None, attention_mask=None, return_outp
                                         actor.drpo_chunk, return_entropy, drpo_sum_pi_sq)
         scored_sq.extend(sq)        # beside the head's output: it has no gradient to travel with
         scores = torch.stack([logp, ent], -1) if return_entropy else logp[..., None]
+        if drpo_extra is not None:
+            scores = torch.cat([scores, drpo_extra(hidden[:, -n - 1:-1], head)], -1)
         scored.append((scores, scores._version))
         return scores
     own = head.__dict__.get("forward")
@@ -189,6 +199,8 @@ def forward(actor, sequences, action_mask=None, attention_mask=None, return_outp
     log_probs = returned[..., 0]
     if return_entropy:
         setattr(output, "entropy", returned[..., 1])
+    if drpo_extra is not None:
+        setattr(output, "drpo_extra", returned[..., 1 + return_entropy:])
     if scored_sq:
         setattr(output, "sum_pi_sq", scored_sq[-1])
     if action_mask is not None:

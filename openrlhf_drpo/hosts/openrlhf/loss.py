@@ -73,12 +73,12 @@ def openrlhf_loss_module():
     return L
 
 
-# the fourth version's vocabulary sums, refused under any command line until drpo-train gives them
-VOCABULARY = dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
-    "drpo-train gives no vocabulary support yet: its actor scores the sampled token only (--drpo.chunked_logprobs "
-    "gathers one label per position), and no teacher's or π_ref's top-k log-probs reach the loss; "
-    "openrlhf_drpo.hosts.openrlhf.support.support_logprobs computes the support's log-probs from the hidden "
-    "states, in chunks, with their exact gradient, for the wiring that remains"))
+# topk_sum: the policy's own top-k, refused under any command line (ref_topk_sum is given: inputs.py)
+POLICY_TOPK = dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
+    "drpo-train gives π_ref's top-k only (ref_topk_sum): topk_sum sums over the current policy's top-k, whose "
+    "π_ref log-probs would have to be scored at ids the policy chooses at train time, while OpenRLHF's reference "
+    "model scores each response once, before the step (make_experience); write the sum over π_ref's top-k "
+    "(ref_topk_sum), or train it where π_ref is scored beside the policy"))
 
 
 class ObjectiveLoss(CompiledLoss):
@@ -101,13 +101,16 @@ class ObjectiveLoss(CompiledLoss):
     provides = {"rollout_log_probs": "drpo-train keeps vLLM's log-probs for it",
                 **{key: "drpo-train gives it in ObjectiveLoss.given, PolicyLoss's arguments have no place for it"
                    for key in ("ref_log_probs", "entropy", "sum_pi_sq", "groups", "turns", "staleness")},
+                "vocab_log_probs": "drpo-train scores them on π_ref's top-k from the training forward's hidden states",
+                "vocab_ref_log_probs": "drpo-train's reference model scores its top-k (--drpo.vocab_topk)",
                 "batch": "drpo-train sums the optimizer step's micro-batches over the ranks, in no-grad passes "
                          "before the step where it has several"}
     argument_names = {"mask": "action_mask"}
 
     def lacks(self, config) -> dict:
         """What a drpo-train command line (OpenRLHF's flat args) withholds; nothing without one."""
-        return {**VOCABULARY, **({} if config is None else missing_at_launch(config))}
+        return {**({} if config is None else missing_at_launch(config)),
+                **(POLICY_TOPK if self.support == "policy" else {})}
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
                  **overrides):

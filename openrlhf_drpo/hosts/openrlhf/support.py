@@ -56,3 +56,45 @@ def support_logprobs(hidden, weight, bias=None, index=None, k=None, temperature=
     out, support = ChunkedSupport.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, flat, k,
                                         float(temperature), int(chunk))
     return out.view(*shape, k), support.view(*shape, k)
+
+
+EXACT_IDS = 1 << 24     # fp32 holds every integer below 2^24 exactly: the ids travel as fp32 (reference_topk)
+
+
+def reference_topk(actor, sequences, action_mask, attention_mask, k: int):
+    """π_ref's (or a teacher's) forward in drpo-train's reference actor, for an objective whose
+    vocabulary sums read π_ref's top-k: [B, A, 1 + 2k] fp32, without gradient, of each response
+    token's log-prob, the top-k log-probs and their ids (exact in fp32 below 2^24), so that they
+    travel where OpenRLHF carries the reference log-probs [B, A] (inputs.unpack_support splits them
+    at the policy actor's append). `actor` is an OpenRLHF Actor with the chunked forward
+    (logprobs.install): never more than a chunk of rows of logits."""
+    from openrlhf_drpo.hosts.openrlhf.logprobs import forward
+
+    def extra(hidden, head):
+        if not 0 < k <= head.weight.shape[0]:
+            raise RuntimeError(f"openrlhf-drpo: --drpo.vocab_topk {k} is not a support within the reference model's "
+                               f"vocabulary of {head.weight.shape[0]} entries")
+        if head.weight.shape[0] > EXACT_IDS:
+            raise RuntimeError(f"openrlhf-drpo: the reference model's vocabulary of {head.weight.shape[0]} entries is "
+                               f"beyond the {EXACT_IDS} ids its top-k carries exactly in fp32")
+        logp, ids = support_logprobs(hidden, head.weight, head.bias, None, k, actor.temperature, actor.drpo_chunk)
+        return torch.cat([logp, ids.float()], -1)
+    with torch.no_grad():
+        log_probs, output = forward(actor, sequences, action_mask, attention_mask, return_output=True,
+                                    drpo_extra=extra)
+    return torch.cat([log_probs[..., None], output.drpo_extra], -1)
+
+
+def policy_support(actor, ids):
+    """drpo_extra for the policy actor's training forward (logprobs.forward): log π on π_ref's top-k
+    `ids` [B, A, k] at each response token, with the exact gradient through the softmax."""
+    def extra(hidden, head):
+        if ids.shape[:2] != hidden.shape[:2]:
+            raise RuntimeError(f"openrlhf-drpo: the support's ids are {list(ids.shape)} for {list(hidden.shape[:2])} "
+                               "scored positions: they must be the reference model's top-k at each response token")
+        if bool((ids >= head.weight.shape[0]).any()) or bool((ids < 0).any()):
+            raise RuntimeError(f"openrlhf-drpo: π_ref's top-k ids reach {int(ids.max())}, beyond the policy's "
+                               f"vocabulary of {head.weight.shape[0]}: the reference (teacher) and the policy must "
+                               "share one tokenizer and vocabulary")
+        return support_logprobs(hidden, head.weight, head.bias, ids, None, actor.temperature, actor.drpo_chunk)[0]
+    return extra

@@ -3,6 +3,7 @@ PolicyLoss reads (refused: the objective replaces PolicyLoss; options.SUPERSEDED
 
     drpo-train --drpo.objective FILE_OR_NAME [--drpo.set NAME=VALUE]... [--drpo.anchor old|rollout]
                [--drpo.chunked_logprobs on|off] [--drpo.logprob_chunk TOKENS]
+               [--drpo.vocab_topk K] [--drpo.teacher MODEL]
                [--drpo.cpu_mode auto|on|off] <openrlhf.cli.train_ppo_ray flags>
 
 OpenRLHF is not forked: its CLI module runs under runpy while scoped patches (1) add the
@@ -68,6 +69,12 @@ def add_drpo_flags(parser: argparse.ArgumentParser) -> None:
                             "time, never forming the [batch, length, vocab] logits (off: OpenRLHF's full logits)")
     group.add_argument("--drpo.logprob_chunk", type=_positive, default=CHUNK, metavar="TOKENS",
                        help="tokens per chunk of --drpo.chunked_logprobs")
+    group.add_argument("--drpo.vocab_topk", type=_positive, default=None, metavar="K",
+                       help="the support of the objective's vocabulary sums (ref_topk_sum): the K entries π_ref ranks "
+                            "highest at each response token, scored by the reference model in chunks")
+    group.add_argument("--drpo.teacher", metavar="MODEL", default=None,
+                       help="the model π_ref's log-probs (and top-k) come from, in place of the actor's initial "
+                            "weights (on-policy distillation; it must share the actor's tokenizer)")
     group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
                        help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
                             "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "
@@ -151,8 +158,20 @@ def prepare_objective(args: argparse.Namespace):
     from openrlhf_drpo.hosts.openrlhf.inputs import refuse_at_launch
     from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
     # checks openrlhf's version and loss arity, compiles the code; refuses what this run cannot give it
-    refuse_at_launch(ObjectiveLoss(obj, compile=False), args)
-    if "pi_ref" in obj.names():
+    try:     # what drpo-train never gives (the policy's own top-k) is refused at construction
+        loss = ObjectiveLoss(obj, compile=False)
+    except ValueError as e:
+        raise SystemExit(f"drpo-train: error: {e}") from None
+    refuse_at_launch(loss, args)
+    # a flag the objective would not read is refused, never ignored
+    if getattr(args, "drpo.vocab_topk", None) is not None and loss.support is None:
+        raise SystemExit(f"drpo-train: error: --drpo.vocab_topk: objective '{obj.name}' has no vocabulary sum "
+                         "(ref_topk_sum) to read a top-k: leave the flag out")
+    reads_ref = bool({"pi_ref", "pi_ref_v"} & obj.names()) or loss.support is not None
+    if getattr(args, "drpo.teacher", None) is not None and not reads_ref:
+        raise SystemExit(f"drpo-train: error: --drpo.teacher: objective '{obj.name}' reads neither π_ref nor its "
+                         "top-k, which the teacher stands in for: leave the flag out")
+    if reads_ref:
         print("openrlhf-drpo: the objective reads π_ref: its terms in π_ref are the KL trained; OpenRLHF's own KL "
               "loss (--algo.kl.use_loss, --algo.kl.init_coef) is logged as kl, not trained", flush=True)
     return objective_spec(obj), obj
@@ -166,17 +185,23 @@ def objective_spec(obj) -> dict:
 
 def _report(obj, args) -> None:
     """Print the analysis at start-up and save it beside the run's logs."""
+    from dsl import DslError
     from openrlhf_drpo.analysis.orchestrator import analyze
     from openrlhf_drpo.analysis.report import report, to_json
-    res = analyze(obj)
-    text = report(res)
+    try:
+        res = analyze(obj)
+        text = report(res)
+    except DslError as e:      # a vocabulary sum: the analysis says, located, why it does not apply; training goes on
+        if not obj.facts.vocabulary:
+            raise
+        res, text = None, e.render()
     print(text, flush=True)
     for folder in {getattr(args, "ckpt.output_dir", None), getattr(args, "logger.tensorboard_dir", None)} - {None}:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "drpo_objective.txt"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
         with open(os.path.join(folder, "drpo_objective.json"), "w", encoding="utf-8") as f:
-            json.dump(to_json(res), f, indent=2, ensure_ascii=False)
+            json.dump(to_json(res) if res is not None else {"refused": text}, f, indent=2, ensure_ascii=False)
 
 
 @contextlib.contextmanager
@@ -205,7 +230,8 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
     import ray
     from openrlhf.trainer import ppo_trainer_async
     from openrlhf.trainer.ray import ppo_actor
-    from openrlhf_drpo.hosts.openrlhf.actor import DrpoPolicyModelActor
+    from openrlhf.trainer.ray import launcher
+    from openrlhf_drpo.hosts.openrlhf.actor import DrpoPolicyModelActor, DrpoReferenceModelActor
     from openrlhf_drpo.hosts.openrlhf.versions import VersionedTrainer
     original_init = ray.init
 
@@ -232,6 +258,7 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
     with contextlib.ExitStack() as stack:
         _patch(stack, argparse.ArgumentParser, "parse_args", parse_args)
         _patch(stack, ppo_actor, "PolicyModelActor", DrpoPolicyModelActor)
+        _patch(stack, launcher, "ReferenceModelActor", DrpoReferenceModelActor)     # π_ref's top-k, a teacher
         _patch(stack, ppo_trainer_async, "PPOTrainerAsync", VersionedTrainer)    # tags policy versions
         _patch(stack, ray, "init", ray_init)
         for module, name, value in (cpu_mode.actor_patches() if cpu else []):
