@@ -107,13 +107,13 @@ class ObjectiveLoss(CompiledLoss):
                          "before the step where it has several"}
     argument_names = {"mask": "action_mask"}
 
-    def lacks(self, config) -> dict:
+    def lacks(self, config: object) -> dict:
         """What a drpo-train command line (OpenRLHF's flat args) withholds; nothing without one."""
         return {**({} if config is None else missing_at_launch(config)),
                 **(POLICY_TOPK if self.support == "policy" else {})}
 
     def __init__(self, objective: str | Objective = "drpo", *, fused: bool = True, compile: bool | str = "auto",
-                 **overrides):
+                 **overrides: float):
         super().__init__(objective, fused=fused, compile=compile, **overrides)
         openrlhf_loss_module()      # the pinned OpenRLHF, checked
         self.sink: dict | None = None      # drpo-train points this at experience.info
@@ -122,8 +122,12 @@ class ObjectiveLoss(CompiledLoss):
         self.given: dict = {}
         self.statistics = None      # drpo-train's BatchStatistics for the step it trains (inputs.step_statistics)
 
-    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
-                dp_size=1, batch_num_tokens=None, global_batch_size=None):
+    def forward(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                action_mask: torch.Tensor | None = None, rollout_log_probs: torch.Tensor | None = None,
+                dp_size: int = 1, batch_num_tokens: int | torch.Tensor | None = None,
+                global_batch_size: int | torch.Tensor | None = None) -> tuple:
+        """PolicyLoss.forward's arguments and its five results: (loss, clip_ratio, ppo_kl, vllm_kl,
+        is_filter_ratio), the last two None without rollout log-probs."""
         if action_mask is None:
             action_mask = torch.ones_like(log_probs, dtype=torch.bool)
         # OpenRLHF's aggregate_loss: the local count, or the global one over the ranks

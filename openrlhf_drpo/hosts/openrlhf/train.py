@@ -225,14 +225,17 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
         ns = original_parse(parser, args, namespace)
         on_parsed(ns, cpu)
         parsed["ns"] = ns
+        # OpenRLHF's async trainer imports vLLM, whose import logs (Triton's probe): only once the
+        # command line is accepted, so that a refusal prints the refusal alone
+        from openrlhf.trainer import ppo_trainer_async
+        from openrlhf_drpo.hosts.openrlhf.versions import VersionedTrainer
+        _patch(stack, ppo_trainer_async, "PPOTrainerAsync", VersionedTrainer)    # tags policy versions
         return ns
 
     import ray
-    from openrlhf.trainer import ppo_trainer_async
     from openrlhf.trainer.ray import ppo_actor
     from openrlhf.trainer.ray import launcher
     from openrlhf_drpo.hosts.openrlhf.actor import DrpoPolicyModelActor, DrpoReferenceModelActor
-    from openrlhf_drpo.hosts.openrlhf.versions import VersionedTrainer
     original_init = ray.init
 
     def ray_init(*args, **kwargs):
@@ -259,7 +262,6 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
         _patch(stack, argparse.ArgumentParser, "parse_args", parse_args)
         _patch(stack, ppo_actor, "PolicyModelActor", DrpoPolicyModelActor)
         _patch(stack, launcher, "ReferenceModelActor", DrpoReferenceModelActor)     # π_ref's top-k, a teacher
-        _patch(stack, ppo_trainer_async, "PPOTrainerAsync", VersionedTrainer)    # tags policy versions
         _patch(stack, ray, "init", ray_init)
         for module, name, value in (cpu_mode.actor_patches() if cpu else []):
             _patch(stack, module, name, value)
