@@ -83,18 +83,25 @@ def third_inputs(new, seed=0):
     return {"ref_log_probs": new.double() + 0.4 * (noise() - 0.5), "entropy": 2 * noise(),
             "sum_pi_sq": pi ** 2 + noise() * (1 - pi) ** 2, "groups": torch.arange(new.shape[0]) // 2,
             "turns": (torch.arange(new.shape[-1]) // 3).expand(new.shape),
-            "staleness": torch.randint(0, 4, new.shape, generator=g).double()}
+            "staleness": torch.randint(0, 4, new.shape, generator=g).double(),
+            # a top-3 support: 3 entries of a distribution over 5 (the vocabulary sums')
+            **{k: (2 * torch.randn((*new.shape, 5), generator=g, dtype=torch.float64)).log_softmax(-1)[..., :3]
+               for k in ("vocab_log_probs", "vocab_ref_log_probs")}}
 
 
 def run(loss_fn, new, old, A, mask, rollout, extras=None):
     """(loss, ∂loss/∂log π, metrics); `extras`: the third version's inputs, of which the objective
-    gets those it reads."""
+    gets those it reads. A vocabulary sum's gradient is the support's too: ∂loss/∂log π and
+    ∂loss/∂(the support's log π), flattened one after the other."""
     lp = new.clone().requires_grad_()
     given = {k: v for k, v in (extras or {}).items() if k in loss_fn.inputs()}
-    if "entropy" in given:      # the policy's H has a gradient of its own (the loss refuses a detached one)
-        given["entropy"] = given["entropy"].clone().requires_grad_()
+    for key in ("entropy", "vocab_log_probs"):      # the policy's, with a gradient of their own (a detached one is refused)
+        if key in given:
+            given[key] = given[key].clone().requires_grad_()
     loss, metrics = loss_fn(lp, old, A, mask, rollout_log_probs=rollout, **given)
-    (grad,) = torch.autograd.grad(loss, lp)
+    wrt = [lp] + ([given["vocab_log_probs"]] if "vocab_log_probs" in given else [])
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+    grad = torch.cat([(torch.zeros_like(x) if g is None else g).flatten() for x, g in zip(wrt, grads)])
     return loss.detach(), grad, metrics.values
 
 
@@ -119,8 +126,13 @@ def compare(name, dtype, device, loss_fn, batch):
     values = torch.cat([loss.reshape(1).float(), grad.float().flatten(), metrics.float()])
     error, largest = (grad.double() - ref_grad).abs().max().item(), ref_grad.abs().max().item()
     # below the dtype's smallest normal number (VESPO's gradient reaches 4.7e-39 here) a value
-    # has fewer bits than the dtype: such an error is held to that number, not to the largest
-    return {"grad": error / largest, "grad_ok": error <= GRAD_TOL[dtype] * largest + torch.finfo(grad.dtype).tiny,
+    # has fewer bits than the dtype: such an error is held to that number, not to the largest.
+    # A tail 1 − Q of a top-k support (Q = Σ_k π_v) is rounded in the dtype to ε·Q/(1 − Q) of itself,
+    # and its gradient with it: that much more is the objective's conditioning, not the kernels'
+    cond = max([0.0] + [(lambda q: (q / (1 - q))[mask].max().item())(v.double().exp().sum(-1))
+                        for k, v in ref_x.items() if k.startswith("vocab") and k in reference.inputs()])
+    tol = GRAD_TOL[dtype] + torch.finfo(DTYPES[dtype]).eps * cond
+    return {"grad": error / largest, "grad_ok": error <= tol * largest + torch.finfo(grad.dtype).tiny, "cond": cond,
             "loss": abs(loss.item() - ref_loss.item()) / max(magnitude, 1e-300),
             "loss_ok": abs(loss.item() - ref_loss.item()) <= LOSS_TOL * magnitude + torch.finfo(loss.dtype).tiny,
             "metrics": ((metrics.double() - ref_metrics).abs() / ref_metrics.abs().clamp(min=1e-6)).max().item(),
@@ -143,9 +155,7 @@ def summarize(errors: dict) -> dict:
 def exactness(device, compiled, deadline):
     batch = edge_batch()
     errors = {"plain fp32": {}, "fused fp32": {}, "fused bf16": {}, "compiled fp32": {}, "compiled bf16": {}}
-    # ∂ℓ/∂log π is each objective's whole gradient, but a vocabulary sum's
-    # (the support's: tests/test_vocabulary.py)
-    for name in [n for n in dsl.shipped_names() if not dsl.load(n).facts.vocabulary]:
+    for name in dsl.shipped_names():
         if time.monotonic() > deadline:
             return {"skipped": f"out of time after {len(errors['plain fp32'])} objectives"}
         errors["plain fp32"][name] = compare(name, "fp32", device, CompiledLoss(name, fused=False, compile=False),
@@ -178,11 +188,16 @@ def compile_counts(device, names, deadline):
     return out, kept
 
 
-def syncs(device, compiled, deadline):
+# the four first checked, and one of each reduction since (order statistics, turns, the vocabulary,
+# the prefix, staleness, per-response quantiles)
+SYNCS = "ppo,drpo,gspo,icepop,top_entropy,passk_max,gspo_turn,opd_topk_tail,otb,areal_prox,cppo,mu_grpo"
+
+
+def syncs(device, compiled, deadline, names=SYNCS):
     if device != "cuda":
         return {"skipped": "CUDA only (tests/test_core.py records host reads on the CPU)"}
     out = {}
-    for name in ("ppo", "drpo", "gspo", "icepop"):
+    for name in names.split(","):
         if time.monotonic() > deadline:
             out[name] = "skipped: out of time"
             continue
@@ -191,12 +206,16 @@ def syncs(device, compiled, deadline):
         if name in compiled:        # (compiled here only if compiled above: a compile costs seconds)
             paths["compiled"] = compiled[name]
         new, old, A, mask, rollout = (x.to(device) for x in edge_batch())
+        extras = {k: v.to(device=device, dtype=torch.float32) if v.is_floating_point() else v.to(device)
+                  for k, v in third_inputs(new.cpu()).items() if k in paths["plain"].inputs()}
         for path, loss_fn in paths.items():
             for mask_kind, m in (("bool mask", mask), ("float mask", mask.float())):
                 def step():
                     lp = new.float().requires_grad_()
+                    given = {k: v.clone().requires_grad_() if k in ("entropy", "vocab_log_probs") else v
+                             for k, v in extras.items()}
                     loss, metrics = loss_fn(lp, old.float(), A.float(), m, rollout_log_probs=rollout.float(),
-                                            aggregation=Aggregation(norm=100.0))
+                                            aggregation=Aggregation(norm=100.0), **given)
                     loss.backward()
                 step()              # compiles, outside the watch
                 torch.cuda.synchronize()
@@ -383,6 +402,7 @@ def main():
     ap.add_argument("--budget", type=float, default=300.0, help="seconds; what does not fit is skipped")
     ap.add_argument("--backend", default="inductor", help="torch.compile's backend for ours and hand-written")
     ap.add_argument("--compiled", default="ppo,drpo,spo,gspo,dppo_binary_tv,sapo_erf")
+    ap.add_argument("--syncs", default=SYNCS, help="the objectives whose paths are watched for a host sync")
     ap.add_argument("--chunked", default="", help="MODULE:FUNCTION of a chunked log-prob function to check, "
                     "or 'host': drpo-train's own (openrlhf_drpo.hosts.openrlhf.logprobs)")
     args = ap.parse_args()
@@ -399,7 +419,7 @@ def main():
     names = args.compiled.split(",")[:1] if args.quick else args.compiled.split(",")
     result["compile"], compiled = compile_counts(device, names, deadline)
     result["exactness"] = exactness(device, compiled, deadline)
-    result["syncs"] = syncs(device, compiled, deadline)
+    result["syncs"] = syncs(device, compiled, deadline, args.syncs)
     sizes = ["32k", "64k"] if args.quick else ["1M", "16M"]
     result["speed"] = speed(device, sizes, compiled, deadline)
     result["step_0p5b"] = (step_0p5b(device, args.quick, args.chunked, compiled) if time.monotonic() < deadline
