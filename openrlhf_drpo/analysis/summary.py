@@ -138,7 +138,7 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
             "under 'assumed' below): the claims here hold there only" if scope.get("held") else
             "a response whose tokens share r, μ and A: on other responses a token's gradient also depends on "
             "the rest of the response" if scope.get("sequence") else None)
-    held = wrap(held, "  held on       ", width=width) if held else []
+    held = wrap(held, "  analysed on   ", width=width) if held else []
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
     return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
             *_objective(res, source, width), "", *held, *_gradient(res, width), *_trust_region(res, width),
