@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import warnings
 
 from dsl import DslError, load, parse_spec, shipped_names
@@ -269,7 +270,9 @@ def _list(ap, args) -> int:
         ap.error("--list takes no objective and no other option")
     names = shipped_names()
     width = max(map(len, names))
-    print("\n".join(f"{name:<{width}}  {header(name)[0]}" for name in names))
+    room = 100 - width - 2      # a terminal's 100 columns, a longer header ending at a word with " …"
+    print("\n".join(f"{name:<{width}}  {textwrap.shorten(header(name)[0], room, placeholder=' …')}"
+                     for name in names))
     return 0
 
 

@@ -87,6 +87,10 @@ def test_list_prints_each_shipped_objective_on_one_line_from_its_header():
     assert [line.split()[0] for line in lines] == dsl.shipped_names()
     assert lines[dsl.shipped_names().index("gspo")].split(None, 1)[1] == header("gspo")[0] == \
         "GSPO: Group Sequence Policy Optimization"
+    # in a terminal's 100 columns: a longer header ends at a word, with " …"
+    assert max(map(len, lines)) <= 100 and max(len(header(n)[0]) for n in dsl.shipped_names()) > 100
+    cispo = lines[dsl.shipped_names().index("cispo")].split(None, 1)[1]
+    assert cispo.endswith(" …") and header("cispo")[0].startswith(cispo[:-2] + " ")
 
 
 def test_an_objective_takes_its_own_values_as_name_colon_pairs():
