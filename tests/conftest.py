@@ -17,13 +17,25 @@ if os.environ.get("CI"):
 
 
 # The suite runs on two workers (`pytest -n 2`, pytest-xdist, `--dist loadfile` in setup.cfg): each
-# file whole on one worker (its module fixtures run once). The files that start Ray, vLLM and
-# DeepSpeed are the longest: they go first, so that the short ones fill in around them at the end.
-PROCESSES = ("test_lab.py", "test_pipeline.py", "test_two_ranks.py", "test_train.py", "test_train_v3.py")
+# file whole on one worker (its module fixtures run once), handed out in collection order. The
+# longest files go first, longest first (measured one at a time: Ray/vLLM/DeepSpeed runs, the
+# arbiter's and the analysis's random objectives, the contributing recipes' pytest runs, 90-480 s
+# each), so that the short ones fill in around them at the end. Re-measure when one changes much.
+LONGEST = ("test_two_ranks.py", "test_lab.py", "test_arbiter.py", "test_pipeline.py", "test_analysis.py",
+           "test_contributing.py", "test_train.py", "test_accumulation_trl.py")
+
+
+def pytest_configure(config):
+    # xdist (3.x) would hand the files out by their number of tests, most first (its
+    # --loadscope-reorder, on by default): long files of few tests (the two Ray files' 2 and 4,
+    # test_contributing's 5) came last, and ran on after the short ones were done
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in PROCESSES)
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))
 
 
 def _tree_status(root):

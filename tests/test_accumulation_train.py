@@ -3,7 +3,8 @@ of 4 micro-batches on one rank, through the real ActorPPOTrainer.ppo_train (Deep
 takes its batch statistics in no-grad passes of the actor's forward over the step's micro-batches,
 then trains each: every micro-batch's gradient to log π is its rows of the step's whole-batch
 gradient, written out by hand (no code of the package). Two ranks × 4 micro-batches: the core's
-test_accumulation, and drpo-train's gradient over 2 Ray ranks: test_two_ranks' plugin."""
+test_accumulation, and drpo-train's gradient over 2 Ray ranks: test_two_ranks (beside its one-rank
+reference runs, which it makes once for both of its checks)."""
 import os
 import pathlib
 import subprocess
@@ -94,53 +95,3 @@ def test_drpo_train_trains_a_batch_objective_over_4_micro_batches_with_the_whole
             f"import test_accumulation_train as t; t.check_accumulated({tiny_model!r}, {str(tmp_path)!r}, {name!r})")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-
-
-def _ray_run(task, out, objective, flags, ranks, micro):
-    """drpo-train in CPU mode (Ray, vLLM, DeepSpeed over gloo), `ranks` actor ranks with micro-batches
-    of `micro` samples (test_two_ranks' run, the micro-batch size free): its rollouts and gradients."""
-    import json
-    from openrlhf_drpo.hosts.openrlhf import vllm_worker
-    from openrlhf_drpo.lab import toytask
-    from test_two_ranks import PROMPTS, SAMPLES, STEPS as RAY_STEPS
-    os.makedirs(out)
-    config = os.path.join(out, "plugin.json")
-    with open(config, "w") as f:
-        json.dump({"out": str(out)}, f)
-    args = [*toytask.flags(task, str(out), steps=1, rollout_prompts=PROMPTS, samples=SAMPLES),
-            "--train.num_episodes", str(RAY_STEPS), "--actor.num_gpus_per_node", str(ranks),
-            "--train.micro_batch_size", str(micro), "--rollout.micro_batch_size", "8",
-            "--drpo.plugin", "rank_gradients", "--drpo.plugin_config", config]
-    env = {**os.environ, vllm_worker.SKIP_RELOAD: "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", objective,
-                           *flags, *args], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    load = lambda name: [torch.load(os.path.join(out, f"{name}{k}.pt")) for k in range(1, RAY_STEPS + 1)]  # noqa: E731
-    return load("rollout"), load("step")
-
-
-@pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    from openrlhf_drpo.lab import toytask
-    return toytask.build(str(tmp_path_factory.mktemp("toytask")))
-
-
-@pytest.mark.parametrize("name", OBJECTIVES)
-def test_two_ranks_of_4_micro_batches_step_the_gradient_of_one_micro_batch_on_one_rank(task, tmp_path, name):
-    """drpo-train's step gradient, as DeepSpeed reduces it over 2 ranks of 4 micro-batches each (2
-    samples a micro-batch), is the one of one rank holding the step's 16 samples in one micro-batch
-    (the loss call's own batch reduction), on the same rollouts (test_two_ranks' plugin and tolerance:
-    the trainer's bf16)."""
-    from test_two_ranks import PROMPTS, SAMPLES, TOLERANCE
-    path = tmp_path / f"{name}.dsl"
-    path.write_text(OBJECTIVES[name])
-    flags = ("--drpo.anchor", "rollout") if name == "trust_the_batch" else ()      # step 2 off-policy: ESS < 1
-    rollouts, one = _ray_run(task, tmp_path / "one", str(path), flags, 1, PROMPTS * SAMPLES)
-    same, two = _ray_run(task, tmp_path / "two", str(path), flags, 2, 2)
-    assert same == rollouts
-    assert [s["ranks"] for s in one + two] == [1] * len(one) + [2] * len(two)
-    for step, (g1, g2) in enumerate(zip(one, two), 1):
-        g1, g2 = g1["grad"], g2["grad"]
-        error = float((g2 - g1).norm() / g1.norm())
-        assert error < TOLERANCE, f"step {step}: |g2 - g1|/|g1| = {error:.2e}"

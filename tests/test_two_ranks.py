@@ -1,10 +1,14 @@
-"""drpo-train with two actor ranks, end to end on CPU (issue 36, item 8): each step's gradient,
-as DeepSpeed reduces it over the data-parallel ranks, is the one-rank run's on the same rollouts,
-for an objective with a batch reduction (trust_the_batch: its ESS summed over the ranks through
-the process group, the token mean over the step's global count) and one with group reductions
-(otb: whole groups on each rank). The gradients come from a test plugin (tests/rank_gradients.py),
-the rollouts are the same because the engine samples each response with its own seed and keeps
-its first weights (OPENRLHF_DRPO_SKIP_VLLM_RELOAD)."""
+"""drpo-train with two actor ranks, end to end on CPU (issue 36, item 8; issue 39, item 1): each
+step's gradient, as DeepSpeed reduces it over the data-parallel ranks, is the one-rank run's on the
+same rollouts, for an objective with a batch reduction (trust_the_batch: its ESS summed over the
+ranks through the process group, the token mean over the step's global count) and one with group
+reductions (otb: whole groups on each rank); and with each rank's share cut into 4 micro-batches
+(gradient accumulation: the batch statistics taken over the step first), for trust_the_batch and
+batch_mean(r)*A. The gradients come from a test plugin (tests/rank_gradients.py), the rollouts are
+the same because the engine samples each response with its own seed and keeps its first weights
+(OPENRLHF_DRPO_SKIP_VLLM_RELOAD).
+Each run is a drpo-train launch (Ray, vLLM, DeepSpeed: about a minute on 2 cores): the one-rank
+reference of an objective is made once here, and both of its checks read it."""
 import json
 import os
 import subprocess
@@ -20,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPTS, SAMPLES, STEPS = 4, 4, 2
 # trust_the_batch against vLLM's log-probs: with the engine held at its first weights, step 2's
 # batch is off-policy, so its ESS and (1 - ESS)·KL act on the gradient (against π_old they would not)
-OBJECTIVES = {"trust_the_batch": ("--drpo.anchor", "rollout"), "otb": ()}
+OBJECTIVES = {"trust_the_batch": ("--drpo.anchor", "rollout"), "otb": (), "batch_mean_r_A": ()}
+WRITTEN = {"batch_mean_r_A": "batch_mean(r)*A\n"}       # objectives given as a .dsl file, not shipped
 # the trainer computes in bf16: its gradients round to 2^-9, and step 2 starts from weights that
 # did (measured |g2 - g1|/|g1|: 0.3% at step 1, 0.9-1.1% at step 2)
 TOLERANCE = 0.03
@@ -31,34 +36,65 @@ def task(tmp_path_factory):
     return toytask.build(str(tmp_path_factory.mktemp("toytask")))
 
 
-def _run(task, out, objective, ranks):
-    """drpo-train, `ranks` actor ranks each holding its share of the step's 16 samples as one
-    micro-batch (whole groups of 4: the rollout's micro-batches of 8 go to the ranks whole);
-    the same 4 prompts each step (2 episodes of one step). Returns its rollouts and gradients."""
+def _run(task, out, objective, ranks, micro):
+    """drpo-train, `ranks` actor ranks each holding its share of the step's 16 samples in
+    micro-batches of `micro` samples (whole groups of 4 when micro >= 4: the rollout's
+    micro-batches of 8 go to the ranks whole); the same 4 prompts each step (2 episodes of one
+    step). Returns its rollouts and gradients."""
     os.makedirs(out)
     config = os.path.join(out, "plugin.json")
     with open(config, "w") as f:
         json.dump({"out": str(out)}, f)
+    spec = objective
+    if objective in WRITTEN:
+        spec = os.path.join(out, f"{objective}.dsl")
+        with open(spec, "w") as f:
+            f.write(WRITTEN[objective])
     flags = [*toytask.flags(task, str(out), steps=1, rollout_prompts=PROMPTS, samples=SAMPLES),
              "--train.num_episodes", str(STEPS), "--actor.num_gpus_per_node", str(ranks),
-             "--train.micro_batch_size", str(PROMPTS * SAMPLES // ranks), "--rollout.micro_batch_size", "8",
+             "--train.micro_batch_size", str(micro), "--rollout.micro_batch_size", "8",
              "--drpo.plugin", "rank_gradients", "--drpo.plugin_config", config]
     env = {**os.environ, vllm_worker.SKIP_RELOAD: "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", objective,
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", "--drpo.objective", spec,
                            *OBJECTIVES[objective], *flags], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     load = lambda name: [torch.load(os.path.join(out, f"{name}{k}.pt")) for k in range(1, STEPS + 1)]  # noqa: E731
     return load("rollout"), load("step")
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
-def test_two_ranks_step_the_gradient_one_rank_steps_on_the_same_rollouts(task, tmp_path, objective):
-    rollouts, one = _run(task, tmp_path / "one", objective, 1)
-    same, two = _run(task, tmp_path / "two", objective, 2)
+@pytest.fixture(scope="module")
+def runs(task, tmp_path_factory):
+    """run(objective, ranks, micro): each distinct run launched once in this module (a run is
+    a function of its arguments: its rollouts are seeded, and the checks compare them)."""
+    made = {}
+
+    def run(objective, ranks, micro):
+        key = (objective, ranks, micro)
+        if key not in made:
+            made[key] = _run(task, tmp_path_factory.mktemp(f"{objective}-{ranks}x{micro}") / "out", *key)
+        return made[key]
+    return run
+
+
+def _check_same_gradient(one_rank, two_ranks):
+    (rollouts, one), (same, two) = one_rank, two_ranks
     assert same == rollouts
     assert [s["ranks"] for s in one + two] == [1] * STEPS + [2] * STEPS
     for step, (g1, g2) in enumerate(zip(one, two), 1):
         g1, g2 = g1["grad"], g2["grad"]
         error = float((g2 - g1).norm() / g1.norm())
         assert error < TOLERANCE, f"step {step}: |g2 - g1|/|g1| = {error:.2e}"
+
+
+@pytest.mark.parametrize("objective", ["trust_the_batch", "otb"])
+def test_two_ranks_step_the_gradient_one_rank_steps_on_the_same_rollouts(runs, objective):
+    _check_same_gradient(runs(objective, 1, PROMPTS * SAMPLES), runs(objective, 2, PROMPTS * SAMPLES // 2))
+
+
+@pytest.mark.parametrize("name", ["trust_the_batch", "batch_mean_r_A"])
+def test_two_ranks_of_4_micro_batches_step_the_gradient_of_one_micro_batch_on_one_rank(runs, name):
+    """drpo-train's step gradient, as DeepSpeed reduces it over 2 ranks of 4 micro-batches each (2
+    samples a micro-batch), is the one of one rank holding the step's 16 samples in one micro-batch
+    (the loss call's own batch reduction), on the same rollouts (the trainer's bf16: TOLERANCE)."""
+    _check_same_gradient(runs(name, 1, PROMPTS * SAMPLES), runs(name, 2, 2))
