@@ -194,7 +194,8 @@ def _report(obj, args) -> None:
     except DslError as e:      # a vocabulary sum: the analysis says, located, why it does not apply; training goes on
         if not obj.facts.vocabulary:
             raise
-        res, text = None, e.render()
+        # a note, not an error: the run goes on (an "error:" line in a run that trains misleads)
+        res, text = None, e.render().replace(": error: ", ": note: ", 1)
     print(text, flush=True)
     for folder in {getattr(args, "ckpt.output_dir", None), getattr(args, "logger.tensorboard_dir", None)} - {None}:
         os.makedirs(folder, exist_ok=True)
