@@ -108,6 +108,14 @@ def test_batch_quantile_over_several_data_parallel_ranks_is_refused_by_name(monk
     ("r*A*batch_quantile(r, -0.1)", "batch_quantile's argument 2 '-0.1' is -0.1, outside [0, 1]", 23),
     ("r*A*batch_quantile(r)", "batch_quantile() takes 2 arguments, got 1", 5),
     ("r*A*batch_max(r)", "'batch_max' is not a function of the language", 5),
+    ("r*A*seq_quantile(r, H)", "seq_quantile's argument 2 must be a constant, got 'H'", 21),
+    ("r*A*seq_quantile(r, seq_mean(A))", "seq_quantile's argument 2 must be a constant", 21),
+    ("r*A*seq_quantile(r, r)", "seq_quantile's argument 2 must be a constant, got 'r'", 21),
+    ("r*A*seq_quantile(r, 1.5)", "seq_quantile's argument 2 '1.5' is 1.5, outside [0, 1]", 21),
+    ("r*A*seq_quantile(r, 0.5 - 1)", "seq_quantile's argument 2 '0.5 - 1' is -0.5, outside [0, 1]", 21),
+    ("r*A*seq_quantile(r)", "seq_quantile() takes 2 arguments, got 1", 5),
+    ("r*A*seq_quantile(r, 0.5, 0.9)", "seq_quantile() takes 2 arguments, got 3", 5),
+    ("r*A*seq_median(r)", "'seq_median' is not a function of the language", 5),     # (not 'did you mean seq_mean')
 ])
 def test_q_is_a_constant_in_the_unit_interval_else_a_located_error(text, message, col):
     with pytest.raises(dsl.DslError) as e:
@@ -116,10 +124,11 @@ def test_q_is_a_constant_in_the_unit_interval_else_a_located_error(text, message
     assert shown.startswith(f"q.dsl:1:{col}: error: {message}") and "^" in shown, shown
 
 
-def test_q_set_from_outside_is_checked_as_the_files_own():
-    assert dsl.load("top_entropy", params={"q": 0.5}).params["q"] == 0.5
-    with pytest.raises(dsl.DslError, match=r"top_entropy.dsl:13:\d+: error: batch_quantile's argument 2 'q' is 1.2"):
-        dsl.load("top_entropy", params={"q": 1.2})
+@pytest.mark.parametrize("name, line, op", [("top_entropy", "13", "batch_quantile"), ("cppo", r"\d+", "seq_quantile")])
+def test_q_set_from_outside_is_checked_as_the_files_own(name, line, op):
+    assert dsl.load(name, params={"q": 0.5}).params["q"] == 0.5
+    with pytest.raises(dsl.DslError, match=rf"{name}.dsl:{line}:\d+: error: {op}'s argument 2 'q' is 1.2"):
+        dsl.load(name, params={"q": 1.2})
 
 
 @pytest.mark.parametrize("text, level, locality, width, whole", [

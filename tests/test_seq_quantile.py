@@ -61,29 +61,6 @@ def test_a_response_with_no_token_slot_reduces_to_an_empty_value_still_on_the_gr
 
 
 # ---------------------------------------------------------------- the language
-@pytest.mark.parametrize("text, message, col", [
-    ("r*A*seq_quantile(r, H)", "seq_quantile's argument 2 must be a constant, got 'H'", 21),
-    ("r*A*seq_quantile(r, seq_mean(A))", "seq_quantile's argument 2 must be a constant", 21),
-    ("r*A*seq_quantile(r, r)", "seq_quantile's argument 2 must be a constant, got 'r'", 21),
-    ("r*A*seq_quantile(r, 1.5)", "seq_quantile's argument 2 '1.5' is 1.5, outside [0, 1]", 21),
-    ("r*A*seq_quantile(r, 0.5 - 1)", "seq_quantile's argument 2 '0.5 - 1' is -0.5, outside [0, 1]", 21),
-    ("r*A*seq_quantile(r)", "seq_quantile() takes 2 arguments, got 1", 5),
-    ("r*A*seq_quantile(r, 0.5, 0.9)", "seq_quantile() takes 2 arguments, got 3", 5),
-    ("r*A*seq_median(r)", "'seq_median' is not a function of the language", 5),     # (not 'did you mean seq_mean')
-])
-def test_q_is_a_constant_in_the_unit_interval_else_a_located_error(text, message, col):
-    with pytest.raises(dsl.DslError) as e:
-        dsl.parse(text, "q.dsl")
-    shown = str(e.value)
-    assert shown.startswith(f"q.dsl:1:{col}: error: {message}") and "^" in shown, shown
-
-
-def test_a_q_set_from_outside_is_checked_as_the_files_own():
-    assert dsl.load("cppo", params={"q": 0.5}).params["q"] == 0.5
-    with pytest.raises(dsl.DslError, match=r"cppo.dsl:\d+:\d+: error: seq_quantile's argument 2 'q' is 1.2"):
-        dsl.load("cppo", params={"q": 1.2})
-
-
 @pytest.mark.parametrize("text, level, locality, width", [
     ("r*A*seq_quantile(r, 0.3)", "response", "response", "response"),
     ("r*A*seq_quantile(seq_mean(r), 0.3)", "response", "response", "response"),
