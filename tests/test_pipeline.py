@@ -204,7 +204,8 @@ def test_reference_critic_a_sequence_objective_and_the_rollout_is_correction_run
                       extra=("--algo.kl.init_coef", "0.01", "--algo.advantage.estimator", "gae",
                              "--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_threshold",
                              "0.5", "2"))
-    assert "CpuReferenceModelActor" in log and "CpuCriticModelActor" in log
+    # the reference actor is drpo-train's (π_ref's top-k) adapted to CPU mode
+    assert "Cpu_DrpoReferenceModelActor" in log and "CpuCriticModelActor" in log
     assert len(steps) == 3 and all("critic_loss" in s and "kl" in s for s in steps)
     assert steps[-1]["kl"] > 0          # the policy moved away from the reference
     assert "Traceback" not in log

@@ -103,7 +103,8 @@ def _flat(**changes):
 def test_on_several_ranks_groups_and_batches_need_whole_shares_per_rank(changes, key, expected):
     from openrlhf_drpo.hosts.openrlhf.inputs import missing_at_launch
     assert missing_at_launch(_flat(**changes))[key] == expected
-    assert missing_at_launch(_flat()) == {"ref_log_probs": missing_at_launch(_flat())["ref_log_probs"]}
+    # the defaults withhold π_ref (no KL flags) and the top-k support (no --drpo.vocab_topk), nothing else
+    assert set(missing_at_launch(_flat())) == {"ref_log_probs", "vocab_log_probs", "vocab_ref_log_probs"}
 
 
 def test_objectiveloss_called_as_policyloss_refuses_an_input_that_only_drpo_train_supplies():

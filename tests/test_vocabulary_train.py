@@ -142,6 +142,11 @@ def test_the_actors_training_step_gives_autograd_s_gradient_through_the_full_sof
     ("opd_topk_tail", FLAGS[2:], TAIL + "the support's size k is the command line's: set --drpo.vocab_topk K"),
     ("opd_topk_tail", FLAGS[:2], TAIL + "π_ref's top-k comes from OpenRLHF's reference model"),
     ("opd_topk_tail", FLAGS + ("--ds.packing_samples",), TAIL + "--ds.packing_samples True: drpo-train scores"),
+    ("opd_topk_tail", FLAGS + ("--train.dynamic_batch_enable",),
+     TAIL + "--train.dynamic_batch_enable True: drpo-train scores the support"),
+    ("opd_topk_tail", FLAGS + ("--ds.ring_attn_size", "2"), TAIL + "--ds.ring_attn_size 2: drpo-train scores the support"),
+    ("opd_topk_tail", FLAGS + ("--ds.tensor_parallel_size", "2"),
+     TAIL + "--ds.tensor_parallel_size 2: drpo-train scores the support"),
     ("opd_topk_tail", FLAGS + ("--drpo.chunked_logprobs", "off"),
      TAIL + "drpo-train scores the support from the hidden states"),
     ("drpo", ("--drpo.vocab_topk", "4"), "--drpo.vocab_topk: objective 'drpo' has no vocabulary sum"),
@@ -161,3 +166,33 @@ def test_the_flags_the_refusals_name_make_drpo_train_ship_the_top_k_to_its_actor
     from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
     args = openrlhf_args(train_flags(tmp_path, "unused", "opd_topk_tail", *FLAGS, "--drpo.teacher", "org/teacher"))
     assert (args.drpo.vocab_topk, args.drpo.teacher, args.algo.kl.use_loss) == (K, "org/teacher", True)
+
+
+
+def test_an_id_outside_the_policys_vocabulary_is_refused_at_the_loss_call_naming_it():
+    from openrlhf_drpo.hosts.openrlhf.support import policy_support
+    head, hidden = torch.nn.Linear(8, V, bias=False), torch.zeros(1, 2, 8)
+    ids = torch.tensor([[[0, 1], [V, 2]]])
+    with pytest.raises(RuntimeError, match=rf"π_ref's top-k holds the id {V}, outside the policy's vocabulary of {V}"):
+        policy_support(types.SimpleNamespace(temperature=1.0, drpo_chunk=4), ids)(hidden, head)
+
+
+def test_a_teacher_is_loaded_in_pi_refs_place_only_with_the_policys_tokenizer(tmp_path, monkeypatch):
+    from openrlhf.trainer.ray.launcher import ReferenceModelActor
+    from openrlhf_drpo.hosts.openrlhf.actor import _DrpoReferenceModelActor
+    from openrlhf_drpo.lab.toytask import tiny_llama
+    words = ["<pad>", "<s>", "</s>", "<unk>", *[f"w{i}" for i in range(8)]]
+    policy = tiny_llama(str(tmp_path / "policy"), words)[2]
+    same = tiny_llama(str(tmp_path / "same"), words)[2]
+    other = tiny_llama(str(tmp_path / "other"), words[:-1] + ["x7"])[2]      # as many tokens, one other
+    loaded = []
+    monkeypatch.setattr(ReferenceModelActor.__ray_actor_class__, "init_model_from_pretrained",
+                        lambda self, strategy, pretrain: loaded.append(pretrain))
+    strategy = types.SimpleNamespace(args=types.SimpleNamespace(drpo=types.SimpleNamespace(teacher=same)),
+                                     print=lambda *a: None)
+    _DrpoReferenceModelActor.init_model_from_pretrained(object.__new__(_DrpoReferenceModelActor), strategy, policy)
+    assert loaded == [same]
+    strategy.args.drpo.teacher = other
+    with pytest.raises(RuntimeError, match=r"--drpo.teacher .*other/model: its tokenizer is not the policy's"):
+        _DrpoReferenceModelActor.init_model_from_pretrained(object.__new__(_DrpoReferenceModelActor), strategy, policy)
+    assert loaded == [same]

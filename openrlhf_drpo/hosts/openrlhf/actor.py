@@ -182,6 +182,8 @@ class _DrpoReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
     def init_model_from_pretrained(self, strategy, pretrain):
         drpo = strategy.args.drpo
         teacher = getattr(drpo, "teacher", None)
+        if teacher:
+            support.refuse_other_tokenizer(teacher, pretrain)
         out = super().init_model_from_pretrained(strategy, teacher or pretrain)
         self.drpo_vocab_topk = getattr(drpo, "vocab_topk", None)
         if teacher:

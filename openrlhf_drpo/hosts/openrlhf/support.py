@@ -92,9 +92,28 @@ def policy_support(actor, ids):
         if ids.shape[:2] != hidden.shape[:2]:
             raise RuntimeError(f"openrlhf-drpo: the support's ids are {list(ids.shape)} for {list(hidden.shape[:2])} "
                                "scored positions: they must be the reference model's top-k at each response token")
-        if bool((ids >= head.weight.shape[0]).any()) or bool((ids < 0).any()):
-            raise RuntimeError(f"openrlhf-drpo: π_ref's top-k ids reach {int(ids.max())}, beyond the policy's "
+        outside = (ids >= head.weight.shape[0]) | (ids < 0)
+        if bool(outside.any()):
+            raise RuntimeError(f"openrlhf-drpo: π_ref's top-k holds the id {int(ids[outside][0])}, outside the policy's "
                                f"vocabulary of {head.weight.shape[0]}: the reference (teacher) and the policy must "
                                "share one tokenizer and vocabulary")
         return support_logprobs(hidden, head.weight, head.bias, ids, None, actor.temperature, actor.drpo_chunk)[0]
     return extra
+
+
+def refuse_other_tokenizer(teacher: str, pretrain: str) -> None:
+    """--drpo.teacher: π_ref's ids index the policy's vocabulary, so the teacher's tokenizer must be
+    the policy's, token for token (a smaller vocabulary of other tokens would train on wrong ids)."""
+    from transformers import AutoTokenizer
+    vocabs = []
+    for name in (teacher, pretrain):
+        try:
+            vocabs.append(AutoTokenizer.from_pretrained(name, trust_remote_code=True).get_vocab())
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"openrlhf-drpo: --drpo.teacher {teacher}: the tokenizer of {name} does not load ({e}), "
+                               "so the teacher's and the policy's vocabularies cannot be compared") from None
+    if vocabs[0] != vocabs[1]:
+        differ = sorted(set(vocabs[0].items()) ^ set(vocabs[1].items()))[:3]
+        raise RuntimeError(f"openrlhf-drpo: --drpo.teacher {teacher}: its tokenizer is not the policy's ({pretrain}): "
+                           f"{len(vocabs[0])} against {len(vocabs[1])} tokens, differing at {differ}; π_ref's top-k "
+                           "ids index the policy's vocabulary, so the two must share one tokenizer")

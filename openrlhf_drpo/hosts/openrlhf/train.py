@@ -192,7 +192,7 @@ def _report(obj, args) -> None:
         res = analyze(obj)
         text = report(res)
     except DslError as e:      # a vocabulary sum: the analysis says, located, why it does not apply; training goes on
-        if not obj.facts.vocabulary:
+        if not (obj.facts.vocabulary and e.message.startswith("the r-analysis does not apply to the vocabulary sum")):
             raise
         # a note, not an error: the run goes on (an "error:" line in a run that trains misleads)
         res, text = None, e.render().replace(": error: ", ": note: ", 1)
@@ -202,7 +202,7 @@ def _report(obj, args) -> None:
         with open(os.path.join(folder, "drpo_objective.txt"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
         with open(os.path.join(folder, "drpo_objective.json"), "w", encoding="utf-8") as f:
-            json.dump(to_json(res) if res is not None else {"refused": text}, f, indent=2, ensure_ascii=False)
+            json.dump(to_json(res) if res is not None else {"not_analysed": text}, f, indent=2, ensure_ascii=False)
 
 
 @contextlib.contextmanager
