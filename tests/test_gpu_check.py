@@ -71,3 +71,16 @@ def test_loss_speed_imports_no_openrlhf_unless_policyloss_is_asked_for():
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert set(result["runs"]["fp32"]["4k"]["objectives"]["ppo"]["time_ms"]) == {"hand", "fused_eager"}
+
+
+def test_the_support_memory_benchmark_scores_the_chunked_support_as_the_full_logits_do():
+    """benchmarks/support_memory.py (the vocabulary sum at a real head's shape on CUDA, docs/benchmarks.md)
+    at toy sizes on the CPU: its two ways of scoring the support give one loss and one gradient."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "support_memory.py"), "--device", "cpu", "--quick"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["shape"] == {"B": 2, "T": 64, "hidden": 64, "vocab": 2048, "k": 8, "dtype": "torch.float32"}
+    assert out["difference"]["loss"] <= 1e-6 and max(out["difference"]["grad_hidden"],
+                                                     out["difference"]["grad_weight"]) <= 1e-6, out["difference"]
+    assert out["full"]["ms"] > 0 and out["chunked"]["ms"] > 0
