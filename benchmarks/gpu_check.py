@@ -333,6 +333,26 @@ def host_chunked_log_probs(hidden, weight, targets):
     return token_logprobs(hidden, weight, None, targets)[0]
 
 
+def full_against_chunked(loss_of, hidden, weight, device, full, chunked) -> dict:
+    """Scoring from the hidden states and the LM head's weight the full way (the [N, V] logits) and
+    the chunked way, each fn(h, w), then loss_of(scored) and its backward: each way's time and peak
+    memory (timed), and the chunked way's loss and gradients against the full way's."""
+    out, results = {}, {}
+    for kind, fn in (("full", full), ("chunked", chunked)):
+        def step(fn=fn):
+            h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+            loss = loss_of(fn(h, w))
+            loss.backward()
+            return loss.detach(), h.grad, w.grad
+        results[kind] = step()
+        ms, mib = timed(step, device, reps=3)
+        out[kind] = {"ms": round(ms, 2), "peak_mib": None if mib is None else round(mib, 1)}
+    (l0, h0, w0), (l1, h1, w1) = results["full"], results["chunked"]
+    rel = lambda a, b: ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()   # noqa: E731
+    out["difference"] = {"loss": abs(l1.item() - l0.item()), "grad_hidden": rel(h1, h0), "grad_weight": rel(w1, w0)}
+    return out
+
+
 def step_0p5b(device, quick, chunked_spec, compiled):
     if chunked_spec == "host":
         chunked = host_chunked_log_probs
@@ -356,19 +376,8 @@ def step_0p5b(device, quick, chunked_spec, compiled):
     old = full_log_probs(hidden, weight, targets).view(B, T).detach() + 0.05
     out = {"shape": {"B": B, "T": T, "hidden": H, "vocab": V, "dtype": str(dtype)}, "log_probs": chunked.__module__ + "."
            + chunked.__name__}
-    results = {}
-    for kind, fn in (("full", full_log_probs), ("chunked", chunked)):
-        def step(fn=fn):
-            h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-            loss = loss_fn(fn(h, w, targets).view(B, T), old, A, mask)[0]
-            loss.backward()
-            return loss.detach(), h.grad, w.grad
-        results[kind] = step()
-        ms, mib = timed(step, device, reps=3)
-        out[kind] = {"ms": round(ms, 2), "peak_mib": None if mib is None else round(mib, 1)}
-    (l0, h0, w0), (l1, h1, w1) = results["full"], results["chunked"]
-    rel = lambda a, b: ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()   # noqa: E731
-    out["difference"] = {"loss": abs(l1.item() - l0.item()), "grad_hidden": rel(h1, h0), "grad_weight": rel(w1, w0)}
+    out.update(full_against_chunked(lambda lp: loss_fn(lp.view(B, T), old, A, mask)[0], hidden, weight, device,
+                                    lambda h, w: full_log_probs(h, w, targets), lambda h, w: chunked(h, w, targets)))
     if dtype == torch.bfloat16:
         out["note"] = ("the full path's backward rounds d(log p)/d(logits) to bf16, the logits' dtype, before the "
                        "matmuls; the chunked one keeps it in fp32: gradients differ at bf16's precision")

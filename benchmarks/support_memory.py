@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from gpu_check import timed      # this script's folder is on sys.path
+from gpu_check import full_against_chunked      # this script's folder is on sys.path
 from openrlhf_drpo.core import CompiledLoss
 from openrlhf_drpo.hosts.openrlhf.support import support_logprobs
 
@@ -47,21 +47,10 @@ def main() -> None:
     loss_fn = CompiledLoss("opd_topk_tail", compile=False)
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
            "shape": {"B": B, "T": T, "hidden": H, "vocab": V, "k": k, "dtype": str(dtype)}}
-    results = {}
-    for kind, fn in (("full", full_support),
-                     ("chunked", lambda h, w, i: support_logprobs(h, w, None, i, None, 1.0)[0])):
-        def step(fn=fn):
-            h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-            support = fn(h, w, ids).view(B, T, k)
-            loss = loss_fn(zeros, zeros, zeros, mask, vocab_log_probs=support, vocab_ref_log_probs=teacher)[0]
-            loss.backward()
-            return loss.detach(), h.grad, w.grad
-        results[kind] = step()
-        ms, mib = timed(step, device, reps=3)
-        out[kind] = {"ms": round(ms, 2), "peak_mib": None if mib is None else round(mib, 1)}
-    (l0, h0, w0), (l1, h1, w1) = results["full"], results["chunked"]
-    rel = lambda a, b: ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()   # noqa: E731
-    out["difference"] = {"loss": abs(l1.item() - l0.item()), "grad_hidden": rel(h1, h0), "grad_weight": rel(w1, w0)}
+    out.update(full_against_chunked(
+        lambda s: loss_fn(zeros, zeros, zeros, mask, vocab_log_probs=s.view(B, T, k), vocab_ref_log_probs=teacher)[0],
+        hidden, weight, device, lambda h, w: full_support(h, w, ids),
+        lambda h, w: support_logprobs(h, w, None, ids, None, 1.0)[0]))
     if out["full"]["peak_mib"]:
         out["peak_ratio"] = round(out["chunked"]["peak_mib"] / out["full"]["peak_mib"], 3)
     out["time_ratio"] = round(out["chunked"]["ms"] / out["full"]["ms"], 3)
