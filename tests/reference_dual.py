@@ -1,0 +1,460 @@
+"""An independent float64 reference for the differential test (tests/test_differential.py): each
+operation's meaning written here from docs/language.md and docs/api.md, evaluated in forward mode
+with dual numbers over numpy (a value and its gradient with respect to every input element: each
+token's log π, each token's H, each entry of the vocabulary support). It walks the parsed IR's nodes
+and reads nothing else of the project: not the operations table's lowerings, derivatives or
+adjoints, not dsl.levels, not openrlhf_drpo.core. A node it has no meaning for raises NoSemantics,
+naming it (fail closed: the test then fails on that row).
+
+`mutation` switches one rule to a known-wrong one (MUTATIONS): the mutation tests show that the
+differential test fails when the reference is wrong. Where a comparison is decided by rounding alone
+(two values within 1e-9 of each other but not equal) the result is `fragile`: which branch a path
+takes there is no question of meaning, so the test does not compare such a case."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CLAMP = 20.0            # r = exp(clamp(log π − log μ, −20, 20)) (docs/api.md)
+NEAR = 1e-9             # a comparison closer than this (relative) but not equal is decided by rounding
+# the log of each probability is the log-prob itself (docs/language.md: exact for tiny π_ref)
+LOG_PROBS = {"pi": "logp", "mu": "anchor", "pi_old": "old", "pi_rollout": "rollout", "pi_ref": "ref",
+             "pi_v": "vocab_logp", "pi_ref_v": "vocab_ref"}
+# each reduction: what it reads ('response', 'prefix', 'turn', 'group', 'batch', 'vocab') and its kind
+REDUCTIONS = {**{f"seq_{k}": ("response", k) for k in ("sum", "mean", "max", "min", "quantile")},
+              **{f"prefix_{k}": ("prefix", k) for k in ("sum", "mean")},
+              **{f"turn_{k}": ("turn", k) for k in ("sum", "mean")},
+              **{f"group_{k}": ("group", k) for k in ("sum", "mean", "std", "count", "max", "min")},
+              **{f"batch_{k}": ("batch", k) for k in ("sum", "mean", "count", "quantile")},
+              "ref_topk_sum": ("vocab", "sum"), "topk_sum": ("vocab", "sum")}
+COMPARISONS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
+               "ne": np.not_equal}
+LOGIC = {"and": np.logical_and, "or": np.logical_or}
+LEVELS = ("constant", "batch", "response", "token", "entry")
+# the known-wrong rules the mutation tests switch on, one at a time
+MUTATIONS = {
+    "std_ddof_0": "group_std as the population standard deviation (ddof = 0)",
+    "indicator_multiplies": "[c]*x multiplies by 0 where c fails (0·inf is NaN) instead of selecting",
+    "mask_multiplies": "a reduction multiplies masked elements by 0 instead of leaving them out",
+    "tie_to_first": "a maximum's or minimum's gradient all to the first element attaining it",
+    "quantile_lower": "a quantile is its lower order statistic (no interpolation)",
+    "prefix_exclusive": "prefix_sum(x) at t sums s < t (exclusive)",
+    "empty_group_member": "a group or batch reduction of a response-level value counts empty responses",
+    "ratio_unclamped": "r = exp(log π − log μ), without the clamp at ±20",
+    "min_tie_to_second": "min(a, b) gives a tie's gradient to b",
+    "token_mean_counts_padding": "token-mean divides by every position, masked ones too",
+}
+
+
+class NoSemantics(Exception):
+    """The reference has no meaning for an operation: the test fails, naming it."""
+
+
+class Dual:
+    """A value array and its gradient, the same shape plus one axis over every input element."""
+    __slots__ = ("v", "g")
+
+    def __init__(self, v, g):
+        self.v, self.g = v, g
+
+
+def scaled(p, g):
+    """p·g over the tangent axis, where a zero tangent stays 0 whatever p is: an input a value does
+    not depend on gets no NaN from a non-finite partial (as reverse mode never visits it)."""
+    return np.where(g == 0, 0.0, np.asarray(p)[..., None] * g)
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)
+# value, and derivative as a function of (x, value): each function from the language's list
+UNARY = {
+    "exp": (np.exp, lambda x, y: y), "sqrt": (np.sqrt, lambda x, y: 1 / (2 * y)),
+    "abs": (np.abs, lambda x, y: np.sign(x)), "atan": (np.arctan, lambda x, y: 1 / (1 + x * x)),
+    "erf": (lambda x: _ERF(x).astype(float), lambda x, y: 2 / math.sqrt(math.pi) * np.exp(-x * x)),
+    "softsign": (lambda x: x / (1 + np.abs(x)), lambda x, y: 1 / (1 + np.abs(x)) ** 2),
+    "tanh": (np.tanh, lambda x, y: 1 / np.cosh(x) ** 2), "sigmoid": (_sigmoid, lambda x, y: _sigmoid(x) * _sigmoid(-x)),
+    "softplus": (lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0), lambda x, y: _sigmoid(x)),
+    "log": (np.log, lambda x, y: 1 / x),
+}
+
+
+def levels(root) -> dict:
+    """Each node's level by the language's rules: a number or parameter is a constant; seq_len and a
+    seq_* reduction one value per response, a batch reduction one for the batch; a group reduction
+    is its argument's level where that is a response's (or wider), else a token's; prefix, turn and
+    vocabulary reductions and every other built-in (A included) a token's; π_v, π_ref_v an entry's."""
+    out = {}
+
+    def visit(n):
+        if n in out:
+            return out[n]
+        if n.op in ("num", "param"):
+            lv = "constant"
+        elif n.op == "var":
+            lv = "response" if n.value == "seq_len" else "entry" if n.value in ("pi_v", "pi_ref_v") else "token"
+        else:
+            args = [visit(a) for a in n.args]
+            over = REDUCTIONS.get(n.op, (None,))[0]
+            if over == "response":
+                lv = "response"
+            elif over == "batch":
+                lv = "batch"
+            elif over == "group":
+                lv = "token" if args[0] == "token" else "response"
+            elif over in ("prefix", "turn", "vocab"):
+                lv = "token"
+            else:
+                lv = max(args, key=LEVELS.index)
+        out[n] = lv
+        return lv
+    visit(root)
+    return out
+
+
+class Reference:
+    """One objective on one batch (a dict of numpy arrays: tests/adversarial_batches.py)."""
+
+    def __init__(self, obj, batch: dict, mutation: str | None = None):
+        if mutation is not None and mutation not in MUTATIONS:
+            raise ValueError(f"unknown mutation {mutation!r}")
+        self.obj, self.b, self.mutation = obj, batch, mutation
+        self.params = {k: float(v) for k, v in obj.params.items()}
+        self.mask = batch["mask"].astype(bool)
+        B, T = self.mask.shape
+        k = batch["vocab_logp"].shape[-1]
+        self.B, self.T, self.k = B, T, k
+        self.N = 2 * B * T + B * T * k          # log π, H, then the support's log π
+        self.level = levels(obj.expr)
+        self.memo: dict = {}
+        self.fragile = False
+        self.anchor = batch["rollout"] if obj.options["anchor"] == "rollout" else batch["old"]
+        np.seterr(all="ignore")       # IEEE arithmetic is the meaning on masked slots (selected out)
+
+    # ------------------------------------------------------------ leaves
+    def seed(self, values, offset):
+        g = np.zeros(values.shape + (self.N,))
+        idx = np.arange(values.size).reshape(values.shape)
+        np.put_along_axis(g, (idx + offset)[..., None], 1.0, axis=-1)
+        return g
+
+    def zeros(self, shape):
+        return np.zeros(shape + (self.N,))
+
+    def constant(self, x, entry):
+        shape = (self.B, self.T, self.k) if entry else (self.B, self.T)
+        return Dual(np.full(shape, float(x)), self.zeros(shape))
+
+    def raw_ratio(self):
+        return self.b["logp"] - self.anchor
+
+    def log_of(self, name, entry):
+        """log(p) of a built-in probability: the log-prob itself, with its gradient where it is π's."""
+        if name == "r":
+            raw = self.raw_ratio()
+            if self.mutation == "ratio_unclamped":
+                return Dual(raw, self.seed(raw, 0))
+            keep = (raw >= -CLAMP) & (raw <= CLAMP)
+            return Dual(np.clip(raw, -CLAMP, CLAMP), self.seed(raw, 0) * keep[..., None])
+        if name == "mu":
+            return Dual(self.anchor.copy(), self.zeros(self.anchor.shape))
+        x = self.b[LOG_PROBS[name]]
+        if name == "pi":
+            return Dual(x.copy(), self.seed(x, 0))
+        if name == "pi_v":
+            return Dual(x.copy(), self.seed(x, 2 * self.B * self.T))
+        return Dual(x.copy(), self.zeros(x.shape))
+
+    def var(self, name, entry):
+        B, T = self.B, self.T
+        if name in LOG_PROBS or name == "r":
+            lg = self.log_of(name, entry)
+            v = np.exp(lg.v)
+            return Dual(v, scaled(v, lg.g))
+        if name == "H":
+            return Dual(self.b["H"].copy(), self.seed(self.b["H"], B * T))
+        if name in ("A", "sum_pi_sq", "staleness"):
+            return Dual(self.b[name].copy(), self.zeros((B, T)))
+        if name == "seq_len":
+            n = self.mask.sum(-1, keepdims=True).astype(float)
+            return Dual(np.broadcast_to(n, (B, T)).copy(), self.zeros((B, T)))
+        if name == "turn_len":
+            turns = self.b["turns"]
+            same = turns[:, :, None] == turns[:, None, :]
+            return Dual((same & self.mask[:, None, :]).sum(-1).astype(float), self.zeros((B, T)))
+        raise NoSemantics(f"the built-in {name!r}")
+
+    # ------------------------------------------------------------ the walk
+    def eval(self, n, entry=False):
+        key = (n, entry)
+        if key not in self.memo:
+            self.memo[key] = self._eval(n, entry)
+        return self.memo[key]
+
+    def _eval(self, n, entry):
+        if n.op == "num":
+            return self.constant(n.value, entry)
+        if n.op == "param":
+            return self.constant(self.params[n.value], entry)
+        if n.op == "var":
+            return self.var(n.value, entry)
+        if n.op in COMPARISONS or n.op in LOGIC or n.op == "not":
+            raise NoSemantics(f"the condition {n.op!r} used as a number")
+        if n.op == "log" and n.args[0].op == "var" and (n.args[0].value in LOG_PROBS or n.args[0].value == "r"):
+            return self.log_of(n.args[0].value, entry)
+        if n.op in REDUCTIONS:
+            return self.reduce(n, entry)
+        if n.op in ("mul", "div", "neg"):
+            return self.selecting(n, entry)
+        if n.op in UNARY:
+            x = self.eval(n.args[0], entry)
+            f, d = UNARY[n.op]
+            with np.errstate(all="ignore"):
+                y = f(x.v)
+                return Dual(y, scaled(d(x.v, y), x.g))
+        if n.op in ("sign", "sg"):
+            x = self.eval(n.args[0], entry)
+            if n.op == "sign":
+                self.near(x.v, np.zeros_like(x.v), entry, absolute=True)
+            return Dual(np.sign(x.v) if n.op == "sign" else x.v, np.zeros_like(x.g))
+        if n.op == "ind":
+            c = self.cond(n.args[0], entry)
+            return Dual(c.astype(float), np.zeros(c.shape + (self.N,)))
+        if n.op in ("add", "sub"):
+            a, b = self.eval(n.args[0], entry), self.eval(n.args[1], entry)
+            s = 1 if n.op == "add" else -1
+            return Dual(a.v + s * b.v, a.g + s * b.g)
+        if n.op == "pow":
+            return self.power(self.eval(n.args[0], entry), self.eval(n.args[1], entry))
+        if n.op in ("min", "max"):
+            return self.extreme(n.op, [self.eval(a, entry) for a in n.args], entry)
+        if n.op == "clip":
+            x, lo, hi = (self.eval(a, entry) for a in n.args)
+            return self.extreme("min", [self.extreme("max", [x, lo], entry), hi], entry)
+        raise NoSemantics(f"the operation {n.op!r}")
+
+    def cond(self, n, entry):
+        """A condition's truth, per element (no gradient)."""
+        if n.op in COMPARISONS:
+            a, b = self.eval(n.args[0], entry), self.eval(n.args[1], entry)
+            self.near(a.v, b.v, entry)
+            return COMPARISONS[n.op](a.v, b.v)
+        if n.op in LOGIC:
+            return LOGIC[n.op](self.cond(n.args[0], entry), self.cond(n.args[1], entry))
+        if n.op == "not":
+            return ~self.cond(n.args[0], entry)
+        raise NoSemantics(f"the condition {n.op!r}")
+
+    def near(self, a, b, entry, absolute=False):
+        """Marks the case fragile where an unmasked comparison is decided by rounding."""
+        keep = self.mask[..., None] if entry else self.mask
+        keep = np.broadcast_to(keep, np.broadcast(a, b).shape)
+        with np.errstate(all="ignore"):
+            gap = np.abs(a - b)
+            tol = 1e-12 if absolute else NEAR * np.maximum(np.maximum(np.abs(a), np.abs(b)), 1.0)
+            close = keep & (a != b) & (gap <= tol)
+        self.fragile |= bool(close.any())
+
+    def selecting(self, n, entry):
+        """A product, quotient or negation; where an indicator is one of its factors (through
+        products, negations and numerators) and its condition fails, 0 with a gradient of 0, whatever
+        the rest holds there (docs/language.md: selected, not multiplied)."""
+        args = [self.eval(a, entry) for a in n.args]
+        with np.errstate(all="ignore"):
+            if n.op == "neg":
+                out = Dual(-args[0].v, -args[0].g)
+            elif n.op == "mul":
+                a, b = args
+                out = Dual(a.v * b.v, scaled(b.v, a.g) + scaled(a.v, b.g))
+            else:
+                a, b = args
+                q = a.v / b.v
+                out = Dual(q, scaled(1 / b.v, a.g) - scaled(q / b.v, b.g))
+        conds = self.factor_conditions(n)
+        if not conds or self.mutation == "indicator_multiplies":
+            return out
+        keep = np.logical_and.reduce([self.cond(c, entry) for c in conds])
+        return Dual(np.where(keep, out.v, 0.0), np.where(keep[..., None], out.g, 0.0))
+
+    def factor_conditions(self, n):
+        if n.op == "ind":
+            return [n.args[0]]
+        if n.op == "mul":
+            return self.factor_conditions(n.args[0]) + self.factor_conditions(n.args[1])
+        if n.op in ("neg", "div"):
+            return self.factor_conditions(n.args[0])
+        return []
+
+    def power(self, a, b):
+        with np.errstate(all="ignore"):
+            y = np.power(a.v, b.v)
+            da = scaled(b.v * np.power(a.v, b.v - 1), a.g)
+            # d(a^b)/db = a^b·log a, 0 at a = 0 < b (0^b is 0 for every b > 0)
+            db = scaled(np.where((a.v == 0) & (b.v > 0), 0.0, y * np.log(a.v)), b.g)
+        return Dual(y, da + db)
+
+    def extreme(self, op, xs, entry):
+        """min/max: the first argument attaining the extreme, its value and its gradient alone (the
+        dropped arguments pass none, even a non-finite one); NaN where none attains it (a NaN)."""
+        better = np.less_equal if op == "min" else np.greater_equal
+        v = np.full(np.broadcast(*[x.v for x in xs]).shape, np.nan)
+        g = np.full(v.shape + (self.N,), np.nan)
+        taken = np.zeros(v.shape, dtype=bool)
+        order = list(range(len(xs)))
+        if self.mutation == "min_tie_to_second" and op == "min" and len(xs) == 2:
+            order = [1, 0]
+        for i in order:
+            wins = ~taken
+            for j, y in enumerate(xs):
+                if j != i:
+                    wins &= better(xs[i].v, y.v)
+                    self.near(xs[i].v, y.v, entry)
+            v = np.where(wins, xs[i].v, v)
+            g = np.where(wins[..., None], xs[i].g, g)
+            taken |= wins
+        return Dual(v, g)
+
+    # ------------------------------------------------------------ reductions
+    def reduce(self, n, entry):
+        """A reduction at each token: over what it reads (its members), 0 where it reads nothing."""
+        over, kind = REDUCTIONS[n.op]
+        if over == "vocab":          # the token's support, entry by entry
+            x = self.eval(n.args[0], entry=True)
+            return Dual(x.v.sum(-1), x.g.sum(-2))
+        x = self.eval(n.args[0])
+        q = float(self.eval(n.args[1]).v.flat[0]) if kind == "quantile" else None
+        members, vals, grads = self.members(over, self.level[n.args[0]], x, kind)
+        v, g = np.zeros((self.B, self.T)), self.zeros((self.B, self.T))
+        for b in range(self.B):
+            for t in range(self.T):
+                v[b, t], g[b, t] = self.kind(kind, vals, grads, members[b, t], q)
+        return Dual(v, g)
+
+    def members(self, over, level, x, kind):
+        """[B, T, K] which elements each token's reduction reads, the K elements' values and gradients:
+        a group or batch reduction of a value one per response (or wider) reads each non-empty
+        response once (at its first unmasked token, where its value is); anything else the unmasked
+        tokens of its response, prefix, turn, group at the same position, or batch."""
+        B, T, mask = self.B, self.T, self.mask
+        with np.errstate(all="ignore"):
+            if over in ("group", "batch") and level != "token":
+                first = mask.argmax(-1)
+                vals, grads = x.v[np.arange(B), first], x.g[np.arange(B), first]
+                groups = self.b["groups"]
+                mates = groups[:, None] == groups[None, :] if over == "group" else np.ones((B, B), dtype=bool)
+                nonempty = mask.any(-1) | (self.mutation == "empty_group_member")
+                return np.broadcast_to((mates & nonempty[None, :])[:, None, :], (B, T, B)), vals, grads
+            vals, grads = x.v.reshape(-1), x.g.reshape(B * T, self.N)
+            b, t = np.arange(B)[:, None, None, None], np.arange(T)[None, :, None, None]
+            c, s = np.arange(B)[None, None, :, None], np.arange(T)[None, None, None, :]
+            same = b == c
+            if over == "prefix":
+                within = same & ((s < t) if self.mutation == "prefix_exclusive" else (s <= t))
+            elif over == "turn":
+                turns = self.b["turns"]
+                within = same & (turns[b, t] == turns[c, s])
+            elif over == "group":
+                groups = self.b["groups"]
+                within = (groups[b] == groups[c]) & (s == t)
+            elif over == "batch":
+                within = np.ones((1, 1, B, T), dtype=bool)
+            else:
+                within = same & (s >= 0)
+            if self.mutation == "mask_multiplies" and kind in ("sum", "mean"):
+                # every element of the span, masked ones multiplied by 0 (NaN·0 is NaN)
+                vals = vals * mask.reshape(-1)
+                return np.broadcast_to(within, (B, T, B, T)).reshape(B, T, B * T), vals, grads * mask.reshape(-1, 1)
+            return np.broadcast_to(within & mask[c, s], (B, T, B, T)).reshape(B, T, B * T), vals, grads
+
+    def kind(self, kind, vals, grads, member, q):
+        """The kind's value and gradient over the member elements (0 over none)."""
+        v, G = vals[member], grads[member]
+        n = len(v)
+        zero = np.zeros(self.N)
+        if n == 0:
+            return 0.0, zero
+        with np.errstate(all="ignore"):
+            if kind == "sum":
+                return v.sum(), G.sum(0)
+            if kind == "mean":
+                return v.sum() / n, G.sum(0) / n
+            if kind == "count":
+                return float(n), zero
+            if kind in ("max", "min"):
+                m = v.max() if kind == "max" else v.min()
+                if np.isnan(m):
+                    return m, np.full(self.N, np.nan)
+                self._near_set(v, [m])
+                ties = np.flatnonzero(v == m)
+                return m, (G[ties[0]] if self.mutation == "tie_to_first" else G[ties].mean(0))
+            if kind == "std":
+                if n < 2:
+                    return 0.0, zero
+                if (v == v[0]).all():        # all equal: 0, with a zero gradient (docs/language.md)
+                    return 0.0, zero
+                d = v - v.mean()
+                ddof = 0 if self.mutation == "std_ddof_0" else 1
+                var = (d * d).sum() / (n - ddof)
+                s = math.sqrt(var)
+                return s, scaled(d, G).sum(0) / ((n - ddof) * s)
+            if kind == "quantile":
+                if np.isnan(v).any():
+                    return np.nan, np.full(self.N, np.nan)
+                order = np.sort(v)
+                rank = q * (n - 1)
+                lo, hi = math.floor(rank), math.ceil(rank)
+                f = rank - lo
+                low, high = order[lo], order[hi]
+                self._near_set(v, [low, high])
+                if self.mutation == "quantile_lower":
+                    return low, G[v == low].mean(0)
+                value = low if low == high else low + f * (high - low)
+                grad = (1 - f) * G[v == low].mean(0) + (f * G[v == high].mean(0) if f else 0.0)
+                return value, grad
+        raise NoSemantics(f"the reduction kind {kind!r}")
+
+    def _near_set(self, v, picks):
+        """fragile where an element differs from a picked order statistic by rounding alone"""
+        for p in picks:
+            gap = np.abs(v - p)
+            self.fragile |= bool(((v != p) & (gap <= NEAR * max(abs(p), 1.0))).any())
+
+    # ------------------------------------------------------------ the loss
+    def loss(self) -> dict:
+        """The loss by docs/language.md's aggregation table (a given normalizer replaces the count, host
+        weights multiply each term), and its gradients; 0 and no gradient where no token is unmasked."""
+        B, T, mask = self.B, self.T, self.mask
+        ell = self.eval(self.obj.expr)
+        v, g = np.broadcast_to(ell.v, (B, T)), np.broadcast_to(ell.g, (B, T, self.N))
+        mode = self.b.get("mode") or self.obj.options["aggregate"]
+        m = mask.astype(float)
+        n_y = m.sum(-1, keepdims=True)
+        if mode == "token-mean":
+            coef, count = np.ones((B, T)), (B * T if self.mutation == "token_mean_counts_padding" else m.sum())
+        else:
+            per = {"seq-mean-token-mean": 1 / (n_y + 1e-8), "seq-mean-token-sum": 1.0,
+                   "seq-mean-token-sum-norm": 1 / max(T, 1)}[mode]
+            coef, count = np.broadcast_to(per * (n_y > 0), (B, T)), float((n_y > 0).sum())
+        if self.b.get("weights") is not None:
+            coef = coef * self.b["weights"]
+        out = {"loss": 0.0, "logp": np.zeros((B, T)), "H": np.zeros((B, T)), "vocab": np.zeros((B, T, self.k))}
+        if mask.any():
+            norm = self.b.get("norm")
+            N = count if norm is None else norm
+            with np.errstate(all="ignore"):
+                out["loss"] = -np.where(mask, coef * v, 0.0).sum() / N
+                grad = -np.where(mask[..., None], coef[..., None] * g, 0.0).sum((0, 1)) / N
+            out["logp"] = grad[:B * T].reshape(B, T)
+            out["H"] = grad[B * T:2 * B * T].reshape(B, T)
+            out["vocab"] = grad[2 * B * T:].reshape(B, T, self.k)
+        out["fragile"] = self.fragile
+        return out
+
+
+def reference(obj, batch: dict, mutation: str | None = None) -> dict:
+    """{loss, logp, H, vocab (gradients), fragile} of the objective on the batch, in float64."""
+    return Reference(obj, batch, mutation).loss()
