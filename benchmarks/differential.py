@@ -37,7 +37,7 @@ def ops_of(text: str) -> tuple:
 
 
 def run(args) -> dict:
-    discards, per_path, fragile, errors = {}, collections.Counter(), 0, []
+    discards, per_path, fragile, undefined, errors = {}, collections.Counter(), 0, 0, []
     classes: dict = {}
     items = [tuple(map(int, s.split(":"))) for s in args.items] if args.items else \
         [(seed, i) for seed in args.seeds for i in range(args.objectives)]
@@ -48,6 +48,7 @@ def run(args) -> dict:
         want, found = D.check(obj, b, paths=paths)
         count += 1
         fragile += want["fragile"]
+        undefined += want["undefined"] and not want["fragile"]
         for d in found:
             per_path[d.path] += 1
         # one class per (path, output, kind) of this draw: the first output of each path, shrunk
@@ -64,12 +65,12 @@ def run(args) -> dict:
                 got = D.run_path(dsl.parse(small_spec.text()), small_b, d.path)
                 ref = D.reference(dsl.parse(small_spec.text()), small_b)
                 entry["values"] = {"got": {k: np.asarray(v).tolist() for k, v in got.items()},
-                                   "want": {k: np.asarray(v).tolist() for k, v in ref.items() if k != "fragile"}}
+                                   "want": {k: np.asarray(v).tolist() for k, v in ref.items() if k not in ("fragile", "undefined")}}
     elapsed = time.perf_counter() - start
     by_class = [{"path": k[0], "output": k[1], "kind": k[2], "ops": list(k[3]), **v}
                 for k, v in sorted(classes.items(), key=lambda kv: -kv[1]["count"])]
     return {"objectives": count, "seeds": args.seeds, "paths": list(args.paths), "compiled": args.compiled,
-            "discarded": discards, "fragile_not_compared": fragile,
+            "discarded": discards, "fragile_not_compared": fragile, "undefined_not_compared": undefined,
             "disagreements_per_path": dict(per_path), "objectives_with_a_disagreement": len({
                 it for c in classes.values() for it in c["items"]}),
             "classes": by_class, "seconds": round(elapsed, 1),

@@ -9,7 +9,10 @@ naming it (fail closed: the test then fails on that row).
 `mutation` switches one rule to a known-wrong one (MUTATIONS): the mutation tests show that the
 differential test fails when the reference is wrong. Where a comparison is decided by rounding alone
 (two values within 1e-9 of each other but not equal) the result is `fragile`: which branch a path
-takes there is no question of meaning, so the test does not compare such a case."""
+takes there is no question of meaning, so the test does not compare such a case. Where the objective
+is NaN at an unmasked token and a reduction, a comparison, min, max or clip reads that NaN, the
+result is `undefined`: docs/language.md does not say what a comparison with NaN decides, nor what
+gradient a reduction that ignores its element's value (a standard deviation of one) passes back."""
 from __future__ import annotations
 
 import math
@@ -35,7 +38,8 @@ LEVELS = ("constant", "batch", "response", "token", "entry")
 # the known-wrong rules the mutation tests switch on, one at a time
 MUTATIONS = {
     "std_ddof_0": "group_std as the population standard deviation (ddof = 0)",
-    "indicator_multiplies": "[c]*x multiplies by 0 where c fails (0·inf is NaN) instead of selecting",
+    "turn_is_response": "turn_sum and turn_mean over the whole response, the turn ids ignored",
+    "quantile_weights_swapped": "a quantile's interpolation weights swapped (f on the lower neighbour)",
     "mask_multiplies": "a reduction multiplies masked elements by 0 instead of leaving them out",
     "tie_to_first": "a maximum's or minimum's gradient all to the first element attaining it",
     "quantile_lower": "a quantile is its lower order statistic (no interpolation)",
@@ -132,6 +136,7 @@ class Reference:
         self.level = levels(obj.expr)
         self.memo: dict = {}
         self.fragile = False
+        self.undefined = False
         self.anchor = batch["rollout"] if obj.options["anchor"] == "rollout" else batch["old"]
         np.seterr(all="ignore")       # IEEE arithmetic is the meaning on masked slots (selected out)
 
@@ -258,6 +263,7 @@ class Reference:
             tol = 1e-12 if absolute else NEAR * np.maximum(np.maximum(np.abs(a), np.abs(b)), 1.0)
             close = keep & (a != b) & (gap <= tol)
         self.fragile |= bool(close.any())
+        self.undefined |= bool((keep & (np.isnan(a) | np.isnan(b))).any())
 
     def selecting(self, n, entry):
         """A product, quotient or negation; where an indicator is one of its factors (through
@@ -275,7 +281,7 @@ class Reference:
                 q = a.v / b.v
                 out = Dual(q, scaled(1 / b.v, a.g) - scaled(q / b.v, b.g))
         conds = self.factor_conditions(n)
-        if not conds or self.mutation == "indicator_multiplies":
+        if not conds:
             return out
         keep = np.logical_and.reduce([self.cond(c, entry) for c in conds])
         return Dual(np.where(keep, out.v, 0.0), np.where(keep[..., None], out.g, 0.0))
@@ -346,9 +352,11 @@ class Reference:
                 vals, grads = x.v[np.arange(B), first], x.g[np.arange(B), first]
                 groups = self.b["groups"]
                 mates = groups[:, None] == groups[None, :] if over == "group" else np.ones((B, B), dtype=bool)
+                self.undefined |= bool(np.isnan(vals[mask.any(-1)]).any())
                 nonempty = mask.any(-1) | (self.mutation == "empty_group_member")
                 return np.broadcast_to((mates & nonempty[None, :])[:, None, :], (B, T, B)), vals, grads
             vals, grads = x.v.reshape(-1), x.g.reshape(B * T, self.N)
+            self.undefined |= bool(np.isnan(vals[mask.reshape(-1)]).any())
             b, t = np.arange(B)[:, None, None, None], np.arange(T)[None, :, None, None]
             c, s = np.arange(B)[None, None, :, None], np.arange(T)[None, None, None, :]
             same = b == c
@@ -356,7 +364,7 @@ class Reference:
                 within = same & ((s < t) if self.mutation == "prefix_exclusive" else (s <= t))
             elif over == "turn":
                 turns = self.b["turns"]
-                within = same & (turns[b, t] == turns[c, s])
+                within = same & ((turns[b, t] == turns[c, s]) | (self.mutation == "turn_is_response"))
             elif over == "group":
                 groups = self.b["groups"]
                 within = (groups[b] == groups[c]) & (s == t)
@@ -412,6 +420,8 @@ class Reference:
                 self._near_set(v, [low, high])
                 if self.mutation == "quantile_lower":
                     return low, G[v == low].mean(0)
+                if self.mutation == "quantile_weights_swapped":
+                    f = 1 - f
                 value = low if low == high else low + f * (high - low)
                 grad = (1 - f) * G[v == low].mean(0) + (f * G[v == high].mean(0) if f else 0.0)
                 return value, grad
@@ -451,10 +461,10 @@ class Reference:
             out["logp"] = grad[:B * T].reshape(B, T)
             out["H"] = grad[B * T:2 * B * T].reshape(B, T)
             out["vocab"] = grad[2 * B * T:].reshape(B, T, self.k)
-        out["fragile"] = self.fragile
+        out["fragile"], out["undefined"] = self.fragile, self.undefined
         return out
 
 
 def reference(obj, batch: dict, mutation: str | None = None) -> dict:
-    """{loss, logp, H, vocab (gradients), fragile} of the objective on the batch, in float64."""
+    """{loss, logp, H, vocab (gradients), fragile, undefined} of the objective on the batch, in float64."""
     return Reference(obj, batch, mutation).loss()
