@@ -90,3 +90,21 @@ def dirty(b: dict) -> dict:
         where = mask if x.ndim == 2 else mask[..., None].repeat(x.shape[-1], -1)
         out[name] = np.where(where, x, junk)
     return out
+
+
+def given(logp, old, A=0.0, mask=None, **more) -> dict:
+    """A batch written by hand (an issue's case): log π, log μ (π_old, also π_rollout), A, the mask and any
+    other input; the rest filled with harmless values (H = 1, Σπ² = π², one group, one turn, staleness 0)."""
+    logp = np.asarray(logp, dtype=float)
+    B, T = logp.shape
+    full = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (B, T)).copy()    # noqa: E731
+    z = np.log(np.full((B, T, K), 1.0 / (K + 1)))
+    out = {"mask": np.ones((B, T), dtype=bool) if mask is None else np.asarray(mask, dtype=bool), "logp": logp,
+           "old": full(old), "rollout": full(old), "A": full(A), "ref": logp.copy(), "H": full(1.0),
+           "sum_pi_sq": np.exp(2 * logp), "staleness": full(0.0), "groups": np.zeros(B, dtype=np.int64),
+           "turns": np.zeros((B, T), dtype=np.int64), "vocab_logp": z, "vocab_ref": z.copy(), "mode": None,
+           "norm": None, "weights": None}
+    for k, v in more.items():
+        out[k] = v if k in ("norm", "mode") else np.asarray(v, dtype=out[k].dtype if k in out and
+                                                              isinstance(out[k], np.ndarray) else float)
+    return out

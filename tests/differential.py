@@ -15,7 +15,6 @@ the loss is compared: the gradient of an infinite or undefined loss has no value
 comparison decided by rounding) is not compared."""
 from __future__ import annotations
 
-import random
 import warnings
 from dataclasses import dataclass, replace
 
@@ -196,11 +195,5 @@ def shrink(spec, b: dict, d: Disagreement, budget: int = 400):
 def case_text(spec, b: dict) -> dict:
     """A minimized case as JSON: the objective's text and the batch's arrays (masked slots as given)."""
     def plain(v):
-        if isinstance(v, np.ndarray):
-            return np.where(np.isfinite(v), np.round(v, 6), v).tolist() if v.dtype.kind == "f" else v.tolist()
-        return v
+        return v.tolist() if isinstance(v, np.ndarray) else v
     return {"objective": spec.text(), "batch": {k: plain(v) for k, v in b.items() if v is not None}}
-
-
-def seeded(seed: int):
-    random.seed(seed)
