@@ -65,7 +65,7 @@ def run(args) -> dict:
                 got = D.run_path(dsl.parse(small_spec.text()), small_b, d.path)
                 ref = D.reference(dsl.parse(small_spec.text()), small_b)
                 entry["values"] = {"got": {k: np.asarray(v).tolist() for k, v in got.items()},
-                                   "want": {k: np.asarray(v).tolist() for k, v in ref.items() if k not in ("fragile", "undefined")}}
+                                   "want": {k: np.asarray(ref[k]).tolist() for k in D.OUTPUTS}}
     elapsed = time.perf_counter() - start
     by_class = [{"path": k[0], "output": k[1], "kind": k[2], "ops": list(k[3]), **v}
                 for k, v in sorted(classes.items(), key=lambda kv: -kv[1]["count"])]

@@ -180,7 +180,8 @@ def draw_spec(rng: random.Random) -> Spec:
             expr = G("add", [expr, G("mul", [G(None, text="b"), G(None, text="b")])])
     numbers = [g for g in _token_leaves(expr) if re.fullmatch(r"[\d.e-]+", g.text) and not g.constant]
     for name in list(d.params):        # each parameter used (in a number's place), or not declared
-        if not any(g.text == name for g in expr.nodes()) and not any(g.text == name for g in bindings.get("b", expr).nodes()):
+        trees = [expr, *bindings.values()]
+        if not any(g.text == name for tree in trees for g in tree.nodes()):
             if numbers:
                 numbers.pop(rng.randrange(len(numbers))).text = name
             else:
