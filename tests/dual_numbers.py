@@ -12,14 +12,18 @@ class NoSemantics(Exception):
 
 
 class Dual:
-    """A value array and its gradient, the same shape plus one axis over every input element."""
-    __slots__ = ("v", "g")
+    """A value array, its gradient (the same shape plus one axis over every input element) and where
+    it depends on each input at all (`d`, bool, as g): a structural zero, which a selection (a mask, an
+    indicator, a branch of min/max/clip, the ratio's clamp where active) or an input that never reaches
+    the value leaves, as against a gradient that is 0 by arithmetic."""
+    __slots__ = ("v", "g", "d")
 
-    def __init__(self, v, g):
-        self.v, self.g = v, g
+    def __init__(self, v, g, d):
+        self.v, self.g, self.d = v, g, d
 
 
-def scaled(p, g):
-    """p·g over the tangent axis, where a zero tangent stays 0 whatever p is: an input a value does
-    not depend on gets no NaN from a non-finite partial (as reverse mode never visits it)."""
-    return np.where(g == 0, 0.0, np.asarray(p)[..., None] * g)
+def scaled(p, g, d):
+    """p·g over the tangent axis where the value depends on the input (IEEE there: inf·0 is NaN, as
+    the chain rule in any mode gives it), 0 where it does not, whatever p is (reverse mode never visits
+    an input a value does not reach)."""
+    return np.where(d, np.asarray(p)[..., None] * g, 0.0)

@@ -94,9 +94,17 @@ class Reference(Reductions):
     def zeros(self, shape):
         return np.zeros(shape + (self.N,))
 
+    def none(self, values):
+        """values with no gradient and no dependence on any input."""
+        return Dual(values, self.zeros(values.shape), np.zeros(values.shape + (self.N,), dtype=bool))
+
+    def seeded(self, values, offset):
+        g = self.seed(values, offset)
+        return Dual(values, g, g != 0)
+
     def constant(self, x, entry):
         shape = (self.B, self.T, self.k) if entry else (self.B, self.T)
-        return Dual(np.full(shape, float(x)), self.zeros(shape))
+        return self.none(np.full(shape, float(x)))
 
     def raw_ratio(self):
         return self.b["logp"] - self.anchor
@@ -106,35 +114,36 @@ class Reference(Reductions):
         if name == "r":
             raw = self.raw_ratio()
             if self.mutation == "ratio_unclamped":
-                return Dual(raw, self.seed(raw, 0))
-            keep = (raw >= -CLAMP) & (raw <= CLAMP)
-            return Dual(np.clip(raw, -CLAMP, CLAMP), self.seed(raw, 0) * keep[..., None])
+                return self.seeded(raw, 0)
+            keep = ((raw >= -CLAMP) & (raw <= CLAMP))[..., None]     # the clamp selects: no dependence where active
+            g = self.seed(raw, 0) * keep
+            return Dual(np.clip(raw, -CLAMP, CLAMP), g, (g != 0) & keep)
         if name == "mu":
-            return Dual(self.anchor.copy(), self.zeros(self.anchor.shape))
+            return self.none(self.anchor.copy())
         x = self.b[LOG_PROBS[name]]
         if name == "pi":
-            return Dual(x.copy(), self.seed(x, 0))
+            return self.seeded(x.copy(), 0)
         if name == "pi_v":
-            return Dual(x.copy(), self.seed(x, 2 * self.B * self.T))
-        return Dual(x.copy(), self.zeros(x.shape))
+            return self.seeded(x.copy(), 2 * self.B * self.T)
+        return self.none(x.copy())
 
     def var(self, name, entry):
         B, T = self.B, self.T
         if name in LOG_PROBS or name == "r":
             lg = self.log_of(name, entry)
             v = np.exp(lg.v)
-            return Dual(v, scaled(v, lg.g))
+            return Dual(v, scaled(v, lg.g, lg.d), lg.d)
         if name == "H":
-            return Dual(self.b["H"].copy(), self.seed(self.b["H"], B * T))
+            return self.seeded(self.b["H"].copy(), B * T)
         if name in ("A", "sum_pi_sq", "staleness"):
-            return Dual(self.b[name].copy(), self.zeros((B, T)))
+            return self.none(self.b[name].copy())
         if name == "seq_len":
             n = self.mask.sum(-1, keepdims=True).astype(float)
-            return Dual(np.broadcast_to(n, (B, T)).copy(), self.zeros((B, T)))
+            return self.none(np.broadcast_to(n, (B, T)).copy())
         if name == "turn_len":
             turns = self.b["turns"]
             same = turns[:, :, None] == turns[:, None, :]
-            return Dual((same & self.mask[:, None, :]).sum(-1).astype(float), self.zeros((B, T)))
+            return self.none((same & self.mask[:, None, :]).sum(-1).astype(float))
         raise NoSemantics(f"the built-in {name!r}")
 
     # ------------------------------------------------------------ the walk
@@ -164,19 +173,18 @@ class Reference(Reductions):
             f, d = UNARY[n.op]
             with np.errstate(all="ignore"):
                 y = f(x.v)
-                return Dual(y, scaled(d(x.v, y), x.g))
+                return Dual(y, scaled(d(x.v, y), x.g, x.d), x.d)
         if n.op in ("sign", "sg"):
             x = self.eval(n.args[0], entry)
             if n.op == "sign":
                 self.near(x.v, np.zeros_like(x.v), entry, absolute=True)
-            return Dual(np.sign(x.v) if n.op == "sign" else x.v, np.zeros_like(x.g))
+            return self.none(np.sign(x.v) if n.op == "sign" else x.v)
         if n.op == "ind":
-            c = self.cond(n.args[0], entry)
-            return Dual(c.astype(float), np.zeros(c.shape + (self.N,)))
+            return self.none(self.cond(n.args[0], entry).astype(float))
         if n.op in ("add", "sub"):
             a, b = self.eval(n.args[0], entry), self.eval(n.args[1], entry)
             s = 1 if n.op == "add" else -1
-            return Dual(a.v + s * b.v, a.g + s * b.g)
+            return Dual(a.v + s * b.v, a.g + s * b.g, a.d | b.d)
         if n.op == "pow":
             return self.power(self.eval(n.args[0], entry), self.eval(n.args[1], entry))
         if n.op in ("min", "max"):
@@ -216,19 +224,19 @@ class Reference(Reductions):
         args = [self.eval(a, entry) for a in n.args]
         with np.errstate(all="ignore"):
             if n.op == "neg":
-                out = Dual(-args[0].v, -args[0].g)
+                out = Dual(-args[0].v, -args[0].g, args[0].d)
             elif n.op == "mul":
                 a, b = args
-                out = Dual(a.v * b.v, scaled(b.v, a.g) + scaled(a.v, b.g))
+                out = Dual(a.v * b.v, scaled(b.v, a.g, a.d) + scaled(a.v, b.g, b.d), a.d | b.d)
             else:
                 a, b = args
                 q = a.v / b.v
-                out = Dual(q, scaled(1 / b.v, a.g) - scaled(q / b.v, b.g))
+                out = Dual(q, scaled(1 / b.v, a.g, a.d) - scaled(q / b.v, b.g, b.d), a.d | b.d)
         conds = self.factor_conditions(n)
         if not conds:
             return out
         keep = np.logical_and.reduce([self.cond(c, entry) for c in conds])
-        return Dual(np.where(keep, out.v, 0.0), np.where(keep[..., None], out.g, 0.0))
+        return Dual(np.where(keep, out.v, 0.0), np.where(keep[..., None], out.g, 0.0), out.d & keep[..., None])
 
     def factor_conditions(self, n):
         if n.op == "ind":
@@ -242,10 +250,16 @@ class Reference(Reductions):
     def power(self, a, b):
         with np.errstate(all="ignore"):
             y = np.power(a.v, b.v)
-            da = scaled(b.v * np.power(a.v, b.v - 1), a.g)
-            # d(a^b)/db = a^b·log a, 0 at a = 0 < b (0^b is 0 for every b > 0)
-            db = scaled(np.where((a.v == 0) & (b.v > 0), 0.0, y * np.log(a.v)), b.g)
-        return Dual(y, da + db)
+            # d(a^b)/da = b·a^(b−1), 0 at b = 0 (a^0 is 1 for every a); d(a^b)/db = a^b·log a, 0 at a = 0 < b
+            # (0^b is 0 for every b > 0); at 0^0, where b varies, undefined (0^b jumps from 1 to 0)
+            da = scaled(np.where(b.v == 0, 0.0, b.v * np.power(a.v, b.v - 1)), a.g, a.d)
+            db = scaled(np.where((a.v == 0) & (b.v > 0), 0.0, y * np.log(a.v)), b.g, b.d)
+        self.undefined |= bool(((a.v == 0) & (b.v == 0) & b.d.any(-1) & self.keep(a.v.ndim)).any())
+        return Dual(y, da + db, a.d | b.d)
+
+    def keep(self, ndim):
+        """The unmasked positions, for a token's value (ndim 2) or an entry's (3)."""
+        return self.mask if ndim == 2 else self.mask[..., None]
 
     def extreme(self, op, xs, entry):
         """min/max: the first argument attaining the extreme, its value and its gradient alone (the
@@ -253,6 +267,7 @@ class Reference(Reductions):
         better = np.less_equal if op == "min" else np.greater_equal
         v = np.full(np.broadcast(*[x.v for x in xs]).shape, np.nan)
         g = np.full(v.shape + (self.N,), np.nan)
+        dep = np.ones(g.shape, dtype=bool)
         taken = np.zeros(v.shape, dtype=bool)
         order = list(range(len(xs)))
         if self.mutation == "min_tie_to_second" and op == "min" and len(xs) == 2:
@@ -265,8 +280,9 @@ class Reference(Reductions):
                     self.near(xs[i].v, y.v, entry)
             v = np.where(wins, xs[i].v, v)
             g = np.where(wins[..., None], xs[i].g, g)
+            dep = np.where(wins[..., None], xs[i].d, dep)
             taken |= wins
-        return Dual(v, g)
+        return Dual(v, g, dep)
 
     # ------------------------------------------------------------ the loss
     def loss(self) -> dict:

@@ -64,15 +64,15 @@ class Reductions:
         over, kind = REDUCTIONS[n.op]
         if over == "vocab":          # the token's support, entry by entry
             x = self.eval(n.args[0], entry=True)
-            return Dual(x.v.sum(-1), x.g.sum(-2))
+            return Dual(x.v.sum(-1), x.g.sum(-2), x.d.any(-2))
         x = self.eval(n.args[0])
         q = float(self.eval(n.args[1]).v.flat[0]) if kind == "quantile" else None
-        members, vals, grads = self.members(over, self.level[n.args[0]], x, kind)
-        v, g = np.zeros((self.B, self.T)), self.zeros((self.B, self.T))
+        members, vals, grads, deps = self.members(over, self.level[n.args[0]], x, kind)
+        out = self.none(np.zeros((self.B, self.T)))
         for b in range(self.B):
             for t in range(self.T):
-                v[b, t], g[b, t] = self.kind(kind, vals, grads, members[b, t], q)
-        return Dual(v, g)
+                out.v[b, t], out.g[b, t], out.d[b, t] = self.kind(kind, vals, grads, deps, members[b, t], q)
+        return out
 
     def members(self, over, level, x, kind):
         """[B, T, K] which elements each token's reduction reads, the K elements' values and gradients:
@@ -83,13 +83,13 @@ class Reductions:
         with np.errstate(all="ignore"):
             if over in ("group", "batch") and level != "token":
                 first = mask.argmax(-1)
-                vals, grads = x.v[np.arange(B), first], x.g[np.arange(B), first]
+                vals, grads, deps = x.v[np.arange(B), first], x.g[np.arange(B), first], x.d[np.arange(B), first]
                 groups = self.b["groups"]
                 mates = groups[:, None] == groups[None, :] if over == "group" else np.ones((B, B), dtype=bool)
                 self.undefined |= bool(np.isnan(vals[mask.any(-1)]).any())
                 nonempty = mask.any(-1) | (self.mutation == "empty_group_member")
-                return np.broadcast_to((mates & nonempty[None, :])[:, None, :], (B, T, B)), vals, grads
-            vals, grads = x.v.reshape(-1), x.g.reshape(B * T, self.N)
+                return np.broadcast_to((mates & nonempty[None, :])[:, None, :], (B, T, B)), vals, grads, deps
+            vals, grads, deps = x.v.reshape(-1), x.g.reshape(B * T, self.N), x.d.reshape(B * T, self.N)
             self.undefined |= bool(np.isnan(vals[mask.reshape(-1)]).any())
             b, t = np.arange(B)[:, None, None, None], np.arange(T)[None, :, None, None]
             c, s = np.arange(B)[None, None, :, None], np.arange(T)[None, None, None, :]
@@ -109,43 +109,42 @@ class Reductions:
             if self.mutation == "mask_multiplies" and kind in ("sum", "mean"):
                 # every element of the span, masked ones multiplied by 0 (NaN·0 is NaN)
                 vals = vals * mask.reshape(-1)
-                return np.broadcast_to(within, (B, T, B, T)).reshape(B, T, B * T), vals, grads * mask.reshape(-1, 1)
-            return np.broadcast_to(within & mask[c, s], (B, T, B, T)).reshape(B, T, B * T), vals, grads
+                span = np.broadcast_to(within, (B, T, B, T)).reshape(B, T, B * T)
+                return span, vals, grads * mask.reshape(-1, 1), deps
+            return np.broadcast_to(within & mask[c, s], (B, T, B, T)).reshape(B, T, B * T), vals, grads, deps
 
-    def kind(self, kind, vals, grads, member, q):
-        """The kind's value and gradient over the member elements (0 over none)."""
-        v, G = vals[member], grads[member]
+    def kind(self, kind, vals, grads, deps, member, q):
+        """The kind's value, gradient and dependence over the member elements (0 over none)."""
+        v, G, D = vals[member], grads[member], deps[member]
         n = len(v)
-        zero = np.zeros(self.N)
+        zero = (0.0, np.zeros(self.N), np.zeros(self.N, dtype=bool))
         if n == 0:
-            return 0.0, zero
+            return zero
         with np.errstate(all="ignore"):
             if kind == "sum":
-                return v.sum(), G.sum(0)
+                return v.sum(), G.sum(0), D.any(0)
             if kind == "mean":
-                return v.sum() / n, G.sum(0) / n
+                return v.sum() / n, G.sum(0) / n, D.any(0)
             if kind == "count":
-                return float(n), zero
+                return (float(n),) + zero[1:]
             if kind in ("max", "min"):
                 m = v.max() if kind == "max" else v.min()
                 if np.isnan(m):
-                    return m, np.full(self.N, np.nan)
+                    return m, np.full(self.N, np.nan), np.ones(self.N, dtype=bool)
                 self._near_set(v, [m])
-                ties = np.flatnonzero(v == m)
-                return m, (G[ties[0]] if self.mutation == "tie_to_first" else G[ties].mean(0))
+                ties = np.flatnonzero(v == m)[:1 if self.mutation == "tie_to_first" else None]
+                return m, G[ties].mean(0), D[ties].any(0)
             if kind == "std":
-                if n < 2:
-                    return 0.0, zero
-                if (v == v[0]).all():        # all equal: 0, with a zero gradient (docs/language.md)
-                    return 0.0, zero
+                if n < 2 or (v == v[0]).all():     # 0, with a zero gradient, below two or all equal
+                    return zero
                 d = v - v.mean()
                 ddof = 0 if self.mutation == "std_ddof_0" else 1
                 var = (d * d).sum() / (n - ddof)
                 s = math.sqrt(var)
-                return s, scaled(d, G).sum(0) / ((n - ddof) * s)
+                return s, scaled(d, G, D).sum(0) / ((n - ddof) * s), D.any(0)
             if kind == "quantile":
                 if np.isnan(v).any():
-                    return np.nan, np.full(self.N, np.nan)
+                    return np.nan, np.full(self.N, np.nan), np.ones(self.N, dtype=bool)
                 order = np.sort(v)
                 rank = q * (n - 1)
                 lo, hi = math.floor(rank), math.ceil(rank)
@@ -153,12 +152,12 @@ class Reductions:
                 low, high = order[lo], order[hi]
                 self._near_set(v, [low, high])
                 if self.mutation == "quantile_lower":
-                    return low, G[v == low].mean(0)
+                    return low, G[v == low].mean(0), D[v == low].any(0)
                 if self.mutation == "quantile_weights_swapped":
                     f = 1 - f
                 value = low if low == high else low + f * (high - low)
                 grad = (1 - f) * G[v == low].mean(0) + (f * G[v == high].mean(0) if f else 0.0)
-                return value, grad
+                return value, grad, D[v == low].any(0) | (D[v == high].any(0) if f else False)
         raise NoSemantics(f"the reduction kind {kind!r}")
 
     def _near_set(self, v, picks):

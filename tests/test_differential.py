@@ -38,7 +38,11 @@ _STD_OF_EQUALS = ("new: group_std of equal elements is 1e-17, not 0 as docs/lang
                   "rounding), on every path: sign(group_std(0.1)) is 1, not 0")
 _PLAIN_INFINITE = ("new: the plain path gives NaN where the gradient is infinite and flows through a group "
                    "reduction (x^0.1 at x = 0 under group_min: −inf, plain NaN)")
-FOUND = {(1, 576): (_ORDER_STATISTIC, FUSED), (1, 68): (_POW_AT_ZERO, FUSED), (1, 379): (_STD_OF_EQUALS, ALL),
+_CLAMP_MULTIPLIES = ("new: past the ratio's clamp (|log r| > 20) the fused and sync-free paths multiply its zero "
+                     "derivative by an infinite one (NaN: tanh(r^r)), where autograd's clamp selects (0)")
+_UNPICKED_INFINITE = ("new: an element a quantile does not pick, whose own derivative is infinite (H^0.04 at H = 0), "
+                      "gets NaN on every path (0·inf in reverse mode), where docs/language.md gives it none")
+FOUND = {(1, 576): (_ORDER_STATISTIC, FUSED), (0, 501): (_CLAMP_MULTIPLIES, FUSED), (2, 13): (_UNPICKED_INFINITE, ALL), (1, 68): (_POW_AT_ZERO, FUSED), (1, 379): (_STD_OF_EQUALS, ALL),
          (1, 287): (_PLAIN_INFINITE, PLAIN), (1, 52): (_PLAIN_DIVISION, PLAIN), (1, 493): (_PLAIN_DIVISION, PLAIN),
          (0, 224): (_PLAIN_DIVISION, PLAIN)}
 
