@@ -161,3 +161,48 @@ def test_gspo_is_finite_in_fp32_where_its_unclipped_branch_overflows(path, rollo
     assert math.isclose(loss.item(), ref_loss.item(), rel_tol=1e-6)
     assert all(math.isclose(metrics[k], ref_metrics[k], rel_tol=1e-5, abs_tol=1e-7) for k in metrics), (metrics,
                                                                                                      ref_metrics)
+
+
+# ---------------------------------------------------------------- the global normalizer, a checked contract
+BAD_NORMS = {
+    "negative": (-4.0, r"aggregation.norm is -4.0: it must be finite and > 0"),       # flipped the loss silently
+    "negative_tensor": (torch.tensor(-4.0, dtype=F64), r"aggregation.norm is -4.0: it must be finite and > 0"),
+    "per_response": (torch.full((4,), 9.0, dtype=F64), r"aggregation.norm is \[4\]: the global normalizer is one "
+                                                       r"number \(0-d\).*Aggregation\(weights=...\)"),
+    "nan": (math.nan, r"aggregation.norm is nan"),
+    "inf": (torch.tensor(math.inf), r"aggregation.norm is inf"),
+    "bool": (torch.tensor(True), r"aggregation.norm is torch.bool"),
+    "string": ("24", r"aggregation.norm must be a number or a 0-d tensor, got str"),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", BAD_NORMS)
+def test_a_normalizer_that_is_not_one_finite_positive_number_is_refused_naming_it(case, path):
+    """norm = -4 flipped the loss and its update without a word; a [B] norm gave a raw torch error on two
+    paths and a non-scalar loss on the sync-free one. Each is refused at the tensor boundary, by name."""
+    new, old, A, mask, _ = batch()
+    norm, match = BAD_NORMS[case]
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(build("gspo", path), new, old, A, mask, aggregation=Aggregation(norm=norm))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_zero_normalizer_on_a_step_with_tokens_is_refused_on_the_device_path_without_a_host_sync(path):
+    """A zero normalizer with a mask: the sync-free (CUDA) path checks it by an asynchronous device assert
+    (reading the mask's values would sync the host), the others on the host; a 0-d tensor on the host is
+    read at no cost."""
+    new, old, A, mask, _ = batch()
+    for norm in (0.0, torch.zeros((), dtype=F64)):
+        with pytest.raises((ValueError, RuntimeError), match="aggregation.norm is 0 on a step with tokens"):
+            call(build("ppo", path), new, old, A, mask, aggregation=Aggregation(norm=norm))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_zero_normalizer_is_accepted_where_the_step_has_no_token(path):
+    """The step's count is 0 only where no rank has a token (verl's (mask.sum(-1) > 0).sum() of an empty
+    step): accepted; the plain path gives loss 0 and gradient 0 (the fused paths' value there: case 4)."""
+    new, old, A, mask, _ = batch()
+    loss, grad, _ = call(build("ppo", path), new, old, A, torch.zeros_like(mask), aggregation=Aggregation(norm=0.0))
+    if path == "plain":
+        assert loss.item() == 0.0 and not grad.any()
