@@ -36,6 +36,9 @@ class Objective:
     options: dict[str, str]
     bindings: dict[str, Node] = field(default_factory=dict)
     description: str = ""
+    # the options the file or an override sets (the others hold OPTION_DEFAULTS): a host whose own
+    # setting replaces one (TRL's loss_type, verl's loss_agg_mode) refuses a declared one it would not honour
+    declared: frozenset = frozenset()
 
     def check_constants(self) -> "Objective":
         """Every sub-expression without r, π, μ or A is a finite real number at the current
@@ -145,7 +148,7 @@ class Objective:
             check_option(key, str(value), where, 1, 1, f"{key}={value}", len(key) + 2)
             new_options[key] = str(value)
         return Objective(self.name, self.path, self.source, self.expr, new_params, new_options,
-                         self.bindings, self.description).check_constants()
+                         self.bindings, self.description, self.declared | set(options or {})).check_constants()
 
 
 def param_key(raw) -> str:
