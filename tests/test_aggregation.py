@@ -142,14 +142,16 @@ def test_the_token_sum_mode_of_a_three_token_response_of_ones_is_exactly_three(p
 # ---------------------------------------------------------------- an overflowing branch that min and clip drop
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rollout", [False, True], ids=["", "rollout_given"])
-def test_gspo_is_finite_in_fp32_where_its_unclipped_branch_overflows(path, rollout):
-    """One token at a log-ratio of +800 in a six-token response: s = e^133, inf in fp32 (finite in
-    float64), and min(s·A, clip(s)·A) takes the clipped branch, whose gradient is 0. The unclipped
-    branch's derivative (inf) met 0 there: the gradient and drpo_w_mean were NaN on every path."""
-    old = torch.full((2, 6), -1.0, dtype=F64)
-    new = old + 0.02 * torch.arange(12, dtype=F64).view(2, 6)
+@pytest.mark.parametrize("T", [6, 8])
+def test_gspo_is_finite_in_fp32_where_its_unclipped_branch_overflows(path, rollout, T):
+    """One token at a log-ratio of +800 in a six- or eight-token response (issue 46's case 8: one of 8,
+    rollout log-probs given): s = e^133 or e^100, inf in fp32 (finite in float64), and min(s·A, clip(s)·A)
+    takes the clipped branch, whose gradient is 0. The unclipped branch's derivative (inf) met 0 there:
+    the gradient and drpo_w_mean were NaN on every path."""
+    old = torch.full((2, T), -1.0, dtype=F64)
+    new = old + 0.02 * torch.arange(2 * T, dtype=F64).view(2, T)
     new[0, 0], old[0, 0] = -4.0, -804.0
-    A = torch.tensor([[1.0], [-0.5]], dtype=F64).expand(2, 6)
+    A = torch.tensor([[1.0], [-0.5]], dtype=F64).expand(2, T)
     out = {}
     for dtype in (torch.float32, F64):
         given = dict(rollout_log_probs=(old - 0.05).to(dtype)) if rollout else {}
