@@ -190,7 +190,7 @@ def test_a_normalizer_that_is_not_one_finite_positive_number_is_refused_naming_i
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_a_zero_normalizer_on_a_step_with_tokens_is_refused_on_the_device_path_without_a_host_sync(path):
+def test_a_zero_normalizer_on_a_step_with_tokens_is_refused_on_every_path_the_sync_free_one_without_a_host_sync(path):
     """A zero normalizer with a mask: the sync-free (CUDA) path checks it by an asynchronous device assert
     (reading the mask's values would sync the host), the others on the host; a 0-d tensor on the host is
     read at no cost."""

@@ -147,7 +147,7 @@ def refuse_bad_norm(who: str, names: dict, norm, mask, logp, sync_free: bool = F
     elif isinstance(norm, bool) or not isinstance(norm, (int, float)):
         raise TypeError(f"{who}: {name} must be a number or a 0-d tensor, got {type(norm).__name__}: {fix}")
     msg = f"{who}: {name} is {{}}: it must be finite and > 0 (0 only where the step has no unmasked token); {fix}"
-    if isinstance(norm, torch.Tensor) and (norm.is_cuda or norm.device.type != "cpu"):
+    if isinstance(norm, torch.Tensor) and norm.device.type != "cpu":
         keep = torch.ones((), dtype=torch.bool, device=norm.device) if mask is None else (mask != 0).any()
         ok = torch.isfinite(norm) & ((norm > 0) | ((norm == 0) & ~keep.to(norm.device)))
         torch._assert_async(ok, msg.format("not finite and > 0 on a step with tokens"))
