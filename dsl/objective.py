@@ -36,9 +36,7 @@ class Objective:
     options: dict[str, str]
     bindings: dict[str, Node] = field(default_factory=dict)
     description: str = ""
-    # the options the file or an override sets (the others hold OPTION_DEFAULTS): a host whose own
-    # setting replaces one (TRL's loss_type, verl's loss_agg_mode) refuses a declared one it would not honour
-    declared: frozenset = frozenset()
+    declared: frozenset = frozenset()     # the options the file or an override sets (the rest: OPTION_DEFAULTS)
 
     def check_constants(self) -> "Objective":
         """Every sub-expression without r, π, μ or A is a finite real number at the current
@@ -130,8 +128,7 @@ class Objective:
     def with_overrides(self, params: dict | None = None, options: dict | None = None,
                        where: str = "<overrides>") -> "Objective":
         """A copy with parameter/option values replaced; unknown names are located errors."""
-        new_params, new_options = dict(self.params), dict(self.options)
-        given = {}
+        new_params, new_options, given = dict(self.params), dict(self.options), {}
         for raw, value in (params or {}).items():
             name = param_key(raw)
             text = f"{raw}={value}"
