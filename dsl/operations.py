@@ -169,15 +169,16 @@ def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
         torch = lambda x: f"_{name}({x}, m, logp, turns)"      # noqa: E731
     else:       # (then its constant arguments: seq_quantile's q)
         torch = lambda x, *more: f"_{name}({x}, m, logp" + "".join(f", {c}" for c in more) + ")"    # noqa: E731
-    wide = {"spread": declared(SPREAD, kind, name, "spread")} if over in ("group", "batch") else {}
+    props = dict(uniform=declared(UNIFORM, kind, name, "uniform"), held=declared(HELD, over, name, "held"),
+                 branching=declared(BRANCHING, kind, name, "branching"))
+    if over in ("group", "batch"):
+        props["spread"] = declared(SPREAD, kind, name, "spread")
     arity, signature = 1 + len(constants), f"{name}(x{''.join(', ' + c[3] for c in constants)})"
     return Op(symbol=name, prec=100, arity=(arity, arity), kind="num", args_kind="num", callable=callable,
               signature=signature if callable else "", constants=tuple(c[:3] for c in constants), sympy=unlowered,
               torch=torch, py=unlowered, np=unlowered,
-              gradient="reduction", continuous=True, branching=declared(BRANCHING, kind, name, "branching"),
-              piecewise=False, exact=None, not_real=None, compares=None, reduce=kind, over=over,
-              uniform=declared(UNIFORM, kind, name, "uniform"), held=declared(HELD, over, name, "held"),
-              adjoint=adjoint, **wide)
+              gradient="reduction", continuous=True, piecewise=False, exact=None, not_real=None, compares=None,
+              reduce=kind, over=over, adjoint=adjoint, **props)
 
 
 # the q-quantile (seq_quantile's and batch_quantile's q, a constant in [0, 1]): torch.quantile's linear interpolation

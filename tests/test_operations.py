@@ -475,7 +475,7 @@ def test_the_uniform_held_count_and_spread_lookups_refuse_an_unknown_kind_by_nam
 
 def test_a_new_reduction_kind_without_declarations_is_refused_at_import():
     """The row as a contributor adds it, through the table's own factory: refused while the module builds it."""
-    with pytest.raises(TypeError, match="operation 'seq_prod': no branching is declared for 'prod'"):
+    with pytest.raises(TypeError, match="operation 'seq_prod': no uniform is declared for 'prod'"):
         operations._reduction("seq_prod", "response", "prod", adjoint=OPS["seq_sum"].adjoint)
     with pytest.raises(TypeError, match="operation 'diag_sum': no held is declared for 'diagonal'"):
         operations._reduction("diag_sum", "diagonal", "sum", adjoint=OPS["seq_sum"].adjoint)
