@@ -36,6 +36,7 @@ class Objective:
     options: dict[str, str]
     bindings: dict[str, Node] = field(default_factory=dict)
     description: str = ""
+    declared: frozenset = frozenset()     # the options the file or an override sets (the rest: OPTION_DEFAULTS)
 
     def check_constants(self) -> "Objective":
         """Every sub-expression without r, π, μ or A is a finite real number at the current
@@ -127,8 +128,7 @@ class Objective:
     def with_overrides(self, params: dict | None = None, options: dict | None = None,
                        where: str = "<overrides>") -> "Objective":
         """A copy with parameter/option values replaced; unknown names are located errors."""
-        new_params, new_options = dict(self.params), dict(self.options)
-        given = {}
+        new_params, new_options, given = dict(self.params), dict(self.options), {}
         for raw, value in (params or {}).items():
             name = param_key(raw)
             text = f"{raw}={value}"
@@ -145,7 +145,7 @@ class Objective:
             check_option(key, str(value), where, 1, 1, f"{key}={value}", len(key) + 2)
             new_options[key] = str(value)
         return Objective(self.name, self.path, self.source, self.expr, new_params, new_options,
-                         self.bindings, self.description).check_constants()
+                         self.bindings, self.description, self.declared | set(options or {})).check_constants()
 
 
 def param_key(raw) -> str:

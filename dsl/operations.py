@@ -17,6 +17,7 @@ from typing import Callable
 
 from dsl import adjoints as adj
 from dsl.ir import ONE, ZERO, Node, add, call, div, is_num, mul, neg, num, power, sub
+from dsl.uniform import BRANCHING, HELD, SPREAD, UNIFORM, declared
 from dsl.lowerings import (TWO_OVER_SQRT_PI, np_erf, np_reduce, py_max, py_min, py_pow, py_sigmoid, py_sign,
                         py_softplus, torch_clip, torch_extreme, torch_select)
 
@@ -31,6 +32,10 @@ GRADIENTS = ("zero", "none", "reduction")     # besides a rule: see Op.gradient
 #   "batch": the optimizer step's whole batch, across data-parallel ranks;
 #   "vocab": the token's own vocabulary support, entry by entry (dsl.vocabulary), no other token.
 OVER = ("response", "prefix", "suffix", "turn", "group", "batch", "vocab")
+UNDECLARED = "undeclared"       # a reduction's property its row left out: refused when the row is built
+# what a reduction row declares (dsl.uniform says what each is), and what only a group or batch one does
+REDUCTION_PROPERTIES = ("reduce", "over", "uniform", "held", "adjoint")
+WIDE_PROPERTIES = ("spread",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,12 +74,16 @@ class Op:
     brackets: tuple | None = None       # printed between these instead of as symbol(...): |x|, [c]
     printed_as: Callable | None = None  # (*args) -> the Node printed in its place (an internal op)
     # a reduction ('sum', 'mean', 'max', 'min', 'std', 'count', 'quantile'; the quantile's internal
-    # 'qlow', 'qhigh', 'qfrac') of the unmasked tokens `over`
-    # selects (OVER), and its value where every element it reduces holds x ((x, n) -> Node, n the
-    # number of those elements, then its constant arguments: dsl.walks.uniform_view)
+    # 'qlow', 'qhigh', 'qfrac') of the unmasked tokens `over` selects (OVER); each of its properties
+    # below is declared on its row (dsl.uniform), never taken from a default: its value where every
+    # element it reduces holds x ((x, n) -> Node, n the number of those elements, then its constant
+    # arguments: dsl.walks.uniform_view), that n at the held point ((level, point) -> Node), and for a
+    # group or batch reduction its value over a held group's differing responses (dsl.uniform.SPREAD)
     reduce: str = ""
     over: str = ""
-    uniform: Callable | None = None
+    uniform: Callable | str = UNDECLARED
+    held: Callable | str = UNDECLARED
+    spread: Callable | str | None = UNDECLARED
     # a reduction's reverse-mode rule (node, its adjoint a, its argument x) -> x's adjoint per token, in
     # IR (core.reverse_mode), or "none" (a count reads no value); required: never guessed from `reduce`
     adjoint: Callable | str | None = None
@@ -88,9 +97,7 @@ class Op:
             problems.append(f"gradient must be a rule or one of {GRADIENTS}")
         if (self.kind == "bool") != (self.gradient == "none"):
             problems.append("a condition, and only a condition, has gradient 'none'")
-        if (self.gradient == "reduction") != bool(self.reduce and self.uniform and self.over in OVER):
-            problems.append(f"a reduction, and only a reduction, has gradient 'reduction', reduce, uniform and "
-                            f"over (one of {OVER})")
+        problems += self._reduction_problems()
         if self.gradient == "reduction" and not (callable(self.adjoint) or self.adjoint == "none"):
             problems.append("a reduction declares its adjoint=: a rule (node, its adjoint a, its argument x) -> "
                             "x's adjoint per token, in IR (as seq_sum's), or 'none' where it reads no value (a count)")
@@ -100,6 +107,22 @@ class Op:
             problems.append("a callable operation gives its signature")
         if problems:
             raise TypeError(f"operation {self.symbol!r}: " + "; ".join(problems))
+
+    def _reduction_problems(self) -> list:
+        """Each reduction property a reduction's row leaves undeclared, or another row declares, by name."""
+        given = {p for p in REDUCTION_PROPERTIES + WIDE_PROPERTIES if getattr(self, p) not in ("", None, UNDECLARED)}
+        given |= {"spread"} if self.spread is None else set()        # declared: reads no value (a count)
+        if self.gradient != "reduction":
+            extra = sorted(given - {"adjoint"})      # (the adjoint's own message below)
+            return [f"only a reduction declares {', '.join(extra)}"] if extra else []
+        wide = self.over in ("group", "batch")
+        lacking = [p for p in REDUCTION_PROPERTIES + WIDE_PROPERTIES * wide if p not in given and p != "adjoint"]
+        out = [f"a reduction declares {p}= on its row (dsl.uniform: never taken from a default)" for p in lacking]
+        if self.over and self.over not in OVER:
+            out.append(f"over must be one of {OVER}, not {self.over!r}")
+        if "spread" in given and not wide:
+            out.append("only a group or batch reduction declares spread (a held group's responses)")
+        return out
 
     def is_continuous(self, node: Node) -> bool:
         return self.continuous(node) if callable(self.continuous) else self.continuous
@@ -132,7 +155,9 @@ def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
     """A reduction (Op.over): it has no per-token value, so only its torch text (core.codegen's
     helpers, dsl.lowerings) and its value where all it reduces hold x exist. A group or batch
     reduction's torch text also takes its argument's level ('token' or 'response'), which
-    core.rewrites writes into the node's value, then its constant arguments (`constants`)."""
+    core.rewrites writes into the node's value, then its constant arguments (`constants`). Its
+    analysis properties are dsl.uniform's for its kind and `over`: a kind or `over` that has none
+    is an error naming the row and the property (declared), here, at import."""
     def unlowered(*a):
         raise ValueError(f"{name} has no per-token value: rewrite reductions first "
                          "(dsl.walks.uniform_view) or compile them (core.codegen)")
@@ -144,26 +169,18 @@ def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
         torch = lambda x: f"_{name}({x}, m, logp, turns)"      # noqa: E731
     else:       # (then its constant arguments: seq_quantile's q)
         torch = lambda x, *more: f"_{name}({x}, m, logp" + "".join(f", {c}" for c in more) + ")"    # noqa: E731
-    uniform = {"sum": lambda x, n: mul(n, x), "std": lambda x, n: ZERO, "count": lambda x, n: n,
-               "qfrac": _uniform_frac}.get(kind, lambda x, n, *constants: x)
+    props = dict(uniform=declared(UNIFORM, kind, name, "uniform"), held=declared(HELD, over, name, "held"),
+                 branching=declared(BRANCHING, kind, name, "branching"))
+    if over in ("group", "batch"):
+        props["spread"] = declared(SPREAD, kind, name, "spread")
     arity, signature = 1 + len(constants), f"{name}(x{''.join(', ' + c[3] for c in constants)})"
     return Op(symbol=name, prec=100, arity=(arity, arity), kind="num", args_kind="num", callable=callable,
               signature=signature if callable else "", constants=tuple(c[:3] for c in constants), sympy=unlowered,
               torch=torch, py=unlowered, np=unlowered,
-              gradient="reduction", continuous=True, branching=kind not in _SMOOTH, piecewise=False, exact=None,
-              not_real=None, compares=None, reduce=kind, over=over, uniform=uniform, adjoint=adjoint)
+              gradient="reduction", continuous=True, piecewise=False, exact=None, not_real=None, compares=None,
+              reduce=kind, over=over, adjoint=adjoint, **props)
 
 
-def _uniform_frac(x, n, q):
-    """The quantile's weight q·(n − 1) − ⌊q·(n − 1)⌋ over n elements, where n and q are numbers (the
-    reverse mode's internal row; no objective reads it, and the IR has no ⌊⌋ for a symbolic n)."""
-    def exact(m):
-        return m.value if m.op == "num" else OPS[m.op].exact(*map(exact, m.args))
-    rank = exact(q) * (exact(n) - 1)
-    return num(rank - math.floor(rank))
-
-
-_SMOOTH = ("sum", "mean", "std", "count", "qfrac")      # the rest pick elements by comparing them (SymPy settles cases)
 # the q-quantile (seq_quantile's and batch_quantile's q, a constant in [0, 1]): torch.quantile's linear interpolation
 # between two order statistics, its lower and upper neighbours (internal, with the interpolation weight: its adjoint's),
 # along a response (each token reads its response's) or over the batch

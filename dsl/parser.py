@@ -169,14 +169,14 @@ class _Builder(Source):
         check_kind(self, expr, "num")
         check_vocabulary(self, expr)
         check_policy(self, expr, self.meta_pos(objectives[0]))
-        for k, v in OPTION_DEFAULTS.items():
-            options.setdefault(k, v)
+        declared, options = frozenset(options), {**OPTION_DEFAULTS, **options}     # (the file's, then the defaults)
         _warn_unused(self, seen, params, {n.value for n in expr.walk() if n.op == "param"} | set(exprs.resolved))
         order = {k: seen[k] for k in exprs.resolved}
         used = {k: exprs.resolved[k] for k in sorted(order, key=lambda k: (order[k].line, order[k].col))}
         stem = Path(self.path).name
         return Objective(stem[:-4] if stem.endswith(".dsl") else stem, self.path, self.source,
-                         expr, params, {k: options[k] for k in OPTIONS}, used, self._description()).check_constants()
+                         expr, params, {k: options[k] for k in OPTIONS}, used, self._description(),
+                         declared).check_constants()
 
     def _option(self, st, options):
         key_tok, val_tok = st.children

@@ -153,45 +153,10 @@ VIEW_NAMES = {"seq_len": "seq_len", "position": "p", "group_size": "G", "batch_s
               "rho_ref": "rho_ref", "H": "H", "staleness": "staleness"}
 
 
-def held_count(over: str, level: str, point: dict) -> Node:
-    """How many elements a reduction reduces at uniform_view's point (`point`: the parameters
-    seq_len |y|, position p, group_size G and batch_size N, as Nodes): its response's |y| tokens, and
-    its turn's (the uniform response is one turn: a turn's tokens are the response's);
-    a prefix at position p its first p, a suffix its last |y| − p + 1; a group its G responses,
-    position by position too (each has |y| tokens); the batch its N responses, or their N·|y| tokens."""
-    if over in ("response", "turn"):
-        return point["seq_len"]
-    if over == "prefix":
-        return point["position"]
-    if over == "suffix":
-        return add(sub(point["seq_len"], point["position"]), ONE)
-    if over == "group":
-        return point["group_size"]
-    if over == "vocab":      # k entries of no response: the r-analysis refuses it first (dsl.vocabulary)
-        raise ValueError("a vocabulary sum has no uniform view over tokens (dsl.vocabulary.refuse_r_analysis)")
-    return mul(point["batch_size"], point["seq_len"]) if level == "token" else point["batch_size"]
-
-
-def spread(kind: str, xs: list, n: Node) -> Node:
-    """A group or batch reduction's value over n elements that hold the values xs (x, share) in
-    those shares (the held group's responses, analysis.held; shares sum to 1): the sum n·Σ share·x,
-    the mean Σ share·x, the sample std over the n elements, the count n, the largest or smallest x."""
-    def total(f):
-        out = None
-        for x, share in xs:
-            out = mul(num(share), f(x)) if out is None else add(out, mul(num(share), f(x)))
-        return out
-    if kind in ("max", "min"):
-        values = tuple(dict.fromkeys(x for x, _ in xs))
-        return values[0] if len(values) == 1 else Node(kind, values)
-    mean = total(lambda x: x)
-    if kind == "sum":
-        return mul(n, mean)
-    if kind == "count":
-        return n
-    if kind == "mean":
-        return mean
-    return Node("sqrt", (mul(div(n, sub(n, ONE)), total(lambda x: power(sub(x, mean), num(2)))),))
+def held_count(op: str, level: str, point: dict) -> Node:
+    """How many elements reduction `op` reduces at uniform_view's point (`point`: the parameters
+    seq_len |y|, position p, group_size G and batch_size N, as Nodes), as its row declares (Op.held)."""
+    return OPS[op].held(level, point)
 
 
 def _response(n: Node, c: Fraction, new: dict, level: dict, point: dict) -> Node:
@@ -204,7 +169,7 @@ def _response(n: Node, c: Fraction, new: dict, level: dict, point: dict) -> Node
         if m.op in OPS and OPS[m.op].reduce and OPS[m.op].over in ("group", "batch"):
             return new[m]
         if m.op in OPS and OPS[m.op].reduce:
-            return OPS[m.op].uniform(args[0], held_count(OPS[m.op].over, argument_level(m, level), point), *args[1:])
+            return OPS[m.op].uniform(args[0], held_count(m.op, argument_level(m, level), point), *args[1:])
         return None if m.args else new[m]
     return rebuild(n, one)
 
@@ -252,14 +217,16 @@ def uniform_view(n: Node, anchor: str, names: dict | None = None, group: tuple |
         if not (m.op in OPS and OPS[m.op].reduce):
             return None
         op = OPS[m.op]
-        count = held_count(op.over, argument_level(m, level), point)
-        spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.reduce in (
-            "sum", "mean", "std", "max", "min", "quantile") and _reads_own_advantage(m.args[0])
-        if spreads and op.reduce == "quantile":     # its neighbours' ranks depend on N and on A's sign: not derived
+        count = held_count(m.op, argument_level(m, level), point)
+        # a group or batch reduction declares its spread (dsl.uniform.SPREAD): None, it reads no value
+        # (a count); a string, why it is not derived (a quantile's neighbours' ranks depend on N and A's sign)
+        spreads = group and len(set(group)) > 1 and op.over in ("group", "batch") and op.spread is not None \
+            and _reads_own_advantage(m.args[0])
+        if spreads and isinstance(op.spread, str):
             raise NotHeld(m, f"{m.op} of a value that reads A is not analysed on a held group whose advantages differ")
         if spreads:
             shares = {c: Fraction(group.count(c), len(group)) for c in group}
-            return spread(op.reduce, [(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],
-                          num(len(group)) if op.over == "group" else count)
+            return op.spread([(_response(m.args[0], c, new, level, point), k) for c, k in shares.items()],
+                             num(len(group)) if op.over == "group" else count)
         return op.uniform(args[0], count, *args[1:])
     return rebuild(n, one, new)

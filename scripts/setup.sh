@@ -54,6 +54,9 @@ $PIP -c "$pin" deepspeed==0.19.6 transformers 'ray[default]==2.55.0' \
     isort loralib optimum torchmetrics transformers-stream-generator wandb wheel
 # TRL beside openrlhf: trl 1.16.0 takes openrlhf's transformers (it needs >= 4.56.2)
 $PIP -c "$pin" trl==1.16.0
+# math-verify pinned (setup.cfg's extras too): the reward scores what its parse cannot read 0 and lets
+# any other error out, so a release that changed its API stops the run rather than zero every reward
+$PIP -c "$pin" math-verify==0.9.0
 $PIP -c "$pin" -e '.[test]'
 # verl cannot share this environment (verl 0.9.1 needs transformers < 5.11): its own venv
 bash scripts/setup_verl.sh

@@ -142,14 +142,16 @@ def test_the_token_sum_mode_of_a_three_token_response_of_ones_is_exactly_three(p
 # ---------------------------------------------------------------- an overflowing branch that min and clip drop
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rollout", [False, True], ids=["", "rollout_given"])
-def test_gspo_is_finite_in_fp32_where_its_unclipped_branch_overflows(path, rollout):
-    """One token at a log-ratio of +800 in a six-token response: s = e^133, inf in fp32 (finite in
-    float64), and min(s·A, clip(s)·A) takes the clipped branch, whose gradient is 0. The unclipped
-    branch's derivative (inf) met 0 there: the gradient and drpo_w_mean were NaN on every path."""
-    old = torch.full((2, 6), -1.0, dtype=F64)
-    new = old + 0.02 * torch.arange(12, dtype=F64).view(2, 6)
+@pytest.mark.parametrize("T", [6, 8])
+def test_gspo_is_finite_in_fp32_where_its_unclipped_branch_overflows(path, rollout, T):
+    """One token at a log-ratio of +800 in a six- or eight-token response (issue 46's case 8: one of 8,
+    rollout log-probs given): s = e^133 or e^100, inf in fp32 (finite in float64), and min(s·A, clip(s)·A)
+    takes the clipped branch, whose gradient is 0. The unclipped branch's derivative (inf) met 0 there:
+    the gradient and drpo_w_mean were NaN on every path."""
+    old = torch.full((2, T), -1.0, dtype=F64)
+    new = old + 0.02 * torch.arange(2 * T, dtype=F64).view(2, T)
     new[0, 0], old[0, 0] = -4.0, -804.0
-    A = torch.tensor([[1.0], [-0.5]], dtype=F64).expand(2, 6)
+    A = torch.tensor([[1.0], [-0.5]], dtype=F64).expand(2, T)
     out = {}
     for dtype in (torch.float32, F64):
         given = dict(rollout_log_probs=(old - 0.05).to(dtype)) if rollout else {}
@@ -161,3 +163,48 @@ def test_gspo_is_finite_in_fp32_where_its_unclipped_branch_overflows(path, rollo
     assert math.isclose(loss.item(), ref_loss.item(), rel_tol=1e-6)
     assert all(math.isclose(metrics[k], ref_metrics[k], rel_tol=1e-5, abs_tol=1e-7) for k in metrics), (metrics,
                                                                                                      ref_metrics)
+
+
+# ---------------------------------------------------------------- the global normalizer, a checked contract
+BAD_NORMS = {
+    "negative": (-4.0, r"aggregation.norm is -4.0: it must be finite and > 0"),       # flipped the loss silently
+    "negative_tensor": (torch.tensor(-4.0, dtype=F64), r"aggregation.norm is -4.0: it must be finite and > 0"),
+    "per_response": (torch.full((4,), 9.0, dtype=F64), r"aggregation.norm is \[4\]: the global normalizer is one "
+                                                       r"number \(0-d\).*Aggregation\(weights=...\)"),
+    "nan": (math.nan, r"aggregation.norm is nan"),
+    "inf": (torch.tensor(math.inf), r"aggregation.norm is inf"),
+    "bool": (torch.tensor(True), r"aggregation.norm is torch.bool"),
+    "string": ("24", r"aggregation.norm must be a number or a 0-d tensor, got str"),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", BAD_NORMS)
+def test_a_normalizer_that_is_not_one_finite_positive_number_is_refused_naming_it(case, path):
+    """norm = -4 flipped the loss and its update without a word; a [B] norm gave a raw torch error on two
+    paths and a non-scalar loss on the sync-free one. Each is refused at the tensor boundary, by name."""
+    new, old, A, mask, _ = batch()
+    norm, match = BAD_NORMS[case]
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(build("gspo", path), new, old, A, mask, aggregation=Aggregation(norm=norm))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_zero_normalizer_on_a_step_with_tokens_is_refused_on_every_path_the_sync_free_one_without_a_host_sync(path):
+    """A zero normalizer with a mask: the sync-free (CUDA) path checks it by an asynchronous device assert
+    (reading the mask's values would sync the host), the others on the host; a 0-d tensor on the host is
+    read at no cost."""
+    new, old, A, mask, _ = batch()
+    for norm in (0.0, torch.zeros((), dtype=F64)):
+        with pytest.raises((ValueError, RuntimeError), match="aggregation.norm is 0 on a step with tokens"):
+            call(build("ppo", path), new, old, A, mask, aggregation=Aggregation(norm=norm))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_zero_normalizer_is_accepted_where_the_step_has_no_token(path):
+    """The step's count is 0 only where no rank has a token (verl's (mask.sum(-1) > 0).sum() of an empty
+    step): accepted; the plain path gives loss 0 and gradient 0 (the fused paths' value there: case 4)."""
+    new, old, A, mask, _ = batch()
+    loss, grad, _ = call(build("ppo", path), new, old, A, torch.zeros_like(mask), aggregation=Aggregation(norm=0.0))
+    if path == "plain":
+        assert loss.item() == 0.0 and not grad.any()

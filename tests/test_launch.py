@@ -126,3 +126,26 @@ def test_drpo_train_without_vllm_engines_stops_before_ray_naming_the_flag(tmp_pa
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.startswith("drpo-train: error: missing --vllm.num_engines"), proc.stderr[-2000:]
     assert "starting a local Ray" not in proc.stdout
+
+
+@pytest.mark.parametrize("value, kept, why", [
+    ("4", "4", None), (None, "1", "it was unset"), ("500000", "1", "500000 GiB is more than half of this machine's memory"),
+    ("lots", "1", "'lots' is not a number of GiB > 0"), ("-2", "1", "'-2' is not a number of GiB > 0"),
+])
+def test_cpu_mode_keeps_a_users_kv_cache_size_or_says_what_it_set_and_why(value, kept, why):
+    from openrlhf_drpo.hosts.openrlhf import cpu_mode
+    size, note = cpu_mode.kv_cache_gib(value)
+    assert size == kept and (note is None) == (why is None)
+    if why:
+        assert note.startswith(f"openrlhf-drpo: CPU mode sets VLLM_CPU_KVCACHE_SPACE=1 (GiB, vLLM's CPU KV cache): "
+                               f"{why}"), note
+
+
+def test_drpo_train_says_at_run_time_that_it_replaced_the_users_kv_cache_size(tmp_path, monkeypatch):
+    """CPU mode replaced a VLLM_CPU_KVCACHE_SPACE it could not use without a word: a run now says so
+    (here one that then stops before Ray, at pre-flight)."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "500000")
+    proc = _drpo_train(*_command_line(tmp_path, "--vllm.num_engines"))
+    assert proc.stderr.startswith("drpo-train: error: missing --vllm.num_engines"), proc.stderr[-2000:]
+    assert ("openrlhf-drpo: CPU mode sets VLLM_CPU_KVCACHE_SPACE=1 (GiB, vLLM's CPU KV cache): 500000 GiB is more "
+            "than half of this machine's memory") in proc.stdout, proc.stdout

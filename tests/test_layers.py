@@ -16,7 +16,7 @@ PACKAGES = ("dsl", "openrlhf_drpo")
 # generated from it and the loss core, the analysis (its engine, the typed result, its entry
 # point and presentation), the hosts, the lab, the command line
 LAYERS = [
-    "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.operations", "dsl.levels",
+    "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.uniform", "dsl.operations", "dsl.levels",
     "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
     "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",

@@ -20,6 +20,7 @@ import dsl
 from openrlhf_drpo.core.codegen import KERNELS
 from dsl.ir import ONE, ZERO, Node, num
 from dsl.lowerings import TORCH_REDUCTIONS
+from dsl import operations, uniform
 from dsl.operations import FUNCTIONS, OPS, Op
 from dsl.walks import NonLocal, derivative, evaluate, held_count, numpy_plan, to_sympy
 
@@ -381,7 +382,7 @@ def test_a_reduction_where_all_it_reduces_is_equal_is_its_rows_uniform_value(nam
             point = {k: Node("num", value=Fraction(v)) for k, v in
                      (("seq_len", length), ("position", p), ("group_size", 1), ("batch_size", 1))}
             constants = [num(Fraction(c)) for c in constant_args(op)]
-            want = evaluate(op.uniform(Node("var", value="x"), held_count(op.over, level, point), *constants), {"x": x})
+            want = evaluate(op.uniform(Node("var", value="x"), held_count(name, level, point), *constants), {"x": x})
             assert same(float(got[p - 1]), want), (name, x, p, got, want)
         empty = _reduced(name, level, values, torch.zeros_like(mask))
         assert not empty.any()      # an empty response reduces to 0
@@ -435,3 +436,46 @@ def test_the_functions_a_user_calls_are_the_callable_rows_each_with_its_signatur
         assert sig.startswith(f"{name}(") and FUNCTIONS[name] == op.arity
         with pytest.raises(dsl.DslError, match=rf"hint: write {sig.replace('(', '[(]').replace(')', '[)]')}"):
             dsl.parse(f"r*A*{name}()")
+
+
+# ---------------------------------------------------------------- every property declared on its row
+REDUCTION_ROWS = [k for k, op in OPS.items() if op.reduce]
+WIDE = next(k for k in REDUCTION_ROWS if OPS[k].over == "group" and callable(OPS[k].spread))
+
+
+@pytest.mark.parametrize("row, prop", [(k, p) for k in ("seq_sum", WIDE) for p in ("reduce", "over", "uniform", "held")]
+                         + [(WIDE, "spread")])
+def test_a_reduction_row_lacking_a_property_is_refused_when_it_is_built_naming_the_row_and_the_property(row, prop):
+    """A contributor's row (a copy of a real one, the real table untouched) that leaves one property out:
+    refused when the row is built (at import), never analysed from a default of its kind."""
+    fields = {f.name: getattr(OPS[row], f.name) for f in dataclasses.fields(Op)}
+    blank = {"reduce": "", "over": ""}.get(prop, operations.UNDECLARED)
+    with pytest.raises(TypeError, match=rf"operation '{OPS[row].symbol}': .*a reduction declares {prop}= on its row"):
+        Op(**{**fields, prop: blank})
+    Op(**fields)       # the row as it is: accepted
+
+
+def test_a_property_only_a_reduction_or_a_group_reduction_has_is_refused_elsewhere():
+    exp = {f.name: getattr(OPS["exp"], f.name) for f in dataclasses.fields(Op)}
+    with pytest.raises(TypeError, match="operation 'exp': only a reduction declares held, uniform"):
+        Op(**{**exp, "uniform": OPS["seq_sum"].uniform, "held": OPS["seq_sum"].held})
+    seq = {f.name: getattr(OPS["seq_sum"], f.name) for f in dataclasses.fields(Op)}
+    with pytest.raises(TypeError, match="operation 'seq_sum': only a group or batch reduction declares spread"):
+        Op(**{**seq, "spread": OPS["group_sum"].spread})
+
+
+@pytest.mark.parametrize("table, key, prop", [(uniform.UNIFORM, "prod", "uniform"), (uniform.BRANCHING, "prod", "branching"),
+                                              (uniform.SPREAD, "prod", "spread"), (uniform.HELD, "diagonal", "held")])
+def test_the_uniform_held_count_and_spread_lookups_refuse_an_unknown_kind_by_name(table, key, prop):
+    """seq_prod was analysed as its argument (the uniform value's default), an unknown `over` counted as
+    the batch, an unknown kind spread as the sample std: each lookup now refuses the kind, naming the row."""
+    with pytest.raises(TypeError, match=rf"operation 'seq_prod': no {prop} is declared for '{key}'.*declare {prop}="):
+        uniform.declared(table, key, "seq_prod", prop)
+
+
+def test_a_new_reduction_kind_without_declarations_is_refused_at_import():
+    """The row as a contributor adds it, through the table's own factory: refused while the module builds it."""
+    with pytest.raises(TypeError, match="operation 'seq_prod': no uniform is declared for 'prod'"):
+        operations._reduction("seq_prod", "response", "prod", adjoint=OPS["seq_sum"].adjoint)
+    with pytest.raises(TypeError, match="operation 'diag_sum': no held is declared for 'diagonal'"):
+        operations._reduction("diag_sum", "diagonal", "sum", adjoint=OPS["seq_sum"].adjoint)

@@ -9,6 +9,7 @@ responses, empty groups and groups of one, with NaN and ±inf in the masked slot
 import dataclasses
 import functools
 import math
+import sys
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -162,8 +163,11 @@ def run(loss_fn, b, clean=True):
 
 
 def close(got, want, what):
+    """got equals want; where one is None (H unread: autograd gives no ∂/∂H), the other is None or zero:
+    a loss that drops the H channel (None) where the reference has a gradient fails."""
     if want is None or got is None:
-        assert got is None or not got.any(), what          # H unread: no gradient, or a zero one
+        other = want if got is None else got
+        assert other is None or not other.any(), what
         return
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-13), (what, (got - want).abs().max().item())
 
@@ -190,6 +194,20 @@ def fused_plain_reference(name, template, ties):
 @pytest.mark.parametrize("name", ROWS)
 def test_each_reductions_fused_gradient_equals_plain_autograd_and_its_definitions(name, template, ties):
     fused_plain_reference(name, template, ties)
+
+
+def test_the_check_fails_a_loss_that_returns_no_entropy_gradient_where_the_reference_has_one(monkeypatch):
+    """close() passed whenever the loss returned no ∂/∂H (None), whatever the reference's was: here the
+    loss's ∂/∂H is dropped on a row and template that read H, and the row's check must fail."""
+    template = "{f}(log(π))*A + 0.1*r*{f}(H)"
+    want = reference_loss("seq_sum", template, batch(False))[2]
+    assert want is not None and want.any()
+    with pytest.raises(AssertionError, match="∂/∂H"):
+        close(None, want, "∂/∂H")
+    honest = run
+    monkeypatch.setattr(sys.modules[__name__], "run", lambda loss_fn, b, clean=True: honest(loss_fn, b, clean)[:2] + (None,))
+    with pytest.raises(AssertionError, match="∂/∂H"):
+        fused_plain_reference("seq_sum", template, False)
 
 
 # ---------------------------------------------------------------- the rule is required, and checked

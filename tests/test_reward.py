@@ -1,4 +1,5 @@
 """The math reward: math-verify on real answers, right, wrong and malformed."""
+import math_verify
 import pytest
 import torch
 
@@ -16,6 +17,8 @@ from openrlhf_drpo.hosts.openrlhf.reward import reward_func, score
     ("The answer is \\boxed{\\frac{1}{3}}", "0.5", 0.0),
     ("I am not sure.", "7", 0.0),
     ("The answer is \\boxed{\\frac{1}{", "1", 0.0),          # malformed LaTeX
+    ("The answer is \\boxed{\\frac{1}{2}}}} $\\sqrt{$", "0.5", 1.0),     # stray braces and dollars after it
+    ("The answer is \\boxed{7}.", "\\frac{", 0.0),                  # a reference it cannot parse
     ("", "7", 0.0),
 ])
 def test_math_reward_verifies_the_final_answer(response, reference, expected):
@@ -34,3 +37,14 @@ def test_the_prompt_is_not_graded():
     # a boxed number in the prompt must not count as the model's answer
     prompt = "Example: \\boxed{7}. Now solve 2 + 2."
     assert reward_func([prompt + " I give up."], [prompt], ["7"])["rewards"].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("broken", ["parse", "verify"])
+def test_an_error_of_math_verify_other_than_an_unparseable_answer_is_raised_not_scored_zero(monkeypatch, broken):
+    """Every exception used to become 0.0: a math-verify whose API changed (a keyword it no longer
+    takes) would score every response of a run 0 without a word. Only what its parse cannot read is 0."""
+    def changed(*args, **kwargs):
+        raise TypeError(f"{broken}() got an unexpected keyword argument 'parsing_timeout'")
+    monkeypatch.setattr(math_verify, broken, changed)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        score("Adding them gives \\boxed{7}.", "7")

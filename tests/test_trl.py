@@ -208,6 +208,40 @@ def test_an_aggregation_parameter_is_refused_as_loss_type_normalizes(tmp_path):
                              objective_params={"aggregate": "seq-mean-token-mean"})
 
 
+# an objective's declared @aggregate, against the loss_type whose normalization would replace it
+DECLARING = {m: parse(f"@aggregate = {m}\nr*A\n", f"{m}.dsl") for m in
+             ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")}
+
+
+@pytest.mark.parametrize("objective, loss_type, fix", [
+    ("gspo", "dapo", "set loss_type='grpo', which aggregates so"),       # TRL's default: GSPO's line ignored before
+    ("gspo", "bnpo", "set loss_type='grpo'"),
+    ("token-mean", "grpo", "set loss_type='bnpo' or 'dapo'"),
+    ("seq-mean-token-sum-norm", "dapo", "set loss_type='dr_grpo'"),
+    ("seq-mean-token-sum", "grpo", "no TRL loss_type aggregates so"),
+])
+def test_an_aggregate_trls_loss_type_would_replace_is_refused_naming_the_loss_type_that_matches(tmp_path, objective,
+                                                                                                  loss_type, fix):
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", loss_type=loss_type)
+    declared = "seq-mean-token-mean" if objective == "gspo" else objective
+    with pytest.raises(ValueError) as e:       # before the model loads: not the missing model's error
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args,
+                             objective=DECLARING.get(objective, objective))
+    assert (f"declares @aggregate = {declared}, but loss_type={loss_type!r} aggregates as" in str(e.value)
+            and fix in str(e.value)), str(e.value)
+
+
+@pytest.mark.parametrize("objective, loss_type", [("gspo", "grpo"), ("token-mean", "bnpo"), ("token-mean", "dapo"),
+                                                  ("seq-mean-token-sum-norm", "dr_grpo"), ("drpo", "grpo")])
+def test_an_aggregate_trls_loss_type_honours_or_none_declared_is_accepted(tmp_path, objective, loss_type):
+    # past our checks: what stops it is transformers not finding the model (no ValueError of ours)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", loss_type=loss_type)
+    missing = tmp_path / "no-model-here"
+    with pytest.raises(OSError, match=f"Repo id must be in the form .*: '{re.escape(str(missing))}'"):
+        ObjectiveGRPOTrainer(model=str(missing), reward_funcs=reward, args=args,
+                             objective=DECLARING.get(objective, objective))
+
+
 def test_vllm_with_its_correction_off_is_accepted_for_an_objective_on_rollout_log_probs(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", use_vllm=True,
                       vllm_importance_sampling_correction=False)

@@ -31,6 +31,10 @@ REFUSALS = {
     "rollout_by_config": ROLLOUT.format("tis_ppo"),
     "aggregate": "ValueError: the aggregation is verl's actor_rollout_ref.actor.loss_agg_mode, not an objective parameter",
     "dp_size": "ValueError: (global) batch_num_tokens is required when dp_size > 1",
+    # GSPO's @aggregate line, which verl's loss_agg_mode replaced without a word
+    "declared_aggregate": ("ValueError: actor_rollout_ref.actor.loss_agg_mode=token-mean: verl aggregates the policy "
+                           "loss so, and objective 'gspo' declares @aggregate = seq-mean-token-mean, which verl's "
+                           "aggregation would replace: set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"),
     # verl's own policy losses' settings, which the objective replaces: refused naming its equivalent
     "clip_ratio_high": ("ValueError: actor_rollout_ref.actor.clip_ratio_high=0.28: verl's own policy losses read "
                         "this, and the objective 'ppo' replaces them, so it would have no effect: leave "

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import openrlhf_drpo.verl as adapter
-from dsl import parse
+from dsl import load, parse
 from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
@@ -155,8 +155,12 @@ def main(kl_forms):
     no_dual = dict(clip_ratio_c=1e9)       # the shipped objectives here have no dual clip
     out = {"held": {}, "refused": {}}
     for agg in ("token-mean", "seq-mean-token-mean"):
+        # grpo_k3 declares @aggregate = seq-mean-token-mean, which verl refuses to replace: held at each agg
+        # declared as it (verl's own term is the same under either)
+        k3, k3_control = (adapter.register(load("grpo_k3").with_overrides(params, {"aggregate": agg}),
+                                           name=f"grpo_k3:{agg}:{tag}") for tag, params in (("", {}), ("β", {"β": 0.05})))
         held = {
-            "grpo_k3": (actor_config("dsl:grpo_k3", loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0),
+            "grpo_k3": (actor_config(k3, loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0),
                         actor_config("vanilla", loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0.04,
                                      kl_loss_type="low_var_kl", **no_dual), grpo_adv, grpo_adv),
             "entropy_bonus": (actor_config("dsl:entropy_bonus", loss_agg_mode=agg, calculate_entropy=True),
@@ -165,7 +169,7 @@ def main(kl_forms):
             "grpo_norm": (actor_config(adapter.register(parse(GRPO_NORM, "grpo_norm.dsl")), loss_agg_mode=agg),
                           actor_config("vanilla", loss_agg_mode=agg, **no_dual), raw, grpo_adv),
             # controls: another coefficient, verl's term left out, no normalization: each differs
-            "control_k3": (actor_config("dsl:grpo_k3?β=0.05", loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0),
+            "control_k3": (actor_config(k3_control, loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0),
                            actor_config("vanilla", loss_agg_mode=agg, use_kl_loss=True, kl_loss_coef=0.04,
                                         kl_loss_type="low_var_kl", **no_dual), grpo_adv, grpo_adv),
             "control_entropy": (actor_config("dsl:entropy_bonus", loss_agg_mode=agg, calculate_entropy=True),

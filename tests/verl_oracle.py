@@ -3,6 +3,7 @@ each shipped objective that mirrors a verl policy loss, through verl's own get_p
 (and so its agg_loss), against ours registered by openrlhf_drpo.verl, in loss and gradient, in
 every loss_agg_mode, with and without verl's global batch info and rollout IS weights. Prints one
 JSON line per comparison; exits 1 if any differs."""
+import dataclasses
 import itertools
 import json
 import os
@@ -18,6 +19,9 @@ from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 # verl's own hook registered ours, before anything here imports the adapter
 HOOKED = "dsl:drpo" in POLICY_LOSS_REGISTRY
 import openrlhf_drpo.verl as adapter  # noqa: E402
+import dsl  # noqa: E402
+from dsl import parse  # noqa: E402
+from dsl.objective import OPTIONS  # noqa: E402
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 # (ours, its parameters at verl's values, verl's loss_mode, verl's config, modes verl honours)
@@ -92,22 +96,37 @@ def run(name, old, logp, A, mask, mode, cfg, weights):
     return loss.detach(), grad, metrics
 
 
+def declaring(ours, params, mode, fused, cache={}):      # noqa: B006 (one registration per key)
+    """ours at params, registered with its @aggregate as verl's loss_agg_mode where it declares one (verl
+    refuses one it would replace); under token-sum, which the language has no name for, the same formula
+    without the declaration."""
+    obj = dsl.load(ours)
+    declared = "aggregate" in obj.declared
+    key = (ours, fused, mode if declared else None)
+    if key not in cache:
+        if declared:
+            obj = (obj.with_overrides({}, {"aggregate": mode}) if mode in OPTIONS["aggregate"] else
+                   dataclasses.replace(obj, declared=frozenset()))
+        cache[key] = adapter.register(obj, name=":".join([ours, str(fused), *key[2:3] * declared]), fused=fused,
+                                      **params)
+    return cache[key]
+
+
 def main():
     failures, rows = 0, 0
     infos = {"local": {}, "global": dict(dp_size=2, batch_num_tokens=97, global_batch_size=21, loss_scale_factor=16)}
     # verl's geo_mean ignores both: a plain mean over all responses, the empty one too
     geo_infos = {"all responses": dict(global_batch_size=12)}
     for (ours, params, theirs, over, modes), fused, seed in itertools.product(CASES, (True, False), (0, 1)):
-        mine = adapter.register(ours, name=f"{ours}@{theirs}:{fused}", fused=fused, **params)
-        forms = [(mine, True)]
-        if theirs in VERL_FORM:
-            from dsl import parse
-            text = adapter.register(parse(VERL_FORM[theirs], f"<verl {theirs}>"), name=f"verl_{theirs}:{fused}",
-                                    fused=fused)
-            # the shipped one: the value where it is the same form; verl's form: both
-            forms = [(mine, theirs not in ("dppo_tv", "dppo_kl")), (text, True)]
         old, logp, A, mask, w = batch(seed)
         for mode, (info_name, info), weights in itertools.product(modes, (geo_infos if theirs == 'geo_mean' else infos).items(), (None, w)):
+            mine = declaring(ours, params, mode, fused)
+            forms = [(mine, True)]
+            if theirs in VERL_FORM:
+                text = adapter.register(parse(VERL_FORM[theirs], f"<verl {theirs}>"), name=f"verl_{theirs}:{fused}",
+                                        fused=fused)
+                # the shipped one: the value where it is the same form; verl's form: both
+                forms = [(mine, theirs not in ("dppo_tv", "dppo_kl")), (text, True)]
             cfg = config(theirs, over, info)
             l_ref, g_ref, _ = run(theirs, old, logp, A, mask, mode, cfg, weights)
             for name, check_value in forms:
@@ -133,7 +152,7 @@ def main():
     control_differs = not torch.allclose(run(control, old, logp, A, mask, "token-mean", config(control, {}, {}), None)[1],
                                          run("vanilla", old, logp, A, mask, "token-mean", cfg, None)[1], rtol=1e-12, atol=0)
     # a bad objective stops at registration with its located error
-    from dsl import DslError, parse
+    from dsl import DslError
     try:
         adapter.register(parse("δ = 1\nr*A - x\n", "bad.dsl"))
         located = None
@@ -160,6 +179,9 @@ def main():
     for what, call in [("rollout", lambda: adapter.register("icepop")),
                        ("rollout_by_config", lambda: get_policy_loss_fn("dsl:tis_ppo")),
                        ("aggregate", lambda: adapter.register("ppo", aggregate="seq-mean-token-mean")),
+                       # an objective's @aggregate that verl's loss_agg_mode would replace
+                       ("declared_aggregate", lambda: run("dsl:gspo", old, logp, A, mask, "token-mean",
+                                                          config("dsl:gspo", {}, {}), None)),
                        ("dp_size", lambda: run("dsl:ppo", old, logp, A, mask, "token-mean", config("vanilla", {}, dict(dp_size=2)), None)),
                        # verl's own policy losses' settings, which the objective replaces
                        ("clip_ratio_high", lambda: run("dsl:ppo", old, logp, A, mask, "token-mean",

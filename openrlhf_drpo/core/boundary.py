@@ -1,6 +1,8 @@
 """The loss core's tensor boundary: every input checked before anything is computed."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -124,6 +126,43 @@ def refuse_bad_staleness(who: str, names: dict, staleness, mask, sync_free: bool
     elif not ok:
         bad = staleness[keep & ~(torch.isfinite(staleness) & (staleness >= 0))][0].item()
         raise ValueError(msg.format(f" ({bad!r})"))
+
+
+def refuse_bad_norm(who: str, names: dict, norm, mask, logp, sync_free: bool = False) -> None:
+    """Aggregation.norm, the global normalizer the loss divides by: a Python number or a 0-d real
+    tensor, finite and > 0, or 0 where the step has no token (every path then gives loss 0 and
+    gradient 0); a negative one would flip the loss and its update silently. Its shape is checked
+    here; its value is read where that costs no host sync (a Python number, a CPU tensor; the mask on
+    the CPU), else checked by an asynchronous device assert, as the mask's values are."""
+    if norm is None:
+        return
+    name = names.get("norm", "aggregation.norm")
+    fix = ("pass the step's token (or response) count over the data-parallel ranks, one number > 0 (a per-token or "
+           f"per-response factor goes in Aggregation(weights=...), [batch, tokens])")
+    if isinstance(norm, torch.Tensor):
+        if norm.dim() != 0:
+            raise ValueError(f"{who}: {name} is {list(norm.shape)}: the global normalizer is one number (0-d); {fix}")
+        if norm.dtype == torch.bool or norm.is_complex():
+            raise ValueError(f"{who}: {name} is {norm.dtype}: {fix}")
+    elif isinstance(norm, bool) or not isinstance(norm, (int, float)):
+        raise TypeError(f"{who}: {name} must be a number or a 0-d tensor, got {type(norm).__name__}: {fix}")
+    msg = f"{who}: {name} is {{}}: it must be finite and > 0 (0 only where the step has no unmasked token); {fix}"
+    if isinstance(norm, torch.Tensor) and norm.device.type != "cpu":
+        keep = torch.ones((), dtype=torch.bool, device=norm.device) if mask is None else (mask != 0).any()
+        ok = torch.isfinite(norm) & ((norm > 0) | ((norm == 0) & ~keep.to(norm.device)))
+        torch._assert_async(ok, msg.format("not finite and > 0 on a step with tokens"))
+        return
+    value = float(norm)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(msg.format(repr(value)))
+    if value == 0:
+        if mask is None:
+            if logp.numel():
+                raise ValueError(msg.format("0 on a step with tokens"))
+        elif mask.is_cuda or sync_free:
+            torch._assert_async(~(mask != 0).any(), msg.format("0 on a step with tokens"))
+        elif (mask != 0).any():
+            raise ValueError(msg.format("0 on a step with tokens"))
 
 
 def group_representatives(groups):

@@ -29,7 +29,8 @@ from openrlhf_drpo.core.collectives import BatchStatistics, rank_sums
 from dsl.objective import OPTIONS, Objective
 from dsl.operations import OPS
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_support,
-                                         check_turns, group_representatives, refuse_bad_mask, refuse_bad_staleness)
+                                         check_turns, group_representatives, refuse_bad_mask, refuse_bad_norm,
+                                         refuse_bad_staleness)
 from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
                                         loss_kernel, mul_sum, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
@@ -189,6 +190,7 @@ def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=N
                               "entropy": entropy, "sum_pi_sq": sum_pi_sq, "staleness": staleness,
                               "weights": agg.weights}, mask_values=False)
     check_groups(who, names, groups, log_probs)
+    refuse_bad_norm(who, names, agg.norm, mask, log_probs, loss._path(log_probs)[1])
     check_turns(who, names, turns, log_probs)
     refuse_bad_staleness(who, names, staleness if "staleness" in loss.names else None, mask, loss._path(log_probs)[1])
     check_entropy_graph(who, names, entropy if "H" in loss.names else None, log_probs)

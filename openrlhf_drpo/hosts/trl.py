@@ -4,7 +4,8 @@
                                    train_dataset=..., objective="drpo", objective_params={"delta": 0.2})
 
 The objective replaces TRL's clipped surrogate; everything else in TRL's GRPO loss keeps TRL's
-meaning: the normalization GRPOConfig.loss_type names (grpo, bnpo, dr_grpo, dapo), the KL term
+meaning: the normalization GRPOConfig.loss_type names (grpo, bnpo, dr_grpo, dapo; an objective that
+declares another @aggregate is refused, naming the loss_type that aggregates so), the KL term
 (beta), the entropy bonus, the entropy and off-policy masks and the vLLM IS correction. μ is
 TRL's old log-probs; π_rollout its sampling log-probs (kept where vLLM generates; an objective that
 reads π_rollout writes its own train/rollout correction, so TRL's must be off); π_ref its reference
@@ -33,6 +34,12 @@ from openrlhf_drpo.core.loss import refuse_unprovided
 # luspo: TRL's Σ_t ℓ·mask summed per response, averaged over responses, is grpo's per-response mean
 # of luspo.dsl's seq_len·ℓ (TRL's luspo with importance_sampling_level='sequence'; test_trl checks it)
 NORMALIZATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
+# Each normalization as the @aggregate it is (TRL 1.16.0 GRPOTrainer._compute_loss): grpo each response's
+# mean, then their mean; bnpo and dapo the token sum over the local or the global token count; dr_grpo
+# the token sum over responses × max_completion_length (verl's seq-mean-token-sum-norm at that horizon).
+# An objective that declares another @aggregate is refused: TRL's normalization would replace it.
+AGGREGATES = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
+              "dr_grpo": "seq-mean-token-sum-norm"}
 FORMULAS = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "grpo"),
             "vespo": ("vespo", "dapo")}
 
@@ -282,6 +289,7 @@ def _check_config(config, objective_loss):
                                                    "writes the sequence ratio)" if loss_type == "luspo" else ""))
     if loss_type not in NORMALIZATIONS:
         raise ValueError(f"ObjectiveGRPOTrainer: unknown loss_type {loss_type!r}; expected one of {list(NORMALIZATIONS)}")
+    _refuse_aggregate(objective_loss.objective, loss_type)
     superseded = {key: getattr(config, key, default) for key, (default, _) in SUPERSEDED.items()
                   if getattr(config, key, default) != default}
     if superseded:
@@ -310,6 +318,22 @@ def _check_config(config, objective_loss):
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' writes its own entropy mask "
                          f"({render(quantiles[0])}), on which TRL's top_entropy_quantile="
                          f"{config.top_entropy_quantile} would mask a second time; set top_entropy_quantile=1.0")
+
+
+def _refuse_aggregate(objective, loss_type) -> None:
+    """An objective that declares @aggregate is trained only under a loss_type that aggregates so
+    (AGGREGATES); one that declares none takes loss_type's normalization (docs/hosts.md)."""
+    declared = objective.options["aggregate"] if "aggregate" in objective.declared else None
+    if declared is None or AGGREGATES[loss_type] == declared:
+        return
+    matching = [t for t, a in AGGREGATES.items() if a == declared]
+    fix = (f"set loss_type={' or '.join(map(repr, matching))}, which aggregates so" if matching else
+           "no TRL loss_type aggregates so (luspo sums each response's tokens, but is itself a policy objective): "
+           f"train it under verl (actor_rollout_ref.actor.loss_agg_mode={declared}) or drop the line to take "
+           f"loss_type's")
+    raise ValueError(f"ObjectiveGRPOTrainer: objective '{objective.name}' declares @aggregate = {declared}, but "
+                     f"loss_type={loss_type!r} aggregates as {AGGREGATES[loss_type]} and TRL's normalization would "
+                     f"replace the objective's: {fix}")
 
 
 def _turns_and_staleness(reads, inputs, mask) -> dict:
@@ -368,4 +392,4 @@ def _not_provided(config) -> dict:
     return out
 
 
-__all__ = ["FORMULAS", "NORMALIZATIONS", "SUPERSEDED", "TRL_VERSION", "ObjectiveGRPOTrainer", "TrlObjectiveLoss"]
+__all__ = ["AGGREGATES", "FORMULAS", "NORMALIZATIONS", "SUPERSEDED", "TRL_VERSION", "ObjectiveGRPOTrainer", "TrlObjectiveLoss"]

@@ -124,6 +124,16 @@ def refuse_superseded(config: ActorConfig | DictConfig, name: str) -> None:
                          "; ".join(f"{p}: {SUPERSEDED[p][1].format(v)}" for p, v in given.items()))
 
 
+def refuse_aggregate(objective: Objective, loss_agg_mode: str) -> None:
+    """An objective that declares @aggregate is trained only under the loss_agg_mode of that name (verl's
+    agg_loss has each of the language's four); one that declares none takes loss_agg_mode's (docs/hosts.md)."""
+    declared = objective.options["aggregate"] if "aggregate" in objective.declared else None
+    if declared is not None and declared != loss_agg_mode:
+        raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode}: verl aggregates the policy loss so, "
+                         f"and objective '{objective.name}' declares @aggregate = {declared}, which verl's aggregation "
+                         f"would replace: set actor_rollout_ref.actor.loss_agg_mode={declared}")
+
+
 def _aggregation(mode, mask, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None):
     """verl's agg_loss as (our mode, normalizer, per-response length): a token sum over a global
     count, exactly. verl's sequence means divide by `mask.sum(-1) + 1e-8` in the dtype torch
@@ -249,9 +259,10 @@ def policy_loss(core: CompiledLoss, old_log_prob: torch.Tensor, log_prob: torch.
     if factor is not None:       # verl's x / length, in the loss's precision
         factor = 1 / factor.to(compute_dtype(log_prob))
         weights = factor.expand_as(log_prob) if weights is None else weights * factor
+    inputs = actor_inputs(core, config, log_prob)
+    refuse_aggregate(core.objective, loss_agg_mode)
     loss, metrics = core(log_prob, old_log_prob, advantages, response_mask,
-                         aggregation=Aggregation(mode, norm=norm, weights=weights),
-                         **actor_inputs(core, config, log_prob))
+                         aggregation=Aggregation(mode, norm=norm, weights=weights), **inputs)
     values = metrics.values.tolist()      # one host sync for all of them
     out = {f"actor/{m.key}": x for m, x in zip(metrics.fields, values) if m.key}
     out["actor/ppo_kl"] = values[[m.name for m in metrics.fields].index("neg_log_ratio_mean")]
@@ -262,7 +273,8 @@ def register(objective: str | Objective, name: str | None = None, **params) -> s
     """Registers `objective` (a shipped name, a path or a dsl.Objective) at `params` in verl's
     policy-loss registry as dsl:<name> (the objective's own name by default) and returns that
     loss_mode. The objective is parsed and compiled here: a bad file stops with its located error.
-    The aggregation is verl's loss_agg_mode (the objective's @aggregate is not used), and an
+    The aggregation is verl's loss_agg_mode, which must be the objective's @aggregate where it declares
+    one (refused at the first call otherwise: refuse_aggregate), and an
     objective that reads what verl's actor never gives (NOT_GIVEN: rollout log-probs, Σ_v π_v²,
     the whole batch) is refused here, not at the first step; π_ref, H and groups at the first
     step where verl's settings withhold them (actor_inputs)."""
@@ -325,4 +337,5 @@ for _module in [core_algos, actor_losses, *(m for n, m in list(sys.modules.items
 SHIPPED = [register(n) for n in dsl.shipped_names()
            if not objective_inputs(dsl.load(n)).keys() & NOT_GIVEN.keys()]
 __all__ = ["GIVEN", "METRIC_KEYS", "NOT_GIVEN", "PREFIX", "SHIPPED", "SUPERSEDED", "VERL_VERSION", "VerlObjectiveLoss",
-           "actor_inputs", "get_policy_loss_fn", "policy_loss", "ppo_loss", "refuse_superseded", "register"]
+           "actor_inputs", "get_policy_loss_fn", "policy_loss", "ppo_loss", "refuse_aggregate", "refuse_superseded",
+           "register"]

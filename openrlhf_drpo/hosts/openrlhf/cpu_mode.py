@@ -109,20 +109,27 @@ def driver_environment() -> dict:
         ENV_FLAG: "1",
         "DS_ACCELERATOR": "cpu",                   # DeepSpeed otherwise probes for CUDA and fails
         "TORCH_EXTENSIONS_DIR": extensions_dir(),
-        "VLLM_CPU_KVCACHE_SPACE": _kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE")),
+        "VLLM_CPU_KVCACHE_SPACE": kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE"))[0],
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",     # pinning threads fights the trainer on a shared box
     }
 
 
-def _kv_cache_gib(value) -> str:
-    """vLLM's CPU backend needs a KV cache size in GiB: the user's, if it fits in half of this
-    machine's memory, else 1."""
+def kv_cache_gib(value) -> tuple[str, str | None]:
+    """vLLM's CPU backend needs a KV cache size in GiB: (the user's, None) if it is a number > 0
+    within half of this machine's memory, else ("1", the line drpo-train prints saying what CPU mode
+    set and why: a user's value is never replaced without a word)."""
     import psutil
+    half = psutil.virtual_memory().total / 2**31
     try:
-        ok = 0 < float(value) <= psutil.virtual_memory().total / 2**31
+        number = float(value)
     except (TypeError, ValueError):
-        ok = False
-    return str(value) if ok else "1"
+        number = None
+    if number is not None and 0 < number <= half:
+        return str(value), None
+    why = ("it was unset" if value is None else f"{value!r} is not a number of GiB > 0" if number is None or
+           not number > 0 else f"{value} GiB is more than half of this machine's memory ({half:.0f} GiB)")
+    return "1", (f"openrlhf-drpo: CPU mode sets VLLM_CPU_KVCACHE_SPACE=1 (GiB, vLLM's CPU KV cache): {why}; "
+                 f"export VLLM_CPU_KVCACHE_SPACE=<GiB, up to {half:.0f}> for a larger model")
 
 
 def _given(argv: list[str], flag: str) -> bool:

@@ -28,21 +28,20 @@ def last_boxed(text: str) -> str | None:
 
 
 def score(response: str, reference: str) -> float:
-    """1.0 if the response's final answer equals the reference, else 0.0 (also when either
-    cannot be parsed)."""
+    """1.0 if the response's final answer equals the reference, else 0.0 (also when either cannot
+    be parsed: math-verify's parse gives [] and its verify False there, raise_on_error=False). Any
+    other error (an API math-verify changed, a bug) is raised, never scored 0: silently, it would
+    turn every reward of a run into 0."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-    try:
-        gold = parse(reference if "$" in reference or "\\boxed" in reference else f"${reference}$",
-                     parsing_timeout=None)
-        boxed = last_boxed(response)
-        if "\\boxed" in response and boxed is None:
-            return 0.0            # an unclosed \boxed{ is malformed, not an answer to look around
-        target = f"${boxed}$" if boxed is not None else response
-        answer = parse(target, extraction_config=[LatexExtractionConfig(boxed_match_priority=0),
-                                                  ExprExtractionConfig()], parsing_timeout=None)
-        return 1.0 if gold and answer and verify(gold, answer, timeout_seconds=None) else 0.0
-    except Exception:   # math-verify raises on malformed LaTeX: a malformed answer earns nothing
-        return 0.0
+    gold = parse(reference if "$" in reference or "\\boxed" in reference else f"${reference}$",
+                 parsing_timeout=None, raise_on_error=False)
+    boxed = last_boxed(response)
+    if "\\boxed" in response and boxed is None:
+        return 0.0            # an unclosed \boxed{ is malformed, not an answer to look around
+    target = f"${boxed}$" if boxed is not None else response
+    answer = parse(target, extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+                   parsing_timeout=None, raise_on_error=False)
+    return 1.0 if gold and answer and verify(gold, answer, timeout_seconds=None, raise_on_error=False) else 0.0
 
 
 def reward_func(queries, prompts, labels):

@@ -361,8 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--traceback"]
     cpu = cpu_mode_for(argv)
     if cpu:
+        kv_note = cpu_mode.kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE"))[1]
         os.environ.update(cpu_mode.driver_environment())
         cpu_mode.check_versions()
+        if kv_note and not {"-h", "--help"} & set(argv):     # (help says nothing else)
+            print(kv_note, flush=True)
     try:
         with _patched_openrlhf(_ship_spec, cpu, _plugin(argv)):
             _run_openrlhf(argv)
