@@ -249,3 +249,39 @@ def test_each_claim_on_the_readmes_first_screen_names_the_file_that_holds_it(cla
              for m in re.findall(r"\b((?:tests/|docs/)?test_\w+\.py|docs/\w+\.md)", said)}
     assert path in named, f"{claim!r}: its paragraph names {sorted(named)}, not {path}, which holds it"
     assert evidence in (ROOT / path).read_text(encoding="utf-8"), f"{path} no longer holds {claim!r}"
+
+
+# TRL's own arguments for a one-step run on a CPU, added to the README's call by the test below
+ONE_STEP = ("GRPOConfig(output_dir='trainer', use_cpu=True, per_device_train_batch_size=4, num_generations=4, "
+            "max_completion_length=4, max_steps=1, logging_steps=1, report_to='none', save_strategy='no', "
+            "bf16=False, disable_tqdm=True, dataloader_num_workers=0)")
+
+
+def test_the_readmes_trl_snippet_trains_as_written_with_a_tiny_local_model(tmp_path):
+    """The front page's TRL block, run as written but for its model (a tiny Llama built here:
+    tests download nothing) and TRL's args (one short step): its names exist, its call is one
+    ObjectiveGRPOTrainer accepts, and it trains."""
+    import ast
+    snippet = next(text for info, text, _ in blocks(ROOT / "README.md")
+                   if info[:1] == ["py"] and "ObjectiveGRPOTrainer(" in text)
+    assert len(snippet.splitlines()) <= 12, "the front page's TRL snippet is about 10 lines"
+    tree = ast.parse(snippet)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "ObjectiveGRPOTrainer")
+    given = {k.arg: k.value for k in call.keywords}
+    assert set(given) == {"model", "reward_funcs", "train_dataset", "objective"} and given["objective"].value == "drpo"
+    assert ast.unparse(tree.body[-1]) == "trainer.train()"
+    given["model"].value = "model"
+    call.keywords.append(ast.keyword("args", ast.parse(ONE_STEP, mode="eval").body))
+    script = "\n".join([
+        "import torch",
+        "from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama",
+        "model, _, _ = tiny_llama('.', SPECIAL + WORDS, hidden=16)",
+        "model.save_pretrained('model')",
+        "torch.manual_seed(0)",
+        "from trl import GRPOConfig",
+        ast.unparse(ast.fix_missing_locations(tree)),
+        "print('steps', trainer.state.global_step, 'reward' in trainer.state.log_history[0])"])
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "steps 1 True", proc.stdout[-2000:]
