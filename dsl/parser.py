@@ -5,6 +5,7 @@ located DslError."""
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from fractions import Fraction
 from importlib import resources
@@ -18,7 +19,7 @@ from dsl.names import BUILTINS, canonical_name, display_name
 from dsl.objective import OPTION_DEFAULTS, OPTIONS, Objective, check_option
 from dsl.operations import OPS, REDUCTIONS
 from dsl.printing import render
-from dsl.source import Source, did_you_mean
+from dsl.source import Source, closest, edits
 from dsl.vocabulary import check_vocabulary
 from dsl.walks import evaluate
 
@@ -50,6 +51,24 @@ def parse_spec(text: str) -> tuple[str, dict[str, str]]:
     return name, params
 
 
+def _near(path: Path) -> str:
+    """For a missing file: the .dsl files beside where it was looked for, the closest names first
+    (a few edits away), and a shipped objective of a close name."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f"no such directory: {folder}"
+    stem = path.name[:-4] if path.name.endswith(".dsl") else path.name
+    files = sorted(p.name for p in folder.glob("*.dsl"))
+    near = sorted((edits(stem, f[:-4]), f) for f in files if edits(stem, f[:-4]) <= max(2, len(stem) // 3))
+    where = "this directory" if str(folder) == "." else str(folder)
+    said = (f".dsl files in {where} with a close name: {', '.join(f for _, f in near[:5])}" if near else
+            f"no .dsl file in {where} has a close name" + (f" (it holds {len(files)})" if files else ""))
+    shipped = closest(stem, shipped_names())
+    if shipped is not None and edits(stem, shipped) <= 2:
+        said += f"; the shipped objective '{shipped}' is named by its name alone"
+    return said
+
+
 def load(spec: str, params: dict | None = None, options: dict | None = None) -> Objective:
     """A path to a .dsl file or the name of a shipped objective (`drpo`)."""
     path = Path(spec)
@@ -62,10 +81,14 @@ def load(spec: str, params: dict | None = None, options: dict | None = None) -> 
     else:
         name = spec[:-4] if spec.endswith(".dsl") else spec
         res = library.folder() / f"{name.replace('-', '_')}.dsl"
-        if "/" in spec or not res.is_file():
+        if "/" in spec or os.sep in spec or (spec.endswith(".dsl") and not res.is_file()):
+            raise DslError(f"file not found: '{spec}'", spec, 1, 1, hint=_near(path))
+        if not res.is_file():
             names = shipped_names()
-            raise DslError(f"no objective file or shipped objective named '{spec}'", spec, 1, 1,
-                           hint=f"shipped objectives: {', '.join(names)}{did_you_mean(name, names)}")
+            close = closest(name, names)    # a close name is the hint; the whole list only without one
+            hint = (f"did you mean '{close}'? (drpo-analyze --list lists the {len(names)} shipped objectives)" if close
+                    else f"shipped objectives: {', '.join(names)}")
+            raise DslError(f"no objective file or shipped objective named '{spec}'", spec, 1, 1, hint=hint)
         data, shown = res.read_bytes(), library.shown(res)
     obj = parse_bytes(data, shown)
     return obj.with_overrides(params, options) if (params or options) else obj

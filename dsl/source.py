@@ -45,9 +45,35 @@ def lookalike(name: str, known: list[str]) -> str:
     return f"; {letters(name)}" if name.translate(_LOOKALIKES) != name else ""
 
 
+def edits(a: str, b: str) -> int:
+    """The optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+    neighbouring letters, each one edit (dpro is one swap from drpo, as dro is one deletion)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
+def closest(name: str, candidates) -> str | None:
+    """The candidate itself, or one edit away (edits), ties going to the one with the same letters
+    (a swap keeps them) and then to difflib's likeness; else difflib's closest, or None."""
+    candidates = list(candidates)
+    if name in candidates:
+        return name
+    near = [c for c in candidates if edits(name, c) == 1]
+    if near:
+        letters = lambda c: len(set(c) ^ set(name))       # noqa: E731
+        return min(near, key=lambda c: (letters(c), -difflib.SequenceMatcher(None, name, c).ratio(), c))
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return close[0] if close else None
+
+
 def did_you_mean(name, candidates) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=1)
-    return f"; did you mean '{display_name(close[0])}'?" if close else ""
+    close = closest(name, candidates)
+    return f"; did you mean '{display_name(close)}'?" if close is not None else ""
 
 
 class Source:

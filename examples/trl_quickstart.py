@@ -1,6 +1,6 @@
 """Train a tiny model with a shipped objective in TRL's GRPOTrainer on a laptop: no GPU, no download.
 
-    python3 examples/trl_quickstart.py [--objective drpo:delta=0.2] [--steps 8] [--out runs/trl_quickstart]
+    python3 examples/trl_quickstart.py [--objective drpo:delta=0.2] [--steps 30] [--out runs/trl_quickstart]
 
 Builds a tiny Llama and its word-level tokenizer locally (openrlhf_drpo/lab/toytask.py), and a
 task whose reward is the fraction of completion words in a target set. ObjectiveGRPOTrainer is
@@ -29,7 +29,7 @@ def reward(completions, **kwargs):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--objective", default="drpo:delta=0.2", help="shipped name or .dsl file, with NAME:k=v,... values")
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default=os.path.join("runs", "trl_quickstart"))
     args = p.parse_args(argv)
 

@@ -4,6 +4,7 @@ Never imports torch: SymPy, NumPy and (for --plot) matplotlib only."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -117,6 +118,9 @@ def _check_plot_path(ap, path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         ap.error(f"--plot {path}: no such directory: {folder}")
+    if importlib.util.find_spec("matplotlib") is None:     # the `plot` extra: said before the analysis, not after
+        ap.exit(2, "drpo-analyze: error: --plot needs matplotlib, which is not installed: pip install '.[plot]' "
+                   "(in the repository) adds it\n")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -39,7 +39,7 @@ def _command(name: str, parser: argparse.ArgumentParser) -> str:
 
 
 def script(analyze_parser: argparse.ArgumentParser, shell: str = "bash") -> str:
-    from openrlhf_drpo.hosts.openrlhf.train import add_drpo_flags
+    from openrlhf_drpo.hosts.openrlhf.launch import add_drpo_flags
     from openrlhf_drpo.lab.driver import parser as lab_parser
     train = argparse.ArgumentParser(prog="drpo-train", add_help=True)
     train.add_argument("--version", action="store_true")

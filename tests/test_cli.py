@@ -197,3 +197,36 @@ def test_the_plot_names_the_w_zero_line_in_a_legend_where_a_panel_draws_it(tmp_p
     boundary = "w = 0 or changes sign (the boundary)"
     assert [boundary in legend for legend in shown[0]] == [True, True, False, False], shown
     assert all("π = μ (r = 1)" in legend for legend in shown[0]), shown
+
+
+@pytest.mark.parametrize("typed, meant", [("dpro", "drpo"), ("gpso", "gspo"), ("drp", "drpo"), ("grpo_clip_hihger", "grpo_clip_higher")])
+def test_a_mistyped_name_gets_the_shipped_name_one_edit_away_a_swap_counting_one(typed, meant):
+    proc = drpo_analyze(typed)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == f"{typed}:1:1: error: no objective file or shipped objective named '{typed}'"
+    assert lines[1].startswith(f"hint: did you mean '{meant}'? (drpo-analyze --list lists the ") and len(lines[1]) < 100
+
+
+def test_a_missing_file_is_not_found_with_the_close_dsl_files_beside_it(tmp_path):
+    for name in ("dapo_zv.dsl", "dapo_zvw.dsl", "other.dsl", "far_away_name.dsl"):
+        (tmp_path / name).write_text("r*A\n")
+    proc = drpo_analyze("dapo_zvv.dsl", cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["dapo_zvv.dsl:1:1: error: file not found: 'dapo_zvv.dsl'",
+                                        "hint: .dsl files in this directory with a close name: dapo_zv.dsl, dapo_zvw.dsl"]
+    proc = drpo_analyze("runs/drpo.dsl", cwd=tmp_path)
+    assert proc.stderr.splitlines()[1] == "hint: no such directory: runs"
+    proc = drpo_analyze(str(tmp_path / "drop.dsl"))
+    assert proc.stderr.splitlines()[1] == (f"hint: no .dsl file in {tmp_path} has a close name (it holds 4); "
+                                           "the shipped objective 'drpo' is named by its name alone")
+
+
+def test_plot_without_matplotlib_is_one_line_naming_the_extra_before_any_analysis(tmp_path):
+    """The analyser-only install (`pip install .`), simulated: matplotlib cannot be imported."""
+    code = ("import sys\nsys.modules['matplotlib'] = None\nsys.argv = ['drpo-analyze', 'drpo', '--plot', 'x.png']\n"
+            "from openrlhf_drpo.cli import main\nsys.exit(main())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "" and not list(tmp_path.iterdir())
+    assert proc.stderr == ("drpo-analyze: error: --plot needs matplotlib, which is not installed: pip install '.[plot]' "
+                           "(in the repository) adds it\n")

@@ -13,6 +13,7 @@ A page's fenced blocks, by their info string:
   end to end by tests/test_pipeline.py, tests/test_lab.py and CI itself.
 With UPDATE_DOCS=1, a console or output block that differs is rewritten with what was produced
 (a developer's tool: the suite's tree check then fails the run on purpose)."""
+import itertools
 import json
 import os
 import pathlib
@@ -249,3 +250,117 @@ def test_each_claim_on_the_readmes_first_screen_names_the_file_that_holds_it(cla
              for m in re.findall(r"\b((?:tests/|docs/)?test_\w+\.py|docs/\w+\.md)", said)}
     assert path in named, f"{claim!r}: its paragraph names {sorted(named)}, not {path}, which holds it"
     assert evidence in (ROOT / path).read_text(encoding="utf-8"), f"{path} no longer holds {claim!r}"
+
+
+# TRL's own arguments for a one-step run on a CPU, added to the README's call by the test below
+ONE_STEP = ("GRPOConfig(output_dir='trainer', use_cpu=True, per_device_train_batch_size=4, num_generations=4, "
+            "max_completion_length=4, max_steps=1, logging_steps=1, report_to='none', save_strategy='no', "
+            "bf16=False, disable_tqdm=True, dataloader_num_workers=0)")
+
+
+def test_the_readmes_trl_snippet_trains_as_written_with_a_tiny_local_model(tmp_path):
+    """The front page's TRL block, run as written but for its model (a tiny Llama built here:
+    tests download nothing) and TRL's args (one short step): its names exist, its call is one
+    ObjectiveGRPOTrainer accepts, and it trains."""
+    import ast
+    snippet = next(text for info, text, _ in blocks(ROOT / "README.md")
+                   if info[:1] == ["py"] and "ObjectiveGRPOTrainer(" in text)
+    assert len(snippet.splitlines()) <= 12, "the front page's TRL snippet is about 10 lines"
+    tree = ast.parse(snippet)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "ObjectiveGRPOTrainer")
+    given = {k.arg: k.value for k in call.keywords}
+    assert set(given) == {"model", "reward_funcs", "train_dataset", "objective"} and given["objective"].value == "drpo"
+    assert ast.unparse(tree.body[-1]) == "trainer.train()"
+    given["model"].value = "model"
+    call.keywords.append(ast.keyword("args", ast.parse(ONE_STEP, mode="eval").body))
+    script = "\n".join([
+        "import torch",
+        "from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama",
+        "model, _, _ = tiny_llama('.', SPECIAL + WORDS, hidden=16)",
+        "model.save_pretrained('model')",
+        "torch.manual_seed(0)",
+        "from trl import GRPOConfig",
+        ast.unparse(ast.fix_missing_locations(tree)),
+        "print('steps', trainer.state.global_step, 'reward' in trainer.state.log_history[0])"])
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "steps 1 True", proc.stdout[-2000:]
+
+
+# ------------------------------------------------ where things ran, and the paths commands show
+DEVICE = r"(?:NVIDIA )?(H100|H200|A100|B200|GPUs?)"
+RAN_ON = re.compile(rf"\b(?:ran|run|runs|been run|checked|measured|matched)\b[^.;]{{0,80}}?\bon (?:an? |the )?{DEVICE}")
+RECORDS = "docs/benchmarks.md"      # where each run on a GPU is recorded, under "Measured ... on an NVIDIA <device>"
+# what a page must not say while RECORDS holds a run on a GPU
+DENIES = re.compile(r"\bno GPU (?:machine )?(?:was|has been|is) (?:ever )?(?:used|lent|at hand|available)\b|"
+                    r"\bno GPU was ever\b|\bnever (?:ran|run) on (?:a|any) GPU\b", re.I)
+
+
+def gpu_run_claims(text: str):
+    """(device, paragraph, names the records) for each claim that something ran on a GPU (not
+    those that say it did not), paragraph by paragraph."""
+    for paragraph in (" ".join(p.split()) for p in re.split(r"\n\s*\n", text)):
+        for m in RAN_ON.finditer(paragraph):
+            sentence = re.split(r"(?<=[.;:])\s", paragraph[:m.start()])[-1] + m.group(0)
+            if not re.search(r"\b(?:not|never|no|nor)\b", sentence, re.I):
+                yield m.group(1), paragraph, bool(re.search(r"(?:docs/|\()benchmarks\.md", paragraph))
+
+
+def denials(text: str) -> list[str]:
+    return DENIES.findall(" ".join(text.split()))
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "benchmarks.md"], ids=lambda p: p.name)
+def test_each_claim_of_a_run_on_a_gpu_names_the_file_that_records_it(page):
+    records = (ROOT / RECORDS).read_text(encoding="utf-8")
+    for device, paragraph, named in gpu_run_claims(page.read_text(encoding="utf-8")):
+        assert named, f"{page.name}: says something ran on {device} without naming {RECORDS}: {paragraph[:200]}"
+        if not device.startswith("GPU"):
+            assert re.search(rf"^### Measured[^\n]* on an NVIDIA {device}\b", records, re.M), (page.name, device)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_says_no_gpu_was_used_while_the_records_hold_runs_on_one(page):
+    assert re.search(r"^### Measured[^\n]* on an NVIDIA ", (ROOT / RECORDS).read_text(encoding="utf-8"), re.M)
+    assert not denials(page.read_text(encoding="utf-8")), page.name
+
+
+def test_the_gpu_claim_checks_flag_what_the_pages_once_said():
+    """The sentences issue 47 found, and a claim that names no record: each is caught."""
+    assert denials("**Not yet run on a GPU.** No GPU machine was lent to the sessions that built this")
+    assert denials("No GPU figure has been measured: no GPU was at hand.")
+    assert [c[2] for c in gpu_run_claims("the loss core and TRL's loss have run on an H100.")] == [False]
+    assert [c[2] for c in gpu_run_claims("the loss core ran on an H100 (docs/benchmarks.md).")] == [True]
+    assert list(gpu_run_claims("drpo-train has not run on a GPU yet; verl's main_ppo was not run here")) == []
+
+
+COMMANDS = {"drpo-train", "drpo-analyze", "drpo-lab", "python3", "python", "bash", "pip", "torchrun", "ray"}
+
+
+def absolute_paths_in_commands(text: str) -> list[str]:
+    """The words of each command line shown in a fenced block (`$ ...`, or a line that starts with
+    a command, after VAR=value settings) that are absolute paths: one machine's, not a reader's."""
+    found = []
+    for line in re.findall(r"```[^\n]*\n(.*?)```", text, re.S):
+        for command in line.splitlines():
+            words = command.strip().removeprefix("$ ").split()
+            settings = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Z_]+=\S*", w), words))
+            if words[len(settings):][:1] and words[len(settings)] in COMMANDS:
+                found += [w for w in words if re.match(r"(?:[\w.-]+=)?(?:/|~/)", w) and "://" not in w]
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_recorded_command_holds_an_absolute_path(page):
+    assert not absolute_paths_in_commands(page.read_text(encoding="utf-8")), page.name
+
+
+def test_the_command_path_check_flags_the_two_node_record_as_it_was():
+    old = ("```text\n$ python3 examples/two_node_cpu.py --out /tmp/scale-nodes-run\n"
+           "RAY_ADDRESS=192.0.2.2:33705 drpo-train --drpo.objective /tmp/objective-uv_c52uh/my_objective.dsl "
+           "--reward.remote_url /work/wt/scale-nodes/openrlhf_drpo/lab/toytask.py\n"
+           "log: /tmp/scale-nodes-run/train.log\n```\n")
+    assert absolute_paths_in_commands(old) == ["/tmp/scale-nodes-run", "/tmp/objective-uv_c52uh/my_objective.dsl",
+                                               "/work/wt/scale-nodes/openrlhf_drpo/lab/toytask.py"]
+    assert absolute_paths_in_commands("```bash\nTORCH_INDEX=https://x.org/cpu bash scripts/setup.sh --out OUT\n```\n") == []

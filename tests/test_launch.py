@@ -46,15 +46,46 @@ def test_a_command_line_without_policylosss_flags_passes():
     refuse_superseded(argv)
 
 
-def test_the_refused_flags_are_openrlhfs_and_no_other_flag_abbreviates_to_one():
-    """superseded_flags resolves abbreviations with a parser of these flags alone: that agrees with
-    OpenRLHF's parser only while none of its other flags is a prefix of one of them."""
+@pytest.fixture(scope="module")
+def help_text():
+    proc = _drpo_train("--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("subset", ["refused", "early"])
+def test_the_flags_read_before_openrlhf_are_openrlhfs_and_no_other_flag_abbreviates_to_one(help_text, subset):
+    """superseded_flags and early_errors resolve abbreviations with a parser of their flags alone:
+    that agrees with OpenRLHF's parser only while none of its other flags is a prefix of one of them."""
     import re
-    help_text = _drpo_train("--help").stdout
     flags = set(re.findall(r"(--[a-z_]+(?:\.[a-z_]+)+)", help_text))
-    refused = {"--" + flag for flag in SUPERSEDED}
-    assert refused <= flags, refused - flags
-    assert not [(f, r) for f in flags - refused for r in refused if r.startswith(f)]
+    read = {"--" + flag for flag in (SUPERSEDED if subset == "refused" else launch.EARLY_FLAGS)}
+    assert read <= flags, read - flags
+    assert not [(f, r) for f in flags - read for r in read if r.startswith(f)]
+
+
+def test_help_puts_the_drpo_flags_first(help_text):
+    usage, first, *_ = help_text.split("\n\n")
+    assert usage == "usage: drpo-train --drpo.objective FILE_OR_NAME [--drpo.* ...] [OpenRLHF's train_ppo_ray options ...]"
+    assert first.startswith("openrlhf-drpo: train with a compiled objective:\n  --drpo.objective FILE_OR_NAME")
+    assert help_text.index("--drpo.cpu_mode") < help_text.index("OpenRLHF's train_ppo_ray options (") < \
+        help_text.index("--ref.num_nodes")
+
+
+# each refused flag's help: the objective's equivalent, at placeholder values
+REFUSED_HELP = {
+    "actor.eps_clip": "--drpo.set eps_low=EPS_CLIP --drpo.set eps_high=EPS_CLIP",
+    "actor.eps_clip_low_high": "--drpo.set eps_low=LOW --drpo.set eps_high=HIGH",
+    "actor.dual_clip": "the objective ppo_dual_clip, with --drpo.set c=DUAL_CLIP",
+    "actor.policy_loss_type": "the objective POLICY_LOSS_TYPE (--drpo.objective POLICY_LOSS_TYPE)",
+    "actor.loss_agg_mode": "@aggregate = LOSS_AGG_MODE",
+}
+
+
+@pytest.mark.parametrize("flag", SUPERSEDED)
+def test_help_marks_each_refused_flag_naming_the_objectives_equivalent(help_text, flag):
+    entry = " ".join(help_text.split(f"\n  --{flag} ", 1)[1].split("\n  --", 1)[0].split())
+    assert "REFUSED by drpo-train" in entry and REFUSED_HELP[flag] in entry, entry
 
 
 def test_the_command_the_refusal_names_writes_policyloss_under_those_flags():
@@ -142,10 +173,60 @@ def test_cpu_mode_keeps_a_users_kv_cache_size_or_says_what_it_set_and_why(value,
 
 
 def test_drpo_train_says_at_run_time_that_it_replaced_the_users_kv_cache_size(tmp_path, monkeypatch):
-    """CPU mode replaced a VLLM_CPU_KVCACHE_SPACE it could not use without a word: a run now says so
-    (here one that then stops before Ray, at pre-flight)."""
+    """CPU mode replaced a VLLM_CPU_KVCACHE_SPACE it could not use without a word: a run now says so,
+    with the mode line once every check has passed (here a run stopped where OpenRLHF starts Ray)."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "500000")
-    proc = _drpo_train(*_command_line(tmp_path, "--vllm.num_engines"))
-    assert proc.stderr.startswith("drpo-train: error: missing --vllm.num_engines"), proc.stderr[-2000:]
+    code = ("import ray, sys\ndef stop(*a, **k):\n    raise SystemExit('stopped where Ray starts')\n"
+            "ray.is_initialized = stop\nfrom openrlhf_drpo.hosts.openrlhf.train import console_main\nconsole_main()\n")
+    proc = subprocess.run([sys.executable, "-c", code, *_command_line(tmp_path)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert "stopped where Ray starts" in proc.stderr, proc.stderr[-2000:]
     assert ("openrlhf-drpo: CPU mode sets VLLM_CPU_KVCACHE_SPACE=1 (GiB, vLLM's CPU KV cache): 500000 GiB is more "
             "than half of this machine's memory") in proc.stdout, proc.stdout
+
+
+# drpo-train run to its exit, then the heavy modules it imported, on stdout after whatever it printed
+_WRAPPED = ("import sys\nfrom openrlhf_drpo.hosts.openrlhf.train import console_main\n"
+            "try:\n    console_main()\nfinally:\n"
+            "    print('imported:', sorted(m for m in ('openrlhf', 'ray', 'vllm', 'torch', 'deepspeed') "
+            "if sys.modules.get(m) is not None))\n")
+
+
+@pytest.mark.parametrize("argv, errors", [
+    # the issue's: a refused flag without an objective reports both (and the missing flags)
+    (["--actor.eps_clip", "0.2", "--drpo.cpu_mode", "on"],
+     ["drpo-train: error: --drpo.objective FILE_OR_NAME is required",
+      "drpo-train: error: --actor.eps_clip 0.2: OpenRLHF's PolicyLoss reads this",
+      "drpo-train: error: missing --actor.model_name_or_path", "drpo-train: error: no reward"]),
+    # a bad file in CPU mode: the located error, no "CPU mode" line before it
+    (["{complete}", "--drpo.objective", "{bad}"], ["{bad}:1:6: error: unexpected end of line"]),
+    (["{complete}", "--drpo.set", "delta=x", "--actor.dual", "3"],
+     ["--drpo.set:1:7: error: parameter value 'x' is not a finite number",
+      "drpo-train: error: --actor.dual_clip 3.0: OpenRLHF's PolicyLoss reads this"]),
+    (["{complete}", "--drpo.set", "foo=1", "--actor.model_name_or_path", "./no/model"],
+     ["--drpo.set:1:1: error: unknown parameter 'foo' for objective 'drpo'",
+      "drpo-train: error: --actor.model_name_or_path ./no/model: no such file or directory"]),
+    (["--drpo.objective"], ["drpo-train: error: argument --drpo.objective: expected one argument"]),
+])
+def test_drpo_train_reports_every_argument_error_at_once_before_importing_openrlhf(tmp_path, argv, errors):
+    bad = tmp_path / "bad.dsl"
+    bad.write_text("r*A +\n")
+    complete = _command_line(tmp_path)
+    args = [w for a in argv for w in (complete if a == "{complete}" else [a.format(bad=bad)])]
+    proc = subprocess.run([sys.executable, "-c", _WRAPPED, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout == "imported: []\n"      # nothing said before the errors, nothing heavy imported
+    said = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert len(said) == len(errors) and all(s.startswith(e.format(bad=bad)) for s, e in zip(said, errors)), said
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["{complete}"]])
+def test_drpo_train_without_torch_is_one_line_naming_the_install(tmp_path, argv):
+    """An analyser-only install (`pip install .`), simulated: torch cannot be imported."""
+    args = [w for a in argv for w in (_command_line(tmp_path) if a == "{complete}" else [a])]
+    code = "import sys\nsys.modules['torch'] = None\n" + _WRAPPED
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == "imported: []\n", proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("drpo-train: error: training needs torch, "), \
+        proc.stderr
+    assert "bash scripts/setup.sh" in proc.stderr and "pip install '.[train]'" in proc.stderr

@@ -259,8 +259,8 @@ def test_cpu_mode_auto_never_falls_back_to_the_cpu_where_a_ray_cluster_is_set_up
     record = _record_ray_start(tmp_path, address) if where == "record" else None
     if where == "RAY_ADDRESS":
         monkeypatch.setenv("RAY_ADDRESS", address)
-    with pytest.raises(SystemExit) as exit_:
-        train.main(["--drpo.objective", "drpo", "--actor.model_name_or_path", "unused"])
+    with pytest.raises(SystemExit) as exit_:      # a command line without errors: those would come first
+        train.main(train_flags(tmp_path, "unused", "drpo"))
     expected = message.format(address, port=address.rpartition(":")[2], record=record)
     assert str(exit_.value.code).startswith(f"drpo-train: error: {expected}"), exit_.value.code
     assert capsys.readouterr().out == ""        # nothing ran, and no mode was announced

@@ -5,21 +5,24 @@ from __future__ import annotations
 PLOT_DPI, PANEL_W, PANEL_H = 100, 5.0, 4.0
 
 
-def plot(results: list, path) -> list[tuple[float, float]]:
+def plot(results: list, path, fmt: str | None = None, points: int = 300, dpi: int = PLOT_DPI,
+         interpolation: str = "antialiased") -> list[tuple[float, float]]:
     """Heatmaps of w over (μ, π) for A = +1 and A = −1, one row per objective, evaluated by the
     numeric arbiter (the IR's float rules). One colour scale for all the panels, since they are
     compared (the 1st to 99th percentile of w over them, diverging around 1, the plain surrogate,
     when it spans 1); the black contour is where w changes sign or becomes 0 (the boundary, as
-    found numerically), and hatching marks where ℓ or w is undefined. Size: 1000 × 400·rows pixels. Returns each
-    panel's colour limits."""
+    found numerically), and hatching marks where ℓ or w is undefined. Size: 1000 × 400·rows pixels at
+    the default dpi; `points` per axis of the grid; `fmt` the format where `path` (a file object) has
+    no extension to say it; interpolation="none" keeps the grid's own pixels in a vector file (the
+    notebook's small SVG). Returns each panel's colour limits."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.colors import Normalize, TwoSlopeNorm
     n = len(results)
-    fig, axes = plt.subplots(n, 2, figsize=(2 * PANEL_W, PANEL_H * n), dpi=PLOT_DPI, squeeze=False)
-    grid = np.linspace(0.002, 1.0, 300)
+    fig, axes = plt.subplots(n, 2, figsize=(2 * PANEL_W, PANEL_H * n), dpi=dpi, squeeze=False)
+    grid = np.linspace(0.002, 1.0, points)
     mu, pi = np.meshgrid(grid, grid)
     panels = [[np.asarray(res.w_numeric(pi / mu, mu, A), dtype=float) for A in (1.0, -1.0)] for res in results]
     finite = np.concatenate([w[np.isfinite(w)] for ws in panels for w in ws])
@@ -32,7 +35,7 @@ def plot(results: list, path) -> list[tuple[float, float]]:
     for row, res, ws in zip(axes, results, panels):
         for ax, A, w in zip(row, (1.0, -1.0), ws):
             im = ax.imshow(np.ma.masked_invalid(w), origin="lower", extent=(0, 1, 0, 1), cmap="RdBu_r",
-                           norm=norm, aspect="auto")
+                           norm=norm, aspect="auto", interpolation=interpolation)
             sign = np.where(np.isfinite(w), np.sign(w), np.nan)
             if np.nanmin(sign, initial=1) < 1 and np.nanmax(sign, initial=-1) > -1 + (np.nanmin(sign, initial=1) < 0):
                 ax.contour(mu, pi, np.ma.masked_invalid(sign), levels=[-0.5, 0.5], colors="k", linewidths=1.5)
@@ -50,7 +53,9 @@ def plot(results: list, path) -> list[tuple[float, float]]:
                 "w = (∂ℓ/∂r)/A" + ("  (white: 1, the surrogate's)" if isinstance(norm, TwoSlopeNorm) else ""))
             limits.append((im.norm.vmin, im.norm.vmax))
     fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI, format="png" if not isinstance(path, str) else None)
+    # no date in an SVG's metadata: the same analysis draws the same file
+    fig.savefig(path, dpi=dpi, format=fmt or ("png" if not isinstance(path, str) else None),
+                metadata={"Date": None} if (fmt or str(path)).endswith("svg") else None)
     plt.close(fig)
     return limits
 

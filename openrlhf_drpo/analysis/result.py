@@ -69,13 +69,15 @@ def _formulas(res) -> dict:
     return out
 
 
-RENDER: dict = {}     # "json", "markdown", "html" -> function(Analysis) -> its form, from analysis.notebook
+RENDER: dict = {}     # "text", "json", "markdown", "html" -> function(Analysis) -> its form, from analysis.notebook
+REPR_WIDTH = 120      # repr(result): one line
 
 
 @dataclass
 class Analysis:
     """What drpo-analyze derives for one objective (openrlhf_drpo.analysis.analyze). In a notebook
-    it renders as its report with the plot; to_json() is drpo-analyze --json's."""
+    it renders as its report with the plot; report() (and print) is drpo-analyze's text, to_json()
+    its --json; repr is one short line."""
     name: str = declared(json="name", line="title")
     path: str = declared()
     description: str = declared()
@@ -118,10 +120,21 @@ class Analysis:
     w_numeric: Callable = declared()    # the same by the IR's float rules (nan where undefined): the plot's
 
     def __repr__(self) -> str:
-        return f"<Analysis of {self.name}: w = {self.text.get('weight')}; {len(self.warnings)} warning(s)>"
+        """One line of at most REPR_WIDTH characters, w cut short with " …" where it is long
+        (a piecewise w runs to hundreds): report() is the whole analysis."""
+        head, tail = f"<Analysis of {self.name}: w = ", f"; {len(self.warnings)} warning(s)>"
+        w, room = str(self.text.get("weight")), max(REPR_WIDTH - len(head) - len(tail), 12)
+        return head + (w if len(w) <= room else w[:room - 2].rstrip() + " …") + tail
 
     # the presentation registers itself here (analysis.notebook): the result knows no report
+    def report(self) -> str:
+        """The report drpo-analyze prints, as text; print(result) prints it too."""
+        return RENDER["text"](self)
+
+    __str__ = report
+
     def to_json(self) -> dict:
+        """drpo-analyze --json's JSON."""
         return RENDER["json"](self)
 
     def _repr_markdown_(self) -> str:

@@ -1,15 +1,84 @@
-"""Where drpo-train runs, decided before OpenRLHF is imported: CPU or GPU mode (from the Ray
-cluster that OpenRLHF's ray.init() would join and its GPUs, else this machine's CUDA), and the
-pre-flight checks that turn OpenRLHF's hangs and deep crashes into clear errors."""
+"""drpo-train before OpenRLHF is imported: its --drpo.* flags and --help layout, the errors a
+command line shows at once (early_errors: the objective, PolicyLoss's refused flags, the missing
+ones), where it runs (CPU or GPU mode, from the Ray cluster that OpenRLHF's ray.init() would join
+and its GPUs, else this machine's CUDA), and the pre-flight checks that turn OpenRLHF's hangs and
+deep crashes into clear errors."""
 from __future__ import annotations
 
 import argparse
-import functools
+import importlib.util
 import os
 import socket
 
 
 CPU_MODES = ("auto", "on", "off", "cluster")
+DRPO_GROUP = "openrlhf-drpo: train with a compiled objective"
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a number of tokens (1 or more), not {text!r}")
+    return int(text)
+
+
+def add_drpo_flags(parser: argparse.ArgumentParser) -> None:
+    from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK
+    group = parser.add_argument_group(DRPO_GROUP)
+    group.add_argument("--drpo.objective", metavar="FILE_OR_NAME", default=None,
+                       help="objective file (.dsl) or shipped name (drpo, ppo, spo, ...) replacing PolicyLoss")
+    group.add_argument("--drpo.set", action="append", default=[], metavar="NAME=VALUE",
+                       help="override an objective parameter (repeatable)")
+    group.add_argument("--drpo.anchor", choices=["old", "rollout"], default=None,
+                       help="which log-probs play μ: the trainer's old log-probs or vLLM's rollout log-probs")
+    group.add_argument("--drpo.step_log", metavar="FILE", default=None,
+                       help="append one JSON line per optimizer step (gradient norm before clipping, the range "
+                            "of r, the largest per-token |dl/dlog pi|/|A| and mu there, dead steps): drpo-lab's record")
+    group.add_argument("--drpo.plugin", metavar="MODULE", default=None,
+                       help="a module whose named hooks replace OpenRLHF's classes: trainer(base, config) for the "
+                            "PPOTrainer, rollout_actor(base, config) for the vLLM actor (drpo-lab's shared pipeline: "
+                            "openrlhf_drpo.lab.pipe)")
+    group.add_argument("--drpo.plugin_config", metavar="FILE", default=None,
+                       help="a JSON file the plugin's hooks receive as `config` (and the trainer reads)")
+    group.add_argument("--drpo.chunked_logprobs", choices=["on", "off"], default="on",
+                       help="the policy's log-probs (and entropy) from its hidden states, a chunk of tokens at a "
+                            "time, never forming the [batch, length, vocab] logits (off: OpenRLHF's full logits)")
+    group.add_argument("--drpo.logprob_chunk", type=_positive, default=CHUNK, metavar="TOKENS",
+                       help="tokens per chunk of --drpo.chunked_logprobs")
+    group.add_argument("--drpo.vocab_topk", type=_positive, default=None, metavar="K",
+                       help="the support of the objective's vocabulary sums (ref_topk_sum): the K entries π_ref ranks "
+                            "highest at each response token, scored by the reference model in chunks")
+    group.add_argument("--drpo.teacher", metavar="MODEL", default=None,
+                       help="the model π_ref's log-probs (and top-k) come from, in place of the actor's initial "
+                            "weights (on-policy distillation; it must share the actor's tokenizer)")
+    group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
+                       help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
+                            "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "
+                            "or `ray start` on this machine) and has GPUs, an error where it has none; without "
+                            "a cluster, CPU mode exactly when no CUDA device is visible; cluster: CPU mode on the "
+                            "Ray cluster that is set up, whose nodes declare logical GPUs (ray start --num-gpus N)")
+
+
+def help_layout(parser: argparse.ArgumentParser) -> None:
+    """--help (and a parse error's usage): the --drpo.* group first, OpenRLHF's own flags after
+    it, and PolicyLoss's flags, which drpo-train refuses, marked so with the objective's equivalent."""
+    from openrlhf_drpo.hosts.openrlhf.options import SUPERSEDED, refused_help
+    groups = parser._action_groups
+    groups.insert(0, groups.pop(next(i for i, g in enumerate(groups) if g.title == DRPO_GROUP)))
+    parser._optionals.title = "OpenRLHF's train_ppo_ray options (openrlhf.cli.train_ppo_ray)"
+    parser.usage = "%(prog)s --drpo.objective FILE_OR_NAME [--drpo.* ...] [OpenRLHF's train_ppo_ray options ...]"
+    for action in parser._actions:
+        if action.dest in SUPERSEDED:
+            action.help = refused_help(action.dest)
+
+
+def need_host() -> None:
+    """One line where torch or OpenRLHF is not installed (an analyser-only install), not an
+    import's traceback."""
+    missing = [name for name in ("torch", "openrlhf") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"drpo-train: error: training needs {' and '.join(missing)}, not installed here "
+                         "(drpo-analyze needs neither): bash scripts/setup.sh installs torch and OpenRLHF 0.11.2's "
+                         "pinned stack (pip install '.[train]' adds torch alone)")
 
 
 def pre_parse(argv: list[str]):
@@ -106,13 +175,20 @@ def _cpu_cluster(cluster) -> str:
 def cpu_mode_for(argv: list[str]) -> bool:
     """Decided first, and said on the first line: before OpenRLHF's modules are imported, as
     DeepSpeed picks its accelerator at import."""
+    cpu, line = cpu_mode_line(argv)
+    if line:
+        print(line, flush=True)
+    return cpu
+
+
+def cpu_mode_line(argv: list[str]) -> tuple[bool, str | None]:
+    """cpu_mode_for's decision and the line saying it, unsaid: drpo-train says it once the command
+    line is accepted, so that an argument error is the first thing printed."""
     choice = getattr(pre_parse(argv), "drpo.cpu_mode")
     if {"-h", "--help"} & set(argv):     # asks no cluster and says nothing: help is all it prints
         import torch
-        return choice in ("on", "cluster") or (choice == "auto" and not torch.cuda.is_available())
-    cpu, line = decide_cpu_mode(choice)
-    print(line, flush=True)
-    return cpu
+        return choice in ("on", "cluster") or (choice == "auto" and not torch.cuda.is_available()), None
+    return decide_cpu_mode(choice)
 
 
 def code_runtime_env(runtime_env: dict) -> dict:
@@ -142,36 +218,94 @@ REQUIRED = {
 }
 
 
-def preflight(ns, cpu: bool) -> None:
-    """Turn OpenRLHF's hangs and deep crashes into clear errors, before Ray starts."""
-    def fail(msg):
-        raise SystemExit(f"drpo-train: error: {msg}")
-
-    g = functools.partial(getattr, ns)
+def argument_errors(ns) -> list[str]:
+    """What pre-flight finds wrong in the flags themselves (missing, a path that does not exist),
+    every one of them: it needs no OpenRLHF, so early_errors runs it on the raw command line too."""
+    errors = []
+    g = lambda flag: getattr(ns, flag, None)    # noqa: E731
     missing = [f"--{flag} ({what})" for flag, what in REQUIRED.items() if not g(flag)]
     if missing:
-        fail(f"missing {'; '.join(missing)}")
+        errors.append(f"missing {'; '.join(missing)}")
     paths = lambda key: [p for p in (g(key) or "").split(",") if p]   # noqa: E731  (flags take a,b lists)
     for key in ("actor.model_name_or_path", "reward.model_name_or_path", "critic.model_name_or_path"):
         for path in paths(key):
             if looks_local(path) and not os.path.exists(os.path.expanduser(path)):
-                fail(f"--{key} {path}: no such file or directory")
+                errors.append(f"--{key} {path}: no such file or directory")
     for path in paths("data.prompt_dataset"):
         if (looks_local(path) or path.endswith((".jsonl", ".json", ".parquet", ".csv"))) \
                 and not os.path.exists(os.path.expanduser(path)):
-            fail(f"--data.prompt_dataset {path}: no such file or directory")
+            errors.append(f"--data.prompt_dataset {path}: no such file or directory")
     if not g("reward.model_name_or_path") and not g("reward.remote_url") and not g("train.agent_func_path"):
-        fail("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
-             "openrlhf_drpo/hosts/openrlhf/reward.py) or --reward.model_name_or_path")
+        errors.append("no reward: pass --reward.remote_url (a reward-function .py file or an HTTP URL, e.g. "
+                      "openrlhf_drpo/hosts/openrlhf/reward.py) or --reward.model_name_or_path")
     for url in paths("reward.remote_url"):
         if url.endswith(".py") and not url.startswith(("http://", "https://")) and not os.path.exists(url):
-            fail(f"--reward.remote_url {url}: no such file")
+            errors.append(f"--reward.remote_url {url}: no such file")
+    return [f"drpo-train: error: {e}" for e in errors]
+
+
+def preflight(ns, cpu: bool) -> None:
+    """Turn OpenRLHF's hangs and deep crashes into clear errors, before Ray starts."""
+    errors = argument_errors(ns)
+    if errors:
+        raise SystemExit("\n".join(errors))
     if cpu:
         return
     import torch
     from openrlhf_drpo.hosts.openrlhf.cpu_mode import gpus_requested
     wanted, present = gpus_requested(ns), torch.cuda.device_count()
     if ray_cluster() is None and wanted > present:
-        fail(f"this run asks Ray for {wanted} GPUs and this machine has {present}: lower --actor.num_gpus_per_node, "
-             f"--vllm.num_engines and the other *.num_gpus_per_node flags, start a Ray cluster with more GPUs "
-             f"(ray start), or use --drpo.cpu_mode on")
+        raise SystemExit(f"drpo-train: error: this run asks Ray for {wanted} GPUs and this machine has {present}: "
+                         "lower --actor.num_gpus_per_node, --vllm.num_engines and the other *.num_gpus_per_node "
+                         "flags, start a Ray cluster with more GPUs (ray start), or use --drpo.cpu_mode on")
+
+
+# The flags early_errors reads from the raw command line, before OpenRLHF (and its parser) is
+# imported, abbreviations resolved as argparse does: tests/test_launch.py holds that no other flag
+# of OpenRLHF's is a prefix of one of these, so both parsers read a command line alike.
+EARLY_FLAGS = ("drpo.objective", "drpo.set", "drpo.anchor", "actor.model_name_or_path", "reward.model_name_or_path",
+               "critic.model_name_or_path", "data.prompt_dataset", "reward.remote_url", "train.agent_func_path",
+               "vllm.num_engines")
+MISSING_OBJECTIVE = "drpo-train: error: --drpo.objective FILE_OR_NAME is required"
+
+
+class _Unreadable(Exception):
+    """A command line a subset parser cannot read (an ambiguous or valueless flag)."""
+
+
+def _raise(message):
+    raise _Unreadable(message)
+
+
+def early_errors(argv: list[str]) -> list[str]:
+    """Every error drpo-train finds in a command line without OpenRLHF, Ray, vLLM or torch (a
+    refusal in well under 2 s: benchmarks/train_refusal.py): the objective and its --drpo.set,
+    PolicyLoss's refused flags, the missing flags and paths. All of them, so that one round trip
+    shows them all; OpenRLHF's parser checks the rest once it is imported."""
+    from dsl import DslError, load
+    from dsl.objective import parse_overrides
+    from openrlhf_drpo.hosts.openrlhf.options import superseded_message
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.error = _raise        # no usage printed and no exit: reported with the others
+    for flag in EARLY_FLAGS:
+        parser.add_argument("--" + flag, action="append" if flag == "drpo.set" else "store",
+                            default=[] if flag == "drpo.set" else None)
+    try:
+        ns = parser.parse_known_args(argv)[0]
+        refused = superseded_message(argv)
+    except (_Unreadable, ValueError) as e:     # as OpenRLHF's parser, a superset of these, would say
+        return [f"drpo-train: error: {e}"]
+    errors = []
+    name, anchor = getattr(ns, "drpo.objective"), getattr(ns, "drpo.anchor")
+    if not name:
+        errors.append(MISSING_OBJECTIVE)
+    else:
+        try:
+            options = {"anchor": anchor} if anchor in ("old", "rollout") else {}
+            load(name).with_overrides(parse_overrides(getattr(ns, "drpo.set")), options, where="--drpo.set")
+        except DslError as e:
+            errors.append(e.render())
+    errors += [refused] if refused else []
+    engines = getattr(ns, "vllm.num_engines")      # OpenRLHF's type=int: 0 is missing, a non-number its error
+    setattr(ns, "vllm.num_engines", int(engines) if (engines or "").strip().isdigit() else engines)
+    return errors + argument_errors(ns)

@@ -134,17 +134,24 @@ def _flags_parser(defaults: bool) -> argparse.ArgumentParser:
 def superseded_flags(argv: list[str]) -> dict:
     """{flag: value} for the SUPERSEDED flags that the (train_ppo_ray) command line sets, at any value, spelled out or
     abbreviated as argparse resolves them: a parser of these flags alone, whose absent ones
-    stay unset (OpenRLHF's own parser accepted argv, so an abbreviation is unique there, and here)."""
-    given = vars(_flags_parser(defaults=False).parse_known_args(argv)[0])
+    stay unset (an abbreviation OpenRLHF's own parser accepts is unique there, and here). A
+    command line it cannot read raises the parser's error (parser.error), printing nothing."""
+    parser = _flags_parser(defaults=False)
+    parser.error = _unreadable
+    given = vars(parser.parse_known_args(argv)[0])
     return {flag: given[flag] for flag in SUPERSEDED if flag in given}
 
 
-def refuse_superseded(argv: list[str]) -> None:
+def _unreadable(message):
+    raise ValueError(message)
+
+
+def superseded_message(argv: list[str]) -> str | None:
     """drpo-train's refusal of PolicyLoss's own flags, each naming the objective's equivalent,
-    and the command that writes PolicyLoss with them as an objective file."""
+    and the command that writes PolicyLoss with them as an objective file (None: none is set)."""
     flags = superseded_flags(argv)
     if not flags:
-        return
+        return None
     values = {flag: v if isinstance(v, list) else [v] for flag, v in flags.items()}
     shown = [f"--{flag} {' '.join(map(str, v))}" for flag, v in values.items()]
     lines = [f"drpo-train: error: {', '.join(shown)}: OpenRLHF's PolicyLoss reads {'these' if len(flags) > 1 else 'this'}"
@@ -154,7 +161,21 @@ def refuse_superseded(argv: list[str]) -> None:
     lines += ["To train PolicyLoss itself with these settings, write it as an objective file and train that:",
               f"  python3 -m openrlhf_drpo.hosts.openrlhf.options {' '.join(shown)} > policy_loss.dsl",
               "  drpo-train --drpo.objective policy_loss.dsl ..."]
-    raise SystemExit("\n".join(lines))
+    return "\n".join(lines)
+
+
+def refuse_superseded(argv: list[str]) -> None:
+    message = superseded_message(argv)
+    if message:
+        raise SystemExit(message)
+
+
+def refused_help(flag: str) -> str:
+    """The --help text of a SUPERSEDED flag: refused, and the objective's equivalent."""
+    kwargs, equivalent = SUPERSEDED[flag]
+    values = ("LOW", "HIGH") if kwargs.get("nargs") == 2 else (flag.split(".")[-1].upper(),)
+    return ("REFUSED by drpo-train (only PolicyLoss reads it, and the objective replaces PolicyLoss); "
+            f"instead: {equivalent.format(*values)}")
 
 
 def policy_loss_kwargs(ns) -> dict:

@@ -13,76 +13,31 @@ args, and (2) point the launcher at a PolicyModelActor subclass that installs th
 objective where the trainer calls its policy loss, and (3) in asynchronous mode, at the trainer
 that counts policy versions (versions.py). Pre-flight checks run at parse time, and
 with neither a Ray cluster nor CUDA, CPU mode (hosts/openrlhf/cpu_mode.py) adapts the pipeline to this
-machine's CPU (with --drpo.cpu_mode cluster, to a Ray cluster's CPUs); the first line of output
-says which mode and why. On a cluster, the driver's openrlhf_drpo and dsl reach every worker in
+machine's CPU (with --drpo.cpu_mode cluster, to a Ray cluster's CPUs); once the command line is
+accepted, a line says which mode and why. Before any of this, with nothing heavy imported, the
+errors of the command line that need no OpenRLHF are all shown at once (launch.early_errors). On a cluster, the driver's openrlhf_drpo and dsl reach every worker in
 Ray's runtime environment.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
-import json
 import importlib.metadata
+import json
 import os
 import runpy
 import sys
 
-from openrlhf_drpo.hosts.openrlhf.launch import (CPU_MODES, code_runtime_env, cpu_mode_for, pre_parse, preflight,
-                                                 ray_cluster)
+from openrlhf_drpo.hosts.openrlhf.launch import (MISSING_OBJECTIVE, add_drpo_flags, code_runtime_env, cpu_mode_for,
+                                                 cpu_mode_line, early_errors, help_layout, need_host, pre_parse,
+                                                 preflight, ray_cluster)
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
 
-
-
-
 class _Stop(Exception):
     """Raised to stop OpenRLHF's CLI right after it validated its args (openrlhf_args)."""
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"a number of tokens (1 or more), not {text!r}")
-    return int(text)
-
-
-def add_drpo_flags(parser: argparse.ArgumentParser) -> None:
-    from openrlhf_drpo.hosts.openrlhf.logprobs import CHUNK
-    group = parser.add_argument_group("openrlhf-drpo: train with a compiled objective")
-    group.add_argument("--drpo.objective", metavar="FILE_OR_NAME", default=None,
-                       help="objective file (.dsl) or shipped name (drpo, ppo, spo, ...) replacing PolicyLoss")
-    group.add_argument("--drpo.set", action="append", default=[], metavar="NAME=VALUE",
-                       help="override an objective parameter (repeatable)")
-    group.add_argument("--drpo.anchor", choices=["old", "rollout"], default=None,
-                       help="which log-probs play μ: the trainer's old log-probs or vLLM's rollout log-probs")
-    group.add_argument("--drpo.step_log", metavar="FILE", default=None,
-                       help="append one JSON line per optimizer step (gradient norm before clipping, the range "
-                            "of r, the largest per-token |dl/dlog pi|/|A| and mu there, dead steps): drpo-lab's record")
-    group.add_argument("--drpo.plugin", metavar="MODULE", default=None,
-                       help="a module whose named hooks replace OpenRLHF's classes: trainer(base, config) for the "
-                            "PPOTrainer, rollout_actor(base, config) for the vLLM actor (drpo-lab's shared pipeline: "
-                            "openrlhf_drpo.lab.pipe)")
-    group.add_argument("--drpo.plugin_config", metavar="FILE", default=None,
-                       help="a JSON file the plugin's hooks receive as `config` (and the trainer reads)")
-    group.add_argument("--drpo.chunked_logprobs", choices=["on", "off"], default="on",
-                       help="the policy's log-probs (and entropy) from its hidden states, a chunk of tokens at a "
-                            "time, never forming the [batch, length, vocab] logits (off: OpenRLHF's full logits)")
-    group.add_argument("--drpo.logprob_chunk", type=_positive, default=CHUNK, metavar="TOKENS",
-                       help="tokens per chunk of --drpo.chunked_logprobs")
-    group.add_argument("--drpo.vocab_topk", type=_positive, default=None, metavar="K",
-                       help="the support of the objective's vocabulary sums (ref_topk_sum): the K entries π_ref ranks "
-                            "highest at each response token, scored by the reference model in chunks")
-    group.add_argument("--drpo.teacher", metavar="MODEL", default=None,
-                       help="the model π_ref's log-probs (and top-k) come from, in place of the actor's initial "
-                            "weights (on-policy distillation; it must share the actor's tokenizer)")
-    group.add_argument("--drpo.cpu_mode", choices=CPU_MODES, default="auto",
-                       help="run OpenRLHF on CPU (DeepSpeed's CPU accelerator, vLLM's CPU backend, gloo "
-                            "weight sync, a local Ray); auto: GPU mode where a Ray cluster is set up (RAY_ADDRESS, "
-                            "or `ray start` on this machine) and has GPUs, an error where it has none; without "
-                            "a cluster, CPU mode exactly when no CUDA device is visible; cluster: CPU mode on the "
-                            "Ray cluster that is set up, whose nodes declare logical GPUs (ray start --num-gpus N)")
-
-
 
 
 # the hooks a plugin may define, each replacing the OpenRLHF class it is named for: (module, name)
@@ -115,15 +70,17 @@ def _patch(stack: contextlib.ExitStack, owner, name: str, value) -> None:
 _IS_DEFAULTS = {"level": "off", "mode": "mask", "gating": "ratio", "threshold": [0.5, 5.0]}
 
 
-def prepare_objective(args: argparse.Namespace):
+def prepare_objective(args: argparse.Namespace, notes: list | None = None):
     """Parse, check and compile the objective named in the (flat) args; returns the spec every
-    actor rebuilds it from, and the objective. Raises DslError or SystemExit with a clear message."""
+    actor rebuilds it from, and the objective. Raises DslError or SystemExit with a clear message.
+    Its notes go into `notes` where given (said once every check has passed), else are printed."""
     from dsl import load
     from dsl.objective import parse_overrides
 
+    say = functools.partial(print, flush=True) if notes is None else notes.append
     spec_name = getattr(args, "drpo.objective")
     if not spec_name:
-        raise SystemExit("drpo-train: error: --drpo.objective FILE_OR_NAME is required")
+        raise SystemExit(MISSING_OBJECTIVE)
     options = {"anchor": getattr(args, "drpo.anchor")} if getattr(args, "drpo.anchor") else {}
     obj = load(spec_name).with_overrides(parse_overrides(getattr(args, "drpo.set")), options, where="--drpo.set")
     # OpenRLHF applies its train/rollout IS correction inside PolicyLoss, which the objective
@@ -147,8 +104,8 @@ def prepare_objective(args: argparse.Namespace):
         except ValueError as e:
             raise SystemExit(f"drpo-train: error: --algo.advantage.{e}") from None
         obj = compose(obj, factor)
-        print("openrlhf-drpo: --algo.advantage.is_correction_* is composed with the objective; training and "
-              f"the analysis use:\n  {obj.canonical().splitlines()[-1]}", flush=True)
+        say("openrlhf-drpo: --algo.advantage.is_correction_* is composed with the objective; training and "
+            f"the analysis use:\n  {obj.canonical().splitlines()[-1]}")
     if obj.reads_rollout():
         # OpenRLHF 0.11.2 keeps vLLM's log-probs only when IS correction is on; turning it on
         # here only keeps them: the correction itself lives in PolicyLoss, which is replaced.
@@ -172,8 +129,8 @@ def prepare_objective(args: argparse.Namespace):
         raise SystemExit(f"drpo-train: error: --drpo.teacher: objective '{obj.name}' reads neither π_ref nor its "
                          "top-k, which the teacher stands in for: leave the flag out")
     if reads_ref:
-        print("openrlhf-drpo: the objective reads π_ref: its terms in π_ref are the KL trained; OpenRLHF's own KL "
-              "loss (--algo.kl.use_loss, --algo.kl.init_coef) is logged as kl, not trained", flush=True)
+        say("openrlhf-drpo: the objective reads π_ref: its terms in π_ref are the KL trained; OpenRLHF's own KL "
+            "loss (--algo.kl.use_loss, --algo.kl.init_coef) is logged as kl, not trained")
     return objective_spec(obj), obj
 
 
@@ -223,6 +180,7 @@ def _patched_openrlhf(on_parsed, cpu: bool = False, plugin=None):
             return original_parse(parser, args, namespace)
         if "drpo.objective" not in dests:
             add_drpo_flags(parser)
+            help_layout(parser)
         ns = original_parse(parser, args, namespace)
         on_parsed(ns, cpu)
         parsed["ns"] = ns
@@ -323,16 +281,20 @@ def check_objective(argv: list[str]) -> None:
     raise RuntimeError("OpenRLHF's CLI returned without parsing its arguments")
 
 
-def _ship_spec(ns, cpu: bool) -> None:
+def _ship_spec(ns, cpu: bool, mode_line: str | None = None) -> None:
     """On OpenRLHF's parsed args: the objective first (a bad file is the first error), then CPU
-    mode's flags and the pre-flight checks, and only then is anything written (the report)."""
+    mode's flags and the pre-flight checks, and only then is anything said (the mode line, the
+    objective's notes) or written (the report)."""
     from openrlhf_drpo.hosts.openrlhf import cpu_mode
     from openrlhf_drpo.hosts.openrlhf.options import refuse_superseded
-    spec, obj = prepare_objective(ns)
+    notes = []
+    spec, obj = prepare_objective(ns, notes)
     refuse_superseded(sys.argv[1:])     # PolicyLoss's own flags: the objective replaces them
     if cpu:
         cpu_mode.check_flags(ns, sys.argv[1:])
     preflight(ns, cpu)
+    for line in filter(None, [mode_line, *notes]):
+        print(line, flush=True)
     _report(obj, ns)
     if cpu and (note := cpu_mode.first_compile_note()):
         print(note, flush=True)
@@ -359,15 +321,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     traceback = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
-    cpu = cpu_mode_for(argv)
+    if not {"-h", "--help"} & set(argv) and (errors := early_errors(argv)):
+        raise SystemExit("\n".join(errors))    # all of them, before anything heavy is imported
+    need_host()
+    cpu, mode_line = cpu_mode_line(argv)
     if cpu:
         kv_note = cpu_mode.kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE"))[1]
         os.environ.update(cpu_mode.driver_environment())
         cpu_mode.check_versions()
-        if kv_note and not {"-h", "--help"} & set(argv):     # (help says nothing else)
-            print(kv_note, flush=True)
+        # said with the mode line, once every check has passed (nothing before an argument error)
+        mode_line = "\n".join(filter(None, [mode_line, kv_note]))
     try:
-        with _patched_openrlhf(_ship_spec, cpu, _plugin(argv)):
+        with _patched_openrlhf(functools.partial(_ship_spec, mode_line=mode_line), cpu, _plugin(argv)):
             _run_openrlhf(argv)
     except DslError as e:
         if traceback:
