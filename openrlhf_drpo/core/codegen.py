@@ -30,7 +30,7 @@ from dsl.operations import OPS, REDUCTIONS
 from dsl.parser import Objective
 from dsl.printing import render
 from openrlhf_drpo.core.reverse_mode import nesting, reverse_gradient
-from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
+from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_autograd, guard_selects, rewrite_logs, select_masks
 from openrlhf_drpo.core.values import Generated
 from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
@@ -376,7 +376,7 @@ def _generate(obj: Objective) -> tuple[str, dict]:
         "import torch"]
     body = "\n".join([
         _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
-                  [guard_selects(value)], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
+                  [guard_autograd(guard_selects(value))], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
         "", "", fused, "", "",
         _function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
                   [Node("sub", (ONE, kept))], obj.params) if kept is not None
