@@ -10,6 +10,7 @@ import math
 import torch
 
 from dsl.operations import OPS
+from openrlhf_drpo.core.collectives import RankSums
 
 def _selected(x, m, other, like):
     # a folded constant (prefix_sum(1)) is filled on the device: as_tensor of a number is a host copy
@@ -221,7 +222,7 @@ def _batch_order(x, m, like, pg, level, q):
     element is NaN). Each neighbour is the largest element at most that order statistic (sorted
     without gradient, no host sync), so that its ties share its gradient, as torch.amax's. One rank
     only: an order statistic across ranks needs their values, not a sum of them."""
-    group = getattr(pg, "group", pg)
+    group = pg.group if isinstance(pg, RankSums) else pg     # (the loss core wraps its process group)
     if pg is not None and torch.distributed.get_world_size(group) > 1:
         raise ValueError("openrlhf_drpo: batch_quantile over data-parallel ranks is not supported: an order "
                          "statistic of the batch needs every rank's values, which the ranks only sum (run on one "
