@@ -382,13 +382,9 @@ def _generate(obj: Objective) -> tuple[str, dict]:
                   [Node("sub", (ONE, kept))], obj.params) if kept is not None
         else "# (no filter: the objective has no [...] factor not involving π)",
     ]) + "\n"
-    return "\n".join(h for h in header + [_reductions_import(body), "", "", ""] if h is not None) + body, facts
-
-
-def _reductions_import(body: str) -> str | None:
-    """The import of the functions of core.reductions the body calls, under its rows' names (_seq_sum, ...)."""
-    called = sorted(set(re.findall(r"\b_([a-z_]+)\(", body)) & {*REDUCTIONS, "turn_len"})
-    return "from openrlhf_drpo.core.reductions import " + ", ".join(f"{k} as _{k}" for k in called) if called else None
+    called = sorted(set(re.findall(r"\b_([a-z_]+)\(", body)) & {*REDUCTIONS, "turn_len"})    # core.reductions' functions
+    imports = [f"from openrlhf_drpo.core.reductions import {', '.join(f'{k} as _{k}' for k in called)}"] * bool(called)
+    return "\n".join([h for h in header if h is not None] + imports + ["", "", ""]) + body, facts
 
 
 def compile_objective(obj: Objective) -> Generated:
