@@ -152,9 +152,9 @@ def _comparison(symbol, torch_symbol, sympy, py):
 
 
 def _reduction(name, over, kind, callable=True, adjoint=None, constants=()):
-    """A reduction (Op.over): it has no per-token value, so only its torch text (core.codegen's
-    helpers, dsl.lowerings) and its value where all it reduces hold x exist. A group or batch
-    reduction's torch text also takes its argument's level ('token' or 'response'), which
+    """A reduction (Op.over): it has no per-token value, so only its torch text (a call of the function
+    of its name in openrlhf_drpo.core.reductions) and its value where all it reduces hold x exist. A
+    group or batch reduction's torch text also takes its argument's level ('token' or 'response'), which
     core.rewrites writes into the node's value, then its constant arguments (`constants`). Its
     analysis properties are dsl.uniform's for its kind and `over`: a kind or `over` that has none
     is an error naming the row and the property (declared), here, at import."""

@@ -4,7 +4,7 @@ and the statistics a file names held at stated points; the entropy's own gradien
 every claim with its evidence.
 
 The per-token gradient on a uniform batch is checked against autograd through the operation rows'
-torch text and dsl.lowerings' reduction helpers (the code core.codegen's plain path runs, with the
+torch text and core.reductions' functions (the code core.codegen's plain path runs, with the
 uniform batch's groups by index); the channels of H and π_ref against autograd through
 CompiledLoss's plain path itself."""
 import functools
@@ -23,7 +23,7 @@ from openrlhf_drpo.core import CompiledLoss
 from openrlhf_drpo.analysis.report import report, to_json
 from dsl.ir import postorder
 from dsl.levels import argument_level, levels
-from dsl.lowerings import TORCH_REDUCTIONS
+from openrlhf_drpo.core.reductions import NAMESPACE
 from dsl.operations import OPS
 from dsl.walks import constant_nodes, evaluate
 
@@ -62,7 +62,7 @@ def torch_objective(obj, tensors: dict):
         lines.append(f"v{i} = {text}")
         code[n] = f"v{i}"
     namespace = {"torch": torch, "math": math, "dtype": torch.float64, "pg": None, **tensors}
-    exec(TORCH_REDUCTIONS, namespace)
+    namespace.update(NAMESPACE)
     exec("\n".join(lines), namespace)
     return eval(code[obj.expr], namespace)
 

@@ -111,7 +111,7 @@ def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_
     ops, row = copy / "dsl/operations.py", block("reduction-row")
     bare = row.split(", adjoint=")[0] + "),"
     insert(ops, bare, before="# prefix_sum's adjoint (not in the language)")
-    insert(copy / "dsl/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
+    insert(copy / "openrlhf_drpo/core/reductions.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
     proc = run(copy, "import dsl.operations")
     assert "TypeError: operation 'seq_std': a reduction declares its adjoint=" in proc.stderr, proc.stderr[-2000:]
     generated = ("tests/test_reductions.py", "tests/test_loss_v3.py", "-k", "seq_std")
@@ -138,7 +138,7 @@ def follow_the_atom_reduction_and_host_recipes(copy: pathlib.Path) -> None:
     insert(copy / "docs/language.md", block("atom-doc"), after="- `softsign(x)`:")
     insert(copy / "dsl/adjoints.py", "\n\n" + block("reduction-adjoint"))
     insert(copy / "dsl/operations.py", block("reduction-row"), before="# prefix_sum's adjoint (not in the language)")
-    insert(copy / "dsl/lowerings.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
+    insert(copy / "openrlhf_drpo/core/reductions.py", block("reduction-torch"), before="def _all_ranks(t, pg):")
     insert(copy / "docs/language.md", block("reduction-doc"), after="- `softsign(x)`:")
     (copy / "openrlhf_drpo/hosts/toy.py").write_text(block("host-module"), encoding="utf-8")
     insert(copy / "tests/test_layers.py", block("host-layer"), before='    "hosts.verl",')

@@ -20,7 +20,7 @@ LAYERS = [
     "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
     "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",
-    "core.kernels",
+    "core.reductions", "core.kernels",
     "core.measures", "core.loss",
     "core",
     "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.held", "analysis.view", "analysis.arbiter",
@@ -110,3 +110,22 @@ def test_the_language_package_runs_with_nothing_of_openrlhf_drpo():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('openrlhf_drpo', 'objectives')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout == "[]\n", out.stdout
+
+
+def _docstrings(tree):
+    return {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "dsl").rglob("*.py")), ids=lambda p: p.name)
+def test_the_language_package_holds_no_torch_code(path):
+    """dsl/ imports no torch and holds none as text to execute (the reductions' functions are
+    core.reductions' real code, seen by linters and coverage): a row's torch lowering is one line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        assert not any(name.split(".")[0] == "torch" for name in names), f"{path}:{node.lineno} imports torch"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            assert not ("torch" in node.value and "\n" in node.value), f"{path}:{node.lineno}: torch code in a string"

@@ -17,7 +17,7 @@ from strategies import V3_OBJECTIVES
 import dsl
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 from dsl import DslError
-from dsl.lowerings import TORCH_REDUCTIONS
+from openrlhf_drpo.core.reductions import NAMESPACE
 from dsl.operations import OPS
 from openrlhf_drpo.core.loss import refuse_unprovided
 
@@ -60,8 +60,7 @@ def run(loss_fn, b, clean=True, **kw):
 
 
 # ---------------------------------------------------------------- each reduction, by its definition
-HELPERS = {"torch": torch, "math": math}
-exec(TORCH_REDUCTIONS, HELPERS)
+HELPERS = {"torch": torch, "math": math, **NAMESPACE}
 
 
 def _std(pool):

@@ -19,7 +19,7 @@ import torch
 import dsl
 from openrlhf_drpo.core.codegen import KERNELS
 from dsl.ir import ONE, ZERO, Node, num
-from dsl.lowerings import TORCH_REDUCTIONS
+from openrlhf_drpo.core.reductions import NAMESPACE
 from dsl import operations, uniform
 from dsl.operations import FUNCTIONS, OPS, Op
 from dsl.walks import NonLocal, derivative, evaluate, held_count, numpy_plan, to_sympy
@@ -343,10 +343,8 @@ def test_a_condition_has_no_derivative_and_is_refused_where_one_is_asked_for(nam
 
 # ---------------------------------------------------------------- reductions
 def _reductions():
-    """The reductions' torch helpers, as generated code holds them."""
-    namespace = {"torch": torch, "math": math}
-    exec(TORCH_REDUCTIONS, namespace)
-    return namespace
+    """The reductions' torch functions, by the names the generated code gives them (core.reductions)."""
+    return {"torch": torch, "math": math, **NAMESPACE}
 
 
 def _reduced(name, level, values, mask):

@@ -9,15 +9,14 @@ import pytest
 import torch
 
 import dsl
-from dsl.lowerings import TORCH_REDUCTIONS
+from openrlhf_drpo.core.reductions import NAMESPACE
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import report
 from openrlhf_drpo.core import CompiledLoss
 from test_library_v3 import PATHS, batch, host_ratio, ours, ppo, theirs, token_mean
 
 F64 = torch.float64
-HELPERS = {"torch": torch, "math": math}
-exec(TORCH_REDUCTIONS, HELPERS)
+HELPERS = {"torch": torch, "math": math, **NAMESPACE}
 
 
 def helper(name, x, m, *args):

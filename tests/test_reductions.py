@@ -9,6 +9,7 @@ responses, empty groups and groups of one, with NaN and ±inf in the masked slot
 import dataclasses
 import functools
 import math
+import pathlib
 import sys
 from fractions import Fraction
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 import dsl
-from openrlhf_drpo.core import Aggregation, CompiledLoss
+from openrlhf_drpo.core import Aggregation, CompiledLoss, reductions
 from dsl.ir import Node
 from dsl.operations import OPS, Op
 
@@ -220,6 +221,15 @@ def test_a_reduction_row_without_an_adjoint_is_refused_where_it_is_built_naming_
         Op(**{**fields, "symbol": "group_max", "reduce": "max", "adjoint": None})
     with pytest.raises(TypeError, match="operation 'exp': only a reduction has an adjoint"):
         Op(**{**{f.name: getattr(OPS["exp"], f.name) for f in dataclasses.fields(Op)}, "adjoint": "none"})
+
+
+def test_a_reduction_row_without_its_torch_function_is_refused_when_core_reductions_is_imported(monkeypatch):
+    """A row's function lives in core.reductions under the row's name: one missing is an error when
+    that module is imported (as codegen's KERNELS), never a NameError in a generated module's first call."""
+    monkeypatch.setitem(OPS, "seq_toy", dataclasses.replace(OPS["seq_sum"], symbol="seq_toy"))
+    path = pathlib.Path(reductions.__file__)
+    with pytest.raises(TypeError, match=r"a function for every reduction row, of its name: missing \['seq_toy'\]"):
+        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), {"__name__": "reductions_copy"})
 
 
 @pytest.mark.parametrize("name, wrong", [

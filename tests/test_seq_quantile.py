@@ -10,15 +10,14 @@ import pytest
 import torch
 
 import dsl
-from dsl.lowerings import TORCH_REDUCTIONS
+from openrlhf_drpo.core.reductions import NAMESPACE
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.report import report
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 from test_library_v3 import PATHS, batch, dirty
 
 F64 = torch.float64
-HELPERS = {"torch": torch, "math": math}
-exec(TORCH_REDUCTIONS, HELPERS)
+HELPERS = {"torch": torch, "math": math, **NAMESPACE}
 
 
 def seq_quantile(x, m, q):

@@ -20,16 +20,17 @@ that reads H also returns d(Σ coef·ℓ)/dH, H's own gradient channel."""
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
 from dsl.ir import ONE, Node, mul, var
-from dsl.lowerings import TORCH_REDUCTIONS, is_literal
-from dsl.operations import OPS
+from dsl.lowerings import is_literal
+from dsl.operations import OPS, REDUCTIONS
 from dsl.parser import Objective
 from dsl.printing import render
 from openrlhf_drpo.core.reverse_mode import nesting, reverse_gradient
-from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_selects, rewrite_logs, select_masks
+from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_autograd, guard_selects, rewrite_logs, select_masks
 from openrlhf_drpo.core.values import Generated
 from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
 
@@ -372,19 +373,18 @@ def _generate(obj: Objective) -> tuple[str, dict]:
         "# the third version's inputs: b.ref = log π_ref, b.entropy = H, b.sum_pi_sq, b.group (each response's group's"
         "\n# first response) and b.pg (the batch's process group, or None)" if v3 else None,
         "# the fourth version's: b.turns (turn ids), b.staleness" if _used([obj.expr]) & {"turns", "staleness"} else None,
-        "import math" if reduces else None,
-        "import torch",
-        TORCH_REDUCTIONS if reduces else None,
-        "",
-    ]
-    return "\n".join(h for h in header if h is not None) + "\n".join([
+        "import torch"]
+    body = "\n".join([
         _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
-                  [guard_selects(value)], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
+                  [guard_autograd(guard_selects(value))], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
         "", "", fused, "", "",
         _function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
                   [Node("sub", (ONE, kept))], obj.params) if kept is not None
         else "# (no filter: the objective has no [...] factor not involving π)",
-    ]) + "\n", facts
+    ]) + "\n"
+    called = sorted(set(re.findall(r"\b_([a-z_]+)\(", body)) & {*REDUCTIONS, "turn_len"})    # core.reductions' functions
+    imports = [f"from openrlhf_drpo.core.reductions import {', '.join(f'{k} as _{k}' for k in called)}"] * bool(called)
+    return "\n".join([h for h in header if h is not None] + imports + ["", "", ""]) + body, facts
 
 
 def compile_objective(obj: Objective) -> Generated:

@@ -38,6 +38,13 @@ def aggregation_coef(m, mode):
     return m * (per_seq * seq), seq.sum()
 
 
+def denominator(count, norm):
+    """What the aggregate is divided by: the local count (at least 1: all masked, 0/1), or the global
+    normalizer, 0 only where the step has no token (Aggregation.norm): then 1, so that every path gives
+    the loss 0 and the gradient 0 (0/0 would be NaN), without reading the value on the host."""
+    return count.clamp(min=1) if norm is None else torch.where(norm == 0, 1.0, norm)
+
+
 def _float_mask(action_mask, dtype):
     # on CPU a bool tensor converts ~4x slower than uint8, and a comparison into bool ~4x
     # slower than into float
@@ -106,7 +113,7 @@ def _loss_and_stats(terms, A, norm, dot, log_ratio=None):
     -1/norm) and the metrics (_stats). Every per-token quantity is selected by the mask before it
     is reduced, so masked slots never leak."""
     keep, m, coef, count, value, grad, total, r, raw, mu, inside, _ = terms
-    scale = -1 / (count.clamp(min=1) if norm is None else norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
+    scale = -1 / denominator(count, norm)     # all masked: 0/1, no gradient (OpenRLHF: 0/0)
     nonzero_A = torch.sign(A).abs()
     w = grad / (r * A + (1 - nonzero_A))      # w = (∂ℓ/∂log π)/(r·A), where A ≠ 0
     # w ≤ 0: the trust-region boundary is reached, unless the ratio clamp zeroed the gradient
@@ -208,7 +215,7 @@ def eager_kernel(generated: Generated, b: TokenBatch, clamp_ratio=False):
     if b.weights is not None:     # selected by the mask, as kernel's
         coef = coef * torch.where(action_mask != 0, b.weights, 0.0)
     tokens = count if b.mode == "token-mean" else m.sum()
-    scale = -1 / (count.clamp(min=1) if norm is None else norm)     # as kernel, in the same dtype
+    scale = -1 / denominator(count, norm)     # as kernel, in the same dtype
     entropy = {}
     if generated.reduces:       # [B, T]: a reduction reads whole responses
         value, grad, r, raw, mu, inside, *extra = generated.value_and_grad(b, action_mask != 0, coef)

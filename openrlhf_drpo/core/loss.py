@@ -31,8 +31,8 @@ from dsl.operations import OPS
 from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_support,
                                          check_turns, group_representatives, refuse_bad_mask, refuse_bad_norm,
                                          refuse_bad_staleness)
-from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, eager_kernel, fused_function, grad_kernel,
-                                        loss_kernel, mul_sum, recomputing_function)
+from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, denominator, eager_kernel, fused_function,
+                                        grad_kernel, loss_kernel, mul_sum, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
 from openrlhf_drpo.core.values import (FILTERED, INPUT_NOT_GIVEN, METRICS, Aggregation, LossMetrics, LossOutput, TokenBatch,
                                       objective_inputs)
@@ -282,9 +282,9 @@ def _fold_ranks(b: TokenBatch) -> TokenBatch:
     (the same 1/N on every rank, so w needs no second pass, kernels._host_weighted; each rank's
     own 1/N is not uniform once the reduction's adjoint is summed over the ranks)."""
     dtype = compute_dtype(b.logp)
-    denominator = b.norm if b.norm is not None else aggregation_coef((b.mask != 0).to(dtype), b.mode)[1].clamp(min=1)
+    n = denominator(aggregation_coef((b.mask != 0).to(dtype), b.mode)[1], b.norm)
     ones = torch.ones_like(b.logp, dtype=dtype)
-    return replace(b, weights=(1.0 if b.weights is None else b.weights) / denominator * ones,
+    return replace(b, weights=(1.0 if b.weights is None else b.weights) / n * ones,
                    norm=_normalizer(1.0, b.logp), rank_fold=b.weights is None and b.norm is not None)
 
 
@@ -308,7 +308,7 @@ def plain_loss(generated, b: TokenBatch):
     coef, count = aggregation_coef(keep.to(per_token.dtype), b.mode)
     if b.weights is not None:
         coef = coef * clean(b.weights.detach())
-    loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / (count.clamp(min=1) if b.norm is None else b.norm)
+    loss = torch.where(keep, per_token, 0.0).mul(coef).sum() / denominator(count, b.norm)
     return torch.where(keep.any(), loss, 0.0)    # all masked: 0, as the fused path defines it
 
 

@@ -8,7 +8,7 @@ import warnings
 
 from dsl.ir import ONE, Node, div, mul, neg, postorder, rebuild
 from dsl.levels import argument_level
-from dsl.operations import OPS
+from dsl.operations import OPS, passes_no_gradient
 from dsl.walks import constant_nodes
 
 
@@ -128,6 +128,27 @@ def _guarded(root: Node, budget: int | None) -> Node:
                 raise _OverBudget
         return memo[n, c]
     return walk(root, None)
+
+
+def guard_autograd(root: Node) -> Node:
+    """The plain path's own guards, for autograd, which reads every value at every token (a masked one
+    too: its ℓ is computed, then selected out) and differentiates below everything: each reduction
+    that passes a gradient as select(m, ·), so that a masked token's backward (0·inf where a division
+    meets its 0 length, count or input) never reaches the tokens the reduction read; and the argument
+    of sign (a row whose gradient is "zero") detached, so that 0·NaN below it (sqrt of a negative
+    number a select dropped) stays out. Reverse mode has both by construction: its adjoints read the
+    unmasked tokens only, and it never descends below a row with no gradient."""
+    mask = Node("var", value="m")
+
+    def one(n: Node, args: tuple):
+        if n.op not in OPS or (n.op == "sg" or not n.args):
+            return None
+        if OPS[n.op].reduce and not passes_no_gradient(n.op):
+            return Node("select", (mask, Node(n.op, args, n.value, n.pos, n.level)))
+        if OPS[n.op].gradient == "zero" and OPS[n.op].args_kind == "num":
+            return Node(n.op, tuple(Node("sg", (a,)) for a in args), n.value, n.pos, n.level)
+        return None
+    return rebuild(root, one)
 
 
 def _constant(n: Node) -> bool:
