@@ -51,16 +51,49 @@ def test_the_collapse_rule(rewards, fractions, expected):
 
 def test_a_run_is_summarized_from_its_step_and_update_logs():
     steps = _steps([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], [0.2] * 7)
+    for i, s in enumerate(steps):      # OpenRLHF's own step metrics
+        s.update({"entropy_loss": 2.0 - 0.1 * i, "rollout/response_length_mean": 8.0 - (i == 0),
+                  "rollout/truncated_rate": 1.0 - 0.5 * (i == 0)})
+    # update 0: 10 tokens, 2 past the boundary, r = 1 each (ESS 1); update 1: r = 1 on 3 tokens, 3 on 1
+    # (ESS (3 + 3)² / (4 * (3 + 9)) = 0.75), 1 past the boundary
     updates = [{"step": s, "update": u, "grad_norm": float(s * 10 + u), "max_token_weight": 1.0 + u,
-                "ratio_min": 0.5, "ratio_max": 2.0, "dead": s == 3} for s in range(1, 8) for u in range(2)]
+                "ratio_min": 0.5, "ratio_max": 2.0, "dead": s == 3,
+                **({"tokens": 10, "past_boundary": 2, "ratio_sum": 10.0, "ratio_sq_sum": 10.0} if u == 0 else
+                   {"tokens": 4, "past_boundary": 1, "ratio_sum": 6.0, "ratio_sq_sum": 12.0})}
+               for s in range(1, 8) for u in range(2)]
     updates[0]["grad_norm"] = float("nan")
     row = lab_results.summarize(steps, updates)
     assert row["final_reward"] == pytest.approx(0.5) and row["reward_auc"] == pytest.approx(0.4)
-    assert row["max_grad_norm"] == 71.0 and row["max_token_weight"] == 2.0
+    assert row["max_grad_norm"] == 71.0 and row["max_abs_wr"] == 2.0
     assert row["dead_steps"] == 1 and row["collapsed"] is False
+    assert row["entropy_drift"] == pytest.approx(-0.6) and row["final_entropy"] == pytest.approx(1.6)
+    assert row["past_boundary"] == pytest.approx(3 / 14) and row["ess"] == pytest.approx(0.75)
+    assert row["response_length"] == pytest.approx(8 - 1 / 7) and row["truncated"] == pytest.approx(1 - 0.5 / 7)
     c = lab_results.curves(steps, updates)
     assert c["grad_norm"] == [11.0, 21.0, 31.0, 41.0, 51.0, 61.0, 71.0]
     assert c["mismatch"] == [pytest.approx(math.log(2))] * 7
+    assert c["entropy"][:2] == [2.0, 1.9] and c["ess"] == [0.75] * 7
+
+
+@pytest.mark.parametrize("ratios, expected", [
+    ([1.0] * 5, 1.0),                       # on-policy: every token counts
+    ([1.0, 0.0, 0.0, 0.0], 0.25),           # one token holds all the weight: 1/n
+    ([2.0, 2.0, 0.5, 0.5], 6.25 / 8.5),     # (Σr)² / (n Σr²) = 25 / (4 * 8.5)
+])
+def test_the_ess_of_the_ratios_is_normalized_by_the_token_count(ratios, expected):
+    assert lab_results.ess(sum(ratios), sum(r * r for r in ratios), len(ratios)) == pytest.approx(expected)
+    assert lab_results.ess(0.0, 0.0, 0) is None
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([2.0, 1.9, 1.8, 1.7], -0.3),            # a line: last minus first
+    ([1.0, 3.0, 1.0, 3.0], 1.2),             # least squares: slope 0.4, over 3 steps
+    ([1.0, None, 1.5, float("nan"), 2.0], 1.0),   # gaps left out, the span is every step's
+    ([1.0], None), ([], None),
+])
+def test_the_entropy_drift_is_the_fitted_lines_change_over_the_run(values, expected):
+    got = lab_results.drift(values)
+    assert got == (None if expected is None else pytest.approx(expected))
 
 
 def test_the_interval_is_students_t_over_the_seeds():
@@ -99,11 +132,12 @@ def test_a_samples_seed_is_fixed_by_what_is_sampled():
 
 def _row(objective, seed, final, collapsed=False):
     return {"objective": objective, "params": {}, "seed": seed, "preset": "mild", "final_reward": final,
-            "reward_auc": final / 2, "max_grad_norm": 1.0 + seed, "max_token_weight": 2.0, "mismatch": 0.01,
-            "collapsed": collapsed, "dead_steps": 0, "wall_s": 1.0}
+            "reward_auc": final / 2, "max_grad_norm": 1.0 + seed, "max_abs_wr": 2.0, "mismatch": 0.01,
+            "entropy_drift": -0.1, "final_entropy": 2.0, "past_boundary": 0.05, "ess": 0.9, "response_length": 8.0,
+            "truncated": 1.0, "collapsed": collapsed, "dead_steps": 0, "wall_s": 1.0}
 
 
-def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_separate():
+def test_seeds_are_aggregated_per_objective_and_ranked_by_mean_with_the_overlaps_marked():
     rows = [_row("a", 0, 0.70), _row("a", 1, 0.72), _row("a", 2, 0.74),        # a: 0.72 [0.670, 0.770]
             _row("b", 0, 0.60), _row("b", 1, 0.70), _row("b", 2, 0.80),        # b: 0.70, overlaps a
             _row("c", 0, 0.10, True), _row("c", 1, 0.12, True), _row("c", 2, 0.14)]   # c: 0.12, below both
@@ -115,22 +149,39 @@ def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_
                                                        0.72 + 4.302653 * 0.02 / 3 ** 0.5], abs=1e-6)
     assert a["max_grad_norm"]["mean"] == 2.0 and summary[2]["collapsed"] == "2 of 3"
     assert summary[1]["final_reward"]["ci95"][1] == pytest.approx(0.70 + 4.302653 * 0.1 / 3 ** 0.5)
-    assert [s["rank"] for s in summary] == [1, 1, 3]      # two intervals lie wholly above c's
-    table = lab_results.markdown(rows, summary)
-    assert "| 1 | a | 3 | 0.72 [0.67, 0.77]" in table and "| 3 | c | 3 |" in table and "2 of 3" in table
+    assert [(s["rank"], s["tied_with"]) for s in summary] == [(1, ["b"]), (2, ["a"]), (3, [])]
+    table = lab_results.summary_table(summary)
+    assert "| 1 (=2) | a | 3 | 0.72 [0.67, 0.77]" in table and "| 3 | c | 3 |" in table and "2 of 3" in table
+    assert "max \\|w·r\\|" in table and "max_token_weight" not in table    # the measured |w·r|, not "w"
+
+
+# docs/lab.md's stress study (final reward, recorded): the old rule (1 + the intervals wholly above)
+# ranked DRPO δ = 0.2 (0.508) first, above DPPO (0.545), second
+STRESS = [(0.683, 0.655, 0.71), (0.508, 0.344, 0.673), (0.545, 0.461, 0.629), (0.207, 0, 0.561), (0.167, 0, 0.346),
+          (0.127, 0.118, 0.136)]
 
 
 @pytest.mark.parametrize("cells, expected", [
-    ([(0.9, 0.8, 1.0), (0.5, 0.4, 0.6), (0.1, 0.0, 0.2)], [1, 2, 3]),       # all separated
-    ([(0.9, 0.5, 1.3), (0.5, 0.4, 0.6), (0.1, 0.0, 0.45)], [1, 1, 2]),      # the ends separate, though each overlaps the middle
-    ([(0.8, 0.75, 0.85), (0.7, 0.6, 0.8), (0.6, 0.5, 0.7), (0.5, 0.4, 0.6), (0.4, 0.3, 0.5), (0.3, 0.2, 0.4)],
-     [1, 1, 2, 2, 3, 4]),                                                    # six in a chain of overlaps: not all rank 1
-    ([(0.1, 0.0, 0.2), (0.9, 0.8, 1.0)], [2, 1]),                           # ranked by mean, not by order
-    ([(0.5, None, None), (0.5, None, None)], [1, 1]),                        # one seed each: equal means tie
+    ([(0.9, 0.8, 1.0), (0.5, 0.4, 0.6), (0.1, 0.0, 0.2)], [(1, []), (2, []), (3, [])]),       # all separated
+    ([(0.9, 0.5, 1.3), (0.5, 0.4, 0.6), (0.1, 0.0, 0.45)], [(1, [1]), (2, [0, 2]), (3, [1])]),
+    (STRESS, [(1, [1]), (3, [0, 2, 3, 4]), (2, [1, 3]), (4, [1, 2, 4, 5]), (5, [1, 3, 5]), (6, [3, 4])]),
+    ([(0.1, 0.0, 0.2), (0.9, 0.8, 1.0)], [(2, []), (1, [])]),                          # ranked by mean, not by order
+    ([(0.5, None, None), (0.5, None, None), (0.4, None, None)], [(1, [1]), (1, [0]), (3, [])]),   # equal means share
 ])
-def test_a_rank_counts_the_intervals_wholly_above_it(cells, expected):
+def test_a_rank_follows_the_mean_and_lists_the_overlapping_intervals(cells, expected):
     cells = [{"mean": m, "ci95": None if lo is None else [lo, hi]} for m, lo, hi in cells]
     assert lab_results.ranks(cells) == expected
+    ranked = sorted((r, -c["mean"]) for (r, _), c in zip(expected, cells))
+    assert ranked == sorted(ranked, key=lambda x: x[1])       # a higher mean never ranks below a lower one
+
+
+def test_under_random_reward_the_drift_closest_to_zero_ranks_first():
+    rows = [{**_row(name, seed, 0.5), "preset": "random-reward", "entropy_drift": d}
+            for name, drifts in (("up", [0.30, 0.35, 0.40]), ("flat", [-0.02, 0.0, 0.03]), ("down", [-0.2, -0.25, -0.3]))
+            for seed, d in enumerate(drifts)]
+    summary = lab_results.aggregate(rows)
+    assert [(s["objective"], s["rank"]) for s in summary] == [("up", 3), ("flat", 1), ("down", 2)]
+    assert "|entropy drift|, smallest first" in lab_results.rank_rule("random-reward")
 
 
 @pytest.mark.parametrize("text, expected", [("drpo", ("drpo", {})), ("drpo:delta=0.2", ("drpo", {"delta": "0.2"})),
@@ -291,13 +342,77 @@ def test_an_interval_is_cut_to_what_the_measure_can_be(key, values, cut):
     assert lab_results.aggregate(rows)[0][key]["ci95"] == pytest.approx(expected, rel=1e-6)
 
 
+PREDICTED = (["objective", "w range", "warnings"], [["grpo_clip_higher", "{0, 1}", ""], ["b<", "[0.9, 1.1]", "w|x"]])
+
+
+def test_results_md_holds_the_title_setting_rule_definitions_and_both_tables():
+    rows = [_row("a", 0, 0.70), _row("a", 1, 0.74), _row("b<", 0, 0.10)]
+    page = lab_results.markdown(rows, lab_results.aggregate(rows), "drpo-lab: a, b< under mild",
+                                "Preset `mild`: 8 updates per rollout.", PREDICTED)
+    assert page.startswith("# drpo-lab: a, b< under mild\n\nPreset `mild`: 8 updates per rollout.\n")
+    assert "rank: by the mean final reward, highest first" in page and "(Σr)²/(n·Σr²)" in page
+    assert "## Predicted (drpo-analyze)\n\n| objective | w range | warnings |" in page
+    assert "| grpo_clip_higher | {0, 1} |" in page and "| w\\|x |" in page
+    assert page.index("## Measured") < page.index("## Predicted") < page.index("## Every run")
+
+
 def test_the_html_page_holds_the_tables_the_rule_and_the_curves():
     rows = [_row("a", 0, 0.70), _row("a", 1, 0.74), _row("b<", 0, 0.10)]
     summary = lab_results.aggregate(rows)
-    page = lab_results.html_page(lab_results.markdown(rows, summary), b"\x89PNG fake", "drpo-lab: a, b< under mild")
+    md = lab_results.markdown(rows, summary, "drpo-lab: a, b< under mild", "Preset `mild`.", PREDICTED)
+    page = lab_results.html_page(md, b"\x89PNG fake")
     tables = re.findall(r"<table>(.*?)</table>", page)
-    assert len(tables) == 2 and tables[0].count("<tr>") == 1 + 2 and tables[1].count("<tr>") == 1 + 3
+    assert len(tables) == 3 and tables[0].count("<tr>") == 1 + 2 and tables[2].count("<tr>") == 1 + 3
     assert "<th>rank</th><th>objective</th>" in tables[0] and "<td>b&lt;</td>" in tables[0]
-    assert "<td>0.72 [0.466, 0.974]</td>" in tables[0]
-    assert "1 + the number of objectives whose final-reward interval lies wholly above" in page
+    assert "<td>0.72 [0.466, 0.974]</td>" in tables[0] and "<th>max |w·r|</th>" in tables[0]
+    assert "<td>grpo_clip_higher</td>" in tables[1] and "<td>w|x</td>" in tables[1]     # the predicted table
+    assert "rank: by the mean final reward" in page and "<h2>Predicted (drpo-analyze)</h2>" in page
     assert 'src="data:image/png;base64,iVBORyBmYWtl"' in page and "<title>drpo-lab: a, b&lt; under mild</title>" in page
+
+
+def test_the_random_reward_is_a_fair_coin_fixed_by_the_samples_key():
+    from openrlhf_drpo.lab.pipe import random_reward, sample_seed
+    keys = [(b, f"w{p} w1", o, i) for b in range(3) for p in range(20) for o in range(2) for i in range(4)]
+    coins = [random_reward(*k) for k in keys]
+    assert set(coins) == {0.0, 1.0} and abs(sum(coins) / len(coins) - 0.5) < 0.1      # 480 flips
+    assert coins == [random_reward(*k) for k in keys]           # the same on every rerun
+    # a hash of its own: not a function of the sampling seed the engine draws the tokens from
+    assert len({(sample_seed(*k) % 2, c) for k, c in zip(keys, coins)}) == 4
+
+
+def test_the_task_is_built_once_per_settings_and_reused(tmp_path, monkeypatch):
+    built = []
+
+    def build(folder, pretrain_steps):      # the real build pre-trains for seconds: only where it writes counts here
+        built.append(pretrain_steps)
+        os.makedirs(os.path.join(folder, "model"))
+        return {"target_probability": [0.0025]}
+    monkeypatch.setenv(labtask.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(labtask, "build", build)
+    first, reused_first = labtask.cached(pretrain_steps=20)
+    again, reused_again = labtask.cached(pretrain_steps=20)
+    other, _ = labtask.cached(pretrain_steps=30)
+    assert built == [20, 30] and (reused_first, reused_again) == (False, True) and again == first
+    assert first["model"].startswith(str(tmp_path)) and other["model"] != first["model"]
+    assert first["target_probability"] == [0.0025] and not list(tmp_path.glob("lab-task-building-*"))
+
+
+def test_the_lab_flags_have_help_and_the_presets_include_random_reward():
+    text = lab.parser().format_help()
+    for flag, words in (("--seeds", "runs per objective"), ("--steps", "rollouts"), ("--out", "results.html")):
+        assert re.search(rf"{flag} \S+\s+[^-]*{words}", text), (flag, text)
+    assert "random-reward" in text and lab.PRESETS["random-reward"]["random_reward"] is True
+
+
+def test_the_predicted_table_never_wraps_a_name_inside_a_word():
+    from openrlhf_drpo.lab.driver import analysis_lines
+    text, (head, rows) = analysis_lines([("grpo_clip_higher", {}), ("drpo", {"delta": "0.2"})])
+    assert "grpo_clip_higher " in text and "grpo_clip_highe\n" not in text and "\nr " not in text
+    assert [r[0] for r in rows] == ["grpo_clip_higher", "drpo delta=0.2"] and head[0] == "objective"
+
+
+def test_the_cpu_mode_line_is_said_once_for_all_objectives(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", "drpo", "ppo", "drpo:delta=0.2", "grpo_k3",
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "drpo-train refuses it: objective 'grpo_k3'" in proc.stderr
+    assert len(re.findall(r"^openrlhf-drpo: (?:CPU|GPU) mode", proc.stdout, re.M)) == 1, proc.stdout
