@@ -211,43 +211,52 @@ def test_bad_input_stops_the_lab_before_anything_runs(argv, message, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
 
 
-def _labs(*labs):
-    """drpo-labs run side by side (a small task, 3-4 steps), each (out, argv); their stdouts and results.json."""
+@pytest.fixture(scope="module")
+def task_cache(tmp_path_factory):
+    """The built task's cache for this module's labs: a tmp dir, built by the first lab, reused by the rest."""
+    return tmp_path_factory.mktemp("task-cache")
+
+
+def _labs(cache, *labs):
+    """drpo-labs run side by side (a small task, 2-4 steps), each (out, argv); their stdouts and results.json."""
     procs = []
+    env = {**os.environ, labtask.CACHE_ENV: str(cache)}
     for out, argv in labs:
         cut = argv.index("--") if "--" in argv else len(argv)      # drpo-train's flags go last
         procs.append(subprocess.Popen([sys.executable, "-m", "openrlhf_drpo.lab", *argv[:cut], "--pretrain-steps",
                                        "20", "--out", str(out), *argv[cut:]],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     done = [p.communicate(timeout=900) for p in procs]
     for p, (stdout, stderr) in zip(procs, done):
         assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
     return [(stdout, json.loads((out / "results.json").read_text())) for (out, _), (stdout, _) in zip(labs, done)]
 
 
-def _lab(out, *argv):
-    return _labs((out, list(argv)))[0]
+def _lab(cache, out, *argv):
+    return _labs(cache, (out, list(argv)))[0]
 
 
 # Three labs serve the pipeline tests, two launches at a time: each costs a start-up (Ray, vLLM, DeepSpeed).
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
+def shared(tmp_path_factory, task_cache):
     """2 objectives x 2 seeds on 2 pipelines side by side, micro-batches of 2 (a drpo-train flag after --)."""
     out = tmp_path_factory.mktemp("shared") / "lab"
-    return out, *_lab(out, "ppo", "drpo:delta=0.2", "--seeds", "2", "--steps", "3", "--parallel", "2",
+    return out, *_lab(task_cache, out, "ppo", "drpo:delta=0.2", "--seeds", "2", "--steps", "3", "--parallel", "2",
                       "--", "--train.micro_batch_size", "2")
 
 
 @pytest.fixture(scope="module")
-def alone_and_mismatch(tmp_path_factory):
-    """Two labs side by side (one pipeline each): drpo delta=0.2 seed 0 alone in its pipeline (in `shared`
-    it is the second of its pipeline's two); and the mismatch preset (4-bit engine) with the engine
-    synced every 2 steps."""
+def alone_and_mismatch(tmp_path_factory, task_cache, shared):
+    """Three labs side by side (one pipeline each), after `shared` built the task: drpo delta=0.2 seed 0
+    alone in its pipeline (in `shared` it is the second of its pipeline's two); the mismatch preset
+    (4-bit engine) with the engine synced every 2 steps; and the random-reward preset."""
     alone, mismatch = tmp_path_factory.mktemp("alone") / "lab", tmp_path_factory.mktemp("mismatch") / "lab"
-    a, m = _labs((alone, ["drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2"]),
+    coin = tmp_path_factory.mktemp("coin") / "lab"
+    a, m, c = _labs(task_cache, (alone, ["drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2"]),
                  (mismatch, ["drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
-                             "--stale-k", "2"]))
-    return (alone, *a), (mismatch, *m)
+                             "--stale-k", "2"]),
+                    (coin, ["grpo_clip_higher", "--seeds", "1", "--steps", "2", "--preset", "random-reward"]))
+    return (alone, *a), (mismatch, *m), (coin, *c)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +269,7 @@ def _metrics(out, run):
             if "step" in json.loads(x)]
 
 
-def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measured(shared):
+def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measured(shared, task_cache):
     out, stdout, found = shared         # `found`: results.json (`results` is the module)
     steps, updates = 3, 8
     assert "predicted (drpo-analyze)" in stdout and "binary-tv" in stdout and "measured" in stdout
@@ -274,15 +283,25 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
                                                            ("drpo delta=0.2", 1)]
     assert all(tuple(r) == lab_results.RESULT_KEYS and r["preset"] == "mild" for r in rows)
     for r in rows:
-        assert 0 <= r["final_reward"] <= 1 and r["max_grad_norm"] > 0 and r["max_token_weight"] > 0
+        assert 0 <= r["final_reward"] <= 1 and r["max_grad_norm"] > 0 and r["max_abs_wr"] > 0
         assert r["mismatch"] > 0 and isinstance(r["collapsed"], bool) and r["dead_steps"] in range(steps + 1)
-        assert r["wall_s"] > 0
+        assert r["wall_s"] > 0 and 0 < r["final_entropy"] < math.log(132) and r["entropy_drift"] is not None
+        assert 0 <= r["past_boundary"] <= 1 and 0 < r["ess"] <= 1
+        # the task's responses run to the 8-word limit (its model hardly ever stops): OpenRLHF counts them truncated
+        assert 7 <= r["response_length"] <= 8 and 0.8 <= r["truncated"] <= 1
     assert [s["objective"] for s in summary] == ["ppo", "drpo delta=0.2"] and all(s["seeds"] == 2 for s in summary)
     for s in summary:
         mine = [r["final_reward"] for r in rows if r["objective"] == s["objective"]]
         assert s["final_reward"] == lab_results.interval(mine, lab_results.RANGES["final_reward"]) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
-    assert (out / "results.md").read_text().startswith("| rank | objective | seeds |")
-    assert (out / "results.html").read_text().count("<table>") == 2     # the tables and the curves, in one file
+    md = (out / "results.md").read_text()
+    assert md.startswith("# drpo-lab: ppo, drpo delta=0.2 under mild\n\nPreset `mild`: 8 updates per rollout")
+    assert "rank: by the mean final reward" in md and "## Predicted (drpo-analyze)" in md
+    assert "| drpo delta=0.2 |" in md.split("## Predicted")[1]
+    assert (out / "results.html").read_text().count("<table>") == 3     # the tables and the curves, in one file
+    assert "predicted (drpo-analyze)" in stdout and "wrote " + str(out) + "/results.json, results.md, results.html" in stdout
+    assert len(re.findall(r"^openrlhf-drpo: (?:CPU|GPU) mode", stdout, re.M)) == 1
+    assert re.search(r"^the task .*: (built|reused), " + re.escape(str(task_cache)), stdout, re.M) and \
+        not (out / "task").exists()      # in the cache, not in --out
     assert (out / "curves.png").stat().st_size > 10_000
     # runs dealt round-robin: each pipeline trained its two runs one after the other
     for p, runs in (("p0", ["ppo-s0", "drpo-delta0.2-s0"]), ("p1", ["ppo-s1", "drpo-delta0.2-s1"])):
@@ -295,6 +314,9 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
     per_update = [json.loads(line) for line in (out / "runs" / run / "steps.jsonl").read_text().splitlines()]
     assert [(u["step"], u["update"]) for u in per_update] == [(s, u) for s in range(1, steps + 1) for u in range(updates)]
     assert all(u["ratio_min"] <= u["ratio_max"] and u["grad_norm"] > 0 for u in per_update)
+    for u in per_update:     # each update's sums: its tokens (8 each), those past the boundary, Σr and Σr²
+        assert 0 < u["tokens"] <= 8 * 32 // updates and 0 <= u["past_boundary"] <= u["tokens"]
+        assert u["ratio_sum"] ** 2 <= u["tokens"] * u["ratio_sq_sum"] * (1 + 1e-9)      # Cauchy-Schwarz: ESS <= 1
     for s in log:       # the logged ratio max is the step's true maximum, not a mean over updates
         assert s["drpo_ratio_max"] == pytest.approx(max(u["ratio_max"] for u in per_update if u["step"] == s["step"]))
         assert s["actor_grad_norm"] == pytest.approx([u["grad_norm"] for u in per_update if u["step"] == s["step"]][-1])
@@ -313,7 +335,7 @@ def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone)
 
 
 def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch):
-    alone, (out, stdout, found) = alone_and_mismatch
+    alone, (out, stdout, found), _ = alone_and_mismatch
     log = _metrics(out, "drpo-delta0.2-s0")
     assert [s["engine_weights"] for s in log] == [0, 2, 2, 4]     # weights reach the engine after steps 2 and 4
     updates = [json.loads(x) for x in (out / "runs" / "drpo-delta0.2-s0" / "steps.jsonl").read_text().splitlines()]
@@ -416,3 +438,15 @@ def test_the_cpu_mode_line_is_said_once_for_all_objectives(tmp_path):
                            "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "drpo-train refuses it: objective 'grpo_k3'" in proc.stderr
     assert len(re.findall(r"^openrlhf-drpo: (?:CPU|GPU) mode", proc.stdout, re.M)) == 1, proc.stdout
+
+
+def test_random_reward_pays_a_coin_flip_and_the_task_is_reused(alone_and_mismatch):
+    (alone, alone_stdout, _), _, (out, stdout, found) = alone_and_mismatch
+    log = _metrics(out, "grpo_clip_higher-s0")
+    # the task's own reward starts near 0 (16 rare targets); coin flips over 32 samples: near 1/2, in 32nds
+    assert all(0.2 < s["reward"] < 0.8 and (s["reward"] * 32) == pytest.approx(round(s["reward"] * 32)) for s in log)
+    assert all(s["target_fraction"] < 0.2 for s in log)       # what the policy writes: still the task's
+    assert found["runs"][0]["preset"] == "random-reward" and found["summary"][0]["rank"] == 1
+    assert "|entropy drift|, smallest first" in stdout
+    for text in (stdout, alone_stdout):        # the first lab (`shared`) built the task, these reused it
+        assert re.search(r"^the task .*: reused, ", text, re.M), text[:2000]
