@@ -450,3 +450,26 @@ def test_random_reward_pays_a_coin_flip_and_the_task_is_reused(alone_and_mismatc
     assert "|entropy drift|, smallest first" in stdout
     for text in (stdout, alone_stdout):        # the first lab (`shared`) built the task, these reused it
         assert re.search(r"^the task .*: reused, ", text, re.M), text[:2000]
+
+
+def test_the_clipped_tokens_and_ratio_sums_the_lab_logs_match_ppos_definition():
+    # oracle independent of the core: PPO's clip stops a token's gradient where A > 0 and r > 1 + ε,
+    # or A < 0 and r < 1 − ε (ε = 0.2); A = 0 tokens are never past it; masked tokens count nowhere
+    import torch
+    from openrlhf_drpo import ObjectiveLoss
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 12, generator=g, dtype=torch.float64) * 3 - 0.05
+    new = old + 0.4 * torch.randn(6, 12, generator=g, dtype=torch.float64)
+    A = torch.randn(6, 12, generator=g, dtype=torch.float64)
+    A[0, :4] = 0.0
+    mask = torch.ones(6, 12, dtype=torch.bool)
+    mask[1, 6:] = False
+    loss_fn = ObjectiveLoss("ppo")
+    loss_fn.track_extremes = True
+    loss_fn(new, old, A, action_mask=mask)
+    r = (new - old).exp()
+    past = mask & (((A > 0) & (r > 1.2)) | ((A < 0) & (r < 0.8)))
+    got = loss_fn.extremes
+    assert got["tokens"] == int(mask.sum()) and got["past_boundary"] == int(past.sum()) > 0
+    assert got["ratio_sum"] == pytest.approx(r[mask].sum().item()) and \
+        got["ratio_sq_sum"] == pytest.approx((r[mask] ** 2).sum().item())
