@@ -295,7 +295,8 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
         assert s["final_reward"] == lab_results.interval(mine, lab_results.RANGES["final_reward"]) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
     md = (out / "results.md").read_text()
     assert md.startswith("# drpo-lab: ppo, drpo delta=0.2 under mild\n\nPreset `mild`: 8 updates per rollout")
-    assert "rank: by the mean final reward" in md and "## Predicted (drpo-analyze)" in md
+    assert "Rank: by the mean final reward" in md and "## Predicted (drpo-analyze)" in md
+    assert "rank: by the mean final reward" in stdout        # the rule beside the console's table too
     assert "| drpo delta=0.2 |" in md.split("## Predicted")[1]
     assert (out / "results.html").read_text().count("<table>") == 3     # the tables and the curves, in one file
     assert "predicted (drpo-analyze)" in stdout and "wrote " + str(out) + "/results.json, results.md, results.html" in stdout
@@ -372,7 +373,7 @@ def test_results_md_holds_the_title_setting_rule_definitions_and_both_tables():
     page = lab_results.markdown(rows, lab_results.aggregate(rows), "drpo-lab: a, b< under mild",
                                 "Preset `mild`: 8 updates per rollout.", PREDICTED)
     assert page.startswith("# drpo-lab: a, b< under mild\n\nPreset `mild`: 8 updates per rollout.\n")
-    assert "rank: by the mean final reward, highest first" in page and "(Σr)²/(n·Σr²)" in page
+    assert "Rank: by the mean final reward, highest first" in page and "(Σr)²/(n·Σr²)" in page
     assert "## Predicted (drpo-analyze)\n\n| objective | w range | warnings |" in page
     assert "| grpo_clip_higher | {0, 1} |" in page and "| w\\|x |" in page
     assert page.index("## Measured") < page.index("## Predicted") < page.index("## Every run")
@@ -388,7 +389,7 @@ def test_the_html_page_holds_the_tables_the_rule_and_the_curves():
     assert "<th>rank</th><th>objective</th>" in tables[0] and "<td>b&lt;</td>" in tables[0]
     assert "<td>0.72 [0.466, 0.974]</td>" in tables[0] and "<th>max |w·r|</th>" in tables[0]
     assert "<td>grpo_clip_higher</td>" in tables[1] and "<td>w|x</td>" in tables[1]     # the predicted table
-    assert "rank: by the mean final reward" in page and "<h2>Predicted (drpo-analyze)</h2>" in page
+    assert "Rank: by the mean final reward" in page and "<h2>Predicted (drpo-analyze)</h2>" in page
     assert 'src="data:image/png;base64,iVBORyBmYWtl"' in page and "<title>drpo-lab: a, b&lt; under mild</title>" in page
 
 

@@ -146,8 +146,8 @@ def interval(xs: list[float], bounds: tuple = (None, None)) -> dict:
 
 def rank_rule(preset: str) -> str:
     key, order = RANK_BY.get(preset, DEFAULT_RANK)
-    return (f"rank: by the mean {order} (equal means share a rank); \"=k\" lists the ranks whose 95% interval "
-            f"of {HEADERS.get(key, key)} overlaps this one's: the intervals do not separate them")
+    return (f"rank: by the mean {order} (equal means share a rank); \"(=k,...)\" lists the ranks whose 95% "
+            f"interval of {HEADERS.get(key, key)} overlaps this one's: the intervals do not separate them")
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -225,7 +225,8 @@ def markdown(rows: list[dict], summary: list[dict], title: str = "drpo-lab", set
     the curves, the predicted table (drpo-analyze's, `predicted` = (head, rows)) and every run."""
     preset = summary[0]["preset"] if summary else ""
     parts = [f"# {title}", setting, "## Measured",
-             f"Mean [95% Student-t interval] over the seeds, cut to what the measure can be. {rank_rule(preset)}.",
+             f"Mean [95% Student-t interval] over the seeds, cut to what the measure can be. "
+             f"{rank_rule(preset).replace('rank:', 'Rank:', 1)}.",
              summary_table(summary).rstrip("\n"), DEFINITIONS, "![the curves: each objective's mean over seeds, "
              "with its 95% t band](curves.png)"]
     if predicted:
