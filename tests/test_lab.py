@@ -66,7 +66,7 @@ def test_a_run_is_summarized_from_its_step_and_update_logs():
     assert row["final_reward"] == pytest.approx(0.5) and row["reward_auc"] == pytest.approx(0.4)
     assert row["max_grad_norm"] == 71.0 and row["max_abs_wr"] == 2.0
     assert row["dead_steps"] == 1 and row["collapsed"] is False
-    assert row["entropy_drift"] == pytest.approx(-0.6) and row["final_entropy"] == pytest.approx(1.6)
+    assert row["entropy_drift"] == pytest.approx(-0.4) and row["final_entropy"] == pytest.approx(1.6)
     assert row["past_boundary"] == pytest.approx(3 / 14) and row["ess"] == pytest.approx(0.75)
     assert row["response_length"] == pytest.approx(8 - 1 / 7) and row["truncated"] == pytest.approx(1 - 0.5 / 7)
     c = lab_results.curves(steps, updates)
@@ -86,12 +86,13 @@ def test_the_ess_of_the_ratios_is_normalized_by_the_token_count(ratios, expected
 
 
 @pytest.mark.parametrize("values, expected", [
-    ([2.0, 1.9, 1.8, 1.7], -0.3),            # a line: last minus first
-    ([1.0, 3.0, 1.0, 3.0], 1.2),             # least squares: slope 0.4, over 3 steps
-    ([1.0, None, 1.5, float("nan"), 2.0], 1.0),   # gaps left out, the span is every step's
+    ([2.0, 1.9, 1.8, 1.7], -0.2),                        # the last steps' mean (1.9, 1.8, 1.7) minus the first
+    ([3.7, 1.8, 0.9, 0.2] + [0.0] * 16, -3.7),           # a collapse early in the run: the whole fall
+    ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 4.0),          # the last 5 steps: 3..7, mean 5
+    ([None, 1.0, float("nan"), 1.5, 2.0], 0.75),         # gaps left out: the first value, the mean of the rest
     ([1.0], None), ([], None),
 ])
-def test_the_entropy_drift_is_the_fitted_lines_change_over_the_run(values, expected):
+def test_the_entropy_drift_is_the_final_entropy_minus_the_first_steps(values, expected):
     got = lab_results.drift(values)
     assert got == (None if expected is None else pytest.approx(expected))
 
