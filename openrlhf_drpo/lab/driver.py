@@ -52,8 +52,9 @@ PRESETS = {
                              "update already sees r != 1; one update per rollout"},
     "random-reward": {"updates": 8, "lr": 1e-2, "random_reward": True,
                       "stresses": "a reward independent of the output (a seeded coin flip per sample), 8 updates "
-                                  "per rollout at 5x the learning rate: an unbiased objective leaves the policy's "
-                                  "entropy where it was, a biased one moves it (the Clip-Low test of a clip's bias)"},
+                                  "per rollout at 5x the learning rate: an unbiased objective's expected update is 0, "
+                                  "so what moves the policy's entropy is the batches' noise and the objective's bias "
+                                  "(the Clip-Low test of a clip's bias)"},
 }
 ROLLOUT_PROMPTS, SAMPLES = 8, 4
 
