@@ -123,11 +123,12 @@ def refuse_untrainable(runs: list[dict], args) -> None:
                 finally:
                     said += [line for line in out.getvalue().splitlines() if line not in said]
     except SystemExit as e:      # argparse's own exit (its message is printed) keeps its status
-        print("\n".join(said), flush=True)
         if not isinstance(e.code, str):
             raise
         raise SystemExit(e.code.replace("drpo-train: error:", "drpo-lab: error: drpo-train refuses it:", 1)) from None
-    print("\n".join(said), flush=True)
+    finally:
+        if said:
+            print(*said, sep="\n", flush=True)
 
 
 def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) -> None:
