@@ -5,7 +5,8 @@
 
 Runs `drpo-lab` on the first N of the paper's objectives (plus DRPO at other deltas) in a
 temporary folder. lab_s: the lab's own time for its runs (launch of the pipelines to their exit;
-the task build before it is reported apart, build_s); wall_s: launch to exit. With
+the task build before it is reported apart, build_s: 0 where the task's cache held it already, see
+docs/lab.md); wall_s: launch to exit. With
 --standalone, the same time for one run launched alone through drpo-train, as the lab did each
 run before it shared one pipeline (its own Ray, vLLM engine and DeepSpeed), and that time
 times the number of runs: the old lab's cost, side by side. --keep DIR keeps the lab's
@@ -53,10 +54,8 @@ def main() -> None:
         result.update(wall_s=round(wall, 1), lab_s=lab_s, build_s=round(wall - lab_s, 1),
                       lab_s_per_run=round(lab_s / result["runs"], 1))
         if args.standalone:
-            from openrlhf_drpo.lab import driver as lab, toytask
-            task = {"model": os.path.join(lab_out, "task", "model"),
-                    "prompts": os.path.join(lab_out, "task", "prompts.jsonl"),
-                    "reward": os.path.join(ROOT, "openrlhf_drpo", "lab", "task.py")}
+            from openrlhf_drpo.lab import driver as lab, task as labtask, toytask
+            task, _ = labtask.cached()       # the lab's task: built above, or before, into the cache
             preset = lab.PRESETS[args.preset]
             flags = toytask.flags(task, os.path.join(out, "alone"), steps=args.steps, rollout_prompts=lab.ROLLOUT_PROMPTS,
                                   samples=lab.SAMPLES, lr=preset["lr"], updates=preset["updates"])

@@ -51,16 +51,50 @@ def test_the_collapse_rule(rewards, fractions, expected):
 
 def test_a_run_is_summarized_from_its_step_and_update_logs():
     steps = _steps([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], [0.2] * 7)
+    for i, s in enumerate(steps):      # OpenRLHF's own step metrics
+        s.update({"entropy_loss": 2.0 - 0.1 * i, "rollout/response_length_mean": 8.0 - (i == 0),
+                  "rollout/truncated_rate": 1.0 - 0.5 * (i == 0)})
+    # update 0: 10 tokens, 2 past the boundary, r = 1 each (ESS 1); update 1: r = 1 on 3 tokens, 3 on 1
+    # (ESS (3 + 3)² / (4 * (3 + 9)) = 0.75), 1 past the boundary
     updates = [{"step": s, "update": u, "grad_norm": float(s * 10 + u), "max_token_weight": 1.0 + u,
-                "ratio_min": 0.5, "ratio_max": 2.0, "dead": s == 3} for s in range(1, 8) for u in range(2)]
+                "ratio_min": 0.5, "ratio_max": 2.0, "dead": s == 3,
+                **({"tokens": 10, "past_boundary": 2, "ratio_sum": 10.0, "ratio_sq_sum": 10.0} if u == 0 else
+                   {"tokens": 4, "past_boundary": 1, "ratio_sum": 6.0, "ratio_sq_sum": 12.0})}
+               for s in range(1, 8) for u in range(2)]
     updates[0]["grad_norm"] = float("nan")
     row = lab_results.summarize(steps, updates)
     assert row["final_reward"] == pytest.approx(0.5) and row["reward_auc"] == pytest.approx(0.4)
-    assert row["max_grad_norm"] == 71.0 and row["max_token_weight"] == 2.0
+    assert row["max_grad_norm"] == 71.0 and row["max_abs_wr"] == 2.0
     assert row["dead_steps"] == 1 and row["collapsed"] is False
+    assert row["entropy_drift"] == pytest.approx(-0.4) and row["final_entropy"] == pytest.approx(1.6)
+    assert row["past_boundary"] == pytest.approx(3 / 14) and row["ess"] == pytest.approx(0.75)
+    assert row["response_length"] == pytest.approx(8 - 1 / 7) and row["truncated"] == pytest.approx(1 - 0.5 / 7)
     c = lab_results.curves(steps, updates)
     assert c["grad_norm"] == [11.0, 21.0, 31.0, 41.0, 51.0, 61.0, 71.0]
     assert c["mismatch"] == [pytest.approx(math.log(2))] * 7
+    assert c["entropy"][:2] == [2.0, 1.9] and c["ess"] == [0.75] * 7
+
+
+@pytest.mark.parametrize("ratios, expected", [
+    ([1.0] * 5, 1.0),                       # on-policy: every token counts
+    ([1.0, 0.0, 0.0, 0.0], 0.25),           # one token holds all the weight: 1/n
+    ([2.0, 2.0, 0.5, 0.5], 6.25 / 8.5),     # (Σr)² / (n Σr²) = 25 / (4 * 8.5)
+])
+def test_the_ess_of_the_ratios_is_normalized_by_the_token_count(ratios, expected):
+    assert lab_results.ess(sum(ratios), sum(r * r for r in ratios), len(ratios)) == pytest.approx(expected)
+    assert lab_results.ess(0.0, 0.0, 0) is None
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([2.0, 1.9, 1.8, 1.7], -0.2),                        # the last steps' mean (1.9, 1.8, 1.7) minus the first
+    ([3.7, 1.8, 0.9, 0.2] + [0.0] * 16, -3.7),           # a collapse early in the run: the whole fall
+    ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 4.0),          # the last 5 steps: 3..7, mean 5
+    ([None, 1.0, float("nan"), 1.5, 2.0], 0.75),         # gaps left out: the first value, the mean of the rest
+    ([1.0], None), ([], None),
+])
+def test_the_entropy_drift_is_the_final_entropy_minus_the_first_steps(values, expected):
+    got = lab_results.drift(values)
+    assert got == (None if expected is None else pytest.approx(expected))
 
 
 def test_the_interval_is_students_t_over_the_seeds():
@@ -99,11 +133,12 @@ def test_a_samples_seed_is_fixed_by_what_is_sampled():
 
 def _row(objective, seed, final, collapsed=False):
     return {"objective": objective, "params": {}, "seed": seed, "preset": "mild", "final_reward": final,
-            "reward_auc": final / 2, "max_grad_norm": 1.0 + seed, "max_token_weight": 2.0, "mismatch": 0.01,
-            "collapsed": collapsed, "dead_steps": 0, "wall_s": 1.0}
+            "reward_auc": final / 2, "max_grad_norm": 1.0 + seed, "max_abs_wr": 2.0, "mismatch": 0.01,
+            "entropy_drift": -0.1, "final_entropy": 2.0, "past_boundary": 0.05, "ess": 0.9, "response_length": 8.0,
+            "truncated": 1.0, "collapsed": collapsed, "dead_steps": 0, "wall_s": 1.0}
 
 
-def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_separate():
+def test_seeds_are_aggregated_per_objective_and_ranked_by_mean_with_the_overlaps_marked():
     rows = [_row("a", 0, 0.70), _row("a", 1, 0.72), _row("a", 2, 0.74),        # a: 0.72 [0.670, 0.770]
             _row("b", 0, 0.60), _row("b", 1, 0.70), _row("b", 2, 0.80),        # b: 0.70, overlaps a
             _row("c", 0, 0.10, True), _row("c", 1, 0.12, True), _row("c", 2, 0.14)]   # c: 0.12, below both
@@ -115,22 +150,39 @@ def test_seeds_are_aggregated_per_objective_and_ranked_only_where_the_intervals_
                                                        0.72 + 4.302653 * 0.02 / 3 ** 0.5], abs=1e-6)
     assert a["max_grad_norm"]["mean"] == 2.0 and summary[2]["collapsed"] == "2 of 3"
     assert summary[1]["final_reward"]["ci95"][1] == pytest.approx(0.70 + 4.302653 * 0.1 / 3 ** 0.5)
-    assert [s["rank"] for s in summary] == [1, 1, 3]      # two intervals lie wholly above c's
-    table = lab_results.markdown(rows, summary)
-    assert "| 1 | a | 3 | 0.72 [0.67, 0.77]" in table and "| 3 | c | 3 |" in table and "2 of 3" in table
+    assert [(s["rank"], s["tied_with"]) for s in summary] == [(1, ["b"]), (2, ["a"]), (3, [])]
+    table = lab_results.summary_table(summary)
+    assert "| 1 (=2) | a | 3 | 0.72 [0.67, 0.77]" in table and "| 3 | c | 3 |" in table and "2 of 3" in table
+    assert "max \\|w·r\\|" in table and "max_token_weight" not in table    # the measured |w·r|, not "w"
+
+
+# docs/lab.md's stress study (final reward, recorded): the old rule (1 + the intervals wholly above)
+# ranked DRPO δ = 0.2 (0.508) first, above DPPO (0.545), second
+STRESS = [(0.683, 0.655, 0.71), (0.508, 0.344, 0.673), (0.545, 0.461, 0.629), (0.207, 0, 0.561), (0.167, 0, 0.346),
+          (0.127, 0.118, 0.136)]
 
 
 @pytest.mark.parametrize("cells, expected", [
-    ([(0.9, 0.8, 1.0), (0.5, 0.4, 0.6), (0.1, 0.0, 0.2)], [1, 2, 3]),       # all separated
-    ([(0.9, 0.5, 1.3), (0.5, 0.4, 0.6), (0.1, 0.0, 0.45)], [1, 1, 2]),      # the ends separate, though each overlaps the middle
-    ([(0.8, 0.75, 0.85), (0.7, 0.6, 0.8), (0.6, 0.5, 0.7), (0.5, 0.4, 0.6), (0.4, 0.3, 0.5), (0.3, 0.2, 0.4)],
-     [1, 1, 2, 2, 3, 4]),                                                    # six in a chain of overlaps: not all rank 1
-    ([(0.1, 0.0, 0.2), (0.9, 0.8, 1.0)], [2, 1]),                           # ranked by mean, not by order
-    ([(0.5, None, None), (0.5, None, None)], [1, 1]),                        # one seed each: equal means tie
+    ([(0.9, 0.8, 1.0), (0.5, 0.4, 0.6), (0.1, 0.0, 0.2)], [(1, []), (2, []), (3, [])]),       # all separated
+    ([(0.9, 0.5, 1.3), (0.5, 0.4, 0.6), (0.1, 0.0, 0.45)], [(1, [1]), (2, [0, 2]), (3, [1])]),
+    (STRESS, [(1, [1]), (3, [0, 2, 3, 4]), (2, [1, 3]), (4, [1, 2, 4, 5]), (5, [1, 3, 5]), (6, [3, 4])]),
+    ([(0.1, 0.0, 0.2), (0.9, 0.8, 1.0)], [(2, []), (1, [])]),                          # ranked by mean, not by order
+    ([(0.5, None, None), (0.5, None, None), (0.4, None, None)], [(1, [1]), (1, [0]), (3, [])]),   # equal means share
 ])
-def test_a_rank_counts_the_intervals_wholly_above_it(cells, expected):
+def test_a_rank_follows_the_mean_and_lists_the_overlapping_intervals(cells, expected):
     cells = [{"mean": m, "ci95": None if lo is None else [lo, hi]} for m, lo, hi in cells]
     assert lab_results.ranks(cells) == expected
+    ranked = sorted((r, -c["mean"]) for (r, _), c in zip(expected, cells))
+    assert ranked == sorted(ranked, key=lambda x: x[1])       # a higher mean never ranks below a lower one
+
+
+def test_under_random_reward_the_drift_closest_to_zero_ranks_first():
+    rows = [{**_row(name, seed, 0.5), "preset": "random-reward", "entropy_drift": d}
+            for name, drifts in (("up", [0.30, 0.35, 0.40]), ("flat", [-0.02, 0.0, 0.03]), ("down", [-0.2, -0.25, -0.3]))
+            for seed, d in enumerate(drifts)]
+    summary = lab_results.aggregate(rows)
+    assert [(s["objective"], s["rank"]) for s in summary] == [("up", 3), ("flat", 1), ("down", 2)]
+    assert "|entropy drift|, smallest first" in lab_results.rank_rule("random-reward")
 
 
 @pytest.mark.parametrize("text, expected", [("drpo", ("drpo", {})), ("drpo:delta=0.2", ("drpo", {"delta": "0.2"})),
@@ -160,43 +212,52 @@ def test_bad_input_stops_the_lab_before_anything_runs(argv, message, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
 
 
-def _labs(*labs):
-    """drpo-labs run side by side (a small task, 3-4 steps), each (out, argv); their stdouts and results.json."""
+@pytest.fixture(scope="module")
+def task_cache(tmp_path_factory):
+    """The built task's cache for this module's labs: a tmp dir, built by the first lab, reused by the rest."""
+    return tmp_path_factory.mktemp("task-cache")
+
+
+def _labs(cache, *labs):
+    """drpo-labs run side by side (a small task, 2-4 steps), each (out, argv); their stdouts and results.json."""
     procs = []
+    env = {**os.environ, labtask.CACHE_ENV: str(cache)}
     for out, argv in labs:
         cut = argv.index("--") if "--" in argv else len(argv)      # drpo-train's flags go last
         procs.append(subprocess.Popen([sys.executable, "-m", "openrlhf_drpo.lab", *argv[:cut], "--pretrain-steps",
                                        "20", "--out", str(out), *argv[cut:]],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     done = [p.communicate(timeout=900) for p in procs]
     for p, (stdout, stderr) in zip(procs, done):
         assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
     return [(stdout, json.loads((out / "results.json").read_text())) for (out, _), (stdout, _) in zip(labs, done)]
 
 
-def _lab(out, *argv):
-    return _labs((out, list(argv)))[0]
+def _lab(cache, out, *argv):
+    return _labs(cache, (out, list(argv)))[0]
 
 
 # Three labs serve the pipeline tests, two launches at a time: each costs a start-up (Ray, vLLM, DeepSpeed).
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
+def shared(tmp_path_factory, task_cache):
     """2 objectives x 2 seeds on 2 pipelines side by side, micro-batches of 2 (a drpo-train flag after --)."""
     out = tmp_path_factory.mktemp("shared") / "lab"
-    return out, *_lab(out, "ppo", "drpo:delta=0.2", "--seeds", "2", "--steps", "3", "--parallel", "2",
+    return out, *_lab(task_cache, out, "ppo", "drpo:delta=0.2", "--seeds", "2", "--steps", "3", "--parallel", "2",
                       "--", "--train.micro_batch_size", "2")
 
 
 @pytest.fixture(scope="module")
-def alone_and_mismatch(tmp_path_factory):
-    """Two labs side by side (one pipeline each): drpo delta=0.2 seed 0 alone in its pipeline (in `shared`
-    it is the second of its pipeline's two); and the mismatch preset (4-bit engine) with the engine
-    synced every 2 steps."""
+def alone_and_mismatch(tmp_path_factory, task_cache, shared):
+    """Three labs side by side (one pipeline each), after `shared` built the task: drpo delta=0.2 seed 0
+    alone in its pipeline (in `shared` it is the second of its pipeline's two); the mismatch preset
+    (4-bit engine) with the engine synced every 2 steps; and the random-reward preset."""
     alone, mismatch = tmp_path_factory.mktemp("alone") / "lab", tmp_path_factory.mktemp("mismatch") / "lab"
-    a, m = _labs((alone, ["drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2"]),
+    coin = tmp_path_factory.mktemp("coin") / "lab"
+    a, m, c = _labs(task_cache, (alone, ["drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2"]),
                  (mismatch, ["drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
-                             "--stale-k", "2"]))
-    return (alone, *a), (mismatch, *m)
+                             "--stale-k", "2"]),
+                    (coin, ["grpo_clip_higher", "--seeds", "1", "--steps", "2", "--preset", "random-reward"]))
+    return (alone, *a), (mismatch, *m), (coin, *c)
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +270,7 @@ def _metrics(out, run):
             if "step" in json.loads(x)]
 
 
-def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measured(shared):
+def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measured(shared, task_cache):
     out, stdout, found = shared         # `found`: results.json (`results` is the module)
     steps, updates = 3, 8
     assert "predicted (drpo-analyze)" in stdout and "binary-tv" in stdout and "measured" in stdout
@@ -223,15 +284,26 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
                                                            ("drpo delta=0.2", 1)]
     assert all(tuple(r) == lab_results.RESULT_KEYS and r["preset"] == "mild" for r in rows)
     for r in rows:
-        assert 0 <= r["final_reward"] <= 1 and r["max_grad_norm"] > 0 and r["max_token_weight"] > 0
+        assert 0 <= r["final_reward"] <= 1 and r["max_grad_norm"] > 0 and r["max_abs_wr"] > 0
         assert r["mismatch"] > 0 and isinstance(r["collapsed"], bool) and r["dead_steps"] in range(steps + 1)
-        assert r["wall_s"] > 0
+        assert r["wall_s"] > 0 and 0 < r["final_entropy"] < math.log(132) and r["entropy_drift"] is not None
+        assert 0 <= r["past_boundary"] <= 1 and 0 < r["ess"] <= 1
+        # the task's responses run to the 8-word limit (its model hardly ever stops): OpenRLHF counts them truncated
+        assert 7 <= r["response_length"] <= 8 and 0.8 <= r["truncated"] <= 1
     assert [s["objective"] for s in summary] == ["ppo", "drpo delta=0.2"] and all(s["seeds"] == 2 for s in summary)
     for s in summary:
         mine = [r["final_reward"] for r in rows if r["objective"] == s["objective"]]
         assert s["final_reward"] == lab_results.interval(mine, lab_results.RANGES["final_reward"]) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
-    assert (out / "results.md").read_text().startswith("| rank | objective | seeds |")
-    assert (out / "results.html").read_text().count("<table>") == 2     # the tables and the curves, in one file
+    md = (out / "results.md").read_text()
+    assert md.startswith("# drpo-lab: ppo, drpo delta=0.2 under mild\n\nPreset `mild`: 8 updates per rollout")
+    assert "Rank: by the mean final reward" in md and "## Predicted (drpo-analyze)" in md
+    assert "rank: by the mean final reward" in stdout        # the rule beside the console's table too
+    assert "| drpo delta=0.2 |" in md.split("## Predicted")[1]
+    assert (out / "results.html").read_text().count("<table>") == 3     # the tables and the curves, in one file
+    assert "predicted (drpo-analyze)" in stdout and "wrote " + str(out) + "/results.json, results.md, results.html" in stdout
+    assert len(re.findall(r"^openrlhf-drpo: (?:CPU|GPU) mode", stdout, re.M)) == 1
+    assert re.search(r"^the task .*: (built|reused), " + re.escape(str(task_cache)), stdout, re.M) and \
+        not (out / "task").exists()      # in the cache, not in --out
     assert (out / "curves.png").stat().st_size > 10_000
     # runs dealt round-robin: each pipeline trained its two runs one after the other
     for p, runs in (("p0", ["ppo-s0", "drpo-delta0.2-s0"]), ("p1", ["ppo-s1", "drpo-delta0.2-s1"])):
@@ -244,6 +316,9 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
     per_update = [json.loads(line) for line in (out / "runs" / run / "steps.jsonl").read_text().splitlines()]
     assert [(u["step"], u["update"]) for u in per_update] == [(s, u) for s in range(1, steps + 1) for u in range(updates)]
     assert all(u["ratio_min"] <= u["ratio_max"] and u["grad_norm"] > 0 for u in per_update)
+    for u in per_update:     # each update's sums: its tokens (8 each), those past the boundary, Σr and Σr²
+        assert 0 < u["tokens"] <= 8 * 32 // updates and 0 <= u["past_boundary"] <= u["tokens"]
+        assert u["ratio_sum"] ** 2 <= u["tokens"] * u["ratio_sq_sum"] * (1 + 1e-9)      # Cauchy-Schwarz: ESS <= 1
     for s in log:       # the logged ratio max is the step's true maximum, not a mean over updates
         assert s["drpo_ratio_max"] == pytest.approx(max(u["ratio_max"] for u in per_update if u["step"] == s["step"]))
         assert s["actor_grad_norm"] == pytest.approx([u["grad_norm"] for u in per_update if u["step"] == s["step"]][-1])
@@ -262,7 +337,7 @@ def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone)
 
 
 def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch):
-    alone, (out, stdout, found) = alone_and_mismatch
+    alone, (out, stdout, found), _ = alone_and_mismatch
     log = _metrics(out, "drpo-delta0.2-s0")
     assert [s["engine_weights"] for s in log] == [0, 2, 2, 4]     # weights reach the engine after steps 2 and 4
     updates = [json.loads(x) for x in (out / "runs" / "drpo-delta0.2-s0" / "steps.jsonl").read_text().splitlines()]
@@ -291,13 +366,112 @@ def test_an_interval_is_cut_to_what_the_measure_can_be(key, values, cut):
     assert lab_results.aggregate(rows)[0][key]["ci95"] == pytest.approx(expected, rel=1e-6)
 
 
+PREDICTED = (["objective", "w range", "warnings"], [["grpo_clip_higher", "{0, 1}", ""], ["b<", "[0.9, 1.1]", "w|x"]])
+
+
+def test_results_md_holds_the_title_setting_rule_definitions_and_both_tables():
+    rows = [_row("a", 0, 0.70), _row("a", 1, 0.74), _row("b<", 0, 0.10)]
+    page = lab_results.markdown(rows, lab_results.aggregate(rows), "drpo-lab: a, b< under mild",
+                                "Preset `mild`: 8 updates per rollout.", PREDICTED)
+    assert page.startswith("# drpo-lab: a, b< under mild\n\nPreset `mild`: 8 updates per rollout.\n")
+    assert "Rank: by the mean final reward, highest first" in page and "(Σr)²/(n·Σr²)" in page
+    assert "## Predicted (drpo-analyze)\n\n| objective | w range | warnings |" in page
+    assert "| grpo_clip_higher | {0, 1} |" in page and "| w\\|x |" in page
+    assert page.index("## Measured") < page.index("## Predicted") < page.index("## Every run")
+
+
 def test_the_html_page_holds_the_tables_the_rule_and_the_curves():
     rows = [_row("a", 0, 0.70), _row("a", 1, 0.74), _row("b<", 0, 0.10)]
     summary = lab_results.aggregate(rows)
-    page = lab_results.html_page(lab_results.markdown(rows, summary), b"\x89PNG fake", "drpo-lab: a, b< under mild")
+    md = lab_results.markdown(rows, summary, "drpo-lab: a, b< under mild", "Preset `mild`.", PREDICTED)
+    page = lab_results.html_page(md, b"\x89PNG fake")
     tables = re.findall(r"<table>(.*?)</table>", page)
-    assert len(tables) == 2 and tables[0].count("<tr>") == 1 + 2 and tables[1].count("<tr>") == 1 + 3
+    assert len(tables) == 3 and tables[0].count("<tr>") == 1 + 2 and tables[2].count("<tr>") == 1 + 3
     assert "<th>rank</th><th>objective</th>" in tables[0] and "<td>b&lt;</td>" in tables[0]
-    assert "<td>0.72 [0.466, 0.974]</td>" in tables[0]
-    assert "1 + the number of objectives whose final-reward interval lies wholly above" in page
+    assert "<td>0.72 [0.466, 0.974]</td>" in tables[0] and "<th>max |w·r|</th>" in tables[0]
+    assert "<td>grpo_clip_higher</td>" in tables[1] and "<td>w|x</td>" in tables[1]     # the predicted table
+    assert "Rank: by the mean final reward" in page and "<h2>Predicted (drpo-analyze)</h2>" in page
     assert 'src="data:image/png;base64,iVBORyBmYWtl"' in page and "<title>drpo-lab: a, b&lt; under mild</title>" in page
+
+
+def test_the_random_reward_is_a_fair_coin_fixed_by_the_samples_key():
+    from openrlhf_drpo.lab.pipe import random_reward, sample_seed
+    keys = [(b, f"w{p} w1", o, i) for b in range(3) for p in range(20) for o in range(2) for i in range(4)]
+    coins = [random_reward(*k) for k in keys]
+    assert set(coins) == {0.0, 1.0} and abs(sum(coins) / len(coins) - 0.5) < 0.1      # 480 flips
+    assert coins == [random_reward(*k) for k in keys]           # the same on every rerun
+    # a hash of its own: not a function of the sampling seed the engine draws the tokens from
+    assert len({(sample_seed(*k) % 2, c) for k, c in zip(keys, coins)}) == 4
+
+
+def test_the_task_is_built_once_per_settings_and_reused(tmp_path, monkeypatch):
+    built = []
+
+    def build(folder, pretrain_steps):      # the real build pre-trains for seconds: only where it writes counts here
+        built.append(pretrain_steps)
+        os.makedirs(os.path.join(folder, "model"))
+        return {"target_probability": [0.0025]}
+    monkeypatch.setenv(labtask.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(labtask, "build", build)
+    first, reused_first = labtask.cached(pretrain_steps=20)
+    again, reused_again = labtask.cached(pretrain_steps=20)
+    other, _ = labtask.cached(pretrain_steps=30)
+    assert built == [20, 30] and (reused_first, reused_again) == (False, True) and again == first
+    assert first["model"].startswith(str(tmp_path)) and other["model"] != first["model"]
+    assert first["target_probability"] == [0.0025] and not list(tmp_path.glob("lab-task-building-*"))
+
+
+def test_the_lab_flags_have_help_and_the_presets_include_random_reward():
+    text = lab.parser().format_help()
+    for flag, words in (("--seeds", "runs per objective"), ("--steps", "rollouts"), ("--out", "results.html")):
+        assert re.search(rf"{flag} \S+\s+[^-]*{words}", text), (flag, text)
+    assert "random-reward" in text and lab.PRESETS["random-reward"]["random_reward"] is True
+
+
+def test_the_predicted_table_never_wraps_a_name_inside_a_word():
+    from openrlhf_drpo.lab.driver import analysis_lines
+    text, (head, rows) = analysis_lines([("grpo_clip_higher", {}), ("drpo", {"delta": "0.2"})])
+    assert "grpo_clip_higher " in text and "grpo_clip_highe\n" not in text and "\nr " not in text
+    assert [r[0] for r in rows] == ["grpo_clip_higher", "drpo delta=0.2"] and head[0] == "objective"
+
+
+def test_the_cpu_mode_line_is_said_once_for_all_objectives(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_drpo.lab", "drpo", "ppo", "drpo:delta=0.2", "grpo_k3",
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "drpo-train refuses it: objective 'grpo_k3'" in proc.stderr
+    assert len(re.findall(r"^openrlhf-drpo: (?:CPU|GPU) mode", proc.stdout, re.M)) == 1, proc.stdout
+
+
+def test_random_reward_pays_a_coin_flip_and_the_task_is_reused(alone_and_mismatch):
+    (alone, alone_stdout, _), _, (out, stdout, found) = alone_and_mismatch
+    log = _metrics(out, "grpo_clip_higher-s0")
+    # the task's own reward starts near 0 (16 rare targets); coin flips over 32 samples: near 1/2, in 32nds
+    assert all(0.2 < s["reward"] < 0.8 and (s["reward"] * 32) == pytest.approx(round(s["reward"] * 32)) for s in log)
+    assert all(s["target_fraction"] < 0.2 for s in log)       # what the policy writes: still the task's
+    assert found["runs"][0]["preset"] == "random-reward" and found["summary"][0]["rank"] == 1
+    assert "|entropy drift|, smallest first" in stdout
+    for text in (stdout, alone_stdout):        # the first lab (`shared`) built the task, these reused it
+        assert re.search(r"^the task .*: reused, ", text, re.M), text[:2000]
+
+
+def test_the_clipped_tokens_and_ratio_sums_the_lab_logs_match_ppos_definition():
+    # oracle independent of the core: PPO's clip stops a token's gradient where A > 0 and r > 1 + ε,
+    # or A < 0 and r < 1 − ε (ε = 0.2); A = 0 tokens are never past it; masked tokens count nowhere
+    import torch
+    from openrlhf_drpo import ObjectiveLoss
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 12, generator=g, dtype=torch.float64) * 3 - 0.05
+    new = old + 0.4 * torch.randn(6, 12, generator=g, dtype=torch.float64)
+    A = torch.randn(6, 12, generator=g, dtype=torch.float64)
+    A[0, :4] = 0.0
+    mask = torch.ones(6, 12, dtype=torch.bool)
+    mask[1, 6:] = False
+    loss_fn = ObjectiveLoss("ppo")
+    loss_fn.track_extremes = True
+    loss_fn(new, old, A, action_mask=mask)
+    r = (new - old).exp()
+    past = mask & (((A > 0) & (r > 1.2)) | ((A < 0) & (r < 0.8)))
+    got = loss_fn.extremes
+    assert got["tokens"] == int(mask.sum()) and got["past_boundary"] == int(past.sum()) > 0
+    assert got["ratio_sum"] == pytest.approx(r[mask].sum().item()) and \
+        got["ratio_sq_sum"] == pytest.approx((r[mask] ** 2).sum().item())

@@ -24,20 +24,27 @@ def filtered_fraction(generated: Generated, b: TokenBatch):
 
 
 def lab_extremes(generated: Generated, b: TokenBatch) -> dict:
-    """What drpo-lab logs per optimizer step, over unmasked tokens: the range of r and the
-    largest per-token |∂ℓ/∂log π|/|A| (over A ≠ 0), with μ at that token. A second,
+    """What drpo-lab logs per optimizer step, over unmasked tokens: the range of r, the largest
+    per-token |∂ℓ/∂log π|/|A| (over A ≠ 0), with μ at that token, and as sums: the tokens, those
+    past the objective's boundary, Σr and Σr² (the ratios' ESS, (Σr)²/(n·Σr²)). A second,
     plain evaluation of the generated code: only the lab pays for it, and on every rank, token or
     none (its batch reductions' sums over the ranks are collectives every rank issues)."""
     keep, b = b.mask != 0, b.selected(lambda x: x.detach().float())
     coef = aggregation_coef(keep.to(b.logp.dtype), b.mode)[0]
-    _, grad, _, r, _, mu, _, _ = per_token(generated, rank_sums(b)[0], keep, coef)
+    _, grad, _, r, _, mu, inside, _ = per_token(generated, rank_sums(b)[0], keep, coef)
     if not keep.any():
         return {}
     A = b.A
     weighted = keep & (A != 0)
     weight = torch.where(weighted, grad.abs() / torch.where(weighted, A.abs(), 1.0), -1.0).flatten()
     i = int(weight.argmax())
-    out = {"ratio_min": r[keep].min().item(), "ratio_max": r[keep].max().item()}
+    # past the boundary (clipped, masked or filtered): w = ∂ℓ/∂log π / (r·A) ≤ 0 where A ≠ 0, as the
+    # kernels' drpo_past_boundary_* count it, bar a stop the ratio's numerical clamp made (inside = 0).
+    # Sums, not fractions, so that an optimizer step's micro-batches add up (hosts' _merge).
+    past = weighted & (grad * A <= 0) & (torch.as_tensor(inside, device=grad.device) != 0)
+    kept_r = r[keep].double()
+    out = {"ratio_min": r[keep].min().item(), "ratio_max": r[keep].max().item(), "tokens": int(keep.sum()),
+           "past_boundary": int(past.sum()), "ratio_sum": kept_r.sum().item(), "ratio_sq_sum": kept_r.square().sum().item()}
     if weight[i] >= 0:
         out.update(max_token_weight=weight[i].item(), mu_at_max_token_weight=mu.flatten()[i].item())
     return out

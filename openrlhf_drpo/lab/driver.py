@@ -1,19 +1,22 @@
 """drpo-lab: run several objectives through the real drpo-train pipeline on a synthetic task
 built to stress trust regions, and compare their training stability, on a laptop.
 
-    drpo-lab OBJECTIVE[:NAME=VALUE,...]... [--preset on-policy|mild|stress|stale|mismatch]
+    drpo-lab OBJECTIVE[:NAME=VALUE,...]... [--preset on-policy|mild|stress|stale|mismatch|random-reward]
              [--seeds N] [--steps N] [--updates N] [--lr LR] [--stale-k K] [--parallel N]
              [--out DIR] [-- DRPO_TRAIN_FLAGS...]
 
 Each objective (a shipped name or a .dsl file, with optional overrides: `drpo:delta=0.2`)
 runs once per seed, in CPU mode on CPU or on GPUs when present. All runs share one pipeline
 (one Ray, one vLLM engine, one trainer: lab/pipe.py), or N side by side with --parallel N.
-The task (lab/task.py) is built once in DIR/task. Writes DIR/results.json, DIR/results.md and
-DIR/curves.png.
+The task (lab/task.py) is built once per settings into a cache ($OPENRLHF_DRPO_CACHE, else
+~/.cache/openrlhf-drpo) and reused. Writes DIR/results.json, DIR/results.md, DIR/results.html
+and DIR/curves.png.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -23,12 +26,14 @@ import threading
 import time
 
 from openrlhf_drpo import __version__
-from openrlhf_drpo.lab.results import aggregate, curves, html_page, markdown, plot, summarize
+from openrlhf_drpo.lab.plots import plot
+from openrlhf_drpo.lab.results import aggregate, curves, html_page, markdown, rank_rule, summarize, summary_table
 
 # Off-policyness. updates: each rollout (8 prompts x 4 samples) is cut into that many
 # mini-batches, one optimizer step each, all measured against the same rollout policy.
 # stale_k: the engine receives the trainer's weights only after every k-th step.
 # engine_int4: the engine computes with 4-bit-rounded weights while the trainer keeps bf16.
+# random_reward: a coin flip per sample, independent of what it says (pipe.random_reward).
 PRESETS = {
     "on-policy": {"updates": 1, "lr": 2e-3,
                   "stresses": "nothing: one update per rollout, every update starts on-policy (the control)"},
@@ -45,6 +50,11 @@ PRESETS = {
                  "stresses": "engine/trainer mismatch: the engine samples with 4-bit weights (int4, one scale per 32, "
                              "as quantized rollout engines) while the trainer computes in bf16, so each step's first "
                              "update already sees r != 1; one update per rollout"},
+    "random-reward": {"updates": 8, "lr": 1e-2, "random_reward": True,
+                      "stresses": "a reward independent of the output (a seeded coin flip per sample), 8 updates "
+                                  "per rollout at 5x the learning rate: an unbiased objective's expected update is 0, "
+                                  "so what moves the policy's entropy is the batches' noise and the objective's bias "
+                                  "(the Clip-Low test of a clip's bias)"},
 }
 ROLLOUT_PROMPTS, SAMPLES = 8, 4
 
@@ -91,9 +101,10 @@ def train_argv(task: dict, run: dict, args, folder: str) -> list[str]:
     from openrlhf_drpo.lab import toytask
     flags = toytask.flags(task, folder, steps=args.steps, rollout_prompts=ROLLOUT_PROMPTS, samples=SAMPLES,
                           seed=run["seed"], lr=args.lr, updates=args.updates)
+    # entropy_coef 0: OpenRLHF computes and logs the policy's entropy (entropy_loss), and adds no bonus
     return ["--drpo.objective", run["name"], "--drpo.anchor", "rollout",
             *[a for k, v in run["params"].items() for a in ("--drpo.set", f"{k}={v}")], *flags,
-            "--actor.lr_scheduler", "constant", *args.extra]
+            "--actor.lr_scheduler", "constant", "--actor.entropy_coef", "0", *args.extra]
 
 
 def refuse_untrainable(runs: list[dict], args) -> None:
@@ -103,13 +114,21 @@ def refuse_untrainable(runs: list[dict], args) -> None:
     from openrlhf_drpo.hosts.openrlhf.train import check_objective
     task = os.path.join(args.out, "task")
     where = {"model": os.path.join(task, "model"), "prompts": os.path.join(task, "prompts.jsonl"), "reward": "reward.py"}
-    for run in {r["label"].rsplit(" seed ", 1)[0]: r for r in runs}.values():
-        try:
-            check_objective(train_argv(where, run, args, os.path.join(args.out, "pipelines", "p0")))
-        except SystemExit as e:      # argparse's own exit (its message is printed) keeps its status
-            if not isinstance(e.code, str):
-                raise
-            raise SystemExit(e.code.replace("drpo-train: error:", "drpo-lab: error: drpo-train refuses it:", 1)) from None
+    said = []       # each check prints drpo-train's status lines ("CPU mode ..."): each line once
+    try:
+        for run in {r["label"].rsplit(" seed ", 1)[0]: r for r in runs}.values():
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                try:
+                    check_objective(train_argv(where, run, args, os.path.join(args.out, "pipelines", "p0")))
+                finally:
+                    said += [line for line in out.getvalue().splitlines() if line not in said]
+    except SystemExit as e:      # argparse's own exit (its message is printed) keeps its status
+        if not isinstance(e.code, str):
+            raise
+        raise SystemExit(e.code.replace("drpo-train: error:", "drpo-lab: error: drpo-train refuses it:", 1)) from None
+    finally:
+        if said:
+            print(*said, sep="\n", flush=True)
 
 
 def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) -> None:
@@ -121,6 +140,7 @@ def run_pipeline(task, runs: list[dict], args, folder: str, progress, env=None) 
     lab_file = os.path.join(folder, "lab.json")
     with open(lab_file, "w") as f:
         json.dump({"stale_k": args.stale_k, "engine_int4": bool(preset.get("engine_int4")),
+                   "random_reward": bool(preset.get("random_reward")),
                    "runs": [{k: r[k] for k in ("seed", "spec", "metrics", "step_log")} for r in runs]}, f, indent=1)
     cmd = [sys.executable, "-m", "openrlhf_drpo.hosts.openrlhf.train", *train_argv(task, runs[0], args, folder),
            "--drpo.plugin", "openrlhf_drpo.lab.pipe", "--drpo.plugin_config", lab_file]
@@ -199,18 +219,22 @@ def collect(run, args) -> dict:
 # ---------------------------------------------------------------- seeds aggregated
 
 
-def analysis_lines(specs) -> str:
-    """Each objective's analysis, one line: what to compare the measurements against."""
+def analysis_lines(specs) -> tuple[str, tuple]:
+    """Each objective's analysis, one line: what to compare the measurements against; as text
+    (the console's) and as (head, rows) for results.md."""
     import dsl
     from openrlhf_drpo.analysis.orchestrator import analyze
-    from openrlhf_drpo.analysis.report import comparison
+    from openrlhf_drpo.analysis.report import comparison, comparison_rows
     results = []
     for name, params in specs:
         res = analyze(dsl.load(name).with_overrides(params, where="drpo-lab"))
         res["name"] = _label(name, params)
         results.append(res)
-    warnings = [f"  {r['name']}: {w}" for r in results for w in r.get("warnings", [])]
-    return comparison(results) + ("\nwarnings\n" + "\n".join(warnings) if warnings else "")
+    warnings = [f"{r['name']}: {w}" for r in results for w in r.get("warnings", [])]
+    rows = comparison_rows(results)
+    table = (rows[0] + ["warnings"], [row + ["; ".join(w for w in r.get("warnings", []))]
+                                       for row, r in zip(rows[1:], results)])
+    return comparison(results) + ("\nwarnings\n" + "\n".join("  " + w for w in warnings) if warnings else ""), table
 
 
 def parser() -> argparse.ArgumentParser:
@@ -220,15 +244,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("objectives", nargs="+", metavar="OBJECTIVE[:NAME=VALUE,...]")
     p.add_argument("--version", action="version", version=f"drpo-lab {__version__}")
     p.add_argument("--preset", choices=list(PRESETS), default="mild")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--seeds", type=int, default=3, help="runs per objective, seeds 0..N-1 (default: 3)")
+    p.add_argument("--steps", type=int, default=40, help="rollouts (training steps) per run (default: 40)")
     p.add_argument("--updates", type=int, default=None, help="optimizer steps per rollout (default: the preset's)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the preset's)")
     p.add_argument("--stale-k", type=int, default=None,
                    help="sync the engine's weights every K steps (default: the stale preset's 4, else 1)")
     p.add_argument("--parallel", type=int, default=1, help="pipelines side by side, each taking its share of the runs")
     p.add_argument("--pretrain-steps", type=int, default=150, help=argparse.SUPPRESS)
-    p.add_argument("--out", default=os.path.join("runs", "lab"))
+    p.add_argument("--out", default=os.path.join("runs", "lab"),
+                   help="folder for results.json, results.md, results.html, curves.png and the logs (default: runs/lab)")
     return p
 
 
@@ -253,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     from dsl import DslError, parse_spec
     try:
         specs = [parse_spec(t) for t in args.objectives]
-        predicted = analysis_lines(specs)      # checks every objective before anything runs
+        predicted, predicted_table = analysis_lines(specs)      # checks every objective before anything runs
         runs = plan(specs, args)
         if not __import__("torch").cuda.is_available():
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -269,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{preset['stresses']}{' (overridden by the flags given)' if custom else ''}", flush=True)
     print(f"drpo-lab: {len(runs)} runs ({len(specs)} objectives x {args.seeds} seeds) on {args.parallel} "
           f"pipeline{'s' if args.parallel > 1 else ''}", flush=True)
-    print("building the task (tiny Llama pre-trained towards a Zipf distribution) ...", flush=True)
-    task = labtask.build(os.path.join(args.out, "task"), pretrain_steps=args.pretrain_steps)
+    print("the task (tiny Llama pre-trained towards a Zipf distribution): ", end="", flush=True)
+    task, reused = labtask.cached(pretrain_steps=args.pretrain_steps)
+    print(f"{'reused' if reused else 'built'}, {os.path.dirname(task['model'])}", flush=True)
     start = time.time()
     run_all(task, runs, args)
     wall = time.time() - start
@@ -279,18 +305,23 @@ def main(argv: list[str] | None = None) -> int:
     summary = aggregate(rows)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"runs": rows, "summary": summary}, f, indent=2)
-    table = markdown(rows, summary)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(table)
+    title = f"drpo-lab: {', '.join(_label(n, p) for n, p in specs)} under {args.preset}"
+    setting = (f"Preset `{args.preset}`: {args.updates} updates per rollout, lr {args.lr:g}"
+               f"{f', engine synced every {args.stale_k} steps' if args.stale_k > 1 else ''}"
+               f"{' (overridden by the flags given)' if custom else ''}; {preset['stresses']}. "
+               f"{args.seeds} seed{'s' * (args.seeds != 1)} × {args.steps} steps per objective"
+               f"{'; drpo-train flags: ' + ' '.join(args.extra) if args.extra else ''}.")
+    page = markdown(rows, summary, title, setting, predicted_table)
+    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(page)
     plot(results, os.path.join(args.out, "curves.png"))
     with open(os.path.join(args.out, "curves.png"), "rb") as f, \
-            open(os.path.join(args.out, "results.html"), "w", encoding="utf-8") as page:
-        page.write(html_page(table, f.read(), f"drpo-lab: {', '.join(_label(n, p) for n, p in specs)} "
-                                              f"under {args.preset}"))
-    print("\npredicted (drpo-analyze)\n" + predicted + "\n\nmeasured (mean [95% t interval] over seeds; one rank "
-          "for objectives the intervals of final_reward do not separate)\n" + table)
-    print(f"trained {len(runs)} runs in {wall:.0f} s; wrote {args.out}/results.json, results.md, curves.png; "
-          f"logs under {args.out}/pipelines and {args.out}/runs")
+            open(os.path.join(args.out, "results.html"), "w", encoding="utf-8") as out:
+        out.write(html_page(page, f.read()))
+    print(f"\npredicted (drpo-analyze)\n{predicted}\n\nmeasured (mean [95% t interval] over seeds; "
+          f"{rank_rule(args.preset)})\n{summary_table(summary)}")
+    print(f"trained {len(runs)} runs in {wall:.0f} s; wrote {args.out}/results.json, results.md, results.html, "
+          f"curves.png; logs under {args.out}/pipelines and {args.out}/runs")
     return 0
 
 

@@ -15,6 +15,8 @@ Reproducibility: a run gives the same per-step record inside a lab as alone (in 
 
 Lab settings (FILE's "stale_k", "engine_int4") model the other sources of off-policyness:
 stale engine weights (synced every k steps) and an engine in another precision (4-bit weights).
+FILE's "random_reward" replaces each sample's reward by a coin flip drawn from its key alone
+(random_reward): a reward independent of the output.
 """
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ def sample_seed(base: int, prompt: str, occurrence: int, index: int) -> int:
     """A sample's seed: fixed by what is sampled, not by when the engine gets to it."""
     text = f"{base}\x00{prompt}\x00{occurrence}\x00{index}".encode()
     return int.from_bytes(hashlib.sha256(text).digest()[:4], "little")
+
+
+def random_reward(base: int, prompt: str, occurrence: int, index: int) -> float:
+    """The random-reward preset's reward: 0 or 1, drawn from what is sampled (the sample's key) and
+    never from what was written, so it is independent of the output and the same on every rerun. A
+    hash of its own ("reward"), not the sampling seed: the engine draws the tokens from that one."""
+    text = f"reward\x00{base}\x00{prompt}\x00{occurrence}\x00{index}".encode()
+    return float(hashlib.sha256(text).digest()[0] & 1)
 
 
 def int4_weights(weights: dict, group: int = 32) -> dict:
@@ -50,11 +60,13 @@ def int4_weights(weights: dict, group: int = 32) -> dict:
 
 def rollout_actor(base, config: dict):
     """drpo-train's `rollout_actor` hook: OpenRLHF's (or CPU mode's) vLLM actor, seeded."""
-    return _rollout_actor(base, bool(config.get("engine_int4")))
+    return _rollout_actor(base, bool(config.get("engine_int4")), bool(config.get("random_reward")))
 
 
-def _rollout_actor(base, engine_int4: bool):
-    """The lab's vLLM actor: OpenRLHF's (or CPU mode's) with seeded samples, and optionally 4-bit weights."""
+def _rollout_actor(base, engine_int4: bool, coin_reward: bool = False):
+    """The lab's vLLM actor: OpenRLHF's (or CPU mode's) with seeded samples, optionally 4-bit
+    weights, and optionally random rewards (the task's own still computed: its target fraction
+    stays in the logs)."""
     import copy
 
     import ray
@@ -79,9 +91,14 @@ def _rollout_actor(base, engine_int4: bool):
                 p.seed = sample_seed(self._drpo_seed, prompt, occurrence, i)
                 params.append(p)
             # as OpenRLHF's generate_responses, one seeded copy of the sampling parameters per sample
-            return await asyncio.gather(*[
+            outputs = await asyncio.gather(*[
                 self.executor.execute(prompt=prompt, label=label, sampling_params=p, max_length=max_length,
                                       hf_tokenizer=hf_tokenizer, llm_engine=self, images=images) for p in params])
+            if coin_reward:
+                for i, out in enumerate(outputs):
+                    coin = random_reward(self._drpo_seed, prompt, occurrence, i)
+                    out.update(reward=coin, scores=coin)
+            return outputs
     return ray.remote(LabRolloutRayActor)
 
 

@@ -11,9 +11,12 @@ saturated at 1.0 within 6 steps, after which every advantage is 0.)
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import shutil
+import tempfile
 
 from openrlhf_drpo.lab.toytask import SPECIAL     # standard library only, like this file
 
@@ -53,6 +56,46 @@ def word_distribution() -> list[float]:
     scale = (1 - TARGET_MASS * len(TARGETS)) / sum(zipf)
     p = dict(zip(common, (z * scale for z in zipf)))
     return [p.get(w, TARGET_MASS) for w in WORDS]
+
+
+CACHE_ENV = "OPENRLHF_DRPO_CACHE"       # where built tasks are kept (default: ~/.cache/openrlhf-drpo)
+
+
+def cache_key(**settings) -> str:
+    """What the built task depends on: its settings, the code that builds it (this file and
+    toytask.py) and torch's version (pre-training's numbers are torch's)."""
+    import torch
+    from openrlhf_drpo.lab import toytask
+    sources = [open(f, encoding="utf-8").read() for f in (__file__, toytask.__file__)]
+    text = json.dumps([sorted(settings.items()), sources, torch.__version__])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached(pretrain_steps: int = 150) -> tuple[dict, bool]:
+    """The task, built once per settings into the cache ($OPENRLHF_DRPO_CACHE, else
+    ~/.cache/openrlhf-drpo, under lab-task-KEY) and reused by every lab after: (task, reused).
+    Built in a fresh folder then renamed into place, so two labs that start together never read
+    a half-written task (the second rename loses, and that lab uses the first's)."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "openrlhf-drpo")
+    folder = os.path.join(root, f"lab-task-{cache_key(pretrain_steps=pretrain_steps)}")
+    record = os.path.join(folder, "task.json")
+    if not os.path.exists(record):
+        os.makedirs(root, exist_ok=True)
+        fresh = tempfile.mkdtemp(prefix="lab-task-building-", dir=root)
+        task = build(fresh, pretrain_steps=pretrain_steps)
+        with open(os.path.join(fresh, "task.json"), "w") as f:
+            json.dump({"target_probability": task["target_probability"]}, f)
+        try:
+            os.rename(fresh, folder)
+        except OSError:          # built meanwhile by another lab
+            shutil.rmtree(fresh, ignore_errors=True)
+        reused = False
+    else:
+        reused = True
+    with open(record) as f:
+        saved = json.load(f)
+    return {"model": os.path.join(folder, "model"), "prompts": os.path.join(folder, "prompts.jsonl"),
+            "reward": os.path.abspath(__file__), **saved}, reused
 
 
 def build(folder: str, prompts: int = 512, prompt_words: int = 4, seed: int = 0, pretrain_steps: int = 150,

@@ -34,6 +34,9 @@ def _merge(row: dict, extremes: dict, dead: bool) -> None:
     if "ratio_min" in extremes:
         row["ratio_min"] = min(row.get("ratio_min", math.inf), extremes["ratio_min"])
         row["ratio_max"] = max(row.get("ratio_max", -math.inf), extremes["ratio_max"])
+    for key in ("tokens", "past_boundary", "ratio_sum", "ratio_sq_sum"):       # sums over the micro-batches
+        if key in extremes:
+            row[key] = row.get(key, 0) + extremes[key]
     if extremes.get("max_token_weight", -1.0) > row.get("max_token_weight", -1.0):
         row["max_token_weight"] = extremes["max_token_weight"]
         row["mu_at_max_token_weight"] = extremes["mu_at_max_token_weight"]
