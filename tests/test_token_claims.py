@@ -19,6 +19,9 @@ EXP_LOG = "exp(log(r))*A - 0.05*|π - μ|"
 # 1e-9 away from it, and that doubles and long double agree on 1e-7 away
 FLAT3 = "sqrt(1 + log(1 + (r - sqrt(1 + log(1 + r^2)^2))^2)^2)"
 FLAT3_AT = 1.6552810174027085
+# for |A| ≥ 7, A > 0: w = [r < 2.5] − (r − 1)/(0.2·A): a jump across 0 at r = 2.5 only for A > 7.5 (below
+# it w < 0 on both sides), and a crossing at r = 1 + A/5 only for 7 ≤ A < 7.5; for |A| < 7, w = 0
+GATED_EDGE = "[|A| >= 7]*(min(r*A, clip(r, 0.9, 2.5)*A) - (r - 1)^2/0.4)"
 
 
 def _places(res, side):
@@ -36,6 +39,10 @@ WRONG_CLAIMS = [
      lambda res: bool(res.boundary["negative"]["numeric"])),
     (FLAT3, "no boundary for A > 0 at a third-order zero", lambda res: not _at(res, "positive", FLAT3_AT)),
     (FLAT3, "no boundary for A < 0 at a third-order zero", lambda res: not _at(res, "negative", FLAT3_AT)),
+    (GATED_EDGE, "a boundary met at some |A| only, given as if it held at every |A|",
+     lambda res: any(" at |A| " not in w for w in res.boundary["positive"]["where"])),
+    (GATED_EDGE, "the first screen without the |A| the edge r = 2.5 holds at",
+     lambda res: "(r = 2.5), at |A| from 10 to 1000 of those sampled" not in " ".join(report(res).split())),
 ]
 
 
@@ -50,6 +57,10 @@ def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiter
     r = np.geomspace(1e-6, 0.9, 200)
     assert np.all(np.abs(w(r, 0.02, -1e-3)) <= 2e-15)           # 0 but for rounding, of either sign
     assert np.all(np.abs(w(r.astype(np.longdouble), 0.02, -1e-3, dtype=np.longdouble) + 5.55e-17) < 1e-18)
+    gated = analyze(dsl.parse(GATED_EDGE)).w_numeric
+    around = np.array([2.5 * (1 - 1e-9), 2.5 * (1 + 1e-9)])
+    assert gated(around, 0.3, 7.2).max() < 0 and gated(around, 0.3, 7.6)[0] > 0 > gated(around, 0.3, 7.6)[1]
+    assert np.all(gated(np.geomspace(1e-3, 3, 50), 0.3, 6.9) == 0)
     flat = analyze(dsl.parse(FLAT3)).w_numeric
     for h in (1e-3, 1e-5, 1e-7):
         lo, hi = flat(np.array([FLAT3_AT - h, FLAT3_AT + h]), 0.5, 1.0)

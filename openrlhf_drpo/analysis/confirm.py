@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from openrlhf_drpo.analysis.events import boundary_at, changes_sign_at, describe, undefined_at
-from openrlhf_drpo.analysis.mathtext import math_text
+from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 
 def _probe_mus():
@@ -88,7 +88,8 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
             where = ""
             if hit.any():
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
-                where = describe([events[i] for i in np.nonzero(hit)[0]])   # the located points, for the geometry
+                # the located points, for the geometry (and the |A| it holds at, where that is not all)
+                where = _place(arb, [events[i] for i in np.nonzero(hit)[0]], explicit)
                 used |= hit
                 reachable = True
             elif edge:
@@ -145,9 +146,38 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
             for side in (True, False):      # r > 1, r < 1: separate boundaries
                 group = [e for e in rest if e["kind"] == kind and (e["r"] > 1) == side]
                 if group:
-                    out["numeric"].append({"where": describe(group), "kind": kind})
+                    out["numeric"].append({"where": _place(arb, group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _place(arb, group, explicit=None) -> str:
+    """Where a boundary lies (events.describe of the points located on it), and where w depends
+    on |A| and the grid met it at some of the |A| sampled only, at which |A| it holds: w probed
+    across the same points (or the derived r*(μ, A), `explicit`) at every quarter decade of |A|
+    and the arbiter's, the run of them around those met. A clip's edge r = 2.5 that is a sign
+    change only for |A| ≳ 7.5 (w ≈ −0.2 on both sides below) must not read as fixed for every |A|."""
+    np = arb.np
+    where, mags = describe(group), sorted({abs(e["A"]) for e in group})
+    if len(arb.magnitudes) <= 1 or len(mags) == len(arb.magnitudes):
+        return where
+    probe = np.unique(np.concatenate([DENSE_MAGNITUDES, arb.magnitudes]))
+    r, mu = (np.array([e[k] for e in group])[None, :] for k in ("r", "mu"))
+    r, mu, A = np.broadcast_arrays(r, mu, np.sign(group[0]["A"]) * probe[:, None])
+    if explicit is not None:
+        with np.errstate(all="ignore"):
+            r = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
+    changed = changes_sign_at(arb, r, mu, A, relative=True)[0].any(axis=1)
+    if changed.all():
+        return where
+    met = np.isin(probe, mags)
+    lo, hi = int(np.argmax(met)), probe.size - 1 - int(np.argmax(met[::-1]))
+    while lo > 0 and changed[lo - 1]:
+        lo -= 1
+    while hi < probe.size - 1 and changed[hi + 1]:
+        hi += 1
+    span = f"= {fmt(probe[lo])} only" if lo == hi else f"from {fmt(probe[lo])} to {fmt(probe[hi])}"
+    return f"{where} at |A| {span} of those sampled (it depends on |A|)"
 
 
 def _edge_below_grid(arb, explicit, sign) -> list:

@@ -378,15 +378,11 @@ def kind_at(arb, r, mu, A, states):
                                                           np.where(crosses, "crosses 0", "jumps across 0")))
 
 
-def describe(points, magnitudes=(1.0,)) -> str:
+def describe(points) -> str:
     """Where a set of located events lies, in the simplest coordinate that is constant over
-    them: r, π, or π − μ; else the span of r. Where w depends on |A| (several `magnitudes`
-    sampled) and the events lie at one |A| only, the place is that |A|'s, and says so."""
+    them: r, π, or π − μ; else the span of r."""
     if not points:
         return ""
-    mags = {abs(p["A"]) for p in points}
-    if len(set(magnitudes)) > 1 and len(mags) == 1:
-        return f"{describe(points)} at |A| = {mags.pop():.6g} only (it moves with |A|)"
     rs = [p["r"] for p in points]
     pis = [p["r"] * p["mu"] for p in points]
     diffs = [p - p_["mu"] for p, p_ in zip(pis, points)]
