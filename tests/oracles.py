@@ -130,10 +130,12 @@ def located(where: str, r: float, mu: float, A: float | None = None) -> bool:
         return abs(x - want) <= 1e-5 * scale
     number = r"(-?[0-9.]+(?:e[+-]?\d+)?)"
     # at the |A| sampled, quarter decades apart: where the run ends between two of them is not known
-    if m := re.fullmatch(rf"(.*) at \|A\| (?:= {number} only|from {number} to {number}) of those sampled "
-                         r"\(it depends on \|A\|\)", where):
-        lo, hi = (float(m[2]), float(m[2])) if m[2] else (float(m[3]), float(m[4]))
-        return (A is None or lo / 10 ** 0.25 <= abs(A) <= hi * 10 ** 0.25) and located(m[1], r, mu)
+    if m := re.fullmatch(r"(.*) at \|A\| (= [^a-z]+(?: only)?|from \S+ to \S+) of those sampled \(it depends on \|A\|\)",
+                         where):
+        values = [float(x) for x in re.findall(number, m[2])]
+        bands = [(values[0], values[1])] if m[2].startswith("from") else [(v, v) for v in values]
+        return (A is None or any(lo / 10 ** 0.25 <= abs(A) <= hi * 10 ** 0.25 for lo, hi in bands)) \
+            and located(m[1], r, mu)
     if m := re.fullmatch(rf"r ≈ {number} \(π ≈ .*\)", where):
         return near(r, float(m[1]), max(1.0, r))
     if m := re.fullmatch(rf"π ≈ {number}", where):

@@ -22,6 +22,10 @@ FLAT3_AT = 1.6552810174027085
 # for |A| ≥ 7, A > 0: w = [r < 2.5] − (r − 1)/(0.2·A): a jump across 0 at r = 2.5 only for A > 7.5 (below
 # it w < 0 on both sides), and a crossing at r = 1 + A/5 only for 7 ≤ A < 7.5; for |A| < 7, w = 0
 GATED_EDGE = "[|A| >= 7]*(min(r*A, clip(r, 0.9, 2.5)*A) - (r - 1)^2/0.4)"
+# for A < 0 at r = 0.72: w = 3·log(r)/r + 4(r − 2.5)³/((1 + (r − 2.5)⁴)·A) below the clip's edge, 1 more
+# above: −1.37 + 2.04/|A| against −0.37 + 2.04/|A|, a jump across 0 only for 1.5 < |A| < 5.5, between
+# the rows' |A| = 1 and 1000 (found by the random check, seed 3)
+BETWEEN_ROWS = "min(r*A, clip(r, 0.72, 1.28)*A) - |A|*1.5*log(r)^2 + log(1 + (r - 2.5)^4)"
 
 
 def _places(res, side):
@@ -41,6 +45,8 @@ WRONG_CLAIMS = [
     (FLAT3, "no boundary for A < 0 at a third-order zero", lambda res: not _at(res, "negative", FLAT3_AT)),
     (GATED_EDGE, "a boundary met at some |A| only, given as if it held at every |A|",
      lambda res: any(" at |A| " not in w for w in res.boundary["positive"]["where"])),
+    (BETWEEN_ROWS, "no boundary for A < 0 at the clip's edge r = 0.72, where w jumps across 0 for 1.5 < |A| < 5.5",
+     lambda res: not any(located(w, 0.72, 0.5, -3.0) for w in _places(res, "negative") if w)),
     (GATED_EDGE, "the first screen without the |A| the edge r = 2.5 holds at",
      lambda res: "(r = 2.5), at |A| from 10 to 1000 of those sampled" not in " ".join(report(res).split())),
 ]
@@ -61,6 +67,10 @@ def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiter
     around = np.array([2.5 * (1 - 1e-9), 2.5 * (1 + 1e-9)])
     assert gated(around, 0.3, 7.2).max() < 0 and gated(around, 0.3, 7.6)[0] > 0 > gated(around, 0.3, 7.6)[1]
     assert np.all(gated(np.geomspace(1e-3, 3, 50), 0.3, 6.9) == 0)
+    between = analyze(dsl.parse(BETWEEN_ROWS)).w_numeric
+    around = np.array([0.72 * (1 - 1e-9), 0.72 * (1 + 1e-9)])
+    for mag, signs in ((1.0, (1, 1)), (1.6, (-1, 1)), (5.4, (-1, 1)), (5.6, (-1, -1)), (1000.0, (-1, -1))):
+        assert tuple(np.sign(between(around, 0.5, -mag))) == signs, mag
     flat = analyze(dsl.parse(FLAT3)).w_numeric
     for h in (1e-3, 1e-5, 1e-7):
         lo, hi = flat(np.array([FLAT3_AT - h, FLAT3_AT + h]), 0.5, 1.0)
