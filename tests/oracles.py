@@ -122,12 +122,20 @@ def sign_change(f, r0, r1, mu, a):
     return ("pole" if min(abs(w0), abs(w1)) > 1e3 * off else "zero"), r
 
 
-def located(where: str, r: float, mu: float) -> bool:
+def located(where: str, r: float, mu: float, A: float | None = None) -> bool:
     """Whether the point (r, μ) lies at a place a report describes (events.describe's four forms:
-    a fixed r, a fixed π, a fixed π − μ, or a span of r), to the 6 digits it prints them with."""
+    a fixed r, a fixed π, a fixed π − μ, or a span of r), to the 6 digits it prints them with;
+    one found at some |A| only (`... at |A| from 10 to 1000 of those sampled (it depends on |A|)`) there."""
     def near(x, want, scale):
         return abs(x - want) <= 1e-5 * scale
     number = r"(-?[0-9.]+(?:e[+-]?\d+)?)"
+    # at the |A| sampled, quarter decades apart: where the run ends between two of them is not known
+    if m := re.fullmatch(r"(.*) at \|A\| (= [^a-z]+(?: only)?|from \S+ to \S+) of those sampled \(it depends on \|A\|\)",
+                         where):
+        values = [float(x) for x in re.findall(number, m[2])]
+        bands = [(values[0], values[1])] if m[2].startswith("from") else [(v, v) for v in values]
+        return (A is None or any(lo / 10 ** 0.25 <= abs(A) <= hi * 10 ** 0.25 for lo, hi in bands)) \
+            and located(m[1], r, mu)
     if m := re.fullmatch(rf"r ≈ {number} \(π ≈ .*\)", where):
         return near(r, float(m[1]), max(1.0, r))
     if m := re.fullmatch(rf"π ≈ {number}", where):

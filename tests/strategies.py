@@ -82,6 +82,23 @@ RESEARCH_OBJECTIVES = st.lists(st.one_of(_TERMS, _GATED), min_size=1, max_size=3
     lambda terms: " + ".join(f"({t})" for t in terms))
 
 
+# Token-level forms that showed confident wrong claims (issue 45 item 4): exp/log compositions that
+# round at extreme r, penalties not scaled by |A| (a boundary that moves with |A|), and odd-order
+# flat zeros (w ~ (r − c)³), alone or beside the research terms above.
+_ROUNDED = st.sampled_from(["exp(log(r))", "log(exp(r))", "exp(2*log(r))/r", "exp(log(π) - log(μ))",
+                            "exp(log(r)/2)^2", "sqrt(r)^2"])
+_UNSCALED = st.tuples(_SIZES, st.sampled_from(["|π - μ|", "(r - 1)^2", "μ*(r - 1)^2", "log(r)^2", "|r - 1|"])).map(
+    lambda t: f"-{t[0]}*{t[1]}")
+_FLAT = st.one_of(
+    st.tuples(st.sampled_from(["3", "5"]), st.sampled_from(["0.5", "1.3", "1.655", "2.5"])).map(
+        lambda t: f"(r - {t[1]})^{int(t[0]) + 1}/{int(t[0]) + 1}"),
+    st.just("sqrt(1 + log(1 + (r - sqrt(1 + log(1 + r^2)^2))^2)^2)"),
+    st.sampled_from(["1.3", "2.5"]).map(lambda c: f"log(1 + (r - {c})^4)"),
+)
+TOKEN_OBJECTIVES = st.lists(st.one_of(_TERMS, _ROUNDED.map(lambda x: f"{x}*A"), _UNSCALED,
+                                      st.tuples(_SIZES, _FLAT).map(lambda t: f"{t[0]}*{t[1]}*A"), _FLAT),
+                            min_size=1, max_size=3).map(lambda terms: " + ".join(f"({t})" for t in terms))
+
 # Sequence objectives: random objectives around reductions over each response (nested too),
 # the response length, and the two policies besides μ; a reduction of the policy in each.
 _REDUCTIONS = st.sampled_from(["seq_mean", "seq_sum", "seq_max", "seq_min"])

@@ -16,6 +16,7 @@ from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIV
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze, self_check
 from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.summary import summary
 
 r, mu, A = sp.symbols("r mu A")
 S = sp.sign
@@ -156,6 +157,32 @@ def test_every_shipped_report_opens_with_a_summary_that_fits_a_screen_in_a_resea
                       r"\(held point only\)", "", said)
     assert not re.search(r"\b(arbiter|third version|held)\b", said), head
     assert head[0].startswith(f"{name} — ") and "Source:" not in head[0]
+
+
+def _ranges_at_levels(lines):
+    """{range as printed: the evidence levels it is stated at} over a first screen's unwrapped
+    lines: each [lo, hi] with the first status in parentheses after it on its line."""
+    out = {}
+    for line in lines:
+        for m in re.finditer(r"\[[^\[\]]+, [^\[\]]+\]", line):
+            level = re.search(r"\((proven|found|unconfirmed|held point only)\b", line[m.end():])
+            if level:
+                out.setdefault(m.group(), set()).add(level.group(1))
+    return out
+
+
+@pytest.mark.parametrize("name", r_analysed(dsl.shipped_names()))
+def test_the_first_screen_never_states_one_range_at_two_evidence_levels(name):
+    # issue 47: drpo's 'bounded yes: w ∈ [0.92, 1.08] (unconfirmed)', then 'w stays within [0.92, 1.08]
+    # ... (proven)' two lines down
+    levels = _ranges_at_levels(summary(_shipped(name), width=None))
+    assert all(len(v) == 1 for v in levels.values()), levels
+
+
+def test_the_evidence_level_check_reads_a_range_stated_twice():
+    lines = ["  bounded       yes: w ∈ [0.92, 1.08] (unconfirmed)",
+             "  worry         ! the boundary ... so w stays within [0.92, 1.08] and never cancels (proven)"]
+    assert _ranges_at_levels(lines) == {"[0.92, 1.08]": {"unconfirmed", "proven"}}
 
 
 @pytest.mark.parametrize("name", sorted(set(dsl.shipped_names()) - set(r_analysed(dsl.shipped_names()))))

@@ -42,9 +42,10 @@ TEXT = {
         f"update{_how(proven)}",
     "no boundary": lambda adv, proven:
         f"no trust-region boundary for {_SIDE[adv]}: w never reaches 0, so nothing stops the update{_how(proven)}",
-    "unreachable": lambda adv, pis, lo, hi, proven:
-        f"the boundary for {_SIDE[adv]} ({_boundaries(pis)}) is unreachable: 0 < π, μ ≤ 1, so w stays within "
-        f"[{fmt(lo)}, {fmt(hi)}] and never cancels the gradient{_how(proven)}",
+    # the range is the 'bounded' line's claim, at its own evidence: not restated here at this one's
+    "unreachable": lambda adv, pis, proven:
+        f"the boundary for {_SIDE[adv]} ({_boundaries(pis)}) is unreachable: 0 < π, μ ≤ 1, so w never "
+        f"cancels the gradient{_how(proven)}",
     "partly unreachable": lambda adv, pis, proven:
         f"for {_SIDE[adv]}, the boundary {_boundaries(pis)} is unreachable in 0 < π, μ ≤ 1{_how(proven)}",
     "numeric boundary": lambda adv, found, derived:

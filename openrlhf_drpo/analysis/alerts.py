@@ -65,8 +65,7 @@ def result_alerts(res, exact_range, by_magnitude=False) -> list[Alert]:
         if not b["pi"] and not b["numeric"]:
             out += [a for a in [_absence(res, adv)] if a]
         elif not res["reachable"][adv]:
-            out.append(Alert("unreachable", {"adv": adv, "pis": b["pi"], "lo": lo, "hi": hi,
-                                             "proven": _proven(reach)}))
+            out.append(Alert("unreachable", {"adv": adv, "pis": b["pi"], "proven": _proven(reach)}))
         elif not all(b["reachable"]):
             out.append(Alert("partly unreachable", {
                 "adv": adv, "pis": [p for p, ok in zip(b["pi"], b["reachable"]) if not ok],

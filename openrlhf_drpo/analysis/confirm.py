@@ -5,8 +5,9 @@ one the arbiter contradicts is replaced by the numeric finding and flagged."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
-from openrlhf_drpo.analysis.events import boundary_at, changes_sign_at, describe, undefined_at
-from openrlhf_drpo.analysis.mathtext import math_text
+from openrlhf_drpo.analysis.arbiter import state
+from openrlhf_drpo.analysis.events import boundary_at, changes_sign_at, describe, kind_at, undefined_at
+from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 
 def _probe_mus():
@@ -78,7 +79,7 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     np, sp = arb.np, ctx.sp
     boundary, notes = {}, []
     for adv, sign in SIGNS:
-        events = facts[adv]["events"]
+        events = facts[adv]["events"] + _threshold_events(arb, sign)
         used = np.zeros(len(events), dtype=bool)
         out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
         for r_expr, pi_expr, g, explicit, edge in candidates[adv]:
@@ -88,7 +89,8 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
             where = ""
             if hit.any():
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
-                where = describe([events[i] for i in np.nonzero(hit)[0]])   # the located points, for the geometry
+                # the located points, for the geometry (and the |A| it holds at, where that is not all)
+                where = _place(arb, [events[i] for i in np.nonzero(hit)[0]], explicit)
                 used |= hit
                 reachable = True
             elif edge:
@@ -145,9 +147,65 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
             for side in (True, False):      # r > 1, r < 1: separate boundaries
                 group = [e for e in rest if e["kind"] == kind and (e["r"] > 1) == side]
                 if group:
-                    out["numeric"].append({"where": describe(group), "kind": kind})
+                    out["numeric"].append({"where": _place(arb, group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _threshold_events(arb, sign) -> list:
+    """Sign changes of w across the objective's own thresholds in r (a clip's bounds) at the
+    quarter decades of |A| the rows do not sample, where w depends on |A|: with a penalty not
+    scaled by |A|, w jumps across 0 at a clip's edge r = 0.72 only for 1.5 < |A| < 5.5, between
+    the rows' |A| = 1 and 1000. Each as an event of the grid's (its kind probed there)."""
+    np = arb.np
+    x = arb.found["r"]
+    if len(arb.magnitudes) <= 1 or x.size < 2:
+        return []
+    pairs = [(a, b) for a, b in zip(x[:-1], x[1:]) if b <= a * (1 + 4e-6)]    # either side of one threshold
+    mags = np.array([m for m in DENSE_MAGNITUDES if m not in arb.magnitudes])
+    mus = np.unique(arb.mu[:, 0])
+    out = []
+    for a, b in pairs:
+        mu, mag = (v.ravel() for v in np.meshgrid(mus[mus * b <= 1], mags))
+        with np.errstate(all="ignore"):
+            s = [state(arb.w(np.full(mu.shape, x_), mu, sign * mag)) for x_ in (a, b)]
+        hit = (s[0] != s[1]) & (s[0] != 2) & (s[1] != 2)
+        if hit.any():
+            r = np.full(int(hit.sum()), (a + b) / 2)
+            kinds = kind_at(arb, r, mu[hit], sign * mag[hit], (s[0][hit], s[1][hit]))
+            out += [{"mu": float(m), "A": float(sign * g), "r": float(r[0]), "kind": str(k), "lo": float(a), "hi": float(b)}
+                    for m, g, k in zip(mu[hit], mag[hit], kinds)]
+    return out
+
+
+def _place(arb, group, explicit=None) -> str:
+    """Where a boundary lies (events.describe of the points located on it), and where w depends
+    on |A| and the grid met it at some of the |A| sampled only, at which |A| it holds: w probed
+    across the same points (or the derived r*(μ, A), `explicit`) at every quarter decade of |A|
+    and the arbiter's, the run of them around those met. A clip's edge r = 2.5 that is a sign
+    change only for |A| ≳ 7.5 (w ≈ −0.2 on both sides below) must not read as fixed for every |A|."""
+    np = arb.np
+    where, mags = describe(group), sorted({abs(e["A"]) for e in group})
+    if len(arb.magnitudes) <= 1 or len(mags) == len(arb.magnitudes) or where.startswith("r from"):
+        return where        # (a span of r already says that it moves with μ and |A|)
+    probe = np.unique(np.concatenate([DENSE_MAGNITUDES, arb.magnitudes]))
+    r, mu = (np.array([e[k] for e in group])[None, :] for k in ("r", "mu"))
+    r, mu, A = np.broadcast_arrays(r, mu, np.sign(group[0]["A"]) * probe[:, None])
+    if explicit is not None:
+        with np.errstate(all="ignore"):
+            r = np.broadcast_to(np.asarray(explicit(mu, A), dtype=float), mu.shape)
+    changed = changes_sign_at(arb, r, mu, A, relative=True)[0].any(axis=1)
+    if changed.all():
+        return where
+    changed |= np.isin(probe, mags)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], changed.astype(int), [0]])))
+    runs = list(zip(edges[::2], edges[1::2] - 1))
+    if len(runs) > 1:       # not one run: the |A| met, each
+        span = "= " + ", ".join(fmt(m) for m in mags)
+    else:
+        lo, hi = runs[0]
+        span = f"= {fmt(probe[lo])} only" if lo == hi else f"from {fmt(probe[lo])} to {fmt(probe[hi])}"
+    return f"{where} at |A| {span} of those sampled (it depends on |A|)"
 
 
 def _edge_below_grid(arb, explicit, sign) -> list:

@@ -103,8 +103,10 @@ def _trust_region(res, width) -> list[str]:
     out = []
     for adv, sign in _SIGN.items():
         b, parts = res.boundary[adv], []
-        for r_, pi_, kind, ok in zip(b["r"], b["pi"], b["kind"], b["reachable"]):
-            where = f"π = {math_text(pi_)} (r = {math_text(r_)})"
+        for r_, pi_, kind, ok, met in zip(b["r"], b["pi"], b["kind"], b["reachable"], b["where"]):
+            # met at some |A| only (analysis.confirm): said where the boundary is, not left to the evidence
+            where = f"π = {math_text(pi_)} (r = {math_text(r_)})" + (f",{met[met.index(' at |A| '):]}"
+                                                                    if " at |A| " in met else "")
             parts.append(f"at {where}: w {kinds(kind)}" if ok else
                          f"at {where}, unreachable in 0 < π ≤ 1: it never stops an update")
         parts += [f"at {x['where']}, found numerically: w {kinds(x['kind'])}" for x in b["numeric"]]

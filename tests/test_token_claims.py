@@ -1,0 +1,77 @@
+"""No confident wrong claim on token-level objectives (issue 45 item 4): each row is the smallest
+objective that showed one, and the claim that must not be made about it (each failed on the code
+before the fix). What the comments say of each weight is checked with the arbiter's own float
+rules (Analysis.w_numeric: an oracle that shares the code under test, and says so); the random
+check that found them, held to sympy.diff instead, is test_arbiter's (tests/random_claims.py at
+scale)."""
+import numpy as np
+import pytest
+from oracles import located
+
+import dsl
+from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.report import report
+
+# w = 1 − 0.05·μ·sign(r − 1)/A: on the row μ = 0.02, |A| = 1e-3, r < 1, w = 1 − 1 (the doubles' 0.02
+# makes it −5.5e-17), which exp(log r)/r rounds to 0 or ±2e-16 by turns: no boundary at r ≈ 2.5e-4
+EXP_LOG = "exp(log(r))*A - 0.05*|π - μ|"
+# ℓ' ~ (r − 1.655)³: a flat odd-order zero, a sign change that long double's own rounding hides
+# 1e-9 away from it, and that doubles and long double agree on 1e-7 away
+FLAT3 = "sqrt(1 + log(1 + (r - sqrt(1 + log(1 + r^2)^2))^2)^2)"
+FLAT3_AT = 1.6552810174027085
+# for |A| ≥ 7, A > 0: w = [r < 2.5] − (r − 1)/(0.2·A): a jump across 0 at r = 2.5 only for A > 7.5 (below
+# it w < 0 on both sides), and a crossing at r = 1 + A/5 only for 7 ≤ A < 7.5; for |A| < 7, w = 0
+GATED_EDGE = "[|A| >= 7]*(min(r*A, clip(r, 0.9, 2.5)*A) - (r - 1)^2/0.4)"
+# for A < 0 at r = 0.72: w = 3·log(r)/r + 4(r − 2.5)³/((1 + (r − 2.5)⁴)·A) below the clip's edge, 1 more
+# above: −1.37 + 2.04/|A| against −0.37 + 2.04/|A|, a jump across 0 only for 1.5 < |A| < 5.5, between
+# the rows' |A| = 1 and 1000 (found by the random check, seed 3)
+BETWEEN_ROWS = "min(r*A, clip(r, 0.72, 1.28)*A) - |A|*1.5*log(r)^2 + log(1 + (r - 2.5)^4)"
+
+
+def _places(res, side):
+    b = res.boundary[side]
+    return list(b["where"]) + [x["where"] for x in b["numeric"]]
+
+
+def _at(res, side, r, mu=0.5):
+    return any(w and located(w, r, mu) for w in _places(res, side))
+
+
+WRONG_CLAIMS = [
+    # (objective, the claim that must not be made, whether it is made)
+    (EXP_LOG, "a boundary for A < 0 at the rounding of exp(log r) at tiny r",
+     lambda res: bool(res.boundary["negative"]["numeric"])),
+    (FLAT3, "no boundary for A > 0 at a third-order zero", lambda res: not _at(res, "positive", FLAT3_AT)),
+    (FLAT3, "no boundary for A < 0 at a third-order zero", lambda res: not _at(res, "negative", FLAT3_AT)),
+    (GATED_EDGE, "a boundary met at some |A| only, given as if it held at every |A|",
+     lambda res: any(" at |A| " not in w for w in res.boundary["positive"]["where"])),
+    (BETWEEN_ROWS, "no boundary for A < 0 at the clip's edge r = 0.72, where w jumps across 0 for 1.5 < |A| < 5.5",
+     lambda res: not any(located(w, 0.72, 0.5, -3.0) for w in _places(res, "negative") if w)),
+    (GATED_EDGE, "the first screen without the |A| the edge r = 2.5 holds at",
+     lambda res: "(r = 2.5), at |A| from 10 to 1000 of those sampled" not in " ".join(report(res).split())),
+]
+
+
+@pytest.mark.parametrize("text, claim, made", WRONG_CLAIMS, ids=[f"{t[:24]}: {c}" for t, c, _ in WRONG_CLAIMS])
+def test_the_report_makes_no_wrong_claim_about_the_smallest_token_level_objective_that_showed_it(text, claim, made):
+    res = analyze(dsl.parse(text))
+    assert not made(res), f"{claim}:\n{report(res)}"
+
+
+def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiters_own_rules():
+    w = analyze(dsl.parse(EXP_LOG)).w_numeric
+    r = np.geomspace(1e-6, 0.9, 200)
+    assert np.all(np.abs(w(r, 0.02, -1e-3)) <= 2e-15)           # 0 but for rounding, of either sign
+    assert np.all(np.abs(w(r.astype(np.longdouble), 0.02, -1e-3, dtype=np.longdouble) + 5.55e-17) < 1e-18)
+    gated = analyze(dsl.parse(GATED_EDGE)).w_numeric
+    around = np.array([2.5 * (1 - 1e-9), 2.5 * (1 + 1e-9)])
+    assert gated(around, 0.3, 7.2).max() < 0 and gated(around, 0.3, 7.6)[0] > 0 > gated(around, 0.3, 7.6)[1]
+    assert np.all(gated(np.geomspace(1e-3, 3, 50), 0.3, 6.9) == 0)
+    between = analyze(dsl.parse(BETWEEN_ROWS)).w_numeric
+    around = np.array([0.72 * (1 - 1e-9), 0.72 * (1 + 1e-9)])
+    for mag, signs in ((1.0, (1, 1)), (1.6, (-1, 1)), (5.4, (-1, 1)), (5.6, (-1, -1)), (1000.0, (-1, -1))):
+        assert tuple(np.sign(between(around, 0.5, -mag))) == signs, mag
+    flat = analyze(dsl.parse(FLAT3)).w_numeric
+    for h in (1e-3, 1e-5, 1e-7):
+        lo, hi = flat(np.array([FLAT3_AT - h, FLAT3_AT + h]), 0.5, 1.0)
+        assert lo < 0 < hi and abs(lo) < 0.05 * h ** 3 * 1.2
