@@ -111,6 +111,10 @@ class Settle:
         sp, t = self.sp, self.dom.t
         self._count()
         h = e.lhs - e.rhs
+        # |x| whose sign SymPy cannot tell (|log(1 − t)|): x where x ≥ 0, −x elsewhere, so that each
+        # side is settled on its own (a band |log r| ≤ c keeps both its edges)
+        h = h.replace(lambda x: isinstance(x, sp.Abs) and t in x.free_symbols,
+                      lambda x: sp.Piecewise((x.args[0], sp.Ge(x.args[0], 0, evaluate=False)), (-x.args[0], True)))
         if h.has(sp.Piecewise):   # distribute: h_i ⋚ 0 where piece i holds
             return self.cond(sp.Or(*[sp.And(c, self.relation(e.func(x, 0))) for x, c in self.fold(h)]))
         h = sp.expand(h)
