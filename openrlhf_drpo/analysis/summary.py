@@ -9,6 +9,8 @@ import textwrap
 
 from dsl.library import first_sentence
 from dsl.names import canonical_name, display_name
+from openrlhf_drpo.analysis.advantage import hatted
+from openrlhf_drpo.analysis.first_lines import advantage_line, channel_lines
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 WIDTH = 100
@@ -139,7 +141,11 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
             "a response whose tokens share r, μ and A: on other responses a token's gradient also depends on "
             "the rest of the response" if scope.get("sequence") else None)
     held = wrap(held, "  analysed on   ", width=width) if held else []
+    # with the objective's own advantage Â, the analysis's A is Â: its lines say so (analysis.advantage)
+    hat = hatted if getattr(res, "advantage", None) is not None else (lambda lines: lines)
+    own = [x for label, text in advantage_line(res) for x in wrap(text, f"  {label:<14}", width=width)]
+    channels = [x for label, text in channel_lines(res) for x in wrap(text, f"  {label:<14}", width=width)]
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
     return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
-            *_objective(res, source, width), "", *held, *_gradient(res, width), *_trust_region(res, width),
-            *wrap(bounded[res.bounded], "  bounded       ", width=width), *worries]
+            *_objective(res, source, width), "", *held, *own, *hat(_gradient(res, width)), *channels,
+            *hat(_trust_region(res, width) + wrap(bounded[res.bounded], "  bounded       ", width=width) + worries)]
