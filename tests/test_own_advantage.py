@@ -93,3 +93,11 @@ def test_one_ulp_at_a_moved_held_point_is_not_read_as_a_weight(source):
     res = analyze(dsl.parse(source))
     assert not any(a.kind == "degenerate held point" for a in res.warnings)
     assert {res.claims["boundary"][adv]["status"] for adv in ("positive", "negative")} == {"proven"}
+
+
+def test_a_sign_an_advantage_sends_to_0_gets_no_gradient_and_says_so():
+    # [A < 0]·A is Â: w ≡ 1 against it, and the tokens with A > 0 get no gradient at all
+    res = analyze(dsl.parse("[A < 0]*r*A"))
+    screen = "\n".join(summary(res, res.source, width=None))
+    assert "Â = [A < 0] * A" in screen and "Â = 0 for A > 0: those tokens get no gradient" in screen
+    assert res.weight_range == [1.0, 1.0]

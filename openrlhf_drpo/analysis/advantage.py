@@ -132,7 +132,9 @@ def held_value(obj, node: Node, names: dict, values: dict, group) -> dict:
         value = lowered(node)
     except Exception:       # noqa: BLE001 - SymPy raises many types: Â is then named, not evaluated
         return {"value": None, "zero": False, "eps": []}
-    out = {"value": value, "zero": value == 0, "eps": []}
+    # a sign of the host's A that Â sends to 0 ([A < 0]·A): those tokens get no gradient
+    dead = [x for s, x in ((1, "A > 0"), (-1, "A < 0")) if sp.simplify(value.subs(A, s * a)) == 0]
+    out = {"value": value, "zero": value == 0, "eps": [], "dead": [] if value == 0 else dead}
     if value.count_ops() > BUDGET["limit"]:         # the limits' work budget (analysis.budgets)
         return out
     for eps, other in _eps_divisors(node):
@@ -172,7 +174,8 @@ def describe(name: str, node: Node, held: dict | None, group) -> str:
     if held and held["value"] is not None:
         shown = ", ".join(f"{float(c):g}" for c in group)
         text += (f"; on the held group (advantages A·({shown})) Â = {shown_value(held['value'])}"
-                 + (": 0 for every A, so no gradient there" if held["zero"] else ""))
+                 + (": 0 for every A, so no gradient there" if held["zero"] else "")
+                 + "".join(f"; Â = 0 for {x}: those tokens get no gradient" for x in held.get("dead", [])))
         for e in held["eps"]:
             text += f", Â/A up to {fmt(e['sup'])} only where {e['where']} → 0: the {fmt(e['eps'])}"
     return text

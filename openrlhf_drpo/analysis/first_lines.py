@@ -26,6 +26,7 @@ def advantage_line(res) -> list[tuple[str, str]]:
         if held["zero"]:
             text += ": no gradient there"
     if held.get("value") is not None:
+        text += "".join(f"; Â = 0 for {x}: those tokens get no gradient" for x in held.get("dead", []))
         for e in held["eps"]:
             text += f", Â/A up to {fmt(e['sup'])} only where {e['where']} → 0: the {fmt(e['eps'])}"
     return [("advantage", text)]
