@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis import budgets
 from openrlhf_drpo.analysis.admissibility import admissibility, limits, tails
-from openrlhf_drpo.analysis.advantage import describe, held_value, own_advantage, uniform_point
+from openrlhf_drpo.analysis.advantage import describe, held_value, uniform_point
+from openrlhf_drpo.analysis.advantage import own_advantage as find_advantage
 from openrlhf_drpo.analysis.alerts import Alert, domain_alerts, level_alerts, on_policy_alerts, result_alerts
 from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
@@ -32,16 +33,17 @@ from dsl.walks import derivative
 from dsl.names import display_name
 
 
-def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
+def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, **point) -> Analysis:
     """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
     uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
     analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
-    read, and the typed result is built last."""
+    read, and the typed result is built last. own_advantage=False: w against the host's A even where
+    the objective builds its own advantage Â (analysis.advantage), as before Â."""
     refuse_r_analysis(obj)       # a vocabulary sum is no function of r: say so, claim nothing
     original = obj
     names = names_of_view(original)
     # an advantage the objective builds from A (analysis.advantage): w is against it, A its input
-    own = own_advantage(original)
+    own = find_advantage(original) if own_advantage else None
     studied = original if own is None else _with_expr(original, own[0])
     full, scope = analysis_view(studied, seq_len, rho, **point)
     # w is the other terms' where the terms that read π_ref are a channel of their own (k3's β·(q − 1)
@@ -120,7 +122,11 @@ def _advantage(original, own, names, point) -> dict:
         held = held_value(original, node, names, values, group)
     except Exception:       # noqa: BLE001 - SymPy past its depth: Â named, its held value not
         held = None
-    return {"name": name, "expression": render(node), "held": held, "group": [float(c) for c in group],
+    at = None
+    if held and held["value"] is not None:      # Â for a host's A, as numbers (the tests' gradient checks)
+        import sympy as sp
+        at = numpy_fn([sp.Symbol("A", real=True, nonzero=True)], held["value"])
+    return {"name": name, "expression": render(node), "held": held, "group": [float(c) for c in group], "at": at,
             "reads_group": any(OPS[m.op].over in ("group", "batch") for m in node.walk() if m.op in OPS),
             "text": describe(name, node, held, group)}
 
