@@ -117,7 +117,7 @@ def held_value(obj, node: Node, names: dict, values: dict, group) -> dict:
     bounds Â/A: its limit as |A| → 0 (the group's spread with it) is finite only through that
     constant (0.5/(√(2/7)·|A| + 1e-6) → 5e5, with the 1e-6 gone → ∞)."""
     import sympy as sp
-    from dsl.walks import to_sympy, uniform_view
+    from dsl.walks import NotHeld, to_sympy, uniform_view
     A, a = sp.Symbol("A", real=True, nonzero=True), sp.Symbol("a", positive=True)
     env = {"A": A, **{k: sp.Rational(v.numerator, v.denominator) for k, v in {**obj.params, **values}.items()}}
 
@@ -130,6 +130,8 @@ def held_value(obj, node: Node, names: dict, values: dict, group) -> dict:
         return {"value": None, "zero": False, "eps": []}
     try:
         value = lowered(node)
+    except NotHeld:         # refused by name, as the view refuses it (analysis.view)
+        raise
     except Exception:       # noqa: BLE001 - SymPy raises many types: Â is then named, not evaluated
         return {"value": None, "zero": False, "eps": []}
     # a sign of the host's A that Â sends to 0 ([A < 0]·A): those tokens get no gradient

@@ -18,7 +18,7 @@ from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_
 from openrlhf_drpo.analysis.context import Ctx
 from openrlhf_drpo.analysis.events import facts as grid_facts
 from openrlhf_drpo.analysis.extremes import on_policy
-from dsl.ir import tree_size
+from dsl.ir import Pos, tree_size
 from dsl.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
@@ -29,7 +29,8 @@ from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_ra
 from dsl.operations import OPS
 from dsl.printing import render
 from dsl.vocabulary import refuse_r_analysis
-from dsl.walks import derivative
+from dsl.errors import DslError
+from dsl.walks import NotHeld, derivative
 from dsl.names import display_name
 
 
@@ -120,6 +121,11 @@ def _advantage(original, own, names, point) -> dict:
     values, group = uniform_point(point, names, held_group)
     try:
         held = held_value(original, node, names, values, group)
+    except NotHeld as e:    # (a batch quantile of A on spread advantages): refused by name, as the view does
+        pos = e.node.pos or Pos(1, 1)
+        raise DslError(str(e), original.path, pos.line, pos.col, original.source.split("\n")[pos.line - 1],
+                       f"hold the group's advantages equal (--group {','.join(['1'] * len(group))}), or read A "
+                       "outside it") from None
     except Exception:       # noqa: BLE001 - SymPy past its depth: Â named, its held value not
         held = None
     at = None
