@@ -119,7 +119,9 @@ def _weight(text, length, G, N, p, held):
     res = analyze(dsl.parse(text, "v3.dsl"), seq_len=length, group_size=G, batch_size=N, position=p,
                   held=dict(held), group=(1,) * G)
     ref = res.reference
-    return res.w, (_valued_formula(res, ref["grad"]) if ref and ref["own"] else None)
+    # where the objective builds its own advantage Â, w is against it: Â for the batch's A too
+    hat = res.advantage["at"] if res.advantage else None
+    return res.w, (_valued_formula(res, ref["grad"]) if ref and ref["own"] else None), hat
 
 
 def _valued_formula(res, e):
@@ -145,9 +147,10 @@ def test_on_a_uniform_batch_each_tokens_gradient_is_the_derived_weight(text, hel
     r, mu = math.exp(logp + 1.3), math.exp(-1.3)
     n = int(m.sum())
     for p in range(1, length + 1) if by_position else [length]:
-        w, ref = _weight(text, length, G, G * groups, p, tuple(sorted(held.items())))
+        w, ref, hat = _weight(text, length, G, G * groups, p, tuple(sorted(held.items())))
         own = 0.0 if ref is None else float(np.asarray(ref(r, mu, A, float(held.get("rho_ref", 1)) / r)))
-        expected = (float(np.asarray(w(r, mu, A))) * r * A + own) / n
+        a = A if hat is None else float(np.asarray(hat(A)))
+        expected = (float(np.asarray(w(r, mu, a))) * r * a + own) / n
         at = grad[:-1, p - 1] if by_position else grad[m]
         assert torch.allclose(at, torch.full_like(at, expected), rtol=1e-9, atol=1e-15), (p, at, expected)
     assert torch.all(grad[~m] == 0)

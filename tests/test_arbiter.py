@@ -149,8 +149,9 @@ TABLE = [
     # Analysed at |y| = 1, the length filter drops every token: w ≡ 0, no gradient at all.
     ("length_filter_drops_all", "[seq_len > 100]*r*A", [], [], (0, 0), True, ("zero", "zero"),
      ["w = 0 everywhere"]),
-    # w = 0 for A > 0 (every case), 1 for A < 0: no boundary on either side, but no gradient for A > 0.
-    ("negative_only", "[A < 0]*r*A", [], [], (0, 1), True, ("zero", "ok"), ["for A > 0, w = 0 everywhere"]),
+    # [A < 0]·A is the objective's own advantage Â (analysis.advantage): w ≡ 1 against it, no boundary,
+    # and its advantage line says Â = 0 for A > 0 (test_a_sign_an_advantage_sends_to_0_gets_no_gradient)
+    ("negative_only", "[A < 0]*r*A", [], [], (1, 1), True, ("ok", "ok"), []),
     # w = μ(r + log r − 1.5): zero where r + log r = 1.5, r* = 1.2649597 for every μ (bracketed by hand:
     # 1.26 + log 1.26 = 1.491, 1.27 + log 1.27 = 1.509). An implicit equation, but a fixed ratio: geometry
     # "ratio". w → −∞ as r → 0; max at π = 1: μ(−log μ + 1/μ − 1.5), largest at μ = e^−2.5: 1.08208.
@@ -221,7 +222,7 @@ TABLE = [
 CLAIMS = {
     "touch_by_cancellation": {"boundary": ("none", "unconfirmed"), "smooth": "proven"},
     "length_filter_drops_all": {"boundary": ("w ≡ 0", "proven"), "bounded": "proven"},
-    "negative_only": {"boundary": ("w ≡ 0", "proven"), "boundary_negative": ("none", "proven")},
+    "negative_only": {"boundary": ("none", "proven"), "boundary_negative": ("none", "proven")},
     "mask_beyond_domain": {"reachable": "proven", "bounded": "proven"},
     "sign_beyond_domain": {"reachable": "proven"},
     "far_quadratic_penalty": {"reachable": "unconfirmed", "boundary_negative": ("none", "proven"),

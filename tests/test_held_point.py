@@ -37,7 +37,10 @@ def kinds(res):
 def test_a_group_normalized_advantage_is_analysed_on_a_group_with_a_spread():
     """The default group is binary rewards with a spread (half scoring A, half 0): PPO's clip
     boundaries show, and w on policy is the normalized advantage per unit of A, not 0."""
-    res = analyze(dsl.parse(GN, "gn.dsl"))
+    # w against the host's A (own_advantage=False): the held group's machinery; against Â, Â's value there
+    assert float(analyze(dsl.parse(GN, "gn.dsl")).advantage["at"](1.0)) == pytest.approx(
+        normalized([1, 1, 1, 1, 0, 0, 0, 0]), rel=1e-9)
+    res = analyze(dsl.parse(GN, "gn.dsl"), own_advantage=False)
     out = to_json(res)
     assert out["text"]["boundary"]["positive"]["r"] == ["1.2"] and out["text"]["boundary"]["negative"]["r"] == ["0.8"]
     assert "no gradient" not in kinds(res) and "degenerate held point" not in kinds(res)
@@ -64,20 +67,22 @@ def test_on_a_group_with_the_held_advantages_the_tokens_gradient_is_the_derived_
     mask = torch.ones(4, 3, dtype=torch.bool)
     loss, _ = CompiledLoss(obj, fused=False)(logp, old, advantages, mask, groups=torch.zeros(4, dtype=torch.long))
     (grad,) = torch.autograd.grad(loss, logp)
-    w = analyze(obj, group_size=4).w
+    res = analyze(obj, group_size=4)
     r, mu = math.exp(log_r), math.exp(-1.3)
-    expected = float(np.asarray(w(r, mu, A))) * r * A
+    # against the objective's own advantage Â where it builds one (GN's adv): w·r·Â
+    a = float(res.advantage["at"](A)) if res.advantage else A
+    expected = float(np.asarray(res.w(r, mu, a))) * r * a
     assert torch.allclose(-12 * grad[0], torch.full((3,), expected, dtype=torch.float64), rtol=1e-9, atol=1e-15)
 
 
 def test_the_held_group_is_set_from_the_api_and_the_command_line(tmp_path, capsys):
-    res = analyze(dsl.parse(GN, "gn.dsl"), group=(1, 0))
+    res = analyze(dsl.parse(GN, "gn.dsl"), group=(1, 0), own_advantage=False)
     assert math.isclose(float(np.asarray(res.w(1.0, 0.5, 1.0))), normalized([1, 0]), rel_tol=1e-9)
     path = tmp_path / "gn.dsl"
     path.write_text(GN + "\n")
     assert analyze_main(["--group", "1,0,0", "--json", str(path)]) == 0
-    held = json.loads(capsys.readouterr().out)["scope"]["held"]
-    assert any("a group of G = 3 responses" in h["text"] and "A·(1, 0, 0)" in h["text"] for h in held)
+    advantage = json.loads(capsys.readouterr().out)["advantage"]       # GN's adv is its own advantage Â
+    assert advantage["group"] == [1.0, 0.0, 0.0] and "A·(1, 0, 0)" in advantage["text"]
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -105,7 +110,7 @@ def test_a_held_group_past_the_largest_double_is_refused_from_the_api():
 def test_a_degenerate_held_point_is_said_and_its_zero_weight_never_proven():
     """On equal responses the normalized advantage is 0 by the group, not by ℓ: the report says
     the held point is degenerate, and no claim of no gradient is 'proven'."""
-    res = analyze(dsl.parse(GN, "gn.dsl"), group=(1, 1, 1, 1))
+    res = analyze(dsl.parse(GN, "gn.dsl"), group=(1, 1, 1, 1), own_advantage=False)
     assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
     assert {res.claims["boundary"][adv]["status"] for adv in ("positive", "negative")} == {"held point only"}
     text = report(res, width=None)
@@ -131,7 +136,7 @@ def claim_statuses(out):
 def test_every_claim_at_a_degenerate_held_point_is_held_point_only(text):
     """On equal responses w is 0 (or nowhere finite) by the group; with the group's advantages
     spread, w = 0.375 for r > 3 (MASKED): every claim, admissibility included, says so."""
-    res = analyze(dsl.parse(text, "d.dsl"), group=(1, 1, 1, 1))
+    res = analyze(dsl.parse(text, "d.dsl"), group=(1, 1, 1, 1), own_advantage=False)
     out = to_json(res)
     assert set(claim_statuses(out)) == {"held point only"}
     assert "no gradient" not in kinds(res) and kinds(res).count("degenerate held point") == 2
@@ -145,7 +150,7 @@ def test_every_claim_at_a_degenerate_held_point_is_held_point_only(text):
 def test_the_moved_point_is_searched_past_the_objectives_thresholds():
     """The moved held point's w, found on the arbiter's grid (its thresholds included): 0.375 =
     1 − mean(1, 0, −0.5, 2) just past r = 3, where the mask opens."""
-    out = to_json(analyze(dsl.parse(MASKED, "m.dsl"), group=(1, 1, 1, 1)))
+    out = to_json(analyze(dsl.parse(MASKED, "m.dsl"), group=(1, 1, 1, 1), own_advantage=False))
     said = out["claims"]["boundary"]["positive"]["evidence"]
     assert "w = 0.375 at r = 3.000003" in said and "(the group's advantages A·(1, 0, -0.5, 2))" in said
 
@@ -153,7 +158,8 @@ def test_the_moved_point_is_searched_past_the_objectives_thresholds():
 def test_a_zero_weight_on_equal_responses_that_no_moved_point_shows_is_unconfirmed_never_proven():
     """A mask on |A| past the arbiter's magnitudes: w is 0 on the grid at the moved point too,
     and on equal responses that settles nothing: every claim 'unconfirmed', no warning 'proven'."""
-    res = analyze(dsl.parse("r*(A - group_mean(seq_mean(A)))*[abs(A) > 1e7]", "big.dsl"), group=(1, 1, 1, 1))
+    res = analyze(dsl.parse("r*(A - group_mean(seq_mean(A)))*[abs(A) > 1e7]", "big.dsl"), group=(1, 1, 1, 1),
+                  own_advantage=False)
     out = to_json(res)
     assert set(claim_statuses(out)) == {"unconfirmed"}
     assert "proven" not in report(res, width=None) and "(unconfirmed: evidence under" in report(res, width=None)
@@ -162,13 +168,13 @@ def test_a_zero_weight_on_equal_responses_that_no_moved_point_shows_is_unconfirm
 
 def test_the_json_held_lines_carry_the_group_and_the_moved_point(tmp_path, capsys):
     path = tmp_path / "m.dsl"
-    path.write_text(MASKED + "\n")
+    path.write_text(DAPO + "\n")      # (its filter beside the bare A: w is against the host's A)
     assert analyze_main(["--group", "1,1,1,1", "--json", str(path)]) == 0
     held = {h["name"]: h for h in json.loads(capsys.readouterr().out)["scope"]["held"]}
     assert held["G"]["group"] == [1.0, 1.0, 1.0, 1.0] and "(--group 1,1,1,1:" in held["G"]["text"]
     assert held["degenerate"]["moved"] == {"group": [1.0, 0.0, -0.5, 2.0], "held": {},
                                            "found": ["positive", "negative"]}
-    spread = to_json(analyze(dsl.parse(GN, "gn.dsl"), group=(1, 0, 0)))["scope"]["held"]
+    spread = to_json(analyze(dsl.parse(GN, "gn.dsl"), group=(1, 0, 0), own_advantage=False))["scope"]["held"]
     assert [h["group"] for h in spread if h["name"] == "G"] == [[1.0, 0.0, 0.0]]
 
 
@@ -179,7 +185,8 @@ def test_the_json_held_lines_carry_the_group_and_the_moved_point(tmp_path, capsy
     ("r*A - 0.1*group_mean(r)", {"group_size": 3}, "a group of G = 3 equal responses (--group-size)", None),
 ])
 def test_the_held_groups_line_says_where_g_came_from(text, point, said, group):
-    (held,) = [h for h in to_json(analyze(dsl.parse(text, "g.dsl"), **point))["scope"]["held"] if h["name"] == "G"]
+    (held,) = [h for h in to_json(analyze(dsl.parse(text, "g.dsl"), own_advantage=False, **point))["scope"]["held"]
+               if h["name"] == "G"]
     assert said in held["text"] and held.get("group") == group
 
 

@@ -209,7 +209,7 @@ def test_a_quantile_of_a_on_a_held_group_with_spread_advantages_is_a_located_err
 
 @pytest.mark.parametrize("name, said", [("top_entropy", "batch_quantile(x, q) = x"),
                                         ("r*A - (r - group_min(seq_mean(r)))^2", "group_min(x) = x"),
-                                        ("passk_max", "group_max of a value that reads A is over these responses")])
+                                        ("passk_max", "on the held group (advantages A·(1, 1, 1, 1, 0, 0, 0, 0)) Â = max(0, A)")])
 def test_the_analysis_holds_each_statistic_on_the_uniform_batch_and_says_so(name, said):
     obj = dsl.load(name) if name in dsl.shipped_names() else dsl.parse(name, "x.dsl")
     text = " ".join(report(analyze(obj), width=None).split())

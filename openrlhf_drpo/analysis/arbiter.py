@@ -224,6 +224,9 @@ class Arbiter:
 
         def env(x, row):
             return {"r": x, "mu": mu[row], "pi": mu[row] * x, "A": A[row], **self.params}
+        # r = 1 searched too (w is not sampled there, the quantities are): a band |log r| ≤ 0.0025
+        # lies between the grid's neighbours of r = 1, and only r = 1 shows both its edges
+        R = np.sort(np.concatenate([R, np.ones((R.shape[0], 1))], axis=1), axis=1)
         _, row, x = _crossings(numpy_plan(*quantities), len(quantities), R, env)
         order = np.lexsort((x, row))
         row, x = row[order], x[order]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis import budgets
 from openrlhf_drpo.analysis.admissibility import admissibility, limits, tails
+from openrlhf_drpo.analysis.advantage import describe, held_value, uniform_point
+from openrlhf_drpo.analysis.advantage import own_advantage as find_advantage
 from openrlhf_drpo.analysis.alerts import Alert, domain_alerts, level_alerts, on_policy_alerts, result_alerts
 from openrlhf_drpo.analysis.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
@@ -16,31 +18,38 @@ from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_
 from openrlhf_drpo.analysis.context import Ctx
 from openrlhf_drpo.analysis.events import facts as grid_facts
 from openrlhf_drpo.analysis.extremes import on_policy
-from dsl.ir import tree_size
+from dsl.ir import Pos, tree_size
 from dsl.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
 from openrlhf_drpo.analysis.held import equal_group, held_group
 from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
-                                         reference_split)
+                                         reference_split, terms)
+from dsl.operations import OPS
+from dsl.printing import render
 from dsl.vocabulary import refuse_r_analysis
-from dsl.walks import derivative
+from dsl.errors import DslError
+from dsl.walks import NotHeld, derivative
 from dsl.names import display_name
 
 
-def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
+def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, **point) -> Analysis:
     """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
     uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
     analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
-    read, and the typed result is built last."""
+    read, and the typed result is built last. own_advantage=False: w against the host's A even where
+    the objective builds its own advantage Â (analysis.advantage), as before Â."""
     refuse_r_analysis(obj)       # a vocabulary sum is no function of r: say so, claim nothing
     original = obj
-    full, scope = analysis_view(obj, seq_len, rho, **point)
     names = names_of_view(original)
+    # an advantage the objective builds from A (analysis.advantage): w is against it, A its input
+    own = find_advantage(original) if own_advantage else None
+    studied = original if own is None else _with_expr(original, own[0])
+    full, scope = analysis_view(studied, seq_len, rho, **point)
     # w is the other terms' where the terms that read π_ref are a channel of their own (k3's β·(q − 1)
     # would make w unbounded and move with |A|, which the policy terms do not)
-    rest, _ = reference_split(full.expr, original.expr, names["rho_ref"])
+    rest, _ = reference_split(full.expr, studied.expr, names["rho_ref"])
     obj = full if rest is None else Objective(full.name, full.path, full.source, rest, dict(full.params),
                                               dict(full.options), {}, full.description)
     ctx = Ctx(obj)
@@ -61,8 +70,12 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     facts["range"] = _closed(facts["range"], corners)
     claims = _derivation(ctx, arb, facts, corners, tail_facts)
     result.update({k: claims[k] for k in ("weight", "cases", "boundary", "geometry")})
+    result["advantage"] = None if own is None else _advantage(original, own, names, {**point, "seq_len": seq_len})
     result["entropy"] = entropy_channel(ctx, names["H"], full)
-    result["reference"] = reference_channel(ctx, names["rho_ref"], original, full)
+    if result["entropy"] is not None:       # the file's own terms that read H, for the first screen
+        result["entropy"]["terms"] = [(s, render(t)) for s, t in terms(original.expr) if _reads_var(t, "H")
+                                      and not any(_reads_var(t, v) for v in ("r", "pi", "mu", "pi_ref"))]
+    result["reference"] = reference_channel(ctx, names["rho_ref"], studied, full)
     result["reachable"] = {adv: any(b["reachable"]) or bool(b["numeric"]) for adv, b in claims["boundary"].items()}
     result["on_policy"] = on_policy(obj, ctx.dl)
     if result["geometry"] == "none" and any(f["w"] != [1.0, 1.0] for f in result["on_policy"].values()):
@@ -86,12 +99,46 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     result["warnings"] = (result_alerts(result, claims["exact_range"] if range_held else [False, False],
                                         facts.get("unbounded_by_magnitude", False))
                           + domain_alerts(facts) + on_policy_alerts(result["on_policy"]) + level_alerts(original))
-    held_point = _degenerate(result, original, seq_len, rho, point)
+    held_point = _degenerate(result, studied, seq_len, rho, point)
     result["admissibility"] = _qualified(admissibility(ctx, arb, result, tail_facts), held_point)
     result["notes"] = ctx.notes
     result["hang_guard"] = ctx.guard
     result["w"], result["w_numeric"] = claims["w"], arb.w
     return Analysis(**result)
+
+
+def _with_expr(obj: Objective, expr) -> Objective:
+    """obj with another expression (Â in A's place), its bindings those still in it."""
+    kept = set(expr.walk())
+    return Objective(obj.name, obj.path, obj.source, expr, dict(obj.params), dict(obj.options),
+                     {k: b for k, b in obj.bindings.items() if b in kept}, obj.description)
+
+
+def _advantage(original, own, names, point) -> dict:
+    """Â's name, its expression, and its value on the held group in the host's A (with where an
+    ε alone bounds Â/A), with the report's sentence."""
+    _, node, name = own
+    values, group = uniform_point(point, names, held_group)
+    try:
+        held = held_value(original, node, names, values, group)
+    except NotHeld as e:    # (a batch quantile of A on spread advantages): refused by name, as the view does
+        pos = e.node.pos or Pos(1, 1)
+        raise DslError(str(e), original.path, pos.line, pos.col, original.source.split("\n")[pos.line - 1],
+                       f"hold the group's advantages equal (--group {','.join(['1'] * len(group))}), or read A "
+                       "outside it") from None
+    except Exception:       # noqa: BLE001 - SymPy past its depth: Â named, its held value not
+        held = None
+    at = None
+    if held and held["value"] is not None:      # Â for a host's A, as numbers (the tests' gradient checks)
+        import sympy as sp
+        at = numpy_fn([sp.Symbol("A", real=True, nonzero=True)], held["value"])
+    return {"name": name, "expression": render(node), "held": held, "group": [float(c) for c in group], "at": at,
+            "reads_group": any(OPS[m.op].over in ("group", "batch") for m in node.walk() if m.op in OPS),
+            "text": describe(name, node, held, group)}
+
+
+def _reads_var(n, name) -> bool:
+    return any(m.op == "var" and m.value == name for m in n.walk())
 
 
 def _degenerate(result, original, seq_len, rho, point) -> str | None:
@@ -159,6 +206,7 @@ def _moved(original, seq_len, rho, point, held) -> dict:
     out = {"point": moved, "points": int(arb.inside.sum())}
     for adv, sign in SIGNS:
         ok = arb.valid & (arb.W != 0) & (arb.sign == sign)
+        ok[ok] = _reproduced(arb, ok)
         # the one nearest r = 1, μ = 1 and |A| = 1 (the domain's corners are what a reader expects least)
         far = np.abs(np.log(np.where(ok, arb.R, 1.0))) + np.abs(np.log(arb.mu)) + np.abs(np.log(arb.mag))
         far = np.where(ok, far, np.inf)
@@ -166,6 +214,20 @@ def _moved(original, seq_len, rho, point, held) -> dict:
         out[adv] = None if i is None else {"r": float(arb.R[i, j]), "mu": float(arb.mu[i, 0]),
                                            "A": float(arb.sign[i, 0] * arb.mag[i, 0]), "w": float(arb.W[i, j])}
     return out
+
+
+def _reproduced(arb, ok):
+    """Of the grid's nonzero w at `ok`, those extended precision (numpy's long double, 11 more
+    bits) gives again to half a double's digits: a weight does, the doubles' rounding of a zero does
+    not (r/group_mean(r) − 1 is 2.2e-16 in doubles, 0 or 1e-19 in long double). Where the platform's
+    long double is a double, every one stands, as the doubles say."""
+    np = arb.np
+    if np.finfo(np.longdouble).eps >= np.finfo(float).eps:
+        return np.ones(int(ok.sum()), dtype=bool)
+    mu, A = (np.broadcast_to(x, ok.shape)[ok] for x in (arb.mu, arb.sign * arb.mag))
+    with np.errstate(all="ignore"):
+        wide = np.asarray(arb.w(arb.R[ok].astype(np.longdouble), mu, A, dtype=np.longdouble), dtype=float)
+        return np.isfinite(wide) & (np.abs(wide - arb.W[ok]) <= np.sqrt(np.finfo(float).eps) * np.abs(arb.W[ok]))
 
 
 def _qualified(adm: dict, status: str | None) -> dict:

@@ -87,6 +87,11 @@ def _locality(res, evidence):
     return [text + "".join(f", and a statistic of fixed inputs needs {w}" for w in wider)]
 
 
+@line("advantage")
+def _advantage(res, evidence):
+    return [f"  advantage  {res.advantage['text']}"]
+
+
 @line("weight")
 def _weight(res, evidence):
     if res.reference is not None and res.reference["own"]:

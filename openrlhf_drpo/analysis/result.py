@@ -52,6 +52,13 @@ def _entropy(channel) -> dict:
     return {"w_H": None if channel["w_H"] is None else _sympy(channel["w_H"]), "check": channel["check"]}
 
 
+def _advantage(adv) -> dict:
+    held = adv["held"] or {}
+    value = held.get("value")
+    return {"name": adv["name"], "expression": adv["expression"], "group": adv["group"],
+            "held": None if value is None else _sympy(value), "eps": held.get("eps", []), "text": adv["text"]}
+
+
 def _reference(channel) -> dict:
     return {"terms": channel["terms"], "own_channel": channel["own"],
             "grad_log_pi": None if channel["grad"] is None else _sympy(channel["grad"]), "check": channel["check"]}
@@ -94,6 +101,8 @@ class Analysis:
     # token | response | group | batch, the widest a gradient reaches and what a loss call must hold
     # whole (dsl.levels): a chunked or fused host can run only some objectives
     locality: dict = declared(json="locality", line="locality")
+    # the objective's own advantage Â, where it builds one from A: w is against it (analysis.advantage)
+    advantage: dict = declared(json="advantage", line="advantage", encode=_advantage, optional=True)
     weight: object = declared(json="weight", line="weight", encode=_sympy)
     # the entropy's own gradient channel w_H = ∂ℓ/∂H, where the objective reads H (analysis.channels)
     entropy: dict = declared(json="entropy", line="entropy", encode=_entropy, optional=True)

@@ -10,6 +10,13 @@ from openrlhf_drpo.analysis.cells import in_outer, settle_moving
 from openrlhf_drpo.analysis.intervals import Domain, in_mu, linear_in_t, settle_condition
 
 
+def _split_abs(sp, h, t):
+    """h with each |x| whose sign SymPy cannot tell (|log(1 − t)|) as x where x ≥ 0, −x elsewhere,
+    so that each side is settled on its own: a band |log r| ≤ c keeps both its edges."""
+    return h.replace(lambda x: isinstance(x, sp.Abs) and t in x.free_symbols,
+                     lambda x: sp.Piecewise((x.args[0], sp.Ge(x.args[0], 0, evaluate=False)), (-x.args[0], True)))
+
+
 class Settle:
     """The hook for one case (sign of A × direction): to_sympy calls it on every lowered node."""
 
@@ -111,6 +118,7 @@ class Settle:
         sp, t = self.sp, self.dom.t
         self._count()
         h = e.lhs - e.rhs
+        h = _split_abs(sp, h, t)
         if h.has(sp.Piecewise):   # distribute: h_i ⋚ 0 where piece i holds
             return self.cond(sp.Or(*[sp.And(c, self.relation(e.func(x, 0))) for x, c in self.fold(h)]))
         h = sp.expand(h)

@@ -9,6 +9,9 @@ import textwrap
 
 from dsl.library import first_sentence
 from dsl.names import canonical_name, display_name
+from openrlhf_drpo.analysis.advantage import hatted
+from openrlhf_drpo.analysis.alert_text import alert_text
+from openrlhf_drpo.analysis.first_lines import advantage_line, channel_lines
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 WIDTH = 100
@@ -132,7 +135,10 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
     status = res.claims["bounded"]["status"]
     bounded = {True: f"yes: w ∈ {weight_range(res)} ({status})", None: "unknown: w is not a finite double where sampled",
                False: f"no: w ∈ {weight_range(res)} ({status}): tokens with extreme ratios can dominate the gradient"}
-    worries = [line for text in res["warnings"] for line in wrap(text, "                ! ", " " * 18, width)]
+    # (a warning about the host's A itself, a group reduction of it by position, is not about Â)
+    hat = hatted if getattr(res, "advantage", None) is not None else (lambda lines: lines)
+    worries = [line for a in res.warnings for line in (hat if a.kind != "by position" else list)(
+        wrap(alert_text(a), "                ! ", " " * 18, width))]
     worries[:1] = [worries[0].replace(" " * 16, "  worry         ", 1)] if worries else ["  worry         none found"]
     # a claim held at a uniform point says so on the first screen, not only in the evidence
     scope = getattr(res, "scope", None) or {}
@@ -141,7 +147,10 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
             "a response whose tokens share r, μ and A: on other responses a token's gradient also depends on "
             "the rest of the response" if scope.get("sequence") else None)
     held = wrap(held, "  analysed on   ", width=width) if held else []
+    # with the objective's own advantage Â, the analysis's A is Â: its lines say so (analysis.advantage)
+    own = [x for label, text in advantage_line(res) for x in wrap(text, f"  {label:<14}", width=width)]
+    channels = [x for label, text in channel_lines(res) for x in wrap(text, f"  {label:<14}", width=width)]
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
     return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
-            *_objective(res, source, width), "", *held, *_gradient(res, width), *_trust_region(res, width),
-            *wrap(bounded[res.bounded], "  bounded       ", width=width), *worries]
+            *_objective(res, source, width), "", *held, *own, *hat(_gradient(res, width)), *channels,
+            *hat(_trust_region(res, width) + wrap(bounded[res.bounded], "  bounded       ", width=width)), *worries]
