@@ -24,18 +24,26 @@ from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry
 from openrlhf_drpo.analysis.held import equal_group, held_group
 from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
                                          reference_split)
+from openrlhf_drpo.analysis.scenarios import at, find, scenario_analysis
 from dsl.vocabulary import refuse_r_analysis
 from dsl.walks import derivative
 from dsl.names import display_name
 
 
-def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
+def analyze(obj: Objective, seq_len=1, rho=1, scenario: str | None = None, check_loss: bool = False,
+            **point) -> Analysis:
     """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
     uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
-    analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
-    read, and the typed result is built last."""
+    analysis.view.analysis_view takes them), or at its `scenario` (analysis.scenarios, by name):
+    each step adds to `result` the fields the next ones read, and the typed result is built last.
+    `check_loss`: hold each scenario's claim to the compiled loss (imports torch)."""
     refuse_r_analysis(obj)       # a vocabulary sum is no function of r: say so, claim nothing
     original = obj
+    given = {"seq_len": seq_len, **point}
+    situations = scenario_analysis(original, rho, given, check_loss)
+    if scenario is not None:        # the analysis at that scenario's held point, the list as it was
+        given = at(given, find(original, scenario, given))
+        seq_len, point = given.pop("seq_len", seq_len), given
     full, scope = analysis_view(obj, seq_len, rho, **point)
     names = names_of_view(original)
     # w is the other terms' where the terms that read π_ref are a channel of their own (k3's β·(q − 1)
@@ -91,6 +99,7 @@ def analyze(obj: Objective, seq_len=1, rho=1, **point) -> Analysis:
     result["notes"] = ctx.notes
     result["hang_guard"] = ctx.guard
     result["w"], result["w_numeric"] = claims["w"], arb.w
+    result["scenarios"], result["scenario"] = situations, scenario
     return Analysis(**result)
 
 

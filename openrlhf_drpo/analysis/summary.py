@@ -10,6 +10,7 @@ import textwrap
 from dsl.library import first_sentence
 from dsl.names import canonical_name, display_name
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
+from openrlhf_drpo.analysis.scenario_text import first_screen
 
 WIDTH = 100
 GEOMETRY = {
@@ -142,4 +143,5 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
     return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
             *_objective(res, source, width), "", *held, *_gradient(res, width), *_trust_region(res, width),
-            *wrap(bounded[res.bounded], "  bounded       ", width=width), *worries]
+            *wrap(bounded[res.bounded], "  bounded       ", width=width),
+            *first_screen(getattr(res, "scenarios", None), width), *worries]

@@ -1,0 +1,87 @@
+"""The scenarios in words (analysis.scenarios): one first-screen line per scenario that changes
+the gradient and per indicator constant on every scenario, the evidence's full list, and
+drpo-analyze --scenarios' listing."""
+from __future__ import annotations
+
+import textwrap
+
+WIDTH = 100
+HEAD = "  scenarios     "
+_CHECK = {"agrees": "the compiled loss agrees", "disagrees": "the compiled loss DISAGREES",
+          "not checked": "not checked against the compiled loss", "not run": "the compiled loss's check not run"}
+
+
+def _wrap(text, first, rest, width):
+    if width is None:
+        return [first + text]
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
+def _constant(ind) -> str:
+    return (f"{ind['indicator']} is 1 on every scenario and every point sampled: always on" if ind["state"] == "always on"
+            else f"{ind['indicator']} is 0 on every scenario and every point sampled: dead, no gradient passes it")
+
+
+def first_screen(sc: dict | None, width: int | None = WIDTH) -> list[str]:
+    """The scenarios that change the gradient, each on its line, with the check's word where it
+    disagrees; the indicators constant on every scenario; how many others are as analysed."""
+    if not sc:
+        return []
+    changed = [s for s in sc["scenarios"] if s["changes"]]
+    lines = [f"{s['title']}: {s['text']}" + (" (the compiled loss DISAGREES: evidence below)"
+                                            if s["loss_check"]["status"] == "disagrees" else "") for s in changed]
+    lines += [_constant(i) for i in sc["indicators"] if i["state"] != "switches"]
+    same = len(sc["scenarios"]) - len(changed)
+    if same:
+        lines.append(f"{same} other{'s' if same > 1 else ''} as analysed (--scenarios lists them)")
+    out = []
+    for i, text in enumerate(lines):
+        out += _wrap(text, HEAD if i == 0 else " " * len(HEAD), " " * (len(HEAD) + 2), width)
+    return out
+
+
+def _point(p: dict) -> str:
+    parts = []
+    if "group" in p:
+        parts.append(f"the group's advantages A·({', '.join(f'{c:g}' for c in p['group'])})")
+    if "seq_len" in p and p["seq_len"] != 1 or "position" in p and p.get("position", 1) != p.get("seq_len", 1):
+        parts.append(f"|y| = {p.get('seq_len', 1)}" + (f", position {p['position']}" if "position" in p else ""))
+    parts += [f"{k} = {v:g}" for k, v in p.get("held", {}).items()]
+    return "; ".join(parts) or "the analysed point"
+
+
+def _check(c: dict) -> str:
+    if c["status"] == "agrees":
+        return f"the compiled loss agrees (float64 autograd, {c['points']} points)"
+    if c["status"] == "disagrees":
+        x = c["where"]
+        return (f"the compiled loss DISAGREES: at r = {x['r']:g}, μ = {x['mu']:g}, A = {x['A']:g} its token's weight is "
+                f"{x['loss']} against the analysis's {x['analysis']}")
+    return f"{_CHECK[c['status']]}: {c['why']}"
+
+
+def evidence(sc: dict | None) -> list[str]:
+    """The evidence's list: every scenario, its held point, its claim and the compiled loss's word."""
+    if not sc:
+        return []
+    s0 = sc["sampled"]
+    out = [f"  scenarios  derived from the objective's constructs; w = (∂ℓ/∂r)/A at each, against the analysed "
+           f"point, by the IR's float rules at {s0['points']} points (r ∈ {{{', '.join(f'{x:g}' for x in s0['r'])}}}, "
+           f"μ ∈ {{{', '.join(f'{x:g}' for x in s0['mu'])}}}, |A| ∈ {{{', '.join(f'{x:g}' for x in s0['magnitudes'])}}}, "
+           "both signs)"]
+    for s in sc["scenarios"]:
+        out.append(f"    {s['name']:<14} {s['title']} ({_point(s['point'])}): {s['text']}; {_check(s['loss_check'])}")
+    for i in sc["indicators"]:
+        out.append(f"    indicator      {i['indicator']}: " + (_constant(i) if i["state"] != "switches" else
+                                                                 "0 on some scenarios or points, 1 on others"))
+    return out
+
+
+def listing(name: str, sc: dict | None) -> str:
+    """drpo-analyze --scenarios: each scenario's name and words, one a line."""
+    if not sc or not sc["scenarios"]:
+        return (f"{name}: no scenarios (it reads no group, batch, response, prefix, turn or staleness construct); "
+                "the analysis is per token")
+    width = max(len(s["name"]) for s in sc["scenarios"])
+    return "\n".join([f"{name}: {len(sc['scenarios'])} scenarios (--scenario NAME analyses one)"]
+                     + [f"  {s['name']:<{width}}  {s['title']}: {s['text']}" for s in sc["scenarios"]])
