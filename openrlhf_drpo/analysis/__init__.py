@@ -40,4 +40,14 @@ def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.
                     group=group, held=held, scenario=scenario, check_loss=check_loss)
 
 
-__all__ = ["Analysis", "analyze"]
+def equivalent(a: str | dsl.Objective, b: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.0,
+               group: Iterable[float] | None = None) -> dict:
+    """drpo-analyze --equiv A B as a value (its --json): the verdict over the analysed point, `group`
+    (--group) where given, and every scenario of either objective, with each one's witness."""
+    from openrlhf_drpo.analysis.equiv import equivalence
+    from openrlhf_drpo.analysis.held import held_group
+    a, b = (o if isinstance(o, dsl.Objective) else dsl.load(o) for o in (a, b))
+    return equivalence(a, b, seq_len, rho, group=None if group is None else held_group(None, list(group)))
+
+
+__all__ = ["Analysis", "analyze", "equivalent"]

@@ -3,6 +3,7 @@ the gradient and per indicator constant on every scenario, the evidence's full l
 drpo-analyze --scenarios' listing."""
 from __future__ import annotations
 
+import json
 import textwrap
 
 WIDTH = 100
@@ -17,9 +18,9 @@ def _wrap(text, first, rest, width):
     return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
 
 
-def _constant(ind) -> str:
-    return (f"{ind['indicator']} is 1 on every scenario and every point sampled: always on" if ind["state"] == "always on"
-            else f"{ind['indicator']} is 0 on every scenario and every point sampled: dead, no gradient passes it")
+def _constant(ind, named=True) -> str:
+    return (f"{ind['indicator'] + ' ' if named else ''}is 1 on every scenario at every point sampled: always on" if ind["state"] == "always on"
+            else f"{ind['indicator'] + ' ' if named else ''}is 0 on every scenario at every point sampled: dead, no gradient passes it")
 
 
 def first_screen(sc: dict | None, width: int | None = WIDTH) -> list[str]:
@@ -60,19 +61,27 @@ def _check(c: dict) -> str:
     return f"{_CHECK[c['status']]}: {c['why']}"
 
 
+def json_key(x) -> str:
+    return json.dumps(x, sort_keys=True)
+
+
 def evidence(sc: dict | None) -> list[str]:
     """The evidence's list: every scenario, its held point, its claim and the compiled loss's word."""
     if not sc:
         return []
     s0 = sc["sampled"]
-    out = [f"  scenarios  derived from the objective's constructs; w = (∂ℓ/∂r)/A at each, against the analysed "
-           f"point, by the IR's float rules at {s0['points']} points (r ∈ {{{', '.join(f'{x:g}' for x in s0['r'])}}}, "
-           f"μ ∈ {{{', '.join(f'{x:g}' for x in s0['mu'])}}}, |A| ∈ {{{', '.join(f'{x:g}' for x in s0['magnitudes'])}}}, "
-           "both signs)"]
+    checks = {json_key(s["loss_check"]) for s in sc["scenarios"]}
+    once = len(checks) == 1 and sc["scenarios"][0]["loss_check"]["status"] == "not run"
+    out = [f"  scenarios  derived from the objective's constructs; w = (∂ℓ/∂r)/A at each against the analysed "
+           f"point, and each indicator, by the IR's float rules at {s0['points']:,} points (numeric: r from "
+           f"{s0['r'][0]:g} to {s0['r'][1]:g} with π ≤ 1, μ from {s0['mu'][0]:g} to {s0['mu'][1]:g}, |A| from "
+           f"{s0['magnitudes'][0]:g} to {s0['magnitudes'][1]:g}, both signs)"
+           + (f"; {_check(sc['scenarios'][0]['loss_check'])}" if once else "")]
     for s in sc["scenarios"]:
-        out.append(f"    {s['name']:<14} {s['title']} ({_point(s['point'])}): {s['text']}; {_check(s['loss_check'])}")
+        out.append(f"    {s['name']:<14} {s['title']} ({_point(s['point'])}): {s['text']}"
+                   + ("" if once else f"; {_check(s['loss_check'])}"))
     for i in sc["indicators"]:
-        out.append(f"    indicator      {i['indicator']}: " + (_constant(i) if i["state"] != "switches" else
+        out.append(f"    indicator      {i['indicator']}: " + (_constant(i, False) if i["state"] != "switches" else
                                                                  "0 on some scenarios or points, 1 on others"))
     return out
 

@@ -22,10 +22,12 @@ LONG = 1024          # |y| of a long response
 CUT = 4096           # |y| of a response cut at the length limit, where seq_len is read
 STALE = 16           # policy versions of a stale sample
 PREFIX_LEN = 64      # the response a prefix's first and last tokens are read on
-# where w is sampled: ratios around r = 1 and out to the tails, μ from rare to likely tokens, |A| off 1
+# where w is sampled: ratios around r = 1 and every half decade out to 1e±12 (π ≤ 1), μ from rare to
+# certain tokens, |A| from tiny to huge
 RATIOS = (0.3, 0.7, 0.9, 0.99, 1.0, 1.01, 1.1, 1.3, 3.0)
-MUS = (0.01, 0.2, 0.5)
-MAGNITUDES = (0.5, 1.0, 3.0)
+DECADES = (-12, 12, 49)
+MUS = (1e-6, 1e-3, 0.01, 0.2, 0.5, 1.0)
+MAGNITUDES = (1e-3, 0.5, 1.0, 3.0, 1e3)
 RTOL = 1e-9
 
 
@@ -137,8 +139,9 @@ def find(obj: Objective, name: str, point: dict | None = None) -> Scenario:
 # ------------------------------------------------------------------ sampling w at a held point
 def _grid():
     import numpy as np
+    ratios = np.unique(np.concatenate([RATIOS, np.logspace(*DECADES)]))
     r, mu, mag, sign = (np.array(x, dtype=float).ravel() for x in np.meshgrid(
-        RATIOS, MUS, MAGNITUDES, (1.0, -1.0), indexing="ij"))
+        ratios, MUS, MAGNITUDES, (1.0, -1.0), indexing="ij"))
     keep = r * mu <= 1
     return r[keep], mu[keep], sign[keep] * mag[keep]
 
@@ -218,11 +221,12 @@ def _on_policy(side) -> str:
     return "undefined" if lo is None else fmt(lo) if fmt(lo) == fmt(hi) else f"from {fmt(lo)} to {fmt(hi)}"
 
 
-def claim(s: dict, base: dict, off: list[str], always_off: bool = False) -> dict:
+def claim(s: dict, base: dict, off: list[str], on: list[str] = ()) -> dict:
     """The scenario's claim against the analysed point's (both sampled by sample()): per sign of A
     'no gradient' (w = 0 at every point, where the analysed point has some w ≠ 0), 'undefined' (ℓ or
     w not a finite double at more points), 'same' or 'differs', with its one line. `off`: the
-    indicators that are 0 at every sample point here and not at the analysed point."""
+    indicators that are 0 at every sample point here and not at the analysed point; `on`: 1 here
+    and 0 at every sample point there."""
     sides = {adv: _side(s, base, sign) for adv, sign in _SIGN.items()}
     states = {v["state"] for v in sides.values()}
     because = f", the filter {' and '.join(off)} is 0" if off else ""
@@ -239,12 +243,15 @@ def claim(s: dict, base: dict, off: list[str], always_off: bool = False) -> dict
                 parts.append(f"for {_WORDS[adv]} the loss is not a finite number (w undefined at {v['undefined']} "
                              f"of {v['points']} points)")
             elif v["state"] == "differs":
-                x = v["witness"]
-                parts.append(f"for {_WORDS[adv]} w on policy {_on_policy(v)}" if v["on_policy"] and
-                             _on_policy(v) != _on_policy(_side(base, base, _SIGN[adv])) else
+                x, was = v["witness"], _on_policy(_side(base, base, _SIGN[adv]))
+                parts.append(f"for {_WORDS[adv]} w on policy {_on_policy(v)} (analysed: {was})" if v["on_policy"]
+                             and _on_policy(v) != was else
                              f"for {_WORDS[adv]} w = {_shown(x['w'])} at r = {x['r']:g}, μ = {x['mu']:g}, "
                              f"|A| = {abs(x['A']):g} (analysed: {_shown(x['w_analysed'])})")
-        text = "; ".join(parts)
+        if len(parts) == 2 and parts[0].replace("A > 0", "A < 0") == parts[1]:
+            head, _, was = parts[0].replace("for A > 0 ", "").partition(" (analysed: ")
+            parts = [f"{head} for both signs of A" + (f" (analysed: {was}" if was else "")]
+        text = "; ".join(parts) + (f" (the filter {' and '.join(on)} is 1 here)" if on else "")
     return {"states": {k: v["state"] for k, v in sides.items()}, "sides": sides, "off": off,
             "changes": states != {"same"}, "text": text}
 
@@ -260,17 +267,18 @@ def indicators(obj: Objective, rho: float, points: list[dict]) -> list[dict]:
     import numpy as np
     out = []
     for ind in _constructs(obj)["indicators"]:
-        offs, values = [], []
+        offs, ons, values = [], [], []
         for p in points:
             view = indicator_view(obj, ind, rho, p)
             x = sample(view, view.expr)["value"]
             x = x[np.isfinite(x)]
             values.append(x)
             offs.append(bool(x.size) and bool(np.all(x == 0)))
+            ons.append(bool(x.size) and bool(np.all(x == 1)))
         every = np.concatenate(values) if values else np.array([])
         state = ("always on" if every.size and np.all(every == 1) else "dead" if every.size and np.all(every == 0)
                  else "switches")
-        out.append({"indicator": render(ind), "state": state, "off": offs})
+        out.append({"indicator": render(ind), "state": state, "off": offs, "all_on": ons})
     return out
 
 
@@ -284,11 +292,13 @@ def scenario_claims(obj: Objective, rho: float, point: dict, scenarios: list[Sce
     out = []
     for i, (s, p, (view, scope)) in enumerate(zip(scenarios, points, views)):
         off = [d["indicator"] for d in inds if d["off"][i + 1] and not d["off"][0]]
-        c = claim(sample(view), base, off)
+        on = [d["indicator"] for d in inds if d["all_on"][i + 1] and d["off"][0]]
+        c = claim(sample(view), base, off, on)
         out.append({"name": s.name, "title": s.title, "construct": s.construct, "point": _jsonable(p),
                     "exact": scope.get("exact"), **c})
     return {"scenarios": out, "indicators": [{k: d[k] for k in ("indicator", "state")} for d in inds],
-            "sampled": {"r": list(RATIOS), "mu": list(MUS), "magnitudes": list(MAGNITUDES), "points": int(base["r"].size)}}
+            "sampled": {"r": [10.0 ** DECADES[0], 10.0 ** DECADES[1]], "mu": [MUS[0], MUS[-1]],
+                        "magnitudes": [MAGNITUDES[0], MAGNITUDES[-1]], "points": int(base["r"].size)}}
 
 
 def _jsonable(p: dict) -> dict:
