@@ -1,6 +1,6 @@
 """drpo-analyze: what an objective does to each token's gradient, derived symbolically.
 
-Never imports torch: SymPy, NumPy and (for --plot) matplotlib only."""
+Never imports torch but for --check-loss: SymPy, NumPy and (for --plot) matplotlib only."""
 from __future__ import annotations
 
 import argparse

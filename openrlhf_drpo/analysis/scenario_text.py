@@ -19,26 +19,44 @@ def _wrap(text, first, rest, width):
 
 
 def _constant(ind, named=True) -> str:
+    if ind["state"].endswith("held point only"):
+        return (f"{ind['indicator'] + ' ' if named else ''}is {1 if ind['state'].startswith('always') else 0} at every "
+                "point sampled, at the held point only: it reads a held value (ρ, π_ref, H, Σπ²) or a statistic "
+                "that ties with its value on the uniform batch; elsewhere it may switch (not analysed)")
     return (f"{ind['indicator'] + ' ' if named else ''}is 1 on every scenario at every point sampled: always on" if ind["state"] == "always on"
             else f"{ind['indicator'] + ' ' if named else ''}is 0 on every scenario at every point sampled: dead, no gradient passes it")
 
 
-def first_screen(sc: dict | None, width: int | None = WIDTH) -> list[str]:
+def first_screen(sc: dict | None, width: int | None = WIDTH, room: int = 12) -> list[str]:
     """The scenarios that change the gradient, each on its line, with the check's word where it
-    disagrees; the indicators constant on every scenario; how many others are as analysed."""
+    disagrees; the indicators constant on every scenario; how many others are as analysed; within
+    `room` lines (the screen's 40), the rest named on the last."""
     if not sc:
         return []
     changed = [s for s in sc["scenarios"] if s["changes"]]
     lines = [f"{s['title']}: {s['text']}" + (" (the compiled loss DISAGREES: evidence below)"
                                             if s["loss_check"]["status"] == "disagrees" else "") for s in changed]
-    lines += [_constant(i) for i in sc["indicators"] if i["state"] != "switches"]
+    lines += [_constant(i) for i in sc["indicators"] if i["state"] in ("always on", "dead")]
     same = len(sc["scenarios"]) - len(changed)
-    if same:
+    if same and changed:
         lines.append(f"{same} other{'s' if same > 1 else ''} as analysed (--scenarios lists them)")
+    elif same:
+        lines.append(f"{same} scenario{'s' if same > 1 else ''} ({', '.join(s['name'] for s in sc['scenarios'])}): "
+                     "each as analysed (--scenarios lists them)")
+    indent = " " * (len(HEAD) + 2)
+    blocks = [_wrap(text, HEAD if i == 0 else " " * len(HEAD), indent, width) for i, text in enumerate(lines)]
+    if sum(map(len, blocks)) <= room:
+        return [x for b in blocks for x in b]
     out = []
-    for i, text in enumerate(lines):
-        out += _wrap(text, HEAD if i == 0 else " " * len(HEAD), " " * (len(HEAD) + 2), width)
-    return out
+    for i, block in enumerate(blocks[:len(changed)]):
+        if len(out) + len(block) > room - 2:
+            rest = [s["name"] for s in changed[i:]]
+            text = (f"{'and ' if out else ''}{len(rest)} {'more ' if out else ''}that change the gradient "
+                    f"({', '.join(rest)}): --scenarios lists them")
+            return out + (_wrap(text, HEAD if not out else " " * len(HEAD), indent, width)
+                          if room - len(out) >= 2 else [f"{HEAD}{len(rest)} change the gradient: --scenarios"])
+        out += block
+    return out + ([f"{HEAD if not out else ' ' * len(HEAD)}and more: --scenarios lists them"] if len(out) < room else [])
 
 
 def _point(p: dict) -> str:

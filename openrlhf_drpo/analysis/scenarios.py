@@ -200,7 +200,7 @@ def _side(s: dict, base: dict, sign: float) -> dict:
     state = ("undefined" if np.isnan(w).any() and not np.isnan(wb).all() and np.isnan(w).sum() > np.isnan(wb).sum()
              else "no gradient" if finite.size and np.all(finite == 0) and not np.all(wb[np.isfinite(wb)] == 0)
              else "same" if _same(w, wb) else "differs")
-    out = {"state": state, "on_policy": [float(on.min()), float(on.max())] if on.size else None,
+    out = {"state": state, "on_policy": [float(on.min()) + 0.0, float(on.max()) + 0.0] if on.size else None,
            "undefined": int(np.isnan(w).sum()), "points": int(w.size)}
     if state == "differs":      # the most ordinary point where they differ: r, |A| nearest 1, μ mid
         bad = ~((np.abs(w - wb) <= RTOL * np.fmax(np.abs(w), np.abs(wb))) | (np.isnan(w) & np.isnan(wb)))
@@ -213,7 +213,7 @@ def _side(s: dict, base: dict, sign: float) -> dict:
 
 def _float(x):
     import math
-    return None if math.isnan(x) else float(x) + 0.0
+    return None if math.isnan(x) else float(x) + 0.0     # (+ 0.0: no −0)
 
 
 def _on_policy(side) -> str:
@@ -278,8 +278,21 @@ def indicators(obj: Objective, rho: float, points: list[dict]) -> list[dict]:
         every = np.concatenate(values) if values else np.array([])
         state = ("always on" if every.size and np.all(every == 1) else "dead" if every.size and np.all(every == 0)
                  else "switches")
+        if state != "switches" and _held_only(ind, obj.options["anchor"]):
+            state = f"{state} at the held point only"
         out.append({"indicator": render(ind), "state": state, "off": offs, "all_on": ons})
     return out
+
+
+def _held_only(ind: Node, anchor: str) -> bool:
+    """Whether the indicator reads what neither the grid nor the scenarios vary: a held input (the
+    other policy through ρ, π_ref, H, Σπ²), or a statistic (a reduction other than a count) of a value
+    besides A, which on the uniform batch ties with it (H ≥ batch_quantile(H, 0.8) holds everywhere
+    there, on a fifth of a real batch's tokens). A constant value there is the held point's."""
+    varied = {"r", "pi", "mu", "A", "seq_len", "turn_len", "staleness", f"pi_{anchor}"}
+    return any((n.op == "var" and n.value not in varied) or (
+        n.op in OPS and OPS[n.op].reduce and OPS[n.op].reduce != "count"
+        and any(m.op == "var" and m.value != "A" for m in n.args[0].walk())) for n in ind.walk())
 
 
 def scenario_claims(obj: Objective, rho: float, point: dict, scenarios: list[Scenario]) -> dict:

@@ -13,6 +13,7 @@ from openrlhf_drpo.analysis.mathtext import fmt, math_text
 from openrlhf_drpo.analysis.scenario_text import first_screen
 
 WIDTH = 100
+SCREEN = 40         # the first screen's lines
 GEOMETRY = {
     "none": "w ≡ 1: the plain surrogate, no trust region",
     "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
@@ -141,7 +142,8 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
             "the rest of the response" if scope.get("sequence") else None)
     held = wrap(held, "  analysed on   ", width=width) if held else []
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
-    return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
+    head = [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
             *_objective(res, source, width), "", *held, *_gradient(res, width), *_trust_region(res, width),
-            *wrap(bounded[res.bounded], "  bounded       ", width=width),
-            *first_screen(getattr(res, "scenarios", None), width), *worries]
+            *wrap(bounded[res.bounded], "  bounded       ", width=width)]
+    room = max(1, min(12, SCREEN - len(head) - len(worries)))     # the scenarios fit the screen's 40 lines
+    return [*head, *first_screen(getattr(res, "scenarios", None), width, room), *worries]
