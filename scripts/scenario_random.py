@@ -22,7 +22,10 @@ from scenario_objectives import draws  # noqa: E402
 
 def run(seed: int, n: int) -> dict:
     counts, examples, errors = collections.Counter(), [], []
-    for text in draws(seed, n):
+    for i, text in enumerate(draws(seed, n)):
+        if i and i % 50 == 0:      # progress, for a run that may be cut short: the counts so far
+            print(json.dumps({"seed": seed, "draws_done": i, **dict(sorted(counts.items())),
+                              "errors": len(errors)}), file=sys.stderr, flush=True)
         try:
             sc = scenario_analysis(dsl.parse(text, "rand.dsl"), 1.0, {"seq_len": 1}, check_loss=True)
         except Exception as e:      # noqa: BLE001 - every failure is reported, by objective

@@ -43,10 +43,10 @@ def check(obj: Objective, rho: float, points: list[dict], weights: list) -> list
     except ImportError:
         return [{"status": "not run", "why": "torch is not installed (the analyser-only install): pip install "
                                              "'openrlhf-drpo[train]' to hold the claims to the compiled loss"}] * len(points)
-    unknown = [k for k in CompiledLoss(obj, fused=False).inputs() if k not in GIVEN]
+    loss = CompiledLoss(obj, fused=False)
+    unknown = [k for k in loss.inputs() if k not in GIVEN]
     if unknown:
         return [{"status": "not checked", "why": f"the batch would need {', '.join(unknown)}"}] * len(points)
-    loss = CompiledLoss(obj, fused=False)
     plain = CompiledLoss(Objective(obj.name, obj.path, "r*A", Node("mul", (Node("var", value="r"),
                                                                               Node("var", value="A"))),
                                    {}, dict(obj.options), {}, ""), fused=False)
