@@ -60,17 +60,23 @@ def test_scenarios_are_derived_from_the_objectives_constructs(text, names):
 
 
 @pytest.mark.parametrize("text, said", [
-    ("c = 0.5\n[c > 0.2]*r*A", "[c > 0.2] is 1 on every scenario and every point sampled: always on"),
+    ("c = 0.5\n[c > 0.2]*r*A", "[c > 0.2] is 1 on every scenario at every point sampled: always on"),
     ("[group_count(r) > 100]*r*A + 0.1*r",
-     "[group_count(r) > 100] is 0 on every scenario and every point sampled: dead, no gradient passes it"),
+     "[group_count(r) > 100] is 0 on every scenario at every point sampled: dead, no gradient passes it"),
 ])
 def test_an_indicator_constant_on_every_scenario_is_said_on_the_first_screen(text, said):
     assert said in " ".join(first_screen(analyze(dsl.parse(text, "i.dsl"))).split())
 
 
-def test_an_indicator_that_switches_is_not_called_constant():
-    res = analyze(dsl.parse("[A > 0]*r*A", "i.dsl"))
-    assert res.scenarios["indicators"] == [{"indicator": "[A > 0]", "state": "switches"}]
+@pytest.mark.parametrize("text, state", [
+    ("[group_mean(seq_mean(A)) > 0]*r*A", "switches"),
+    ("[A > 0]*r*A", "with the token"),
+    ("[0.3 < μ and μ < 0.31]*r*A", "with the token"),      # a band between the grid's μ: never called dead
+    ("[H >= batch_quantile(H, 0.8)]*r*A", "always on at the held point only"),     # a tie on the uniform batch
+])
+def test_an_indicator_is_called_constant_only_where_the_scenarios_decide_it(text, state):
+    (ind,) = analyze(dsl.parse(text, "i.dsl")).scenarios["indicators"]
+    assert ind["state"] == state
 
 
 def test_the_scenarios_are_listed_and_one_is_analysed_from_the_command_line(dapo_zv, capsys):

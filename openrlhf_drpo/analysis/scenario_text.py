@@ -23,8 +23,10 @@ def _constant(ind, named=True) -> str:
         return (f"{ind['indicator'] + ' ' if named else ''}is {1 if ind['state'].startswith('always') else 0} at every "
                 "point sampled, at the held point only: it reads a held value (ρ, π_ref, H, Σπ²) or a statistic "
                 "that ties with its value on the uniform batch; elsewhere it may switch (not analysed)")
-    return (f"{ind['indicator'] + ' ' if named else ''}is 1 on every scenario at every point sampled: always on" if ind["state"] == "always on"
-            else f"{ind['indicator'] + ' ' if named else ''}is 0 on every scenario at every point sampled: dead, no gradient passes it")
+    where = ("on every scenario at every point sampled (|A| from 0.001 to 1000; the scenarios' groups, |y| and "
+             "staleness)")
+    return (f"{ind['indicator'] + ' ' if named else ''}is 1 {where}: always on" if ind["state"] == "always on"
+            else f"{ind['indicator'] + ' ' if named else ''}is 0 {where}: dead, no gradient passes it")
 
 
 def first_screen(sc: dict | None, width: int | None = WIDTH, room: int = 12) -> list[str]:
@@ -36,7 +38,8 @@ def first_screen(sc: dict | None, width: int | None = WIDTH, room: int = 12) -> 
     changed = [s for s in sc["scenarios"] if s["changes"]]
     lines = [f"{s['title']}: {s['text']}" + (" (the compiled loss DISAGREES: evidence below)"
                                             if s["loss_check"]["status"] == "disagrees" else "") for s in changed]
-    lines += [_constant(i) for i in sc["indicators"] if i["state"] in ("always on", "dead")]
+    lines += [_constant(i).replace(" (|A| from 0.001 to 1000; the scenarios' groups, |y| and staleness)", "")
+              for i in sc["indicators"] if i["state"] in ("always on", "dead")]
     same = len(sc["scenarios"]) - len(changed)
     if same and changed:
         lines.append(f"{same} other{'s' if same > 1 else ''} as analysed (--scenarios lists them)")
@@ -99,8 +102,10 @@ def evidence(sc: dict | None) -> list[str]:
         out.append(f"    {s['name']:<14} {s['title']} ({_point(s['point'])}): {s['text']}"
                    + ("" if once else f"; {_check(s['loss_check'])}"))
     for i in sc["indicators"]:
-        out.append(f"    indicator      {i['indicator']}: " + (_constant(i, False) if i["state"] != "switches" else
-                                                                 "0 on some scenarios or points, 1 on others"))
+        out.append(f"    indicator      {i['indicator']}: " + (
+            "reads the token's r, π, μ or A: where it switches is the trust region's (above)"
+            if i["state"] == "with the token" else "0 on some scenarios or points, 1 on others"
+            if i["state"] == "switches" else _constant(i, False)))
     return out
 
 

@@ -278,10 +278,26 @@ def indicators(obj: Objective, rho: float, points: list[dict]) -> list[dict]:
         every = np.concatenate(values) if values else np.array([])
         state = ("always on" if every.size and np.all(every == 1) else "dead" if every.size and np.all(every == 0)
                  else "switches")
-        if state != "switches" and _held_only(ind, obj.options["anchor"]):
+        if _per_token(ind):     # its thresholds in r, π, μ or A are the trust region's: the arbiter samples them
+            state = "with the token"
+        elif state != "switches" and _held_only(ind, obj.options["anchor"]):
             state = f"{state} at the held point only"
         out.append({"indicator": render(ind), "state": state, "off": offs, "all_on": ons})
     return out
+
+
+def _per_token(ind: Node) -> bool:
+    """Whether the indicator reads the token's own r, π, μ or A (outside a group or batch reduction):
+    where it switches is a boundary of the token analysis, whose grid samples both sides of every
+    threshold; this grid does not (a band 0.3 < μ < 0.31 falls between its points)."""
+    stack = [ind]
+    while stack:
+        n = stack.pop()
+        if n.op == "var" and n.value in ("r", "pi", "mu", "A", "pi_old", "pi_rollout", "pi_ref", "H", "sum_pi_sq"):
+            return True
+        if not (n.op in OPS and OPS[n.op].reduce and OPS[n.op].over in ("group", "batch")):
+            stack.extend(n.args)
+    return False
 
 
 def _held_only(ind: Node, anchor: str) -> bool:
