@@ -72,7 +72,8 @@ def test_an_indicator_constant_on_every_scenario_is_said_on_the_first_screen(tex
     ("[group_mean(seq_mean(A)) > 0]*r*A", "switches"),
     ("[A > 0]*r*A", "with the token"),
     ("[0.3 < μ and μ < 0.31]*r*A", "with the token"),      # a band between the grid's μ: never called dead
-    ("[H >= batch_quantile(H, 0.8)]*r*A", "always on at the held point only"),     # a tie on the uniform batch
+    ("[H >= batch_quantile(H, 0.8)]*r*A", "with the token"),
+    ("[group_std(seq_mean(r)) == 0]*r*A", "always on at the held point only"),     # a tie on the uniform batch
 ])
 def test_an_indicator_is_called_constant_only_where_the_scenarios_decide_it(text, state):
     (ind,) = analyze(dsl.parse(text, "i.dsl")).scenarios["indicators"]
