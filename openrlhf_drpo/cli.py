@@ -1,6 +1,6 @@
 """drpo-analyze: what an objective does to each token's gradient, derived symbolically.
 
-Never imports torch: SymPy, NumPy and (for --plot) matplotlib only."""
+Never imports torch but for --check-loss: SymPy, NumPy and (for --plot) matplotlib only."""
 from __future__ import annotations
 
 import argparse
@@ -152,6 +152,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--position", type=_positive(int), default=None, metavar="P",
                     help="prefix reductions are analysed at the P-th token of the response, P ≤ --seq-len "
                          "(default: the last)")
+    ap.add_argument("--scenarios", action="store_true",
+                    help="list the objective's scenarios (the situations that change its gradient: a zero-variance "
+                         "group, one success in G, a long response, a stale sample, ...) with each one's claim")
+    ap.add_argument("--scenario", metavar="NAME", default=None,
+                    help="analyse the objective in one of its scenarios (--scenarios lists them)")
+    ap.add_argument("--check-loss", action="store_true",
+                    help="hold each scenario's claim to the compiled loss's gradient on its batch (imports torch)")
     ap.add_argument("--equiv", action="store_true",
                     help="with two objectives: do they train identically? exit 0 equivalent, 1 not, 2 on errors")
     ap.add_argument("--emit-torch", action="store_true", help="print the generated torch code instead")
@@ -175,6 +182,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
         ap.error("name at least one objective (a .dsl file or a shipped name; --list lists them)")
     if args.group is not None and args.group_size not in (None, len(args.group)):
         ap.error(f"--group has {len(args.group)} responses but --group-size is {args.group_size}")
+    args.group_given = args.group is not None
     args.group_size = len(args.group) if args.group is not None else args.group_size or GROUP_SIZE
     if args.plot is not None:
         _check_plot_path(ap, args.plot)
@@ -201,7 +209,12 @@ def analyze_main(argv: list[str] | None = None) -> int:
                  "group": args.group}
         for obj, values in zip(objs, held or [{}] * len(objs)):
             try:
-                results.append(analyze(obj, args.seq_len, args.rho, **point, held=values))
+                results.append(analyze(obj, args.seq_len, args.rho, **point, held=values, scenario=args.scenario,
+                                       check_loss=args.check_loss))
+            except ValueError as e:
+                if args.scenario is None or "has no scenario" not in str(e):
+                    raise
+                ap.error(f"--scenario {args.scenario}: {e}")
             except DslError:        # bad input the analysis locates (a batch quantile of A on a spread group)
                 raise
             except Exception as e:   # a bug of ours, not bad input: say which objective, no traceback
@@ -215,6 +228,10 @@ def analyze_main(argv: list[str] | None = None) -> int:
             raise
         print(e.render(), file=sys.stderr)
         return 1
+    if args.scenarios and not args.json:
+        from openrlhf_drpo.analysis.scenario_text import listing
+        print("\n\n".join(listing(r.name, r.scenarios) for r in results))
+        return 0
     if args.json:
         data = [to_json(r) for r in results]
         print(json.dumps(data if len(data) > 1 else data[0], indent=2, ensure_ascii=False))
@@ -289,7 +306,7 @@ def _equiv(ap, args) -> int:
         from dsl.vocabulary import refuse_r_analysis
         refuse_r_analysis(a), refuse_r_analysis(b)         # the comparison is in r too
         from openrlhf_drpo.analysis.equiv import equivalence
-        res = equivalence(a, b, args.seq_len, args.rho)
+        res = equivalence(a, b, args.seq_len, args.rho, group=args.group if args.group_given else None)
     except DslError as e:
         if args.traceback:
             raise

@@ -16,11 +16,13 @@ from openrlhf_drpo.analysis.result import Analysis
 
 def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.0, group_size: int = GROUP_SIZE,
             group: Iterable[float] | None = None, batch_size: int | None = None, position: int | None = None, held: dict | None = None,
-            **params) -> Analysis:
+            scenario: str | None = None, check_loss: bool = False, **params) -> Analysis:
     """What drpo-analyze prints, as a value: `objective` is a shipped name, a .dsl path, NAME:k=v,...
     or a dsl.Objective (dsl.parse("r*A - ...") for a formula); keyword `params` override its
     parameters (ASCII or Unicode names). The others are drpo-analyze's --seq-len, --rho,
-    --group-size, --group, --batch-size, --position and the held values (--set H=...)."""
+    --group-size, --group, --batch-size, --position and the held values (--set H=...); `scenario`
+    analyses one of its scenarios (--scenario NAME; the result's `scenarios` lists them), and
+    `check_loss` holds each scenario's claim to the compiled loss (--check-loss; imports torch)."""
     if not isinstance(objective, dsl.Objective):
         name, own = dsl.parse_spec(objective)
         objective = dsl.load(name).with_overrides(own, where="<command line>") if own else dsl.load(name)
@@ -35,7 +37,17 @@ def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.
     from dsl.objective import param_key
     held = {param_key(k): Fraction(str(v)) for k, v in (held or {}).items()}
     return _analyze(objective, seq_len, rho, group_size=group_size, batch_size=batch_size, position=position,
-                    group=group, held=held)
+                    group=group, held=held, scenario=scenario, check_loss=check_loss)
 
 
-__all__ = ["Analysis", "analyze"]
+def equivalent(a: str | dsl.Objective, b: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.0,
+               group: Iterable[float] | None = None) -> dict:
+    """drpo-analyze --equiv A B as a value (its --json): the verdict over the analysed point, `group`
+    (--group) where given, and every scenario of either objective, with each one's witness."""
+    from openrlhf_drpo.analysis.equiv import equivalence
+    from openrlhf_drpo.analysis.held import held_group
+    a, b = (o if isinstance(o, dsl.Objective) else dsl.load(o) for o in (a, b))
+    return equivalence(a, b, seq_len, rho, group=None if group is None else held_group(None, list(group)))
+
+
+__all__ = ["Analysis", "analyze", "equivalent"]

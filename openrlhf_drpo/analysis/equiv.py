@@ -17,7 +17,10 @@ from openrlhf_drpo.analysis.events import describe
 from dsl.ir import Node, num, rebuild, sub, tree_size
 from openrlhf_drpo.analysis.mathtext import math_text
 from openrlhf_drpo.analysis.symbolic import DIRECTIONS, SIGNS, case_weight
-from openrlhf_drpo.analysis.view import analysis_view
+from openrlhf_drpo.analysis.held import held_group
+from openrlhf_drpo.analysis.scenarios import at, derive
+from openrlhf_drpo.analysis.view import analysis_view, held_names
+from dsl.errors import DslError
 from dsl.walks import derivative, numpy_plan
 
 # |A| from tiny to huge, with intermediate values where an |A|-entangled gate changes shape
@@ -38,9 +41,11 @@ def _inline(n: Node, params: dict) -> Node:
     return rebuild(n, lambda m, args: num(params[m.value]) if m.op == "param" else None)
 
 
-def equivalence(a, b, seq_len=1, rho=1) -> dict:
-    """The verdict, its evidence and (when they differ) a witness and the region."""
-    views = [analysis_view(o, seq_len, rho) for o in (a, b)]
+def equivalence(a, b, seq_len=1, rho=1, group=None) -> dict:
+    """The verdict, its evidence and (when they differ) a witness and the region; at the held
+    `group` (--group) where given, and on every scenario of either (scenario_verdicts): equivalent
+    only where they agree on all of them."""
+    views = [analysis_view(o, seq_len, rho, group=group) for o in (a, b)]
     names = [a.name, b.name] if a.name != b.name else [a.path, b.path]
     if names[0] == names[1]:
         names = [f"{names[0]} (first)", f"{names[0]} (second)"]
@@ -60,14 +65,55 @@ def equivalence(a, b, seq_len=1, rho=1) -> dict:
             break
     numeric["rhos"] = rhos if mismatch else None
     gradient_same = not numeric["differs"]
+    situations = scenario_verdicts(a, b, seq_len, rho, group)
+    differ = [s for s in situations if s["status"] == "differs"]
     return {
-        "names": names, "paths": [a.path, b.path], "equivalent": gradient_same and not options,
+        "names": names, "paths": [a.path, b.path],
+        "equivalent": gradient_same and not options and not differ and all(s["status"] == "same" for s in situations),
+        "scenarios": situations, "group": None if group is None else [float(c) for c in group],
         "gradient_equivalent": gradient_same, "options": options,
         "options_shown": {k: a.options[k] for k in a.options},
         "scope": {"sequence": any(s["sequence"] for s in scopes), "seq_len": seq_len, "mismatch": mismatch,
                   "rho": rho},
         "symbolic": symbolic, "numeric": numeric,
     }
+
+
+# ------------------------------------------------------------------ over the scenarios
+def scenario_verdicts(a, b, seq_len, rho, group) -> list[dict]:
+    """Each scenario of either objective (analysis.scenarios, by name: both derive it alike), the
+    two gradients compared at its held point as at the analysed one: 'same', 'differs' (with the
+    witness, and where its group's advantages are all equal, whether the two agree at A = 0, what a
+    host that normalizes A within groups gives there), or 'not compared' (why)."""
+    point = {"seq_len": seq_len, "group": group}
+    found = {s.name: s for o in (a, b) for s in derive(o, point)}
+    out = []
+    for s in found.values():
+        p = at(point, s)
+        kw = {k: p.get(k) for k in ("group_size", "batch_size", "position", "group")}
+        held = {k: v for k, v in p.get("held", {}).items()}
+        try:
+            at_views = [analysis_view(o, p.get("seq_len", 1), rho, **kw, held={k: v for k, v in held.items()
+                                                                                if k in held_names(o)})[0]
+                        for o in (a, b)]
+        except (DslError, ValueError) as e:
+            out.append({"name": s.name, "title": s.title, "status": "not compared", "why": str(e).splitlines()[0]})
+            continue
+        exprs = [_inline(v.expr, v.params) for v in at_views]
+        dls = [_inline(derivative(v.expr), v.params) for v in at_views]
+        numeric = _numerically(exprs, dls)
+        row = {"name": s.name, "title": s.title, "status": "differs" if numeric["differs"] else "same",
+               "points": numeric["points"]}
+        if numeric["differs"]:
+            row["witness"] = numeric["witness"]
+            g = held_group(kw.get("group_size"), kw.get("group"))
+            if len(set(g)) == 1:     # a host normalizing A within groups gives A = 0 on every response here
+                import numpy as np
+                r, mu, _, _ = _points(1)
+                zero = _gradients(exprs, dls, r, mu, np.zeros_like(r))
+                row["normalized_same"] = not bool(_differ(*zero, r, np.ones_like(r)).any())
+        out.append(row)
+    return out
 
 
 # ------------------------------------------------------------------ numerically

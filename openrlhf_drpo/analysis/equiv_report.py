@@ -8,7 +8,12 @@ def equivalence_report(res: dict) -> str:
     """drpo-analyze --equiv: the verdict first, then its evidence (analysis.equiv)."""
     a, b = res["names"]
     num, sym = res["numeric"], res["symbolic"]
-    lines = [f"{'equivalent' if res['equivalent'] else 'not equivalent'}: {a} and {b}"]
+    situations = res.get("scenarios") or []
+    differ = [x for x in situations if x["status"] == "differs"]
+    except_ = not num["differs"] and not res["options"] and differ
+    verdict = ("equivalent" if res["equivalent"] else
+               f"equivalent except on {_titles(differ)}" if except_ else "not equivalent")
+    lines = [f"{verdict}: {a} and {b}"]
     if res["options"]:
         lines.append("  options    differ: " + "; ".join(f"@{o['option']} = {o['values'][0]} ({a}) vs {o['values'][1]} ({b})"
                                                       for o in res["options"]))
@@ -56,7 +61,42 @@ def equivalence_report(res: dict) -> str:
     if num["ties"]:
         lines.append(f"  ties       they differ only at isolated points, {num['ties']}: a threshold's tie (≤ against <), "
                      "not a region")
+    lines += _scenario_lines(res, situations, a, b)
     return "\n".join(lines)
+
+
+def _titles(rows) -> str:
+    raw = " with raw advantages" if all("normalized_same" in x for x in rows) else ""
+    return " and ".join(x["title"] for x in rows) + raw
+
+
+def _scenario_lines(res, situations, a, b) -> list[str]:
+    """Where the verdict holds: every scenario of both, each differing one with its witness and,
+    on a group of equal advantages, what a host that normalizes A within groups makes of it."""
+    if not situations:
+        return []
+    group = f" and at --group {','.join(f'{c:g}' for c in res['group'])}" if res.get("group") else ""
+    same = [x["name"] for x in situations if x["status"] == "same"]
+    out = []
+    if all(x["status"] == "same" for x in situations):
+        out.append(f"  scenarios  equivalent on every scenario ({', '.join(same)}){group}: each compared as above")
+    elif same:
+        out.append(f"  scenarios  the same on {', '.join(same)}{group}")
+    for x in situations:
+        if x["status"] == "not compared":
+            out.append(f"  not compared  {x['title']}: {x['why']}")
+        if x["status"] != "differs":
+            continue
+        w = x["witness"]
+        g = ["undefined" if v is None else f"{v:.6g}" for v in w["gradients"]]
+        text = (f"  differs    {x['title']}: there ∂ℓ/∂log π = {g[0]} ({a}) vs {g[1]} ({b}) at μ = {w['mu']:.6g}, "
+                f"r = {w['r']:.6g}, A = {w['A']:g}")
+        if "normalized_same" in x:
+            text += ("; a host that normalizes A within groups gives A = 0 there, where the two " +
+                     ("agree: the verdict depends on the host's normalization of A" if x["normalized_same"] else
+                      "still differ"))
+        out.append(text)
+    return out
 
 
 def _symbolic_why(sym) -> str:

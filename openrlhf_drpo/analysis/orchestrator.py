@@ -28,20 +28,28 @@ from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_ra
                                          reference_split, terms)
 from dsl.operations import OPS
 from dsl.printing import render
+from openrlhf_drpo.analysis.scenarios import at, find, scenario_analysis
 from dsl.vocabulary import refuse_r_analysis
 from dsl.errors import DslError
 from dsl.walks import NotHeld, derivative
 from dsl.names import display_name
 
 
-def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, **point) -> Analysis:
+def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, scenario: str | None = None,
+            check_loss: bool = False, **point) -> Analysis:
     """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
     uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
-    analysis.view.analysis_view takes them): each step adds to `result` the fields the next ones
-    read, and the typed result is built last. own_advantage=False: w against the host's A even where
-    the objective builds its own advantage Â (analysis.advantage), as before Â."""
+    analysis.view.analysis_view takes them), or at its `scenario` (analysis.scenarios, by name):
+    each step adds to `result` the fields the next ones read, and the typed result is built last.
+    own_advantage=False: w against the host's A even where the objective builds its own advantage Â
+    (analysis.advantage). `check_loss`: hold each scenario's claim to the compiled loss (imports torch)."""
     refuse_r_analysis(obj)       # a vocabulary sum is no function of r: say so, claim nothing
     original = obj
+    given = {"seq_len": seq_len, **point}
+    situations = scenario_analysis(original, rho, given, check_loss)
+    if scenario is not None:        # the analysis at that scenario's held point, the list as it was
+        given = at(given, find(original, scenario, given))
+        seq_len, point = given.pop("seq_len", seq_len), given
     names = names_of_view(original)
     # an advantage the objective builds from A (analysis.advantage): w is against it, A its input
     own = find_advantage(original) if own_advantage else None
@@ -104,6 +112,7 @@ def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, **point) -> An
     result["notes"] = ctx.notes
     result["hang_guard"] = ctx.guard
     result["w"], result["w_numeric"] = claims["w"], arb.w
+    result["scenarios"], result["scenario"] = situations, scenario
     return Analysis(**result)
 
 

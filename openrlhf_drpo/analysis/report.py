@@ -10,6 +10,7 @@ from openrlhf_drpo.analysis.alert_text import alert_text
 from openrlhf_drpo.analysis.mathtext import clip_text, fmt, magnitudes, math_text
 from dsl.names import display_name
 from openrlhf_drpo.analysis.result import Analysis
+from openrlhf_drpo.analysis.scenario_text import evidence as scenario_evidence
 from openrlhf_drpo.analysis.summary import BOUNDED, GEOMETRY, WIDTH, kinds, on_policy, summary, weight_range, wrap
 
 def _status(claim) -> str:
@@ -204,6 +205,11 @@ def _warnings(res, evidence):
 @line("notes")
 def _notes(res, evidence):
     return ["", "  notes"] + [f"    - {n}" for n in res.notes] if res.notes else []
+
+
+@line("scenarios")
+def _scenarios(res, evidence):
+    return ["", *scenario_evidence(res.scenarios)]
 
 
 def _lines_shown() -> dict:

@@ -123,6 +123,10 @@ class Analysis:
     self_check: dict = declared(json="self_check", line="self_check")
     admissibility: dict = declared(json="admissibility", line="admissibility")
     notes: list = declared(json="notes", line="notes")
+    # the situations that change the gradient, derived from the objective's constructs, each with its
+    # claim and the compiled loss's word (analysis.scenarios); `scenario`: the one analysed, if chosen
+    scenarios: dict = declared(json="scenarios", line="scenarios", optional=True)
+    scenario: str = declared(json="scenario", optional=True)
     hang_guard: dict = declared(json="hang_guard")
     text: dict = declared(json="text", derive=_formulas)
     w: Callable = declared()            # vectorized w(r, μ, A) as derived, for callers' own checks

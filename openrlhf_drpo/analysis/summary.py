@@ -13,8 +13,10 @@ from openrlhf_drpo.analysis.advantage import hatted
 from openrlhf_drpo.analysis.alert_text import alert_text
 from openrlhf_drpo.analysis.first_lines import advantage_line, channel_lines
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
+from openrlhf_drpo.analysis.scenario_text import first_screen
 
 WIDTH = 100
+SCREEN = 40         # the first screen's lines
 GEOMETRY = {
     "none": "w ≡ 1: the plain surrogate, no trust region",
     "ratio": "boundaries are fixed values of r = π/μ (PPO/SPO-like)",
@@ -151,6 +153,8 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
     own = [x for label, text in advantage_line(res) for x in wrap(text, f"  {label:<14}", width=width)]
     channels = [x for label, text in channel_lines(res) for x in wrap(text, f"  {label:<14}", width=width)]
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
-    return [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
+    head = [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
             *_objective(res, source, width), "", *held, *own, *hat(_gradient(res, width)), *channels,
-            *hat(_trust_region(res, width) + wrap(bounded[res.bounded], "  bounded       ", width=width)), *worries]
+            *hat(_trust_region(res, width) + wrap(bounded[res.bounded], "  bounded       ", width=width))]
+    room = max(1, min(12, SCREEN - len(head) - len(worries)))     # the scenarios fit the screen's 40 lines
+    return [*head, *first_screen(getattr(res, "scenarios", None), width, room), *worries]
