@@ -16,13 +16,14 @@ from openrlhf_drpo.analysis.result import Analysis
 
 def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.0, group_size: int = GROUP_SIZE,
             group: Iterable[float] | None = None, batch_size: int | None = None, position: int | None = None, held: dict | None = None,
-            scenario: str | None = None, check_loss: bool = False, **params) -> Analysis:
+            scenario: str | None = None, check_loss: bool = False, own_advantage: bool = True, **params) -> Analysis:
     """What drpo-analyze prints, as a value: `objective` is a shipped name, a .dsl path, NAME:k=v,...
     or a dsl.Objective (dsl.parse("r*A - ...") for a formula); keyword `params` override its
     parameters (ASCII or Unicode names). The others are drpo-analyze's --seq-len, --rho,
     --group-size, --group, --batch-size, --position and the held values (--set H=...); `scenario`
     analyses one of its scenarios (--scenario NAME; the result's `scenarios` lists them), and
-    `check_loss` holds each scenario's claim to the compiled loss (--check-loss; imports torch)."""
+    `check_loss` holds each scenario's claim to the compiled loss (--check-loss; imports torch);
+    `own_advantage=False` takes w against the host's A where the file builds its own Â."""
     if not isinstance(objective, dsl.Objective):
         name, own = dsl.parse_spec(objective)
         objective = dsl.load(name).with_overrides(own, where="<command line>") if own else dsl.load(name)
@@ -37,7 +38,8 @@ def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.
     from dsl.objective import param_key
     held = {param_key(k): Fraction(str(v)) for k, v in (held or {}).items()}
     return _analyze(objective, seq_len, rho, group_size=group_size, batch_size=batch_size, position=position,
-                    group=group, held=held, scenario=scenario, check_loss=check_loss)
+                    group=group, held=held, scenario=scenario, check_loss=check_loss,
+                    own_advantage=own_advantage)
 
 
 def equivalent(a: str | dsl.Objective, b: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.0,

@@ -88,9 +88,7 @@ def _locality(res, evidence):
     return [text + "".join(f", and a statistic of fixed inputs needs {w}" for w in wider)]
 
 
-@line("advantage")
-def _advantage(res, evidence):
-    return [f"  advantage  {res.advantage['text']}"]
+line("advantage")(lambda res, evidence: [f"  advantage  {res.advantage['text']}"])
 
 
 @line("weight")
