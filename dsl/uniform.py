@@ -78,7 +78,7 @@ HELD = {"response": lambda level, point: point["seq_len"], "turn": lambda level,
 
 # ---------------------------------------------------------------- the value over a held group's responses
 # A group or batch reduction's value over n elements that hold the values xs [(x, share)] in those
-# shares (analysis.held's held group; shares sum to 1). A string: not derived (why); None: the row
+# shares (analysis.batch.held's held group; shares sum to 1). A string: not derived (why); None: the row
 # reads no value (a count), its uniform value holds.
 def _mean_of(xs):
     out = None

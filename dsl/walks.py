@@ -148,7 +148,7 @@ def reads_whole_response(n: Node) -> bool:
     return (n.op in OPS and bool(OPS[n.op].reduce)) or (n.op == "var" and n.value in ("seq_len", "turn_len"))
 
 
-# The parameters uniform_view writes for what it holds (analysis.view renames one a file already uses)
+# The parameters uniform_view writes for what it holds (analysis.batch.view renames one a file already uses)
 VIEW_NAMES = {"seq_len": "seq_len", "position": "p", "group_size": "G", "batch_size": "N", "rho": "rho",
               "rho_ref": "rho_ref", "H": "H", "staleness": "staleness"}
 

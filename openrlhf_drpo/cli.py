@@ -15,13 +15,13 @@ from dsl import DslError, load, parse_spec, shipped_names
 from dsl.errors import DslWarning
 from dsl.objective import parse_overrides
 from openrlhf_drpo import __version__
-from openrlhf_drpo.analysis.held import GROUP_SIZE
+from openrlhf_drpo.analysis.batch.held import GROUP_SIZE
 
 
 def _load_all(specs, overrides, held: list | None = None):
     """Each objective (FILE_OR_NAME or NAME:k=v,...: its own values first) takes the --set overrides
     naming its parameters; with `held` (drpo-analyze), those naming a value its analysis holds (H,
-    rho_ref, a statistic's binding: analysis.view.held_names) go to held[i], its own; a name no
+    rho_ref, a statistic's binding: analysis.batch.view.held_names) go to held[i], its own; a name no
     objective has is an error, and so is one set both ways."""
     from dsl.objective import param_key
     from dsl.vocabulary import refuse_r_analysis
@@ -51,7 +51,7 @@ def _load_all(specs, overrides, held: list | None = None):
         objs[i] = obj.with_overrides(mine, where="--set")
     rest = {k: v for k, v in overrides.items() if k not in used}
     if rest and held is not None:
-        from openrlhf_drpo.analysis.view import held_names
+        from openrlhf_drpo.analysis.batch.view import held_names
         for obj in objs:
             mine = {k: v for k, v in rest.items() if param_key(k) in held_names(obj)}
             used |= set(mine)
@@ -66,7 +66,7 @@ def _held_value(name, value):
     """A held value from --set NAME=VALUE, a finite number the analysis can hold, as an exact Fraction."""
     from fractions import Fraction
 
-    from openrlhf_drpo.analysis.view import held_value_error
+    from openrlhf_drpo.analysis.batch.view import held_value_error
     text = f"{name}={value}"
     try:
         number = Fraction(str(value).strip())
@@ -92,10 +92,10 @@ def _positive(kind):
 
 
 def _group(text):
-    """--group 1,1,0,0: the held group (analysis.held.held_group), each an exact number."""
+    """--group 1,1,0,0: the held group (analysis.batch.held.held_group), each an exact number."""
     from fractions import Fraction
 
-    from openrlhf_drpo.analysis.held import held_group
+    from openrlhf_drpo.analysis.batch.held import held_group
     try:
         return held_group(None, [Fraction(part.strip()) for part in text.split(",")])
     except (ValueError, ZeroDivisionError) as e:
@@ -203,7 +203,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
             print("\n\n".join(torch_source(o) for o in objs))
             return 0
         from openrlhf_drpo.analysis.orchestrator import analyze
-        from openrlhf_drpo.analysis.report import comparison, report, to_json
+        from openrlhf_drpo.analysis.present.report import comparison, report, to_json
         results = []
         point = {"group_size": args.group_size, "batch_size": args.batch_size, "position": args.position,
                  "group": args.group}
@@ -229,14 +229,14 @@ def analyze_main(argv: list[str] | None = None) -> int:
         print(e.render(), file=sys.stderr)
         return 1
     if args.scenarios and not args.json:
-        from openrlhf_drpo.analysis.scenario_text import listing
+        from openrlhf_drpo.analysis.present.scenario_text import listing
         print("\n\n".join(listing(r.name, r.scenarios) for r in results))
         return 0
     if args.json:
         data = [to_json(r) for r in results]
         print(json.dumps(data if len(data) > 1 else data[0], indent=2, ensure_ascii=False))
     elif args.sweep is not None:     # a row per value, named by it; the plot's rows by the objective too
-        from openrlhf_drpo.analysis.summary import wrap
+        from openrlhf_drpo.analysis.present.summary import wrap
         for res, value in zip(results, points):
             res.name = value
         print(f"{objs[0].name}: {points[0].split(' = ')[0]} swept\n\n" + comparison(results, first="value"))
@@ -249,7 +249,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
         if len(results) > 1:
             print("\n" + comparison(results))
     if args.plot is not None:
-        from openrlhf_drpo.analysis.plot import plot
+        from openrlhf_drpo.analysis.present.plot import plot
         try:
             plot(results, args.plot)
         except OSError as e:
@@ -322,7 +322,7 @@ def _equiv(ap, args) -> int:
     if args.json:
         print(json.dumps(res, indent=2, ensure_ascii=False))
     else:
-        from openrlhf_drpo.analysis.equiv_report import equivalence_report
+        from openrlhf_drpo.analysis.present.equiv_report import equivalence_report
         print(equivalence_report(res))
     return 0 if res["equivalent"] else 1
 

@@ -1,7 +1,7 @@
 """The random-objective run of issue 45 at full size: N seeded draws per seed over the group,
 batch and indicator constructs (tests/scenario_objectives.py, whose small slice the suite runs),
 each scenario's claim held to the compiled loss's gradient on that scenario's batch
-(analysis.scenario_check). Prints JSON: per seed the draws, the scenarios checked, how many agree,
+(analysis.batch.scenario_check). Prints JSON: per seed the draws, the scenarios checked, how many agree,
 disagree (a confident wrong claim), were not checkable (a gradient through a spread group), and
 the first disagreements and errors in full.
 
@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 
 import dsl  # noqa: E402
-from openrlhf_drpo.analysis.scenarios import scenario_analysis  # noqa: E402
+from openrlhf_drpo.analysis.batch.scenarios import scenario_analysis  # noqa: E402
 from scenario_objectives import draws  # noqa: E402
 
 

@@ -15,8 +15,8 @@ from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIV
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze, self_check
-from openrlhf_drpo.analysis.report import report, to_json
-from openrlhf_drpo.analysis.summary import summary
+from openrlhf_drpo.analysis.present.report import report, to_json
+from openrlhf_drpo.analysis.present.summary import summary
 
 r, mu, A = sp.symbols("r mu A")
 S = sp.sign
@@ -282,7 +282,7 @@ def test_past_the_branch_budget_the_report_is_the_arbiters_and_says_so(monkeypat
 
 def test_the_hang_guard_is_reported_when_it_fires(monkeypatch):
     import openrlhf_drpo.analysis.budgets as budgets
-    from openrlhf_drpo.analysis.report import report
+    from openrlhf_drpo.analysis.present.report import report
     monkeypatch.setattr(budgets, "HANG_SECONDS", 1e-3)
     res = analyze(dsl.load("gmpo"))
     out = to_json(res)
@@ -301,7 +301,7 @@ _JSON_OF = """
 import json, sys
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import to_json
+from openrlhf_drpo.analysis.present.report import to_json
 print(json.dumps({n: json.dumps(to_json(analyze(dsl.load(n))), sort_keys=True) for n in sys.argv[1:]}))
 """
 
@@ -338,7 +338,7 @@ RAW_SYMPY = ["gmpo", "vespo", "bandpo_tv", "min(r*A, clip(r, 1 - 0.2*μ, 1 + 0.3
 @pytest.mark.parametrize("spec", RAW_SYMPY)
 def test_no_weight_or_boundary_is_printed_as_a_sympy_call(spec, tight, monkeypatch):
     import openrlhf_drpo.analysis.budgets as budgets
-    from openrlhf_drpo.analysis.report import report
+    from openrlhf_drpo.analysis.present.report import report
     if tight:
         for key in ("settle", "tidy", "limit"):
             monkeypatch.setitem(budgets.BUDGET, key, 0)
@@ -461,7 +461,7 @@ ON_POLICY = [
 
 @pytest.mark.parametrize("text, status, w", ON_POLICY)
 def test_the_on_policy_weight_is_reported_for_each_sign_of_a(text, status, w):
-    from openrlhf_drpo.analysis.extremes import on_policy
+    from openrlhf_drpo.analysis.numeric.extremes import on_policy
     from dsl.walks import derivative
     obj = dsl.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))

@@ -8,7 +8,7 @@ import pytest
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 
 # w = 0 exactly on a uniform group, which the doubles give as ±2.2e-16
 GROUP_ZERO = "r*A*(r/group_mean(r) - 1)"

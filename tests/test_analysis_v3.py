@@ -18,9 +18,9 @@ import torch
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.sampling import numpy_fn
+from openrlhf_drpo.analysis.numeric.sampling import numpy_fn
 from openrlhf_drpo.core import CompiledLoss
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 from dsl.ir import postorder
 from dsl.levels import argument_level, levels
 from openrlhf_drpo.core.reductions import NAMESPACE

@@ -21,7 +21,7 @@ from strategies import POLICY_OBJECTIVES, RESEARCH_OBJECTIVES, SEQUENCE_OBJECTIV
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analysis_view, analyze
 from dsl.walks import derivative, numpy_plan
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 
 GOLDEN = Path(__file__).parent / "golden"
 BEYOND, CROSS, JUMP, BEFORE = "w = 0 beyond", "crosses 0", "jumps across 0", "w = 0 before"
@@ -357,7 +357,7 @@ ON_POLICY_PEAKS = [
 
 @pytest.mark.parametrize("text, w", ON_POLICY_PEAKS)
 def test_the_on_policy_interval_reaches_extremes_between_sampled_magnitudes_and_mus(text, w):
-    from openrlhf_drpo.analysis.extremes import on_policy
+    from openrlhf_drpo.analysis.numeric.extremes import on_policy
     obj = dsl.parse(text + "\n")
     facts = on_policy(obj, derivative(obj.expr))
     for adv in ("positive", "negative"):

@@ -154,7 +154,7 @@ def test_a_bad_sweep_is_a_clear_error(args, message):
 
 def test_compared_panels_share_one_colour_scale(tmp_path):
     from openrlhf_drpo import analyze
-    from openrlhf_drpo.analysis.plot import plot
+    from openrlhf_drpo.analysis.present.plot import plot
     limits = plot([analyze("drpo", delta=0.1), analyze("drpo", delta=1)], str(tmp_path / "w.png"))
     alone = plot([analyze("drpo", delta=1)], str(tmp_path / "one.png"))
     assert len(limits) == 4 and len(set(limits)) == 1 and limits[0] != alone[0]
@@ -184,7 +184,7 @@ def test_the_completion_script_completes_each_commands_flags_choices_and_objecti
 def test_the_plot_names_the_w_zero_line_in_a_legend_where_a_panel_draws_it(tmp_path, monkeypatch):
     import matplotlib.figure
     from openrlhf_drpo import analyze
-    from openrlhf_drpo.analysis.plot import plot
+    from openrlhf_drpo.analysis.present.plot import plot
     shown, save = [], matplotlib.figure.Figure.savefig
 
     def savefig(fig, *args, **kwargs):       # each panel's legend, as the file gets it

@@ -68,7 +68,7 @@ ATOM = """
 import json, torch
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import to_json
+from openrlhf_drpo.analysis.present.report import to_json
 from openrlhf_drpo.core import CompiledLoss
 obj = dsl.parse("cube(r)*A/3", "toy.dsl")
 res = to_json(analyze(obj))
@@ -211,7 +211,7 @@ FIELD = """
 import json
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 res = analyze(dsl.load("drpo"))
 print(json.dumps({"json": to_json(res).get("operations"),
                   "line": [l for l in report(res).splitlines() if l.startswith("  operations")]}))
@@ -224,7 +224,7 @@ def test_a_report_field_added_as_the_page_says_reaches_the_json_the_report_the_g
     insert(declare, block("field-declare"), before='    notes: list = declared(json="notes", line="notes")')
     proc = run(copy, FIELD)
     assert "declares report lines" in proc.stderr, proc.stderr[-2000:]   # before its line exists: an error
-    insert(copy / "openrlhf_drpo/analysis/report.py", block("field-line"))
+    insert(copy / "openrlhf_drpo/analysis/present/report.py", block("field-line"))
     insert(copy / "openrlhf_drpo/analysis/orchestrator.py", block("field-compute"), after='result["smooth"] = ')
     proc = run(copy, FIELD)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,7 +9,7 @@ import sympy as sp
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 
 BEYOND = "w = 0 beyond"
 

@@ -174,7 +174,7 @@ def test_every_repository_path_a_page_names_exists(page):
 
 def test_the_path_check_flags_a_moved_file_and_passes_another_projects(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("The derivation (`dsl/symbolic.py`) and `openrlhf_drpo/analysis/symbolic.py`, `core/gone.py`;\n"
+    page.write_text("The derivation (`dsl/symbolic.py`) and `openrlhf_drpo/analysis/symbolic/derivation.py`, `core/gone.py`;\n"
                     "as TRL documents it (docs/source/grpo_trainer.md), and objectives/drpo.dsl.\n")
     assert missing_paths(page) == ["page.md:1: dsl/symbolic.py", "page.md:1: core/gone.py"]
 

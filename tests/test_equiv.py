@@ -16,7 +16,7 @@ from strategies import POLICY_OBJECTIVES
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import to_json
+from openrlhf_drpo.analysis.present.report import to_json
 from openrlhf_drpo.analysis.equiv import equivalence
 from dsl.ir import Node, num, postorder
 from dsl.walks import evaluate
@@ -68,7 +68,7 @@ def test_objectives_rewritten_by_algebra_are_equivalent(a, b, proven):
 def test_a_sequence_objective_is_compared_on_the_uniform_response_and_says_so():
     res = equivalence(_obj("seq_mean(r)*A\n"), _obj("r*A\n"), seq_len=3)
     assert res["scope"]["sequence"] and res["scope"]["seq_len"] == 3
-    from openrlhf_drpo.analysis.equiv_report import equivalence_report
+    from openrlhf_drpo.analysis.present.equiv_report import equivalence_report
     assert "compared on a response whose |y| = 3 tokens share r, μ and A" in equivalence_report(res)
 
 
@@ -111,7 +111,7 @@ def test_an_options_difference_is_not_equivalent_and_is_reported_as_such(a, b, o
     res = equivalence(_obj(a), _obj(b))
     assert not res["equivalent"] and res["gradient_equivalent"]
     assert [o["option"] for o in res["options"]] == [option]
-    from openrlhf_drpo.analysis.equiv_report import equivalence_report
+    from openrlhf_drpo.analysis.present.equiv_report import equivalence_report
     text = equivalence_report(res)
     assert text.startswith("not equivalent") and f"options    differ: @{option} = " in text
 

@@ -14,7 +14,7 @@ import torch
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 from openrlhf_drpo.cli import analyze_main
 from openrlhf_drpo.core import CompiledLoss
 

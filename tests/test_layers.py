@@ -23,13 +23,14 @@ LAYERS = [
     "core.reductions", "core.kernels",
     "core.measures", "core.loss",
     "core",
-    "analysis.budgets", "analysis.mathtext", "analysis.context", "analysis.held", "analysis.view", "analysis.arbiter",
-    "analysis.extremes", "analysis.events", "analysis.sampling", "analysis.intervals", "analysis.cells",
-    "analysis.settling", "analysis.zeros", "analysis.symbolic", "analysis.channels", "analysis.confirm",
-    "analysis.alerts", "analysis.alert_text", "analysis.advantage",
-    "analysis.claims", "analysis.admissibility", "analysis.scenario_check", "analysis.scenarios", "analysis.equiv",
-    "analysis.result", "analysis.orchestrator", "analysis.first_lines", "analysis.scenario_text",
-    "analysis.summary", "analysis.report", "analysis.plot", "analysis.equiv_report", "analysis.notebook", "analysis",
+    "analysis.budgets", "analysis.mathtext", "analysis.symbolic.context", "analysis.batch.held", "analysis.batch.view", "analysis.numeric.arbiter",
+    "analysis.numeric.extremes", "analysis.numeric.events", "analysis.numeric.sampling", "analysis.symbolic.intervals", "analysis.symbolic.cells",
+    "analysis.symbolic.settling", "analysis.symbolic.zeros", "analysis.symbolic.derivation", "analysis.symbolic.channels", "analysis.symbolic.confirm",
+    "analysis.alerts", "analysis.present.alert_text", "analysis.batch.advantage",
+    "analysis.claims", "analysis.admissibility", "analysis.batch.scenario_check", "analysis.batch.scenarios", "analysis.equiv",
+    "analysis.result", "analysis.orchestrator", "analysis.present.first_lines", "analysis.present.scenario_text",
+    "analysis.present.summary", "analysis.present.report", "analysis.present.plot", "analysis.present.equiv_report", "analysis.present.notebook",
+    "analysis.numeric", "analysis.symbolic", "analysis.batch", "analysis.present", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward",
     "hosts.openrlhf.logprobs", "hosts.openrlhf.support", "hosts.openrlhf.inputs", "hosts.openrlhf.loss",
     "hosts.openrlhf.actor", "hosts.openrlhf.versions", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl",
@@ -40,7 +41,7 @@ LAYERS = [
 
 
 def module_name(path: pathlib.Path) -> str:
-    """dsl.parser, dsl, analysis.report (openrlhf_drpo's modules are named inside it), openrlhf_drpo."""
+    """dsl.parser, dsl, analysis.present.report (openrlhf_drpo's modules are named inside it), openrlhf_drpo."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     parts = parts[:-1] if parts[-1] == "__init__" else parts
     return ".".join(parts[1:] if parts[0] == "openrlhf_drpo" and len(parts) > 1 else parts)

@@ -13,7 +13,7 @@ from IPython.core.formatters import DisplayFormatter
 
 import dsl
 import openrlhf_drpo
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 
 
 @pytest.fixture(scope="module")

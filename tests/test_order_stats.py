@@ -11,7 +11,7 @@ import torch
 import dsl
 from openrlhf_drpo.core.reductions import NAMESPACE
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import report
+from openrlhf_drpo.analysis.present.report import report
 from openrlhf_drpo.core import CompiledLoss
 from test_library_v3 import PATHS, batch, host_ratio, ours, ppo, theirs, token_mean
 

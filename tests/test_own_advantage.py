@@ -6,8 +6,8 @@ import pytest
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import to_json
-from openrlhf_drpo.analysis.summary import summary
+from openrlhf_drpo.analysis.present.report import to_json
+from openrlhf_drpo.analysis.present.summary import summary
 
 OWN = """c = 0.01
 a = seq_mean(A)

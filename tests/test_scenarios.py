@@ -10,8 +10,8 @@ import pytest
 
 import dsl
 from openrlhf_drpo.analysis import analyze, equivalent
-from openrlhf_drpo.analysis.report import report, to_json
-from openrlhf_drpo.analysis.scenarios import scenario_analysis
+from openrlhf_drpo.analysis.present.report import report, to_json
+from openrlhf_drpo.analysis.batch.scenarios import scenario_analysis
 from openrlhf_drpo.cli import analyze_main
 from scenario_objectives import draws
 
@@ -121,7 +121,7 @@ def test_without_torch_the_check_is_reported_not_run(dapo_zv, monkeypatch):
 
 def test_the_analyser_only_install_imports_the_scenarios_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from openrlhf_drpo.analysis.scenarios import derive\n"
+            "from openrlhf_drpo.analysis.batch.scenarios import derive\n"
             "from openrlhf_drpo.analysis import analyze\n"
             "print(analyze('grpo_clip_higher').scenarios)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -165,7 +165,7 @@ def test_equiv_says_its_scope_when_every_scenario_agrees(capsys):
     text = "keep = [group_std(seq_mean(A)) >= 0]\nkeep*min(r*A, clip(r, 0.8, 1.28)*A)"
     res = equivalent(dsl.parse(text, "k.dsl"), "grpo_clip_higher")
     assert res["equivalent"] and {s["status"] for s in res["scenarios"]} == {"same"}
-    from openrlhf_drpo.analysis.equiv_report import equivalence_report
+    from openrlhf_drpo.analysis.present.equiv_report import equivalence_report
     assert "  scenarios  equivalent on every scenario (zero-variance, one-success" in equivalence_report(res)
 
 

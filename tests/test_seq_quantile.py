@@ -12,7 +12,7 @@ import torch
 import dsl
 from openrlhf_drpo.core.reductions import NAMESPACE
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import report
+from openrlhf_drpo.analysis.present.report import report
 from openrlhf_drpo.core import Aggregation, CompiledLoss
 from test_library_v3 import PATHS, batch, dirty
 

@@ -10,7 +10,7 @@ from oracles import located
 
 import dsl
 from openrlhf_drpo.analysis.orchestrator import analyze
-from openrlhf_drpo.analysis.report import report
+from openrlhf_drpo.analysis.present.report import report
 
 # w = 1 − 0.05·μ·sign(r − 1)/A: on the row μ = 0.02, |A| = 1e-3, r < 1, w = 1 − 1 (the doubles' 0.02
 # makes it −5.5e-17), which exp(log r)/r rounds to 0 or ±2e-16 by turns: no boundary at r ≈ 2.5e-4

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import dsl
-from openrlhf_drpo.analysis import notebook  # noqa: F401  (registers how a result renders)
-from openrlhf_drpo.analysis.held import GROUP_SIZE
+from openrlhf_drpo.analysis.present import notebook  # noqa: F401  (registers how a result renders)
+from openrlhf_drpo.analysis.batch.held import GROUP_SIZE
 from openrlhf_drpo.analysis.orchestrator import analyze as _analyze
 from openrlhf_drpo.analysis.result import Analysis
 
@@ -30,7 +30,7 @@ def analyze(objective: str | dsl.Objective, *, seq_len: int = 1, rho: float = 1.
     if params:
         objective = objective.with_overrides(params, where="analyze")
     if group is not None:
-        from openrlhf_drpo.analysis.held import held_group
+        from openrlhf_drpo.analysis.batch.held import held_group
         group = held_group(None, list(group))
         group_size = len(group)
     from fractions import Fraction
@@ -47,7 +47,7 @@ def equivalent(a: str | dsl.Objective, b: str | dsl.Objective, *, seq_len: int =
     """drpo-analyze --equiv A B as a value (its --json): the verdict over the analysed point, `group`
     (--group) where given, and every scenario of either objective, with each one's witness."""
     from openrlhf_drpo.analysis.equiv import equivalence
-    from openrlhf_drpo.analysis.held import held_group
+    from openrlhf_drpo.analysis.batch.held import held_group
     a, b = (o if isinstance(o, dsl.Objective) else dsl.load(o) for o in (a, b))
     return equivalence(a, b, seq_len, rho, group=None if group is None else held_group(None, list(group)))
 

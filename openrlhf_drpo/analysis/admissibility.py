@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 
-from openrlhf_drpo.analysis.arbiter import MUS
+from openrlhf_drpo.analysis.numeric.arbiter import MUS
 from openrlhf_drpo.analysis.budgets import check_budget, size
-from openrlhf_drpo.analysis.events import UNDERFLOW
-from openrlhf_drpo.analysis.symbolic import SIGNS
+from openrlhf_drpo.analysis.numeric.events import UNDERFLOW
+from openrlhf_drpo.analysis.symbolic.derivation import SIGNS
 
 TAIL_R = (1e-12, 1e12, 221)     # log-spaced: r → 0 at fixed μ; r → 1/μ along π = 1 as μ → 0
 SYMMETRY_T = 400                # values of t = log r per μ for w(e^t) = w(e^−t)

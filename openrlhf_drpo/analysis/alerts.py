@@ -1,14 +1,14 @@
 """The warnings a result raises, as data: each an Alert, a kind and the values it names (a
 boundary that cannot be reached and where it lies, an unbounded weight and its range, a claim
 the arbiter disagrees with and the point where it does, ...), decided here from the result,
-the grid's facts and the on-policy weight. The words for each kind are analysis.alert_text's."""
+the grid's facts and the on-policy weight. The words for each kind are analysis.present.alert_text's."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from openrlhf_drpo.analysis.events import describe
+from openrlhf_drpo.analysis.numeric.events import describe
 
-# Every kind an Alert can be (analysis.alert_text words each one; a kind it lacks fails its test).
+# Every kind an Alert can be (analysis.present.alert_text words each one; a kind it lacks fails its test).
 KINDS = (
     "no gradient", "zero on part", "zero on policy", "touches only", "no boundary", "unreachable",
     "partly unreachable", "numeric boundary", "range unknown", "unbounded", "unbounded in |A|", "entangled",
@@ -57,7 +57,7 @@ def _absence(res, adv) -> Alert | None:
 
 def result_alerts(res, exact_range, by_magnitude=False) -> list[Alert]:
     """What the result's own fields warn of, per sign of A and then for w as a whole; by_magnitude:
-    w is unbounded only as |A| → 0 or ∞ (analysis.extremes.w_range)."""
+    w is unbounded only as |A| → 0 or ∞ (analysis.numeric.extremes.w_range)."""
     out = []
     lo, hi = res["weight_range"]
     for adv in ("positive", "negative"):

@@ -28,7 +28,7 @@ HANG_SECONDS = 20.0      # CPU seconds; a guard against a hang only: the library
 BUDGET = {
     "branches": 24,       # branch points of ∂ℓ/∂r (`branches`; the library's most: 17); past it, the arbiter alone
     "tidy": 400,          # cancel/expand/factor_terms of one formula (the library's largest: 31)
-    "degree": 8,          # and its degree as a polynomial (`openrlhf_drpo.analysis.context.degree`; the library's 6; 9 takes seconds)
+    "degree": 8,          # and its degree as a polynomial (`openrlhf_drpo.analysis.symbolic.context.degree`; the library's 6; 9 takes seconds)
     "simplify": 40,       # sp.simplify (w at r = 1, symmetry in log r): the library's largest 26; 75 took 4 s
     "limit": 60,          # sp.limit at a corner of the domain (the library's largest: 21)
     "limits": 12,         # limits taken per objective (the library's most: 9)

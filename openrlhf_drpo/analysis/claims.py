@@ -7,8 +7,8 @@ of existence (a boundary met, a jump, a pole) rests on the points found: "found"
 from __future__ import annotations
 
 from dsl.operations import OPS
-from openrlhf_drpo.analysis.symbolic import SIGNS
-from openrlhf_drpo.analysis.zeros import fixed_sign
+from openrlhf_drpo.analysis.symbolic.derivation import SIGNS
+from openrlhf_drpo.analysis.symbolic.zeros import fixed_sign
 
 
 def grid_evidence(arb) -> str:

@@ -3,23 +3,23 @@ are the same and their per-token gradients ∂ℓ/∂log π = r·∂ℓ/∂r agr
 domain; the losses may differ by a term without a gradient.
 
 Both ∂ℓ/∂r come from the IR's own derivative rules (the compiled loss's). The symbolic side
-subtracts them and settles the difference case by case (analysis.symbolic's A = ±a, r = 1 ± t);
+subtracts them and settles the difference case by case (analysis.symbolic.derivation's A = ±a, r = 1 ± t);
 the numeric side evaluates both on the arbiter's grid (more |A|, r = 1 and π = 1 included)
 and on seeded random points, always: it alone finds a witness, and it confirms a proof.
 """
 from __future__ import annotations
 
 from openrlhf_drpo.analysis import budgets
-from openrlhf_drpo.analysis.arbiter import grid_axes
+from openrlhf_drpo.analysis.numeric.arbiter import grid_axes
 from openrlhf_drpo.analysis.budgets import SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, highest_power, time_limit
-from openrlhf_drpo.analysis.context import Ctx
-from openrlhf_drpo.analysis.events import describe
+from openrlhf_drpo.analysis.symbolic.context import Ctx
+from openrlhf_drpo.analysis.numeric.events import describe
 from dsl.ir import Node, num, rebuild, sub, tree_size
 from openrlhf_drpo.analysis.mathtext import math_text
-from openrlhf_drpo.analysis.symbolic import DIRECTIONS, SIGNS, case_weight
-from openrlhf_drpo.analysis.held import held_group
-from openrlhf_drpo.analysis.scenarios import at, derive
-from openrlhf_drpo.analysis.view import analysis_view, held_names
+from openrlhf_drpo.analysis.symbolic.derivation import DIRECTIONS, SIGNS, case_weight
+from openrlhf_drpo.analysis.batch.held import held_group
+from openrlhf_drpo.analysis.batch.scenarios import at, derive
+from openrlhf_drpo.analysis.batch.view import analysis_view, held_names
 from dsl.errors import DslError
 from dsl.walks import derivative, numpy_plan
 
@@ -81,7 +81,7 @@ def equivalence(a, b, seq_len=1, rho=1, group=None) -> dict:
 
 # ------------------------------------------------------------------ over the scenarios
 def scenario_verdicts(a, b, seq_len, rho, group) -> list[dict]:
-    """Each scenario of either objective (analysis.scenarios, by name: both derive it alike), the
+    """Each scenario of either objective (analysis.batch.scenarios, by name: both derive it alike), the
     two gradients compared at its held point as at the analysed one: 'same', 'differs' (with the
     witness, and where its group's advantages are all equal, whether the two agree at A = 0, what a
     host that normalizes A within groups gives there), or 'not compared' (why)."""
@@ -217,7 +217,7 @@ def _where_ties(r, mu) -> str:
 
 # ------------------------------------------------------------------ symbolically
 def _symbolically(view, dls) -> dict:
-    """∂ℓ_a/∂r − ∂ℓ_b/∂r in each case (A ≷ 0 × r ≷ 1), settled as analysis.symbolic settles a
+    """∂ℓ_a/∂r − ∂ℓ_b/∂r in each case (A ≷ 0 × r ≷ 1), settled as analysis.symbolic.derivation settles a
     weight: 'proven' when every piece is 0 (or nonzero only on a tie t = c), else the first
     case where it is not, with the difference as SymPy left it."""
     diff = sub(dls[0], dls[1])

@@ -1,34 +1,34 @@
-"""What an objective does to each token's gradient: the symbolic derivation (analysis.symbolic)
-and the numeric arbiter (analysis.arbiter, analysis.events, analysis.extremes), joined where each claim
-is confirmed (analysis.confirm), with what each claim rests on (analysis.claims), the admissibility
+"""What an objective does to each token's gradient: the symbolic derivation (analysis.symbolic.derivation)
+and the numeric arbiter (analysis.numeric.arbiter, analysis.numeric.events, analysis.numeric.extremes), joined where each claim
+is confirmed (analysis.symbolic.confirm), with what each claim rests on (analysis.claims), the admissibility
 properties (analysis.admissibility) and the warnings (analysis.alerts). Every step is bounded by work
 budgets, never by the clock (analysis.budgets)."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis import budgets
 from openrlhf_drpo.analysis.admissibility import admissibility, limits, tails
-from openrlhf_drpo.analysis.advantage import describe, held_value, uniform_point
-from openrlhf_drpo.analysis.advantage import own_advantage as find_advantage
+from openrlhf_drpo.analysis.batch.advantage import describe, held_value, uniform_point
+from openrlhf_drpo.analysis.batch.advantage import own_advantage as find_advantage
 from openrlhf_drpo.analysis.alerts import Alert, domain_alerts, level_alerts, on_policy_alerts, result_alerts
-from openrlhf_drpo.analysis.arbiter import Arbiter
+from openrlhf_drpo.analysis.numeric.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
-from openrlhf_drpo.analysis.channels import entropy_channel, reference_channel
+from openrlhf_drpo.analysis.symbolic.channels import entropy_channel, reference_channel
 from openrlhf_drpo.analysis.claims import claims as claim_evidence
-from openrlhf_drpo.analysis.confirm import check_weight, compare_range, confirm_boundaries, settle_zero_weight
-from openrlhf_drpo.analysis.context import Ctx
-from openrlhf_drpo.analysis.events import facts as grid_facts
-from openrlhf_drpo.analysis.extremes import on_policy
+from openrlhf_drpo.analysis.symbolic.confirm import check_weight, compare_range, confirm_boundaries, settle_zero_weight
+from openrlhf_drpo.analysis.symbolic.context import Ctx
+from openrlhf_drpo.analysis.numeric.events import facts as grid_facts
+from openrlhf_drpo.analysis.numeric.extremes import on_policy
 from dsl.ir import Pos, tree_size
 from dsl.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
-from openrlhf_drpo.analysis.sampling import Numeric, case_dispatch, numpy_fn, self_check
-from openrlhf_drpo.analysis.symbolic import SIGNS, derive, full_weight, geometry, numeric_geometry
-from openrlhf_drpo.analysis.held import equal_group, held_group
-from openrlhf_drpo.analysis.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
+from openrlhf_drpo.analysis.numeric.sampling import Numeric, case_dispatch, numpy_fn, self_check
+from openrlhf_drpo.analysis.symbolic.derivation import SIGNS, derive, full_weight, geometry, numeric_geometry
+from openrlhf_drpo.analysis.batch.held import equal_group, held_group
+from openrlhf_drpo.analysis.batch.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
                                          reference_split, terms)
 from dsl.operations import OPS
 from dsl.printing import render
-from openrlhf_drpo.analysis.scenarios import at, find, scenario_analysis
+from openrlhf_drpo.analysis.batch.scenarios import at, find, scenario_analysis
 from dsl.vocabulary import refuse_r_analysis
 from dsl.errors import DslError
 from dsl.walks import NotHeld, derivative
@@ -39,20 +39,20 @@ def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, scenario: str 
             check_loss: bool = False, **point) -> Analysis:
     """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
     uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
-    analysis.view.analysis_view takes them), or at its `scenario` (analysis.scenarios, by name):
+    analysis.batch.view.analysis_view takes them), or at its `scenario` (analysis.batch.scenarios, by name):
     each step adds to `result` the fields the next ones read, and the typed result is built last.
     own_advantage=False: w against the host's A even where the objective builds its own advantage Â
-    (analysis.advantage). `check_loss`: hold each scenario's claim to the compiled loss (imports torch)."""
+    (analysis.batch.advantage). `check_loss`: hold each scenario's claim to the compiled loss (imports torch)."""
     refuse_r_analysis(obj)       # a vocabulary sum is no function of r: say so, claim nothing
     original = obj
     given = {"seq_len": seq_len, **point}
-    situations = scenario_analysis(original, rho, given, check_loss)
+    # an advantage the objective builds from A (analysis.batch.advantage): w is against it, A its input
+    own = find_advantage(original) if own_advantage else None
+    situations = scenario_analysis(original, rho, given, check_loss, hat=None if own is None else own[1])
     if scenario is not None:        # the analysis at that scenario's held point, the list as it was
         given = at(given, find(original, scenario, given))
         seq_len, point = given.pop("seq_len", seq_len), given
     names = names_of_view(original)
-    # an advantage the objective builds from A (analysis.advantage): w is against it, A its input
-    own = find_advantage(original) if own_advantage else None
     studied = original if own is None else _with_expr(original, own[0])
     full, scope = analysis_view(studied, seq_len, rho, **point)
     # w is the other terms' where the terms that read π_ref are a channel of their own (k3's β·(q − 1)
@@ -207,7 +207,7 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
 
 def _moved(original, seq_len, rho, point, held) -> dict:
     """Per sign of A, a point of the arbiter's grid (its thresholds included) where the view at the
-    moved held point (analysis.view.moved_view) has a nonzero finite w, as {'r', 'mu', 'A', 'w'},
+    moved held point (analysis.batch.view.moved_view) has a nonzero finite w, as {'r', 'mu', 'A', 'w'},
     or None; with 'point' (the moved point) and 'points' (the grid's size)."""
     import numpy as np
     view, moved = moved_view(original, seq_len, rho, point, held)

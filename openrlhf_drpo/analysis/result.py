@@ -1,5 +1,5 @@
 """The analysis result, a declared structure: each field is declared once, with its JSON name,
-the report line that shows it and the claim that is its evidence, and analysis.report's to_json and
+the report line that shows it and the claim that is its evidence, and analysis.present.report's to_json and
 report iterate these declarations. A field the JSON has but the analysis does not compute (the
 symbols, the formulas as text) is derived from the others when the result is built."""
 from __future__ import annotations
@@ -7,14 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-from openrlhf_drpo.analysis.alert_text import alert_text
+from openrlhf_drpo.analysis.present.alert_text import alert_text
 from openrlhf_drpo.analysis.mathtext import math_text
 
 
 def declared(json=None, line=None, evidence=None, encode=None, derive=None, optional=False):
     """A field of the result. json: its name in the JSON (None: not in it), where its order in
     the class is its order in the JSON; line: the name of the report line that shows it
-    (openrlhf_drpo.analysis.report.LINES); evidence: the key in `claims` of what the claim it makes rests on;
+    (openrlhf_drpo.analysis.present.report.LINES); evidence: the key in `claims` of what the claim it makes rests on;
     encode: its JSON form where that is not the value itself; derive: how a field the
     analysis does not compute follows from the others; optional: absent from the JSON (and its
     line from the report) where it is None, as a construct the objective does not use."""
@@ -76,7 +76,7 @@ def _formulas(res) -> dict:
     return out
 
 
-RENDER: dict = {}     # "text", "json", "markdown", "html" -> function(Analysis) -> its form, from analysis.notebook
+RENDER: dict = {}     # "text", "json", "markdown", "html" -> function(Analysis) -> its form, from analysis.present.notebook
 REPR_WIDTH = 120      # repr(result): one line
 
 
@@ -101,12 +101,12 @@ class Analysis:
     # token | response | group | batch, the widest a gradient reaches and what a loss call must hold
     # whole (dsl.levels): a chunked or fused host can run only some objectives
     locality: dict = declared(json="locality", line="locality")
-    # the objective's own advantage Â, where it builds one from A: w is against it (analysis.advantage)
+    # the objective's own advantage Â, where it builds one from A: w is against it (analysis.batch.advantage)
     advantage: dict = declared(json="advantage", line="advantage", encode=_advantage, optional=True)
     weight: object = declared(json="weight", line="weight", encode=_sympy)
-    # the entropy's own gradient channel w_H = ∂ℓ/∂H, where the objective reads H (analysis.channels)
+    # the entropy's own gradient channel w_H = ∂ℓ/∂H, where the objective reads H (analysis.symbolic.channels)
     entropy: dict = declared(json="entropy", line="entropy", encode=_entropy, optional=True)
-    # the terms that read π_ref and their part of w·r·A, ∂ℓ_ref/∂log π in q = π_ref/π (analysis.channels)
+    # the terms that read π_ref and their part of w·r·A, ∂ℓ_ref/∂log π in q = π_ref/π (analysis.symbolic.channels)
     reference: dict = declared(json="reference", line="reference", encode=_reference, optional=True)
     cases: list = declared(json="cases", line="cases", encode=_cases)
     boundary: dict = declared(json="boundary", line="boundary", evidence="boundary", encode=_boundary)
@@ -124,7 +124,7 @@ class Analysis:
     admissibility: dict = declared(json="admissibility", line="admissibility")
     notes: list = declared(json="notes", line="notes")
     # the situations that change the gradient, derived from the objective's constructs, each with its
-    # claim and the compiled loss's word (analysis.scenarios); `scenario`: the one analysed, if chosen
+    # claim and the compiled loss's word (analysis.batch.scenarios); `scenario`: the one analysed, if chosen
     scenarios: dict = declared(json="scenarios", line="scenarios", optional=True)
     scenario: str = declared(json="scenario", optional=True)
     hang_guard: dict = declared(json="hang_guard")
@@ -139,7 +139,7 @@ class Analysis:
         w, room = str(self.text.get("weight")), max(REPR_WIDTH - len(head) - len(tail), 12)
         return head + (w if len(w) <= room else w[:room - 2].rstrip() + " …") + tail
 
-    # the presentation registers itself here (analysis.notebook): the result knows no report
+    # the presentation registers itself here (analysis.present.notebook): the result knows no report
     def report(self) -> str:
         """The report drpo-analyze prints, as text; print(result) prints it too."""
         return RENDER["text"](self)

@@ -144,7 +144,7 @@ def _report(obj, args) -> None:
     """Print the analysis at start-up and save it beside the run's logs."""
     from dsl import DslError
     from openrlhf_drpo.analysis.orchestrator import analyze
-    from openrlhf_drpo.analysis.report import report, to_json
+    from openrlhf_drpo.analysis.present.report import report, to_json
     try:
         res = analyze(obj)
         text = report(res)

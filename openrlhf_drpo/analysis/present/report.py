@@ -6,12 +6,12 @@ import re
 import textwrap
 from dataclasses import fields
 
-from openrlhf_drpo.analysis.alert_text import alert_text
+from openrlhf_drpo.analysis.present.alert_text import alert_text
 from openrlhf_drpo.analysis.mathtext import clip_text, fmt, magnitudes, math_text
 from dsl.names import display_name
 from openrlhf_drpo.analysis.result import Analysis
-from openrlhf_drpo.analysis.scenario_text import evidence as scenario_evidence
-from openrlhf_drpo.analysis.summary import BOUNDED, GEOMETRY, WIDTH, kinds, on_policy, summary, weight_range, wrap
+from openrlhf_drpo.analysis.present.scenario_text import evidence as scenario_evidence
+from openrlhf_drpo.analysis.present.summary import BOUNDED, GEOMETRY, WIDTH, kinds, on_policy, summary, weight_range, wrap
 
 def _status(claim) -> str:
     """How a claim is known (analysis.claims): proven, found at located points, or
@@ -121,7 +121,7 @@ def _formula(e) -> str:
 
 
 def _checked(c) -> str:
-    """How a channel's formula is known (analysis.channels): finite differences confirm it, or not."""
+    """How a channel's formula is known (analysis.symbolic.channels): finite differences confirm it, or not."""
     if c["status"] == "not derived":
         return "    (nothing to check)"
     said = "DISAGREES" if c["status"] == "disagrees" else c["status"]
@@ -215,12 +215,12 @@ def _lines_shown() -> dict:
     lacks, or a line no field declares, fails here."""
     shown = {f.metadata["line"]: f for f in fields(Analysis) if f.metadata["line"]}
     if shown.keys() != LINES.keys():
-        raise TypeError(f"analysis.result declares report lines {sorted(shown)}, analysis.report has {sorted(LINES)}")
+        raise TypeError(f"analysis.result declares report lines {sorted(shown)}, analysis.present.report has {sorted(LINES)}")
     return shown
 
 
 def report(res: Analysis, width: int | None = WIDTH) -> str:
-    """The summary (analysis.summary), then the evidence: each declared line but those the summary
+    """The summary (analysis.present.summary), then the evidence: each declared line but those the summary
     shows (the title, the warnings), a line past `width` columns wrapped under its value (None:
     no line wrapped, what a test reads line by line)."""
     shown = _lines_shown()
@@ -315,7 +315,7 @@ def _tail(t) -> str:
 
 
 def _scope(scope, quantile=False) -> list[str]:
-    """What a sequence or mismatch objective's analysis stands for (openrlhf_drpo.analysis.view.analysis_view)."""
+    """What a sequence or mismatch objective's analysis stands for (openrlhf_drpo.analysis.batch.view.analysis_view)."""
     out = []
     if scope["sequence"]:
         out += [f"  sequence   analysed on a response whose tokens share r, μ and A (|y| = {scope['seq_len']:g}; "

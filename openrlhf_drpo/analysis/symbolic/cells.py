@@ -3,7 +3,7 @@ clip(r, 1 − 0.2·μ, 1 + 0.2·(1 − μ)) (whose upper threshold meets r = 1 a
 max(0, 1 − δ/μ) and min(1/μ, 1 + δ/μ, 10) (which trade places at μ = δ, 1/180, 0.1, 0.95).
 The domain of the outer variables (0 < μ ≤ 1, a = |A| > 0) is cut where two thresholds, or a
 threshold and an end of t's range, meet (in closed form, exactly); between the cuts their order is
-fixed, so each cell is settled along t as analysis.intervals settles fixed thresholds, with the
+fixed, so each cell is settled along t as analysis.symbolic.intervals settles fixed thresholds, with the
 thresholds written back. A cell then takes, of the formulas found, one that gives the condition's
 own truth on every probe of that cell (every pattern of relations the cell holds), so a cut that
 changes nothing (a threshold leaving t's range) leaves no trace: the result has as few pieces
@@ -15,8 +15,8 @@ import functools
 import itertools
 import math
 
-from openrlhf_drpo.analysis.intervals import intervals, probe_points, relations
-from openrlhf_drpo.analysis.sampling import numpy_fn
+from openrlhf_drpo.analysis.symbolic.intervals import intervals, probe_points, relations
+from openrlhf_drpo.analysis.numeric.sampling import numpy_fn
 
 BUDGET_CELLS = 400      # cells of the outer variables times t's probes; past it, kept as built
 ROOT_DEGREE = 4         # polynomial degree whose roots are taken in closed form
@@ -321,7 +321,7 @@ def _region(sp, axes, marked, shape):
         k = matters[0]
         return along(k, marked.take(0, axis=1 - k) if len(axes) > 1 else marked)
     out, seen = [], []
-    for row in marked.T:        # one pattern in μ per cell of a, as analysis.intervals.settle_cells
+    for row in marked.T:        # one pattern in μ per cell of a, as analysis.symbolic.intervals.settle_cells
         if any((row == s).all() for s in seen):
             continue
         seen.append(row)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from openrlhf_drpo.analysis.held import (GROUP_SIZE, HELD, OnPolicy, exactness, held_group, holdable, spread,
+from openrlhf_drpo.analysis.batch.held import (GROUP_SIZE, HELD, OnPolicy, exactness, held_group, holdable, spread,
                                          statements, statistics)
 from dsl.errors import DslError
 from dsl.ir import Node, Pos, add, is_num, neg, rebuild, sub
@@ -23,9 +23,9 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
     gradient is exactly the w·r·A derived for it. The policy μ is not is μ·ρ or μ/ρ, with ρ =
     π_old/π_rollout held at `rho`. The third version's reductions are studied on a uniform batch
     of `batch_size` responses (default: one group) in groups of `group_size`, at `position` (default
-    the last token); π_ref, H and each statistic a binding names (analysis.held) are held at
+    the last token); π_ref, H and each statistic a binding names (analysis.batch.held) are held at
     `held`'s values or their defaults. `group`: the group's advantages as multiples of the token's
-    A, its response first (analysis.held.held_group; default: binary rewards with a spread, half
+    A, its response first (analysis.batch.held.held_group; default: binary rewards with a spread, half
     the group scoring A, half 0), which sets G. Existing token-level objectives are unchanged."""
     explicit, group = group is not None, held_group(group_size, group)
     group_size = len(group)

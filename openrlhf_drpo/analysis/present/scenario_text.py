@@ -1,4 +1,4 @@
-"""The scenarios in words (analysis.scenarios): one first-screen line per scenario that changes
+"""The scenarios in words (analysis.batch.scenarios): one first-screen line per scenario that changes
 the gradient and per indicator constant on every scenario, the evidence's full list, and
 drpo-analyze --scenarios' listing."""
 from __future__ import annotations

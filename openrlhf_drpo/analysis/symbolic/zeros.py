@@ -4,8 +4,8 @@ arbiter to locate; and the edges where a piece ends (where w may jump to 0)."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis.budgets import OverBudget, check_budget, size
-from openrlhf_drpo.analysis.context import degree
-from openrlhf_drpo.analysis.intervals import relations
+from openrlhf_drpo.analysis.symbolic.context import degree
+from openrlhf_drpo.analysis.symbolic.intervals import relations
 
 
 def zeros(ctx, pieces, tmax):

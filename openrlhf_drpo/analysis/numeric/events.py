@@ -4,14 +4,14 @@ peaks into a pole is located by bisection on the IR's own rules; each is then cl
 sign of A as a sign change (crossing, jump across 0, w = 0 beyond or before), a touch of 0,
 an underflow, a jump, a pole or an edge of the undefined region. Also here: which located
 events a candidate boundary accounts for, and whether w changes sign across a given r (for
-analysis.confirm), and where a set of events lies, in words."""
+analysis.symbolic.confirm), and where a set of events lies, in words."""
 from __future__ import annotations
 
 import math
 
-from openrlhf_drpo.analysis.arbiter import BISECTIONS, state
+from openrlhf_drpo.analysis.numeric.arbiter import BISECTIONS, state
 from dsl.walks import numpy_plan
-from openrlhf_drpo.analysis.extremes import HUGE, w_range
+from openrlhf_drpo.analysis.numeric.extremes import HUGE, w_range
 
 UNDERFLOW = 1e-200          # |w| this small beside an exact 0: a double's underflow (e^-745), not a mask
 CLUSTER = 1e-4              # relative: changes of state this close may be rounding around one zero
@@ -54,7 +54,7 @@ def locate(arb):
     for m in (change, jump):
         near[:, 1:] |= m
         near[:, :-1] |= m
-    arb.near_event = near       # kept on the grid: analysis.confirm's weight check skips these points
+    arb.near_event = near       # kept on the grid: analysis.symbolic.confirm's weight check skips these points
     out = {}
     for name, mask, split in (("change", change, _split_state), ("jump", jump, _split_jump)):
         rows, j = np.nonzero(mask)
@@ -112,7 +112,7 @@ def _split_jump(wl, wm, wh):
 def facts(arb) -> dict:
     """What the grid shows, per sign of A: where w changes sign (each event's r, μ, |A|
     and kind), where it touches 0, jumps, has a pole or is undefined; and its range (by
-    analysis.extremes, which reads the poles and undefined edges found here)."""
+    analysis.numeric.extremes, which reads the poles and undefined edges found here)."""
     np = arb.np
     ev = locate(arb)
     out = {adv: {"events": [], "touches": [], "poles": [], "undefined": [], "jumps": [], "underflows": [], "rounding": []}

@@ -14,7 +14,7 @@ import pathlib
 
 from dsl import library
 from openrlhf_drpo.analysis import result
-from openrlhf_drpo.analysis.report import report, to_json
+from openrlhf_drpo.analysis.present.report import report, to_json
 
 POINTS = 120     # the notebook plot's grid per axis (--plot's is 300)
 
@@ -25,7 +25,7 @@ def plot_svg(res) -> str | None:
         import matplotlib
     except ModuleNotFoundError:
         return None
-    from openrlhf_drpo.analysis.plot import plot
+    from openrlhf_drpo.analysis.present.plot import plot
     buffer = io.BytesIO()
     # text as text, not glyph outlines; ids hashed from a fixed salt, so the same result draws the same SVG
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "openrlhf-drpo"}):

@@ -1,9 +1,9 @@
 """The first screen's lines for what the gradient carries beside w·r·A: the objective's own
-advantage Â (analysis.advantage), and one line per channel (H, π_ref, Σπ²) with its effect, each
-as the evidence below derives it (analysis.channels)."""
+advantage Â (analysis.batch.advantage), and one line per channel (H, π_ref, Σπ²) with its effect, each
+as the evidence below derives it (analysis.symbolic.channels)."""
 from __future__ import annotations
 
-from openrlhf_drpo.analysis.advantage import shown_value
+from openrlhf_drpo.analysis.batch.advantage import shown_value
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 SHORT = 48      # characters of a channel's terms the first screen prints; longer, it names them

@@ -8,8 +8,8 @@ points (H, and q, sampled too): 'confirmed', 'disagrees', or 'unconfirmed' where
 give finite differences."""
 from __future__ import annotations
 
-from openrlhf_drpo.analysis.sampling import numpy_fn
-from openrlhf_drpo.analysis.view import reference_split, term_sum
+from openrlhf_drpo.analysis.numeric.sampling import numpy_fn
+from openrlhf_drpo.analysis.batch.view import reference_split, term_sum
 from dsl.ir import ONE, Node, rebuild
 from dsl.printing import render
 from dsl.walks import derivative, numpy_plan, to_sympy
@@ -62,7 +62,7 @@ def _valued(ctx, view, e, keep=()):
 
 
 def reference_channel(ctx, ref_name: str, original, view=None) -> dict | None:
-    """The terms of ℓ that read π_ref (analysis.view.reference_split) and their part of ∇ℓ,
+    """The terms of ℓ that read π_ref (analysis.batch.view.reference_split) and their part of ∇ℓ,
     ∂ℓ_ref/∂log π, in q = π_ref/π (and r, A where they read them too) and the parameters' names,
     with its finite-difference check; None where the objective does not read π_ref. `own`: the
     terms are a channel of their own, and w is the other terms' (no warning about w reads them).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from openrlhf_drpo.analysis.arbiter import (CORNER_MUS, CORNER_RS, DENSE_MAGNITUDES, MAGNITUDES, MUS, SIDE_SIGNS, SIGNS,
+from openrlhf_drpo.analysis.numeric.arbiter import (CORNER_MUS, CORNER_RS, DENSE_MAGNITUDES, MAGNITUDES, MUS, SIDE_SIGNS, SIGNS,
                       params_key, thresholds)
 from dsl.walks import numpy_plan
 

@@ -6,16 +6,16 @@ With μ fixed, ∇r = r∇log π, so a per-token objective ℓ(r, μ, A) has gra
 torch compiler uses. Each case (sign of A × direction of the update) substitutes signed
 positive symbols, A = ±a and r = 1 ± t, so SymPy can settle Piecewise conditions cheaply
 instead of running its general inequality solvers, which can take seconds or recurse.
-What this module derives are claims: analysis.confirm checks each against the numeric arbiter.
+What this module derives are claims: analysis.symbolic.confirm checks each against the numeric arbiter.
 """
 from __future__ import annotations
 
-from openrlhf_drpo.analysis.intervals import flipped, relations
+from openrlhf_drpo.analysis.symbolic.intervals import flipped, relations
 from dsl.operations import OPS
-from openrlhf_drpo.analysis.sampling import numpy_fn
-from openrlhf_drpo.analysis.settling import Settle
+from openrlhf_drpo.analysis.numeric.sampling import numpy_fn
+from openrlhf_drpo.analysis.symbolic.settling import Settle
 from dsl.walks import to_sympy
-from openrlhf_drpo.analysis.zeros import edges, zeros
+from openrlhf_drpo.analysis.symbolic.zeros import edges, zeros
 
 SIGNS = (("positive", 1), ("negative", -1))
 DIRECTIONS = ("diverging", "converging")

@@ -4,9 +4,9 @@ what the arbiter found with the IR's float rules. A confirmed claim is printed a
 one the arbiter contradicts is replaced by the numeric finding and flagged."""
 from __future__ import annotations
 
-from openrlhf_drpo.analysis.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
-from openrlhf_drpo.analysis.arbiter import state
-from openrlhf_drpo.analysis.events import boundary_at, changes_sign_at, describe, kind_at, undefined_at
+from openrlhf_drpo.analysis.numeric.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
+from openrlhf_drpo.analysis.numeric.arbiter import state
+from openrlhf_drpo.analysis.numeric.events import boundary_at, changes_sign_at, describe, kind_at, undefined_at
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 

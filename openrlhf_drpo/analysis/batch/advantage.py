@@ -21,7 +21,7 @@ from dsl.names import display_name
 from dsl.operations import OPS
 from dsl.printing import render
 from openrlhf_drpo.analysis.budgets import BUDGET
-from openrlhf_drpo.analysis.held import STATISTIC_SIZE
+from openrlhf_drpo.analysis.batch.held import STATISTIC_SIZE
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 FIXED = frozenset({"A", "seq_len", "turn_len", "staleness"})     # inputs an advantage may read
@@ -97,7 +97,7 @@ def own_advantage(obj) -> tuple[Node, Node, str] | None:
     """(the objective's expression with Â in A's place, Â's node, its name) or None: Â by the
     module's rule over the top-level terms that read the policy, named by the binding whose
     expression it is, else by its text."""
-    from openrlhf_drpo.analysis.view import terms
+    from openrlhf_drpo.analysis.batch.view import terms
     grouped = _grouped(obj.expr)
     reads = _reads(grouped)
     live = [t for _, t in terms(grouped) if reads[t] & POLICY]
@@ -130,7 +130,7 @@ def held_value(obj, node: Node, names: dict, values: dict, group) -> dict:
         return {"value": None, "zero": False, "eps": []}
     try:
         value = lowered(node)
-    except NotHeld:         # refused by name, as the view refuses it (analysis.view)
+    except NotHeld:         # refused by name, as the view refuses it (analysis.batch.view)
         raise
     except Exception:       # noqa: BLE001 - SymPy raises many types: Â is then named, not evaluated
         return {"value": None, "zero": False, "eps": []}

@@ -3,8 +3,8 @@ IR's own float rules (the rules the compiled loss follows), never by SymPy, so t
 check the symbolic derivation independently. One row per (sign of A, |A|, μ) over
 0 < μ ≤ 1, 0 < π ≤ 1, with r ascending; beside a regular grid, both sides of every threshold
 the objective itself compares (a condition, a clip, a min or max) and the domain's corners.
-What happens along the rows (sign changes, jumps, poles, undefined edges) is analysis.events';
-w's extremes (its range, and the on-policy weight at r = 1) are analysis.extremes'."""
+What happens along the rows (sign changes, jumps, poles, undefined edges) is analysis.numeric.events';
+w's extremes (its range, and the on-policy weight at r = 1) are analysis.numeric.extremes'."""
 from __future__ import annotations
 
 import functools
@@ -47,7 +47,7 @@ def params_key(params):
 def _compared(*roots):
     """(a − b, the variables it reads) for every pair the objective compares: each comparison,
     each pair of a min or max, a clip's argument against either bound; and apart, each divisor
-    against 0 (where a pole may lie: analysis.events probes it, the grid does not take it in)."""
+    against 0 (where a pole may lie: analysis.numeric.events probes it, the grid does not take it in)."""
     reads, out, divisors, seen = {ZERO: frozenset()}, [], [], set()
     for m in postorder(Node("tuple", roots)):
         reads[m] = frozenset([m.value]) if m.op == "var" else frozenset().union(*(reads[a] for a in m.args))
@@ -104,7 +104,7 @@ def thresholds(expr, dl, params) -> dict:
     """The objective's thresholds, each as the two doubles either side of it: "A" (|A|), "mu",
     "r", "pi" found once along that variable, with a point inside each band of |A| and μ; and
     "rows", the quantities that read r or π with μ or A (searched per row by the Arbiter); and
-    "divisors", those divisors that read r or π (analysis.events' poles)."""
+    "divisors", those divisors that read r or π (analysis.numeric.events' poles)."""
     import numpy as np
     params = dict(params)
     groups = {}
@@ -171,7 +171,7 @@ class Arbiter:
     """ℓ and w = (∂ℓ/∂r)/A over 0 < μ ≤ 1, 0 < π ≤ 1 (r = π/μ), one row per (sign of A,
     |A|, μ) with r ascending: R (nan past a row's end), W = w there (nan where undefined),
     valid, inside, the rows' mu, sign, mag and row_scale, and w(r, μ, A) anywhere. The
-    events along its rows are located by analysis.events, w's extremes by openrlhf_drpo.analysis.extremes."""
+    events along its rows are located by analysis.numeric.events, w's extremes by openrlhf_drpo.analysis.numeric.extremes."""
 
     def __init__(self, obj, dl):
         import numpy as np

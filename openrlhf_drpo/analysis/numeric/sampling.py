@@ -167,7 +167,7 @@ class Numeric:
         k = -np.log10(smallest) / 2
         # (with the arbiter's quarter decades, every other one: a band such as 2 ≤ |A| ≤ 20 lies between
         # the wide grid's own 13 values)
-        from openrlhf_drpo.analysis.arbiter import DENSE_MAGNITUDES
+        from openrlhf_drpo.analysis.numeric.arbiter import DENSE_MAGNITUDES
         mags = np.union1d(np.logspace(-k, k, 13), DENSE_MAGNITUDES[::2]) if self.entangled else np.array([1.0])
         vals = []
         with np.errstate(all="ignore"):

@@ -2,13 +2,13 @@
 |A| = a or μ) with numbers, or t with thresholds c(μ) that keep one order, is constant between
 its thresholds, so it is evaluated there and rebuilt as the shortest union of intervals (SymPy's
 as_set does the same job about a hundred times slower). The hook that settles every condition
-as it is built is analysis.settling's."""
+as it is built is analysis.symbolic.settling's."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from openrlhf_drpo.analysis.sampling import numpy_fn
+from openrlhf_drpo.analysis.numeric.sampling import numpy_fn
 
 BUDGET_CELLS = 400     # cells a condition is tabulated on (settle_cells); past it, kept as built
 

@@ -1,13 +1,13 @@
 """The lowering hook that settles one case's conditions as they are built: every Min, Max and
 Piecewise the IR lowers to becomes pieces whose conditions are relations t ⋚ c, settled against
-the case's domain (analysis.intervals) as soon as they exist, so that SymPy never nests conditions it
+the case's domain (analysis.symbolic.intervals) as soon as they exist, so that SymPy never nests conditions it
 would have to untangle later. Each condition and relation settled counts against the settling
 budget (analysis.budgets)."""
 from __future__ import annotations
 
 from openrlhf_drpo.analysis.budgets import check_budget
-from openrlhf_drpo.analysis.cells import in_outer, settle_moving
-from openrlhf_drpo.analysis.intervals import Domain, in_mu, linear_in_t, settle_condition
+from openrlhf_drpo.analysis.symbolic.cells import in_outer, settle_moving
+from openrlhf_drpo.analysis.symbolic.intervals import Domain, in_mu, linear_in_t, settle_condition
 
 
 def _split_abs(sp, h, t):

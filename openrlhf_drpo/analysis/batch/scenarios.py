@@ -1,9 +1,9 @@
 """The situations that change an objective's gradient, derived from its structure: a walk of the
 IR that reads each operation's declared properties (a reduction's `over` and `reduce`, a
 condition's `args_kind`) and the built-ins it names, never a list of objectives. Each scenario is
-a held point for analysis.view (a group's advantages, |y|, the position, a held staleness), named
+a held point for analysis.batch.view (a group's advantages, |y|, the position, a held staleness), named
 in a researcher's words; its claim is w = (∂ℓ/∂r)/A there, sampled by the IR's float rules and
-compared with the analysed point's (analysis.scenario_check holds it to the compiled loss)."""
+compared with the analysed point's (analysis.batch.scenario_check holds it to the compiled loss)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,9 +14,9 @@ from dsl.objective import Objective
 from dsl.operations import OPS
 from dsl.printing import render
 from dsl.walks import derivative, numpy_plan
-from openrlhf_drpo.analysis.held import GROUP_SIZE
+from openrlhf_drpo.analysis.batch.held import GROUP_SIZE
 from openrlhf_drpo.analysis.mathtext import fmt
-from openrlhf_drpo.analysis.view import analysis_view
+from openrlhf_drpo.analysis.batch.view import analysis_view
 
 LONG = 1024          # |y| of a long response
 CUT = 4096           # |y| of a response cut at the length limit, where seq_len is read
@@ -34,7 +34,7 @@ RTOL = 1e-9
 @dataclass(frozen=True)
 class Scenario:
     """A situation: its name on the command line, its words, the construct it comes from, and the
-    held point it sets (analysis.view.analysis_view's keywords, over the analysed point's)."""
+    held point it sets (analysis.batch.view.analysis_view's keywords, over the analysed point's)."""
     name: str
     title: str
     construct: str
@@ -147,16 +147,17 @@ def _grid():
 
 
 def view_at(obj: Objective, rho: float, point: dict):
-    """analysis.view's objective at `point` (its keywords), with its parameters' values."""
+    """analysis.batch.view's objective at `point` (its keywords), with its parameters' values."""
     kw = {k: point.get(k) for k in ("group_size", "batch_size", "position", "group")}
     held = point.get("held") or None
     view, scope = analysis_view(obj, point.get("seq_len", 1), rho, **kw, held=held)
     return view, scope
 
 
-def sample(view: Objective, expr: Node | None = None) -> dict:
+def sample(view: Objective, expr: Node | None = None, hat=None) -> dict:
     """w = (∂ℓ/∂r)/A on the sampling grid by the IR's float rules (nan where ℓ or w is not a finite
-    double), with (r, μ, A); `expr` another expression of the view (an indicator's value instead)."""
+    double), with (r, μ, A); `expr` another expression of the view (an indicator's value instead);
+    `hat` the objective's own advantage Â's values on the grid: w = (∂ℓ/∂r)/Â, 0 where Â = 0."""
     import numpy as np
     r, mu, A = _grid()
     env = {**{k: float(v) for k, v in view.params.items()}, "r": r, "mu": mu, "pi": mu * r, "A": A}
@@ -165,7 +166,11 @@ def sample(view: Objective, expr: Node | None = None) -> dict:
         return {"value": np.broadcast_to(np.asarray(value, dtype=float), r.shape), "r": r, "mu": mu, "A": A}
     ell, dl = numpy_plan(view.expr, derivative(view.expr))(env)
     with np.errstate(all="ignore"):
-        w = np.broadcast_to(dl, r.shape) / A
+        if hat is None:
+            w = np.broadcast_to(dl, r.shape) / A
+        else:       # no Â, no gradient: the no-gradient scenario (a zero-variance group) says so
+            dl = np.broadcast_to(dl, r.shape)
+            w = np.where((hat == 0) & (dl == 0), 0.0, dl / np.where(hat == 0, np.nan, hat))
         ok = np.isfinite(np.broadcast_to(ell, r.shape)) & np.isfinite(w)
     return {"w": np.where(ok, w, np.nan), "r": r, "mu": mu, "A": A}
 
@@ -311,10 +316,13 @@ def _held_only(ind: Node, anchor: str) -> bool:
         and any(m.op == "var" and m.value != "A" for m in n.args[0].walk())) for n in ind.walk())
 
 
-def scenario_claims(obj: Objective, rho: float, point: dict, scenarios: list[Scenario]) -> dict:
-    """Every scenario's claim and the indicators' constancy, as the analysis result holds them."""
+def scenario_claims(obj: Objective, rho: float, point: dict, scenarios: list[Scenario], hat: Node | None = None) -> dict:
+    """Every scenario's claim and the indicators' constancy, as the analysis result holds them;
+    w against the objective's own advantage `hat` (Â's node, analysis.batch.advantage) where it has one."""
+    def hat_at(p):
+        return None if hat is None else sample(*(lambda v: (v, v.expr))(indicator_view(obj, hat, rho, p)))["value"]
     base_view, _ = view_at(obj, rho, point)
-    base = sample(base_view)
+    base = sample(base_view, hat=hat_at(point))
     points = [at(point, s) for s in scenarios]
     views = [view_at(obj, rho, p) for p in points]
     inds = indicators(obj, rho, [point] + points)
@@ -322,7 +330,7 @@ def scenario_claims(obj: Objective, rho: float, point: dict, scenarios: list[Sce
     for i, (s, p, (view, scope)) in enumerate(zip(scenarios, points, views)):
         off = [d["indicator"] for d in inds if d["off"][i + 1] and not d["off"][0]]
         on = [d["indicator"] for d in inds if d["all_on"][i + 1] and d["off"][0]]
-        c = claim(sample(view), base, off, on)
+        c = claim(sample(view, hat=hat_at(p)), base, off, on)
         out.append({"name": s.name, "title": s.title, "construct": s.construct, "point": _jsonable(p),
                     "exact": scope.get("exact"), **c})
     return {"scenarios": out, "indicators": [{k: d[k] for k in ("indicator", "state")} for d in inds],
@@ -354,19 +362,20 @@ def weight_at(view: Objective):
     return w
 
 
-def scenario_analysis(obj: Objective, rho: float, point: dict, check_loss: bool = False) -> dict | None:
+def scenario_analysis(obj: Objective, rho: float, point: dict, check_loss: bool = False,
+                      hat: Node | None = None) -> dict | None:
     """The result's `scenarios` field: each scenario's claim, the indicators' constancy, and each
-    claim held to the compiled loss (analysis.scenario_check) where `check_loss`, else 'not run'.
+    claim held to the compiled loss (analysis.batch.scenario_check) where `check_loss`, else 'not run'.
     None where obj has neither a scenario nor an indicator."""
     scenarios = derive(obj, point)
     if not scenarios and not _constructs(obj)["indicators"]:
         return None
-    out = scenario_claims(obj, rho, point, scenarios)
+    out = scenario_claims(obj, rho, point, scenarios, hat)
     if not check_loss:
         checks = [{"status": "not run", "why": "it imports torch: drpo-analyze --check-loss, or "
                                               "analyze(..., check_loss=True)"}] * len(scenarios)
     else:
-        from openrlhf_drpo.analysis.scenario_check import check
+        from openrlhf_drpo.analysis.batch.scenario_check import check
         points = [at(point, s) for s in scenarios]
         checks = check(obj, rho, points, [weight_at(view_at(obj, rho, p)[0]) for p in points])
     for s, c in zip(out["scenarios"], checks):

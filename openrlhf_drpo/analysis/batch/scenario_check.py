@@ -10,7 +10,7 @@ import math
 
 from dsl.ir import Node
 from dsl.objective import Objective
-from openrlhf_drpo.analysis.held import held_group, spread
+from openrlhf_drpo.analysis.batch.held import held_group, spread
 
 # where each scenario is checked: off policy on both sides of r = 1 and on it, both signs of A. The
 # advantages are dyadic, so that a group's sum of equal ones is exact: the loss's group mean of eight
@@ -33,7 +33,7 @@ def not_checkable(obj: Objective, group: tuple) -> str | None:
 
 
 def check(obj: Objective, rho: float, points: list[dict], weights: list) -> list[dict]:
-    """Per held point (analysis.view's keywords; `weights[i]`: w(r, μ, A) of its view by the IR's
+    """Per held point (analysis.batch.view's keywords; `weights[i]`: w(r, μ, A) of its view by the IR's
     float rules, nan where undefined): {'status': 'agrees' | 'disagrees' | 'not checked' | 'not
     run', and 'points' or 'where' or 'why'}."""
     try:

@@ -1,6 +1,6 @@
 """The report's first screen, in a researcher's words: what the objective does to a token's
 gradient, where the trust region ends for each sign of A, whether w is bounded, and what to
-worry about, in at most 100 columns (analysis.report puts the evidence after it). Also the
+worry about, in at most 100 columns (analysis.present.report puts the evidence after it). Also the
 phrases the evidence shares with it."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import textwrap
 
 from dsl.library import first_sentence
 from dsl.names import canonical_name, display_name
-from openrlhf_drpo.analysis.advantage import hatted
-from openrlhf_drpo.analysis.alert_text import alert_text
-from openrlhf_drpo.analysis.first_lines import advantage_line, channel_lines
+from openrlhf_drpo.analysis.batch.advantage import hatted
+from openrlhf_drpo.analysis.present.alert_text import alert_text
+from openrlhf_drpo.analysis.present.first_lines import advantage_line, channel_lines
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
-from openrlhf_drpo.analysis.scenario_text import first_screen
+from openrlhf_drpo.analysis.present.scenario_text import first_screen
 
 WIDTH = 100
 SCREEN = 40         # the first screen's lines
@@ -109,7 +109,7 @@ def _trust_region(res, width) -> list[str]:
     for adv, sign in _SIGN.items():
         b, parts = res.boundary[adv], []
         for r_, pi_, kind, ok, met in zip(b["r"], b["pi"], b["kind"], b["reachable"], b["where"]):
-            # met at some |A| only (analysis.confirm): said where the boundary is, not left to the evidence
+            # met at some |A| only (analysis.symbolic.confirm): said where the boundary is, not left to the evidence
             where = f"π = {math_text(pi_)} (r = {math_text(r_)})" + (f",{met[met.index(' at |A| '):]}"
                                                                     if " at |A| " in met else "")
             parts.append(f"at {where}: w {kinds(kind)}" if ok else
@@ -149,7 +149,7 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
             "a response whose tokens share r, μ and A: on other responses a token's gradient also depends on "
             "the rest of the response" if scope.get("sequence") else None)
     held = wrap(held, "  analysed on   ", width=width) if held else []
-    # with the objective's own advantage Â, the analysis's A is Â: its lines say so (analysis.advantage)
+    # with the objective's own advantage Â, the analysis's A is Â: its lines say so (analysis.batch.advantage)
     own = [x for label, text in advantage_line(res) for x in wrap(text, f"  {label:<14}", width=width)]
     channels = [x for label, text in channel_lines(res) for x in wrap(text, f"  {label:<14}", width=width)]
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)

@@ -1,0 +1,1 @@
+"""What the analysis holds fixed or varies over a batch: the held point (held), the view of the objective it studies (view), the objective's own advantage (advantage), the situations that change the gradient (scenarios) and their check against the compiled loss (scenario_check)."""

@@ -1,0 +1,1 @@
+"""The numeric arbiter: the grid and its facts by the IR's own float rules (arbiter), the events along its rows (events), w's extremes (extremes), and the vectorized evaluator of derived expressions (sampling)."""

@@ -1,0 +1,1 @@
+"""The presentation: the warnings' words (alert_text), the first screen (summary), the report and JSON (report), the plot (plot), the equivalence report (equiv_report), the notebook's rendering (notebook), the scenarios' lines (scenario_text) and the advantage's and channels' lines (first_lines)."""

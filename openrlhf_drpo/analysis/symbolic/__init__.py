@@ -1,0 +1,1 @@
+"""The symbolic derivation: the run's SymPy context (context), settling conditions (intervals, cells, settling), zeros and edges (zeros), the derivation case by case (derivation), the channels beyond w (channels), and where derivation and arbiter meet (confirm)."""
