@@ -203,8 +203,8 @@ def test_a_zero_normalizer_on_a_step_with_tokens_is_refused_on_every_path_the_sy
 @pytest.mark.parametrize("path", PATHS)
 def test_a_zero_normalizer_is_accepted_where_the_step_has_no_token(path):
     """The step's count is 0 only where no rank has a token (verl's (mask.sum(-1) > 0).sum() of an empty
-    step): accepted; the plain path gives loss 0 and gradient 0 (the fused paths' value there: case 4)."""
+    step): accepted; every path gives loss 0 and gradient 0 (issue 46's case 4: the fused paths gave NaN)."""
     new, old, A, mask, _ = batch()
-    loss, grad, _ = call(build("ppo", path), new, old, A, torch.zeros_like(mask), aggregation=Aggregation(norm=0.0))
-    if path == "plain":
-        assert loss.item() == 0.0 and not grad.any()
+    for norm in (0.0, torch.zeros((), dtype=F64)):
+        loss, grad, _ = call(build("ppo", path), new, old, A, torch.zeros_like(mask), aggregation=Aggregation(norm=norm))
+        assert loss.item() == 0.0 and not grad.any(), (loss, grad)
