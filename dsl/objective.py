@@ -187,17 +187,17 @@ def check_option(key, value, path, line, col, source_line, value_col):
                        f"@{key} is one of: {', '.join(OPTIONS[key])}")
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    """--set NAME=VALUE pairs (drpo-analyze, drpo-train) as {name: value}; naming one parameter
-    twice, in any spelling, is an error."""
+def parse_overrides(pairs: list[str], flag: str = "--set") -> dict[str, str]:
+    """--set NAME=VALUE pairs (drpo-analyze; drpo-train's flag is --drpo.set) as {name: value}; naming one
+    parameter twice, in any spelling, is an error located at the flag the user typed."""
     out, seen = {}, {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
-            raise DslError("expected name=value", "--set", 1, 1, pair, "e.g. --set delta=0.2")
+            raise DslError("expected name=value", flag, 1, 1, pair, f"e.g. {flag} delta=0.2")
         key = param_key(name.strip())
         if key in seen:
-            raise DslError(f"'{name.strip()}' is set twice: {seen[key]} and {pair}", "--set", 1, 1, pair,
+            raise DslError(f"'{name.strip()}' is set twice: {seen[key]} and {pair}", flag, 1, 1, pair,
                            "keep one of them")
         seen[key] = pair
         out[name.strip()] = value

@@ -230,3 +230,15 @@ def test_drpo_train_without_torch_is_one_line_naming_the_install(tmp_path, argv)
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("drpo-train: error: training needs torch, "), \
         proc.stderr
     assert "bash scripts/setup.sh" in proc.stderr and "pip install '.[train]'" in proc.stderr
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--drpo.set", "delta"], "--drpo.set:1:1: error: expected name=value"),         # was located at --set
+    (["--drpo.set", "delta=0.2", "--drpo.set", "delta=0.3"], "--drpo.set:1:1: error: 'delta' is set twice"),
+    (["--drpo.anchor", "bogus"], "argument --drpo.anchor: invalid choice: 'bogus'"),  # was found after OpenRLHF's import
+])
+def test_early_errors_name_drpo_trains_own_flag_and_refuse_a_bad_anchor_before_openrlhf(argv, expected):
+    errors = launch.early_errors(["--drpo.objective", "drpo", "--actor.model_name_or_path", "m",
+                                  "--data.prompt_dataset", "d", "--vllm.num_engines", "1",
+                                  "--reward.remote_url", "http://x"] + argv)
+    assert any(e.startswith(expected) or expected in e for e in errors), errors

@@ -302,9 +302,12 @@ def early_errors(argv: list[str]) -> list[str]:
     else:
         try:
             options = {"anchor": anchor} if anchor in ("old", "rollout") else {}
-            load(name).with_overrides(parse_overrides(getattr(ns, "drpo.set")), options, where="--drpo.set")
+            load(name).with_overrides(parse_overrides(getattr(ns, "drpo.set"), "--drpo.set"), options, where="--drpo.set")
         except DslError as e:
             errors.append(e.render())
+    if anchor not in (None, "old", "rollout"):     # OpenRLHF's parser would say so only after its import
+        errors.append(f"drpo-train: error: argument --drpo.anchor: invalid choice: {anchor!r} (choose from 'old', "
+                      f"'rollout')")
     errors += [refused] if refused else []
     engines = getattr(ns, "vllm.num_engines")      # OpenRLHF's type=int: 0 is missing, a non-number its error
     setattr(ns, "vllm.num_engines", int(engines) if (engines or "").strip().isdigit() else engines)

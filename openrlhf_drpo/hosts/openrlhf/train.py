@@ -82,7 +82,7 @@ def prepare_objective(args: argparse.Namespace, notes: list | None = None):
     if not spec_name:
         raise SystemExit(MISSING_OBJECTIVE)
     options = {"anchor": getattr(args, "drpo.anchor")} if getattr(args, "drpo.anchor") else {}
-    obj = load(spec_name).with_overrides(parse_overrides(getattr(args, "drpo.set")), options, where="--drpo.set")
+    obj = load(spec_name).with_overrides(parse_overrides(getattr(args, "drpo.set"), "--drpo.set"), options, where="--drpo.set")
     # OpenRLHF applies its train/rollout IS correction inside PolicyLoss, which the objective
     # replaces: the same factor is composed with the objective instead, so the flags keep
     # their meaning (tests/test_sequence.py holds ppo composed so to PolicyLoss itself).
