@@ -212,7 +212,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
                 results.append(analyze(obj, args.seq_len, args.rho, **point, held=values, scenario=args.scenario,
                                        check_loss=args.check_loss))
             except ValueError as e:
-                if args.scenario is None or "has no scenario" not in str(e):
+                if args.scenario is None or not ("has no scenario" in str(e) or "would replace the given" in str(e)):
                     raise
                 ap.error(f"--scenario {args.scenario}: {e}")
             except DslError:        # bad input the analysis locates (a batch quantile of A on a spread group)

@@ -99,6 +99,19 @@ def test_an_unknown_scenario_is_refused_with_the_objectives_list(dapo_zv, capsys
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("scenario, flags, named", [
+    ("zero-variance", ["--group", "1,0"], "--group"),                 # was analysed at (1, 1, 1), --group dropped
+    ("long-response", ["--seq-len", "7"], "--seq-len 7"),             # was analysed at |y| = 1024
+])
+def test_a_setting_the_scenario_would_replace_is_refused_by_name_not_dropped(dapo_zv, capsys, scenario, flags, named):
+    with pytest.raises(SystemExit) as exit_:
+        analyze_main(["--scenario", scenario, *flags, dapo_zv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"would replace the given {named}" in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="would replace the given --group"):
+        analyze(dapo_zv, scenario="zero-variance", group=[1, 0])
+
+
 def test_the_api_analyses_a_scenario_and_gives_its_name(dapo_zv):
     res = analyze(dapo_zv, scenario="one-success")
     assert res.scenario == "one-success" and to_json(res)["scenario"] == "one-success"

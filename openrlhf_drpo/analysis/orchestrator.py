@@ -28,7 +28,7 @@ from openrlhf_drpo.analysis.batch.view import (analysis_view, locality_of, misma
                                          reference_split, terms)
 from dsl.operations import OPS
 from dsl.printing import render
-from openrlhf_drpo.analysis.batch.scenarios import at, find, scenario_analysis
+from openrlhf_drpo.analysis.batch.scenarios import at, find, replaced, scenario_analysis
 from dsl.vocabulary import refuse_r_analysis
 from dsl.errors import DslError
 from dsl.walks import NotHeld, derivative
@@ -50,7 +50,11 @@ def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, scenario: str 
     own = find_advantage(original) if own_advantage else None
     situations = scenario_analysis(original, rho, given, check_loss, hat=None if own is None else own[1])
     if scenario is not None:        # the analysis at that scenario's held point, the list as it was
-        given = at(given, find(original, scenario, given))
+        chosen = find(original, scenario, given)
+        if replaced(given, chosen):       # a setting the scenario would replace: refused, never dropped
+            raise ValueError(f"objective '{obj.name}': the scenario sets its own held point, and would replace the "
+                             f"given {', '.join(replaced(given, chosen))}: drop them, or analyse without --scenario")
+        given = at(given, chosen)
         seq_len, point = given.pop("seq_len", seq_len), given
     names = names_of_view(original)
     studied = original if own is None else _with_expr(original, own[0])

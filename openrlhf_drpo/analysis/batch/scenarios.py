@@ -127,6 +127,16 @@ def at(point: dict, scenario: Scenario) -> dict:
     return out
 
 
+def replaced(point: dict, scenario: Scenario) -> list[str]:
+    """The settings given in `point` that analysing at `scenario` (at) would replace: refused by name by
+    --scenario, never dropped (seq_len 1 and group_size are the defaults: a group scenario's G is group_size's)."""
+    sets, held = scenario.point, point.get("held") or {}
+    out = [f"--{k.replace('_', '-')}" for k in ("group", "batch_size") if "group" in sets and point.get(k) is not None]
+    out += [f"--{k.replace('_', '-')} {point[k]}" for k in ("seq_len", "position") if k in sets
+            and point.get(k) not in (None, sets[k]) and not (k == "seq_len" and point[k] == 1)]
+    return out + [f"--set {k}={v}" for k, v in held.items() if k in sets.get("held", {}) and sets["held"][k] != v]
+
+
 def find(obj: Objective, name: str, point: dict | None = None) -> Scenario:
     """The scenario called `name`, or a ValueError that lists obj's."""
     found = {s.name: s for s in derive(obj, point)}
