@@ -43,10 +43,11 @@ _CLAMP_MULTIPLIES = ("new: past the ratio's clamp (|log r| > 20) the fused and s
                      "derivative by an infinite one (NaN: tanh(r^r)), where autograd's clamp selects (0)")
 _UNPICKED_INFINITE = ("new: an element a quantile does not pick, whose own derivative is infinite (H^0.04 at H = 0), "
                       "gets NaN on every path (0·inf in reverse mode), where docs/language.md gives it none")
-FOUND = {(0, 501): (_CLAMP_MULTIPLIES, FUSED), (2, 13): (_UNPICKED_INFINITE, ALL), (1, 68): (_POW_AT_ZERO, FUSED)}
+FOUND = {(2, 13): (_UNPICKED_INFINITE, ALL)}
 # draws on which a path disagreed until its class was fixed: plain tests now, each holding its fix
 FIXED = {(0, 16): _ALL_MASKED_NORM_0, (1, 576): _ORDER_STATISTIC, (1, 379): _STD_OF_EQUALS,
-         (1, 287): _PLAIN_INFINITE, (1, 52): _PLAIN_DIVISION, (1, 493): _PLAIN_DIVISION, (0, 224): _PLAIN_DIVISION}
+         (1, 287): _PLAIN_INFINITE, (1, 52): _PLAIN_DIVISION, (1, 493): _PLAIN_DIVISION, (0, 224): _PLAIN_DIVISION,
+         (0, 501): _CLAMP_MULTIPLIES, (1, 68): _POW_AT_ZERO}
 
 
 class KnownDisagreement(AssertionError):
