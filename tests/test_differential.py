@@ -105,6 +105,32 @@ def test_the_issues_cases_agree_with_the_reference(text):
     assert not found, [(d.path, d.output, d.kind, d.got, d.want) for d in found]
 
 
+# the smallest case of each class the differential test found, fixed (each failed on the paths its
+# class names before its fix: d(x^y)/dy at x = 0, the clamp, group_std of equals, an unpicked quantile element)
+FOUND_CASES = {
+    "H^π": dict(logp=[[-0.5, -1.0]], old=-0.6, H=[[0.0, 0.5]]),
+    "tanh(r^r)": dict(logp=[[30.0, -1.0]], old=-0.6),
+    "π^sign(group_std(0.1))": dict(logp=[[-0.5, -1.0]] * 3, old=-0.6),
+}
+FUSED_ONLY = {"batch_quantile(H^0.04, 0.5)": dict(logp=[[-0.5, -1.0, -0.7]], old=-0.6, H=[[0.0, 0.5, 0.9]])}
+
+
+@pytest.mark.parametrize("text", list(FOUND_CASES))
+def test_the_found_classes_smallest_cases_agree_with_the_reference(text):
+    want, found = check(dsl.parse(text), given(**FOUND_CASES[text]))
+    assert not (want["fragile"] or want["undefined"])
+    assert not found, [(d.path, d.output, d.kind, d.got, d.want) for d in found]
+
+
+@pytest.mark.parametrize("text", list(FUSED_ONLY))
+def test_an_unpicked_quantile_element_gets_a_selected_zero_in_reverse_mode(text):
+    """The fused paths' adjoint selects the quantile's neighbours (0 where unpicked, even below an
+    infinite derivative); the plain path (autograd) still gives NaN there: _UNPICKED_INFINITE."""
+    want, found = check(dsl.parse(text), given(**FUSED_ONLY[text]))
+    assert not (want["fragile"] or want["undefined"])
+    assert {d.path for d in found} <= {"plain"}, [(d.path, d.output, d.kind) for d in found]
+
+
 def test_the_reference_gives_the_issues_right_values():
     """The values issue 46 calls right: a maximum of one response's sum passes its gradient to each of its
     tokens (−1 each), and sign of a failed selection is 0 with no gradient (the other token −r/2)."""
