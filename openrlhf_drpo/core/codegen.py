@@ -106,8 +106,8 @@ KERNELS = {
     **{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")},
     "sg": Kernel(view=True),
     "ind": Kernel(floats=lambda c: c),
-    "select": Kernel(floats=lambda c, x: (f"({c[0]} * {x[0]})" if is_literal(x[0]) else     # selects: never 0·inf
-                                          f"torch.where({c[0]} != 0, {x[0]}, 0.0)", True)),
+    "select": Kernel(floats=lambda c, x: (f"({x[0]} * {c[0]})" if is_literal(x[0]) or c[0] in ("True", "False") else
+                                          f"torch.where({c[0]} != 0, {x[0]}, 0.0)", True)),   # selects: never 0·inf
     **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
     "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
     # a reduction's result may share storage (an expand): never updated in place (every row that reduces)
