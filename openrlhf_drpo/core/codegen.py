@@ -106,7 +106,7 @@ KERNELS = {
     **{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")},
     "sg": Kernel(view=True),
     "ind": Kernel(floats=lambda c: c),
-    "select": Kernel(floats=lambda c, x: (f"({x[0]} * {c[0]})" if is_literal(x[0]) or c[0] in ("True", "False") else
+    "select": Kernel(floats=lambda c, x: (f"({x[0]} * {c[0]})" if is_literal(x[0]) or is_literal(c[0]) else
                                           f"torch.where({c[0]} != 0, {x[0]}, 0.0)", True)),   # selects: never 0·inf
     **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
     "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
