@@ -45,7 +45,12 @@ _UNPICKED_INFINITE = ("new: an order statistic's unpicked element is a group's v
                       "get 0 through its linear adjoint, then 0·inf below it (H^0.04 at H = 0), NaN on every path; "
                       "the selection reaches the statistic's own argument (batch_quantile(H^0.04, 0.5) agrees), "
                       "not through a reduction below it")
-FOUND = {(2, 13): (_UNPICKED_INFINITE, ALL)}
+_STD_OF_INFINITE = ("found after the fixes: group_std of a quotient with an infinite element (π/log(π_rollout) at "
+                    "π_rollout = 1): the plain path's ∂/∂log π is NaN (the shrinker's case: group_std(π/log(π_rollout)))")
+_DIVISION_BY_SELECTED_ZERO = ("found after the fixes: a division by −[c] where c fails: every path divides by −0 "
+                              "(ℓ = −inf), the reference by +0 (ℓ = +inf): the sign of a selected zero, undocumented")
+FOUND = {(2, 13): (_UNPICKED_INFINITE, ALL), (0, 1086): (_STD_OF_INFINITE, PLAIN),
+         (1, 1703): (_DIVISION_BY_SELECTED_ZERO, ALL)}
 # draws on which a path disagreed until its class was fixed: plain tests now, each holding its fix
 FIXED = {(0, 16): _ALL_MASKED_NORM_0, (1, 576): _ORDER_STATISTIC, (1, 379): _STD_OF_EQUALS,
          (1, 287): _PLAIN_INFINITE, (1, 52): _PLAIN_DIVISION, (1, 493): _PLAIN_DIVISION, (0, 224): _PLAIN_DIVISION,
