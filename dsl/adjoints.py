@@ -22,8 +22,9 @@ def response_mean(n, a, x):         # ... by 1/|y|
 def ties(cmp):
     """seq_max, seq_min (cmp "ge", "le"): the extreme's ties share it equally, as torch.amax's gradient."""
     def rule(n, a, x):
-        tie = Node("ind", (Node(cmp, (x, n)),))
-        return mul(tie, div(Node("seq_sum", (a,)), Node("max", (Node("seq_sum", (tie,)), ONE))))
+        tie = Node(cmp, (x, n))         # selected, not multiplied: an unpicked element's chain gets 0
+        share = div(Node("seq_sum", (a,)), Node("max", (Node("seq_sum", (Node("ind", (tie,)),)), ONE)))
+        return Node("select", (tie, share))
     return rule
 
 
@@ -82,8 +83,8 @@ def shared(cmp):
     """group_max, group_min (cmp "ge", "le") and the quantile's neighbours ("eq"): the elements that
     attain the statistic share the adjoint of every element that read it, equally (torch.amax's)."""
     def rule(n, g, x, sibling):
-        tie = Node("ind", (Node(cmp, (x, n)),))
-        return mul(tie, div(sibling("sum", g), Node("max", (sibling("sum", tie), ONE))))
+        tie = Node(cmp, (x, n))         # selected, not multiplied: an unpicked element's chain gets 0
+        return Node("select", (tie, div(sibling("sum", g), Node("max", (sibling("sum", Node("ind", (tie,))), ONE)))))
     return rule
 
 
@@ -99,7 +100,20 @@ def quantile(n, g, x, sibling):
     # the row's own (seq_qlow for seq_quantile, batch_qlow for batch_quantile)
     part = lambda k: Node(n.op.replace("quantile", f"q{k}"), (x, n.args[1]), level=n.level)      # noqa: E731
     frac, ties = part("frac"), shared("eq")
-    return add(mul(sub(ONE, frac), ties(part("low"), g, x, sibling)), mul(frac, ties(part("high"), g, x, sibling)))
+    both = add(mul(sub(ONE, frac), ties(part("low"), g, x, sibling)), mul(frac, ties(part("high"), g, x, sibling)))
+    return Node("select", (picked(n, x), both))
+
+
+def picked(n, x):
+    """Where an element x of an order statistic n (max, min, a quantile) is one it picks with a nonzero
+    weight: its gradient goes there only, selected (an unpicked element's own infinite derivative
+    meets no 0), on every path (core.rewrites guards the plain path's argument by it too)."""
+    if "quantile" not in n.op:
+        return Node("eq", (x, n))
+    part = lambda k: Node(n.op.replace("quantile", f"q{k}"), (x, n.args[1]), level=n.level)     # noqa: E731
+    frac = part("frac")
+    return Node("or", (Node("and", (Node("eq", (x, part("low"))), Node("lt", (frac, ONE)))),
+                       Node("and", (Node("eq", (x, part("high"))), Node("gt", (frac, ZERO))))))
 
 
 def entries(n, a, x):               # a vocabulary sum: each entry of the token's support read once
@@ -113,7 +127,11 @@ def d_pow(n, d):
     if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
         exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
         return mul(mul(y, power(x, exponent)), d[0])
-    return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
+    # y·x^(y−1)·dx + x^y·log x·dy, where at x = 0 ≤ y the second is selected out (0^y is 0 for y > 0,
+    # whatever y: 0·log 0 would be NaN), as autograd's pow: the same selection on every path
+    moves = Node("or", (Node("ne", (x, ZERO)), Node("lt", (y, ZERO))))
+    by_y = ZERO if is_num(d[1], 0) else mul(Node("select", (moves, mul(n, call("log", x)))), d[1])
+    return add(mul(mul(y, power(x, sub(y, ONE))), d[0]), by_y)
 
 
 def d_extreme(n, d, better):

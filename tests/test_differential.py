@@ -7,10 +7,10 @@ every gradient (log π, H, the support's log π), with the tolerance tests/diffe
 justifies. Here a fixed-seed slice; benchmarks/differential.py runs 10,000 objectives per seed,
 the compiled path on a few, and shrinks each disagreement to its smallest case.
 
-KNOWN (the slice's items), FOUND (draws of other seeds) and ISSUE_CASES (the issue's own) list where
-a path disagrees because of a compiler bug, issue 46's or a new one: each is an expected failure
-raised only when exactly the paths its bug names disagree, strict (it fails the suite once the bug
-is fixed, so that its mark is removed and it holds the fix)."""
+KNOWN (the slice's items) and FOUND (draws of other seeds) list where a path disagrees because of a
+compiler bug: each is an expected failure raised only when exactly the paths its bug names disagree,
+strict (it fails the suite once the bug is fixed, so that its mark is removed and it holds the fix).
+FIXED and ISSUE_CASES (issue 46's own) are such draws and cases after their fixes: plain tests."""
 import numpy as np
 import pytest
 
@@ -28,7 +28,7 @@ _ALL_MASKED_NORM_0 = ("issue 46 case 4: a step with no unmasked token and a norm
 _PLAIN_DIVISION = ("issue 46 case 2: the plain path's gradient is NaN where a division meets a masked slot or an "
                    "empty response (autograd of the unselected quotient)")
 FUSED, PLAIN, ALL = ("fused", "sync_free"), ("plain",), ("plain", "fused", "sync_free")
-KNOWN = {(0, 16): (_ALL_MASKED_NORM_0, FUSED)}
+KNOWN: dict = {}      # (0, 16): case 4, fixed (FIXED below)
 # draws of other seeds (benchmarks/differential.py) on which a path disagrees: one or two per class of the
 # report's, each an expected failure until its fix lands (then the mark is removed and it holds the fix)
 _ORDER_STATISTIC = ("issue 46 case 1: the fused and sync-free paths lose the gradient of a maximum, minimum or "
@@ -41,11 +41,20 @@ _PLAIN_INFINITE = ("new: the plain path gives NaN where the gradient is infinite
                    "reduction (x^0.1 at x = 0 under group_min: −inf, plain NaN)")
 _CLAMP_MULTIPLIES = ("new: past the ratio's clamp (|log r| > 20) the fused and sync-free paths multiply its zero "
                      "derivative by an infinite one (NaN: tanh(r^r)), where autograd's clamp selects (0)")
-_UNPICKED_INFINITE = ("new: an element a quantile does not pick, whose own derivative is infinite (H^0.04 at H = 0), "
-                      "gets NaN on every path (0·inf in reverse mode), where docs/language.md gives it none")
-FOUND = {(1, 576): (_ORDER_STATISTIC, FUSED), (0, 501): (_CLAMP_MULTIPLIES, FUSED), (2, 13): (_UNPICKED_INFINITE, ALL),
-         (1, 68): (_POW_AT_ZERO, FUSED), (1, 379): (_STD_OF_EQUALS, ALL), (1, 287): (_PLAIN_INFINITE, PLAIN), (1, 52): (_PLAIN_DIVISION, PLAIN), (1, 493): (_PLAIN_DIVISION, PLAIN),
-         (0, 224): (_PLAIN_DIVISION, PLAIN)}
+_UNPICKED_INFINITE = ("new: an order statistic's unpicked element is a group's value (group_std): the group's members "
+                      "get 0 through its linear adjoint, then 0·inf below it (H^0.04 at H = 0), NaN on every path; "
+                      "the selection reaches the statistic's own argument (batch_quantile(H^0.04, 0.5) agrees), "
+                      "not through a reduction below it")
+_STD_OF_INFINITE = ("found after the fixes: group_std of a quotient with an infinite element (π/log(π_rollout) at "
+                    "π_rollout = 1): the plain path's ∂/∂log π is NaN (the shrinker's case: group_std(π/log(π_rollout)))")
+_DIVISION_BY_SELECTED_ZERO = ("found after the fixes: a division by −[c] where c fails: every path divides by −0 "
+                              "(ℓ = −inf), the reference by +0 (ℓ = +inf): the sign of a selected zero, undocumented")
+FOUND = {(2, 13): (_UNPICKED_INFINITE, ALL), (0, 1086): (_STD_OF_INFINITE, PLAIN),
+         (1, 1703): (_DIVISION_BY_SELECTED_ZERO, ALL)}
+# draws on which a path disagreed until its class was fixed: plain tests now, each holding its fix
+FIXED = {(0, 16): _ALL_MASKED_NORM_0, (1, 576): _ORDER_STATISTIC, (1, 379): _STD_OF_EQUALS,
+         (1, 287): _PLAIN_INFINITE, (1, 52): _PLAIN_DIVISION, (1, 493): _PLAIN_DIVISION, (0, 224): _PLAIN_DIVISION,
+         (0, 501): _CLAMP_MULTIPLIES, (1, 68): _POW_AT_ZERO}
 
 
 class KnownDisagreement(AssertionError):
@@ -79,29 +88,44 @@ def test_the_disagreements_found_beyond_the_slice_agree_once_fixed(seed, index):
     agrees(seed, index, FOUND[seed, index])
 
 
-# issue 46's own cases, each the smallest found, on the inputs it gives: the reference gives the value the
-# issue calls right, and exactly the paths it names disagree
+@pytest.mark.parametrize("seed,index", [pytest.param(s, i, id=f"{s}-{i}") for s, i in FIXED])
+def test_the_draws_that_disagreed_before_their_fix_agree(seed, index):
+    agrees(seed, index)
+
+
+# issue 46's own cases, each the smallest found, on the inputs it gives (each failed on the paths it names
+# before the fixes): the reference gives the value the issue calls right, and every path agrees with it
 ISSUE_CASES = {
-    "group_max(seq_sum(log(π)))": (dict(logp=[[-0.9, -0.1, -0.4]], old=-1.0), _ORDER_STATISTIC, FUSED),
-    "r*A - group_max(exp(seq_mean(log(π) - log(μ))))": (
-        dict(logp=[[-1.0] * 3] * 2, old=[[-1.2949] * 3, [-1.0] * 3]), _ORDER_STATISTIC, FUSED),
-    "seq_mean(π)/sum_π_sq": (dict(logp=[[-0.7, -0.3]], old=-0.6, mask=[[1, 0]], sum_pi_sq=[[0.3, 0.5]]),
-                             _PLAIN_DIVISION, PLAIN),
-    "batch_mean(π)/seq_len": (dict(logp=[[-0.7, -0.3], [-1.0, -2.0]], old=-0.6, mask=[[1, 1], [0, 0]]),
-                              _PLAIN_DIVISION, PLAIN),
-    "sign([π < 0.5]*sqrt(0.5 - π))*r": (dict(logp=[[-0.5, -1.0]], old=-0.6), (
-        "issue 46 case 3: sign of a selecting product gives the plain path NaN where the selection fails"), PLAIN),
-    "r*A + H": (dict(logp=[[-0.5, -1.0]], old=-0.6, A=1.0, mask=[[0, 0]], norm=0.0), _ALL_MASKED_NORM_0, FUSED),
+    "group_max(seq_sum(log(π)))": dict(logp=[[-0.9, -0.1, -0.4]], old=-1.0),                      # case 1
+    "r*A - group_max(exp(seq_mean(log(π) - log(μ))))": dict(logp=[[-1.0] * 3] * 2, old=[[-1.2949] * 3, [-1.0] * 3]),
+    "seq_mean(π)/sum_π_sq": dict(logp=[[-0.7, -0.3]], old=-0.6, mask=[[1, 0]], sum_pi_sq=[[0.3, 0.5]]),  # case 2
+    "batch_mean(π)/seq_len": dict(logp=[[-0.7, -0.3], [-1.0, -2.0]], old=-0.6, mask=[[1, 1], [0, 0]]),
+    "sign([π < 0.5]*sqrt(0.5 - π))*r": dict(logp=[[-0.5, -1.0]], old=-0.6),                         # case 3
+    "r*A + H": dict(logp=[[-0.5, -1.0]], old=-0.6, A=1.0, mask=[[0, 0]], norm=0.0),                # case 4
 }
 
 
-@pytest.mark.parametrize("text", [pytest.param(t, marks=_marks(case[1:])) for t, case in ISSUE_CASES.items()])
-def test_the_issues_cases_agree_with_the_reference_once_fixed(text):
-    arrays, *known = ISSUE_CASES[text]
-    want, found = check(dsl.parse(text), given(**arrays))
+@pytest.mark.parametrize("text", list(ISSUE_CASES))
+def test_the_issues_cases_agree_with_the_reference(text):
+    want, found = check(dsl.parse(text), given(**ISSUE_CASES[text]))
     assert not (want["fragile"] or want["undefined"])
-    if sorted({d.path for d in found}) == sorted(known[1]):
-        raise KnownDisagreement([(d.path, d.output, d.kind, d.got, d.want) for d in found])
+    assert not found, [(d.path, d.output, d.kind, d.got, d.want) for d in found]
+
+
+# the smallest case of each class the differential test found, fixed (each failed on the paths its
+# class names before its fix: d(x^y)/dy at x = 0, the clamp, group_std of equals, an unpicked quantile element)
+FOUND_CASES = {
+    "H^π": dict(logp=[[-0.5, -1.0]], old=-0.6, H=[[0.0, 0.5]]),
+    "tanh(r^r)": dict(logp=[[30.0, -1.0]], old=-0.6),
+    "π^sign(group_std(0.1))": dict(logp=[[-0.5, -1.0]] * 3, old=-0.6),
+    "batch_quantile(H^0.04, 0.5)": dict(logp=[[-0.5, -1.0, -0.7]], old=-0.6, H=[[0.0, 0.5, 0.9]]),
+}
+
+
+@pytest.mark.parametrize("text", list(FOUND_CASES))
+def test_the_found_classes_smallest_cases_agree_with_the_reference(text):
+    want, found = check(dsl.parse(text), given(**FOUND_CASES[text]))
+    assert not (want["fragile"] or want["undefined"])
     assert not found, [(d.path, d.output, d.kind, d.got, d.want) for d in found]
 
 

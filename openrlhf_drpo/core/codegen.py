@@ -29,7 +29,7 @@ from dsl.lowerings import is_literal
 from dsl.operations import OPS, REDUCTIONS
 from dsl.parser import Objective
 from dsl.printing import render
-from openrlhf_drpo.core.reverse_mode import nesting, reverse_gradient
+from openrlhf_drpo.core.reverse_mode import forward_gradient, nesting, reverse_gradient
 from openrlhf_drpo.core.rewrites import annotate_levels, filters, guard_autograd, guard_selects, rewrite_logs, select_masks
 from openrlhf_drpo.core.values import Generated
 from dsl.walks import NonLocal, constant_nodes, derivative, evaluate, reads_whole_response
@@ -40,7 +40,10 @@ CLAMP = 20.0
 # d/d(log π) of each leaf: the ratio's clamp passes gradient only where it is inactive
 # (`keep`), exactly as autograd through torch.clamp does; dr = r·keep. Where no ratio is
 # clamped (the eager kernel checks), dr = r and keep = 1: ℓ and ∂ℓ/∂log π then share r·A.
-GRAD_SEEDS = {"r": var("dr"), "pi": var("pi"), "logp": Node("num", value=1), "log_ratio": var("keep")}
+# The clamp selects (a seed select(c, s): reverse_mode), so an infinite derivative above it meets no 0.
+_KEPT = Node("gt", (var("keep"), Node("num", value=0)))
+GRAD_SEEDS = {"r": Node("select", (_KEPT, var("r"))), "pi": var("pi"), "logp": Node("num", value=1),
+              "log_ratio": Node("select", (_KEPT, Node("num", value=1)))}
 CHANNELS = {"entropy": {"H": ONE}, "vocab_logp": {"pi_v": var("pi_v"), "lv": ONE}}   # Generated.channels' seeds
 UNCLAMPED_SEEDS = {**GRAD_SEEDS, "r": var("r"), "log_ratio": Node("num", value=1)}
 
@@ -103,7 +106,8 @@ KERNELS = {
     **{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")},
     "sg": Kernel(view=True),
     "ind": Kernel(floats=lambda c: c),
-    "select": Kernel(floats=lambda c, x: ((f"{x[0]}.mul_({c[0]})" if x[1] else f"({x[0]} * {c[0]})"), True)),
+    "select": Kernel(floats=lambda c, x: (f"({x[0]} * {c[0]})" if is_literal(x[0]) or is_literal(c[0]) else
+                                          f"torch.where({c[0]} != 0, {x[0]}, 0.0)", True)),   # selects: never 0·inf
     **{k: Kernel(floats=_f_cmp(k)) for k in ("lt", "le", "gt", "ge", "eq", "ne")},
     "and": Kernel(floats=_f_and), "or": Kernel(floats=_f_or), "not": Kernel(floats=_f_not),
     # a reduction's result may share storage (an expand): never updated in place (every row that reduces)
@@ -264,7 +268,7 @@ def _fused_functions(value, params, kept) -> str:
     as floats, and a branch on the data, which a compiled graph should not have)."""
     extra = ("r", "raw", "mu", "keep")
     head = _HEAD
-    grad = select_masks(derivative(value, GRAD_SEEDS))     # [c]·dx selects: min's other branch may be inf
+    grad = select_masks(forward_gradient(value, GRAD_SEEDS))     # [c]·dx selects: min's other branch may be inf
     outputs = [value, grad] + [kept] * (kept is not None)
     raw_only = not _reads_clamped_ratio(value)
 

@@ -155,8 +155,12 @@ def group_mean(x, m, like, group, level):
 
 
 def group_std(x, m, like, group, level):
-    """The sample standard deviation (ddof = 1) in two passes; 0 below two elements, and where all
-    are equal, with a zero gradient there (autograd's through sqrt(0) would be inf·0)."""
+    """The sample standard deviation (ddof = 1) in two passes, of x less its group's largest element
+    (a constant shift, without gradient: the deviations are unchanged in exact arithmetic), so that
+    equal elements deviate by exactly 0, not by the mean's rounding; 0 below two elements, and where
+    all are equal, with a zero gradient there (autograd's through sqrt(0) would be inf·0)."""
+    x = _selected(x, m, 0.0, like)
+    x = x - _group_extreme(x.detach(), m, like, group, level, torch.amax, -math.inf)
     total, n = _group_totals(x, m, like, group, level)
     dev = _selected(x - total / n.clamp(min=1), m, 0.0, like)
     var = group_sum(dev * dev, m, like, group, level) / (n - 1).clamp(min=1)

@@ -8,17 +8,31 @@ from __future__ import annotations
 
 from dsl.ir import ONE, ZERO, Node, add, is_num, mul, postorder
 from dsl.operations import OPS, passes_no_gradient
-from dsl.walks import constant_nodes
+from dsl.walks import constant_nodes, derivative
 
 _MF = Node("var", value="mf")       # masked tokens receive nothing
 
 
 def _times(a: Node, partial: Node) -> Node:
-    """a·partial, where a selected partial (select's own: [c]·x) selects the product: 0 where c
-    fails even where the adjoint a is not finite there (x's value dropped, inf or NaN)."""
-    if partial.op == "select":
-        return Node("select", (partial.args[0], _times(a, partial.args[1])))
+    """a·partial, where a selected factor (select's own partial, [c]·x; an adjoint a selection gave, an
+    unpicked element's; a seed the ratio clamp selects) selects the product: 0 where c fails, even
+    where the other factor is not finite there (x's value dropped, an infinite derivative)."""
+    for x, y in ((partial, a), (a, partial)):
+        if x.op == "select":
+            return Node("select", (x.args[0], _times(y, x.args[1])))
     return mul(a, partial)
+
+
+def forward_gradient(value: Node, seeds: dict) -> Node:
+    """derivative(value, seeds) (forward mode), where a seed select(c, s) selects its leaf's whole chain
+    rather than multiplying it: 0 where c fails even where a derivative above the leaf is infinite
+    (past the ratio clamp, tanh(r^r)), as autograd's clamp selects."""
+    chosen = {k: s for k, s in seeds.items() if s.op != "select"}
+    total = derivative(value, chosen)
+    for c in dict.fromkeys(s.args[0] for s in seeds.values() if s.op == "select"):
+        part = derivative(value, {k: s.args[1] for k, s in seeds.items() if s.op == "select" and s.args[0] == c})
+        total = add(total, ZERO if is_num(part, 0) else Node("select", (c, part)))
+    return total
 
 
 def reverse_gradient(value: Node, seeds: dict) -> Node:
@@ -35,7 +49,7 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
         if passes_no_gradient(n.op):        # (a count's adjoint is "none")
             continue
         if op.reduce:
-            contributions = [(n.args[0], mul(_MF, op.adjoint(n, a, n.args[0])))]
+            contributions = [(n.args[0], _times(_MF, op.adjoint(n, a, n.args[0])))]
         else:
             contributions = []
             for i, x in enumerate(n.args):
@@ -49,7 +63,7 @@ def reverse_gradient(value: Node, seeds: dict) -> Node:
     total = ZERO
     for n, a in adj.items():
         if n.op == "var" and n.value in seeds:
-            total = add(total, mul(a, seeds[n.value]))
+            total = add(total, _times(a, seeds[n.value]))
     return total
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+from dsl.adjoints import picked
 from dsl.ir import ONE, Node, div, mul, neg, postorder, rebuild
 from dsl.levels import argument_level
 from dsl.operations import OPS, passes_no_gradient
@@ -50,7 +51,8 @@ def guard_selects(root: Node) -> Node:
     spread, the log of a negative number), in autograd and in the reverse mode alike: the double
     `where` (forward mode's rule select(c, dx) needs none). min, max and clip select a branch
     too, each guarded by its own condition (GSPO's unclipped branch s·A is inf in fp32 where the
-    clipped one is chosen). Every value is unchanged (but a −0 may read +0).
+    clipped one is chosen), and an order statistic (max, min, a quantile) its argument, by where it
+    picks the element (dsl.adjoints.picked; elsewhere sg of it, the same value). Every value is unchanged (but a −0 may read +0).
     A node under nested branches is guarded by all their conditions, so a node shared by many
     (a chain of min's of its own bindings) has one copy per path: past a budget of copies, each
     is guarded by its nearest condition alone (one copy per branch above it), which no longer
@@ -119,6 +121,10 @@ def _guarded(root: Node, budget: int | None) -> Node:
                                    Node("select", (Node("not", (inside,)), Node("clip", (Node("sg", (x,)), lo, hi))))))
             elif n.op == "clip":    # min(max(x, lo), hi), as dsl.lowerings.torch_clip
                 out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
+            elif OPS[n.op].reduce in ("max", "min", "quantile"):    # x where picked, else sg(x): same value
+                x, chosen = n.args[0], picked(n, Node("sg", (n.args[0],)))
+                x = Node("add", (branch(chosen, x, None), Node("select", (Node("not", (chosen,)), Node("sg", (x,))))))
+                out = Node(n.op, (x, *n.args[1:]), n.value, n.pos, n.level)
             elif OPS[n.op].reduce:
                 out = Node(n.op, (walk(n.args[0], None), *n.args[1:]), n.value, n.pos, n.level)
             else:
