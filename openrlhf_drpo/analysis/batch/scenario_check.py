@@ -10,6 +10,7 @@ import math
 
 from dsl.ir import Node
 from dsl.objective import Objective
+from dsl.walks import derivative, numpy_plan
 from openrlhf_drpo.analysis.batch.held import held_group, spread
 
 # where each scenario is checked: off policy on both sides of r = 1 and on it, both signs of A. The
@@ -117,3 +118,17 @@ def _token_weights(torch, loss, plain, obj, rho, point, group, points) -> list[f
         grads.append(torch.zeros(k * N, T, dtype=torch.float64) if g is None else g.detach())
     mine, surrogate = (g[::N, p - 1] for g in grads)
     return [float(x) / float(y) if float(y) != 0 else math.nan for x, y in zip(mine, surrogate)]
+
+
+def weight_at(view: Objective):
+    """w(r, μ, A) of a view at one point by the IR's float rules (nan where undefined)."""
+    import numpy as np
+    run = numpy_plan(view.expr, derivative(view.expr))
+    params = {k: float(v) for k, v in view.params.items()}
+
+    def w(r, mu, a):
+        ell, dl = run({**params, "r": np.float64(r), "mu": np.float64(mu), "pi": np.float64(mu * r), "A": np.float64(a)})
+        with np.errstate(all="ignore"):
+            x = float(dl) / a
+        return x if np.isfinite(float(ell)) and np.isfinite(x) else float("nan")
+    return w

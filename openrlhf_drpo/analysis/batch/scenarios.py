@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dsl.errors import DslError
 from dsl.ir import Node
 from dsl.objective import Objective
 from dsl.operations import OPS
@@ -334,15 +335,25 @@ def scenario_claims(obj: Objective, rho: float, point: dict, scenarios: list[Sce
     base_view, _ = view_at(obj, rho, point)
     base = sample(base_view, hat=hat_at(point))
     points = [at(point, s) for s in scenarios]
-    views = [view_at(obj, rho, p) for p in points]
-    inds = indicators(obj, rho, [point] + points)
-    out = []
-    for i, (s, p, (view, scope)) in enumerate(zip(scenarios, points, views)):
+    views, refused = [], {}
+    for s, p in zip(scenarios, points):      # a held point the analysis refuses is said, not dropped
+        try:
+            views.append(view_at(obj, rho, p))
+        except DslError as e:
+            refused[s.name] = e.message
+    kept = [(s, p) for s, p in zip(scenarios, points) if s.name not in refused]
+    inds = indicators(obj, rho, [point] + [p for _, p in kept])
+    out = [{"name": s.name, "title": s.title, "construct": s.construct, "point": _jsonable(p), "exact": None,
+            "states": {}, "sides": {}, "off": [], "changes": True, "text": f"not analysed: {refused[s.name]}"}
+           for s, p in zip(scenarios, points) if s.name in refused]
+    for i, ((s, p), (view, scope)) in enumerate(zip(kept, views)):
         off = [d["indicator"] for d in inds if d["off"][i + 1] and not d["off"][0]]
         on = [d["indicator"] for d in inds if d["all_on"][i + 1] and d["off"][0]]
         c = claim(sample(view, hat=hat_at(p)), base, off, on)
         out.append({"name": s.name, "title": s.title, "construct": s.construct, "point": _jsonable(p),
                     "exact": scope.get("exact"), **c})
+    order = [s.name for s in scenarios]
+    out.sort(key=lambda d: order.index(d["name"]))
     return {"scenarios": out, "indicators": [{k: d[k] for k in ("indicator", "state")} for d in inds],
             "sampled": {"r": [10.0 ** DECADES[0], 10.0 ** DECADES[1]], "mu": [MUS[0], MUS[-1]],
                         "magnitudes": [MAGNITUDES[0], MAGNITUDES[-1]], "points": int(base["r"].size)}}
@@ -358,20 +369,6 @@ def _jsonable(p: dict) -> dict:
     return out
 
 
-def weight_at(view: Objective):
-    """w(r, μ, A) of a view at one point by the IR's float rules (nan where undefined)."""
-    import numpy as np
-    run = numpy_plan(view.expr, derivative(view.expr))
-    params = {k: float(v) for k, v in view.params.items()}
-
-    def w(r, mu, a):
-        ell, dl = run({**params, "r": np.float64(r), "mu": np.float64(mu), "pi": np.float64(mu * r), "A": np.float64(a)})
-        with np.errstate(all="ignore"):
-            x = float(dl) / a
-        return x if np.isfinite(float(ell)) and np.isfinite(x) else float("nan")
-    return w
-
-
 def scenario_analysis(obj: Objective, rho: float, point: dict, check_loss: bool = False,
                       hat: Node | None = None) -> dict | None:
     """The result's `scenarios` field: each scenario's claim, the indicators' constancy, and each
@@ -385,9 +382,12 @@ def scenario_analysis(obj: Objective, rho: float, point: dict, check_loss: bool 
         checks = [{"status": "not run", "why": "it imports torch: drpo-analyze --check-loss, or "
                                               "analyze(..., check_loss=True)"}] * len(scenarios)
     else:
-        from openrlhf_drpo.analysis.batch.scenario_check import check
-        points = [at(point, s) for s in scenarios]
-        checks = check(obj, rho, points, [weight_at(view_at(obj, rho, p)[0]) for p in points])
+        from openrlhf_drpo.analysis.batch.scenario_check import check, weight_at
+        names = [s["name"] for s in out["scenarios"] if not s["text"].startswith("not analysed")]
+        points = [at(point, s) for s in scenarios if s.name in names]
+        done = dict(zip(names, check(obj, rho, points, [weight_at(view_at(obj, rho, p)[0]) for p in points])))
+        checks = [done.get(s["name"], {"status": "not checked", "why": "the analysis refuses its held point"})
+                  for s in out["scenarios"]]
     for s, c in zip(out["scenarios"], checks):
         s["loss_check"] = c
     return out
