@@ -232,7 +232,8 @@ def test_a_report_field_added_as_the_page_says_reaches_the_json_the_report_the_g
     assert json.loads(proc.stdout) == {"json": 16, "line": ["  operations 16 in ∂ℓ/∂r, written out"]}, proc.stdout
     pinned = copy / "tests/test_result.py"
     assert pytest_in(copy, str(pinned.relative_to(copy))).returncode == 1     # the pinned field list catches it
-    old = '        "self_check", "admissibility", "notes", "hang_guard", "text"]'
+    old = '        "self_check", "admissibility", "notes", "scenarios", "scenario", "hang_guard", "text"]'
+    assert old in pinned.read_text(encoding="utf-8"), "test_result.py's field list moved: update this recipe"
     pinned.write_text(pinned.read_text(encoding="utf-8").replace(old, block("field-test").rstrip("\n")), encoding="utf-8")
     proc = pytest_in(copy, "tests/test_result.py")
     assert proc.returncode == 0, proc.stdout[-3000:]
