@@ -232,7 +232,8 @@ def test_a_report_field_added_as_the_page_says_reaches_the_json_the_report_the_g
     assert json.loads(proc.stdout) == {"json": 16, "line": ["  operations 16 in ∂ℓ/∂r, written out"]}, proc.stdout
     pinned = copy / "tests/test_result.py"
     assert pytest_in(copy, str(pinned.relative_to(copy))).returncode == 1     # the pinned field list catches it
-    old = '        "self_check", "admissibility", "notes", "hang_guard", "text"]'
+    old = '        "self_check", "admissibility", "notes", "scenarios", "scenario", "hang_guard", "text"]'
+    assert old in pinned.read_text(encoding="utf-8"), "test_result.py's field list moved: update this recipe"
     pinned.write_text(pinned.read_text(encoding="utf-8").replace(old, block("field-test").rstrip("\n")), encoding="utf-8")
     proc = pytest_in(copy, "tests/test_result.py")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -253,3 +254,51 @@ def test_a_report_field_added_as_the_page_says_reaches_the_json_the_report_the_g
         assert proc.returncode == 0, (check, proc.stdout[-3000:])
     assert re.search(r"^  operations \d+ in ∂ℓ/∂r, written out$",
                      (copy / "tests/golden/clip_plus_penalty.txt").read_text(encoding="utf-8"), re.M)
+
+
+TOY_STALE = """
+import json
+import dsl
+from openrlhf_drpo.analysis.orchestrator import analyze
+from openrlhf_drpo.analysis.present.report import to_json
+res = to_json(analyze(dsl.parse("0.001*r*A*exp(-0.1*staleness)", "toy.dsl")))
+print(json.dumps({"scenarios": [s["name"] for s in res["scenarios"]["scenarios"]],
+                  "few": [s["text"] for s in res["scenarios"]["scenarios"] if s["name"] == "few-versions"],
+                  "tiny": [w for w in res["warnings"] if "is at most" in w], "claim": res["claims"].get("on_policy")}))
+"""
+
+
+def test_a_scenario_an_alert_and_a_claim_added_as_the_page_says_reach_the_result_and_its_pinning_tests(copy):
+    """One pytest run before the second half of each edit (the pinned scenario list, the alert's
+    words and rule, the claim itself: each pinning test fails) and one after (they pass)."""
+    analysis = copy / "openrlhf_drpo/analysis"
+    insert(analysis / "batch/scenarios.py", block("scenario-derive"), after='{"held": {"staleness": STALE}})]')
+    insert(analysis / "alerts.py", block("alert-kind"), after='    "on policy negative",')
+    result = analysis / "result.py"
+    old = '    on_policy: dict = declared(json="on_policy", line="on_policy")'
+    result.write_text(result.read_text(encoding="utf-8").replace(old, block("claim-declare").rstrip("\n")),
+                      encoding="utf-8")
+    pinning = ("tests/test_scenarios.py", "tests/test_result.py", "-k",
+               "derived_from_the_objectives_constructs or every_alert_kind or every_evidence_a_claim")
+    proc = pytest_in(copy, "-rA", *pinning)
+    failed = set(re.findall(r"^FAILED tests/\w+\.py::(\w+)", proc.stdout, re.M))
+    assert failed == {"test_scenarios_are_derived_from_the_objectives_constructs",
+                      "test_every_alert_kind_has_its_words_and_an_unknown_kind_is_refused",
+                      "test_every_report_line_is_a_declared_fields_and_every_evidence_a_claim"}, proc.stdout[-3000:]
+    pinned = copy / "tests/test_scenarios.py"
+    pinned.write_text(pinned.read_text(encoding="utf-8").replace(
+        '    ("r*A*exp(-0.1*staleness)", ["fresh", "stale"]),', block("scenario-test").rstrip("\n")), encoding="utf-8")
+    insert(analysis / "alerts.py", block("alert-rule"), after="""out.append(Alert(f"on policy {f['status']}", {"adv": adv}))""")
+    insert(analysis / "present/alert_text.py", block("alert-words"), before='    "on policy negative": lambda adv:')
+    insert(analysis / "claims.py", block("claim-evidence"), before='    if res["bounded"] is None:')
+    proc = pytest_in(copy, *pinning)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    proc = run(copy, TOY_STALE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["scenarios"] == ["fresh", "stale", "few-versions"], out
+    # by hand: w = 0.001·e^(−0.1·staleness) everywhere, at the held staleness 1 and at 4
+    assert out["few"] == ["w on policy 0.00067032 for both signs of A (analysed: 0.000904837)"], out
+    assert [w.split(":")[0] for w in out["tiny"]] == [f"on policy (r = 1) for A {s} 0, w is at most 0.000904837"
+                                                      for s in "><"], out
+    assert out["claim"]["status"] == "unconfirmed" and "from 1e-06 to 1" in out["claim"]["evidence"], out

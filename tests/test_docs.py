@@ -364,3 +364,37 @@ def test_the_command_path_check_flags_the_two_node_record_as_it_was():
     assert absolute_paths_in_commands(old) == ["/tmp/scale-nodes-run", "/tmp/objective-uv_c52uh/my_objective.dsl",
                                                "/work/wt/scale-nodes/openrlhf_drpo/lab/toytask.py"]
     assert absolute_paths_in_commands("```bash\nTORCH_INDEX=https://x.org/cpu bash scripts/setup.sh --out OUT\n```\n") == []
+
+
+PACKAGES = ("dsl", "openrlhf_drpo")
+
+
+def layout_rows(text: str) -> dict[str, str]:
+    """api.md's "Repository layout" table: each row's package folder (`openrlhf_drpo/analysis/numeric/`)
+    and the rest of its row."""
+    table = text.split("## Repository layout", 1)[1]
+    rows = {}
+    for line in table.splitlines():
+        m = re.match(r"\| `((?:dsl|openrlhf_drpo)/(?:[\w]+/)*)` \|(.*)\|$", line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def unnamed_modules(text: str) -> list[str]:
+    """Each module of the two packages (from the files, as tests/test_layers.py takes them) that its
+    folder's row in the layout table does not name as `name`."""
+    rows = layout_rows(text)
+    sources = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if not p.stem.startswith("__"))
+    return [str(p.relative_to(ROOT)) for p in sources
+            if f"`{p.stem}`" not in rows.get(p.parent.relative_to(ROOT).as_posix() + "/", "")]
+
+
+def test_the_layout_table_names_every_module_of_both_packages():
+    missing = unnamed_modules((ROOT / "docs" / "api.md").read_text(encoding="utf-8"))
+    assert not missing, "docs/api.md's layout table does not name, in its folder's row: " + ", ".join(missing)
+
+
+def test_the_layout_check_flags_a_module_its_row_leaves_out():
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    assert unnamed_modules(text.replace("`arbiter`", "the arbiter")) == ["openrlhf_drpo/analysis/numeric/arbiter.py"]
