@@ -4,7 +4,6 @@ reduction reduces; each reduction with what it reads; and the objective's locali
 reduction a policy-dependent value passes through (docs/language.md)."""
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -111,9 +110,6 @@ def reductions(root: Node, level: dict | None = None) -> list[Reduction]:
     return out
 
 
-_KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # node -> its level, once computed
-
-
 class Facts:
     """What dsl.levels says of one expression, each fact computed at most once, when first read:
     Objective.facts holds its expression's, read by the analysis and the compiler alike."""
@@ -123,13 +119,8 @@ class Facts:
 
     @cached_property
     def level(self) -> dict[Node, str]:
-        """Each node's level (levels). A node's level depends on its sub-expression alone, so a part of
-        an expression whose levels are known (an indicator the analysis views alone) reads them."""
-        if self.root in _KNOWN:
-            return {n: _KNOWN[n] for n in postorder(self.root)}
-        out = levels(self.root)
-        _KNOWN.update(out)
-        return out
+        """Each node's level (levels)."""
+        return levels(self.root)
 
     @cached_property
     def level_per_response(self) -> dict[Node, str]:

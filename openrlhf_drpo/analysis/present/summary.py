@@ -156,5 +156,5 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
     head = [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
             *_objective(res, source, width), "", *held, *own, *hat(_gradient(res, width)), *channels,
             *hat(_trust_region(res, width) + wrap(bounded[res.bounded], "  bounded       ", width=width))]
-    room = max(1, min(12, SCREEN - len(head) - len(worries)))     # the scenarios fit the screen's 40 lines
+    room = max(1, min(12, SCREEN - 1 - len(head) - len(worries)))     # the scenarios and a blank fit the 40 lines
     return [*head, *first_screen(getattr(res, "scenarios", None), width, room), *worries]
