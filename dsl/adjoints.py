@@ -127,11 +127,7 @@ def d_pow(n, d):
     if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
         exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
         return mul(mul(y, power(x, exponent)), d[0])
-    # y·x^(y−1)·dx + x^y·log x·dy, where at x = 0 ≤ y the second is selected out (0^y is 0 for y > 0,
-    # whatever y: 0·log 0 would be NaN), as autograd's pow: the same selection on every path
-    moves = Node("or", (Node("ne", (x, ZERO)), Node("lt", (y, ZERO))))
-    by_y = ZERO if is_num(d[1], 0) else mul(Node("select", (moves, mul(n, call("log", x)))), d[1])
-    return add(mul(mul(y, power(x, sub(y, ONE))), d[0]), by_y)
+    return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
 
 
 def d_extreme(n, d, better):

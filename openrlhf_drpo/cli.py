@@ -203,7 +203,8 @@ def analyze_main(argv: list[str] | None = None) -> int:
             print("\n\n".join(torch_source(o) for o in objs))
             return 0
         from openrlhf_drpo.analysis.orchestrator import analyze
-        from openrlhf_drpo.analysis.present.report import comparison, report, to_json
+        from openrlhf_drpo.analysis.present.comparison import comparison
+        from openrlhf_drpo.analysis.present.report import report, to_json
         results = []
         point = {"group_size": args.group_size, "batch_size": args.batch_size, "position": args.position,
                  "group": args.group}

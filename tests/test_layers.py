@@ -29,7 +29,7 @@ LAYERS = [
     "analysis.alerts", "analysis.present.alert_text", "analysis.batch.advantage",
     "analysis.claims", "analysis.admissibility", "analysis.batch.scenario_check", "analysis.batch.scenarios", "analysis.equiv",
     "analysis.result", "analysis.orchestrator", "analysis.present.first_lines", "analysis.present.scenario_text",
-    "analysis.present.summary", "analysis.present.report", "analysis.present.plot", "analysis.present.equiv_report", "analysis.present.notebook",
+    "analysis.present.summary", "analysis.present.report", "analysis.present.comparison", "analysis.present.plot", "analysis.present.equiv_report", "analysis.present.notebook",
     "analysis.numeric", "analysis.symbolic", "analysis.batch", "analysis.present", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward",
     "hosts.openrlhf.logprobs", "hosts.openrlhf.support", "hosts.openrlhf.inputs", "hosts.openrlhf.loss",

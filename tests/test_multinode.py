@@ -42,12 +42,16 @@ def test_cpu_mode_cluster_trains_on_the_cluster_that_is_set_up_and_says_so(ray_c
         "start its nodes with logical GPUs (`ray start --num-gpus 1`"),
 ])
 def test_cpu_mode_cluster_refuses_no_cluster_and_a_cluster_without_logical_gpus(ray_clusters, no_ray_cluster,
-                                                                                monkeypatch, capsys, gpus, message):
+                                                                                monkeypatch, capsys, gpus, message,
+                                                                                tmp_path):
     from openrlhf_drpo.hosts.openrlhf import train
     if gpus is not None:
         monkeypatch.setenv("RAY_ADDRESS", ray_clusters[gpus])
-    with pytest.raises(SystemExit) as exit_:
-        train.main(["--drpo.cpu_mode", "cluster", "--drpo.objective", "drpo", "--actor.model_name_or_path", "unused"])
+    reward = str(ROOT / "openrlhf_drpo" / "hosts" / "openrlhf" / "reward.py")
+    with pytest.raises(SystemExit) as exit_:      # a command line without argument errors: those come first
+        train.main(["--drpo.cpu_mode", "cluster", "--drpo.objective", "drpo", "--actor.model_name_or_path", "unused",
+                    "--reward.remote_url", reward, "--data.prompt_dataset", "unused/prompts", "--vllm.num_engines", "1",
+                    "--ckpt.output_dir", str(tmp_path)])
     assert str(exit_.value.code).startswith("drpo-train: error: " + message.format(ray_clusters.get(0))), \
         exit_.value.code
     assert capsys.readouterr().out == ""        # nothing ran, and no mode was announced

@@ -141,8 +141,6 @@ def test_the_analyser_only_install_imports_the_scenarios_without_torch():
     assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="the compiled loss's group mean rounds (index_add): eight 0.7's have mean "
-                                       "0.7000000000000001 and std 1e-16 > 0, so the zero-variance filter stays open")
 def test_the_compiled_loss_closes_the_zero_variance_filter_on_equal_rewards_of_any_value(dapo_zv):
     import math
 

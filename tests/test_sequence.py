@@ -57,8 +57,10 @@ def test_a_reduction_reads_only_its_responses_unmasked_tokens_and_is_zero_on_an_
     objective = compile_objective(dsl.parse(f"seq_{kind}(log(π))")).value
     got = objective(TokenBatch(dirty(new, mask), old, A, mask, old=old, rollout=rollout), mask)
     for b in range(new.shape[0]):
+        # the response's value at each of its unmasked tokens (a masked slot's value reaches no loss)
         expected = reduce(new[b][mask[b]]) if mask[b].any() else torch.tensor(0.0, dtype=new.dtype)
-        assert torch.allclose(got[b], expected.expand_as(got[b]), rtol=1e-14, atol=0), (kind, b)
+        at = mask[b] if mask[b].any() else torch.ones_like(mask[b])
+        assert torch.allclose(got[b][at], expected.expand_as(got[b][at]), rtol=1e-14, atol=0), (kind, b)
 
 
 def test_the_response_length_counts_unmasked_tokens():

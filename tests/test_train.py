@@ -319,8 +319,9 @@ def test_drpo_train_composes_openrlhfs_is_correction_with_the_objective(tiny_mod
     (["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_threshold", "1", "2", "3"],
      "--algo.advantage.is_correction_threshold takes HIGH or LOW HIGH"),
 ])
-def test_an_is_correction_policy_loss_would_refuse_is_refused(flags, message):
-    proc = _drpo_train("--drpo.objective", "drpo", "--actor.model_name_or_path", "x", *flags)
+def test_an_is_correction_policy_loss_would_refuse_is_refused(flags, message, tmp_path):
+    # a command line without argument errors: those are reported first, before OpenRLHF parses it
+    proc = _drpo_train(*train_flags(tmp_path, "x", "drpo", *flags))
     assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
 
 

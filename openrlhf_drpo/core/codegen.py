@@ -2,14 +2,11 @@
 
 Three functions are generated per objective, each reading its tensors from `b`, a TokenBatch:
   objective(b, m) -> ℓ per token (autograd differentiates it: the plain path)
-  objective_and_grad(b, m, coef) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ, keep) in one pass (the
-      fused path; the ratio, the unclamped log-ratio, μ and where the ratio clamp is inactive
-      are returned for the loss's metrics)
-  objective_and_grad_eager(b) -> the same, written for eager CPU execution
-Inputs: b.logp = log π (current policy), b.anchor = log μ, b.A = advantages, b.old and b.rollout
-the trainer's and the engine's log-probs (π_old, π_rollout; None where unused), m the bool mask,
-coef the aggregation weight of each token, all [B, T]. compile_objective returns them as one
-record (values.Generated) with the facts the loss core reads about them.
+  objective_and_grad(b, m, coef) -> (ℓ, ∂ℓ/∂log π, r, log π − log μ, μ, keep) in one pass (the fused
+      path; the rest for the loss's metrics); objective_and_grad_eager(b): the same, for eager CPU
+Inputs: b.logp = log π, b.anchor = log μ, b.A = advantages, b.old and b.rollout the trainer's and
+the engine's log-probs (None where unused), m the bool mask, coef each token's aggregation weight,
+all [B, T]. compile_objective returns them as one record (values.Generated) with their facts.
 r = exp(clamp(logp - anchor, -20, 20)), as OpenRLHF and verl compute the ratio.
 
 A reduction (seq_mean, prefix_sum, group_mean, ...) of the policy makes a token's gradient depend

@@ -224,7 +224,7 @@ def analysis_lines(specs) -> tuple[str, tuple]:
     (the console's) and as (head, rows) for results.md."""
     import dsl
     from openrlhf_drpo.analysis.orchestrator import analyze
-    from openrlhf_drpo.analysis.present.report import comparison, comparison_rows
+    from openrlhf_drpo.analysis.present.comparison import comparison, comparison_rows
     results = []
     for name, params in specs:
         res = analyze(dsl.load(name).with_overrides(params, where="drpo-lab"))
