@@ -7,6 +7,7 @@ import functools
 import math
 import re
 
+import mpmath
 import numpy as np
 import scipy.special
 import sympy as sp
@@ -67,14 +68,34 @@ class _Printer(NumPyPrinter):
 
 
 def weight_function(obj):
-    """sympy_weight as a vectorized numpy function of (r, μ, A)."""
-    f = sp.lambdify([R, MU, A], sympy_weight(obj), [{"erf": scipy.special.erf}, "numpy"],
+    """sympy_weight as a vectorized numpy function of (r, μ, A). Where a Heaviside's argument
+    reads exactly 0 in doubles, w there is taken again in 50 digits (at the same doubles): the
+    step of min(A²/(1 + r²), A²) at r = 1e-10 is 1, but 1 + r² rounds to 1 and the tie would
+    read H(0) = 1/2, half the true weight, over every r below ~1e-8."""
+    w = sympy_weight(obj)
+    f = sp.lambdify([R, MU, A], w, [{"erf": scipy.special.erf}, "numpy"],
                     printer=_Printer({"fully_qualified_modules": False, "inline": True}))
+    steps = [sp.lambdify([R, MU, A], h.args[0], [{"erf": scipy.special.erf}, "numpy"],
+                         printer=_Printer({"fully_qualified_modules": False, "inline": True}))
+             for h in w.atoms(sp.Heaviside)]
+    exact = functools.cache(lambda: sp.lambdify([R, MU, A], w, [{"Heaviside": _heaviside}, "mpmath"]))
 
     def weight(r, mu, a):
+        r, mu, a = np.broadcast_arrays(r, mu, a)
         with np.errstate(all="ignore"):
-            return np.broadcast_to(np.asarray(f(*np.broadcast_arrays(r, mu, a)), dtype=float), np.shape(r))
+            out = np.array(np.broadcast_to(np.asarray(f(r, mu, a), dtype=float), r.shape))
+            ties = functools.reduce(np.logical_or, (np.broadcast_to(g(r, mu, a), r.shape) == 0 for g in steps),
+                                    np.zeros(r.shape, dtype=bool))
+        with mpmath.workdps(50):
+            for i in zip(*np.nonzero(ties)):
+                x = mpmath.mpmathify(exact()(*(mpmath.mpf(float(v[i])) for v in (r, mu, a))))
+                out[i] = float(x.real) if x.imag == 0 else np.nan     # (a root of a negative, as numpy reads it)
+        return out
     return weight
+
+
+def _heaviside(x, at_zero=0.5):     # SymPy's H(0) = 1/2: a true tie is not compared (see bends)
+    return at_zero if x == 0 else float(x > 0)
 
 
 STEP = 1e-7         # relative step of the three-point bend test

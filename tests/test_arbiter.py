@@ -413,6 +413,35 @@ def test_the_fresh_points_oracle_tells_a_pole_from_a_zero_and_a_kink_from_a_stee
     assert located("r ≈ 2 (π ≈ 2·μ)", 2.0, 0.5) and located("r from 1.5 to 3 as μ and |A| vary (π ...)", 2.0, 0.5)
 
 
+# Found by the check above: below r ≈ 1e-8, 1 + r² rounds to 1, so a min or clip that never ties
+# (A²/(1 + r²) < A² for r > 0) reads tied in doubles. The oracle read the step there as H(0) = 1/2,
+# half the true w (the sequence objective). The analysis wrote its condition back from t = r − 1 as
+# 2·r + (r − 1)², which reads 1 − 1e-16 there, and chose the clipped piece: w = 0 where it is −2·A·r.
+ROUNDED_TIES = [
+    "exp((seq_min(clip(sqrt(1 + ((A)/(1 + (r)^2))^2), r, sqrt(1 + (min(A, 2))^2))))/8)"
+    "*(seq_mean(|sqrt(1 + (A)^2)|))",
+    "1000000*min(A^2/(1 + r^2), A^2)",
+]
+
+
+def test_the_oracle_reads_a_tie_of_doubles_in_50_digits():
+    w = weight_function(dsl.parse("δ = 0.3\nmin(A^2/(1 + r^2), A^2)"))
+    assert w(np.array([1e-10, 0.5]), 0.5, -57.0).tolist() == pytest.approx([114e-10, 114 * 0.5 / 1.25 ** 2], rel=1e-12)
+    assert w(np.array([1.0]), 0.5, 2.0)[0] == pytest.approx(-2 * 2.0 / 4)
+
+
+def test_the_weight_of_a_min_that_ties_only_in_doubles_is_its_unclipped_piece():
+    res = analyze(dsl.parse("δ = 0.3\n1000000*min(A^2/(1 + r^2), A^2)"), own_advantage=False)
+    rs = np.array([7.3825367e-13, 1e-10, 0.5])      # (the first, where the fresh points saw w read 0)
+    got = np.broadcast_to(res.w(rs, 0.5, 1.91), rs.shape)
+    assert got.tolist() == pytest.approx((-2e6 * 1.91 * rs / (1 + rs ** 2) ** 2).tolist(), rel=1e-12)
+
+
+@pytest.mark.parametrize("text", ROUNDED_TIES)
+def test_claims_hold_where_a_min_ties_only_in_doubles(text):
+    assert _claims_hold_on_fresh_points(text) == "weight compared"
+
+
 # A band of π − μ 2e-4 wide where w = 10 − 10r ≈ −3/μ for A > 0: the weight is unbounded as μ → 0
 # (found by the check above in the previous session: sampled −9.8e10 against the range's −6.0e7).
 NOTCH = ("[π - μ <= 0.2999 or π - μ >= 0.3001]*(r*A) + "

@@ -55,7 +55,7 @@ def derive(ctx):
             s, tmax, pieces = case_weight(ctx, sign, direction)
             entangled |= any(ctx.a in (e.free_symbols | c.free_symbols) for e, c in pieces)
             back = {ctx.t: s * (ctx.r - 1), ctx.a: sign * ctx.A}
-            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), _in_r(ctx, c, s).subs(back)) for e, c in pieces])
+            shown = _as_piecewise(sp, [(ctx.tidy(e.subs(back)), _shown_condition(ctx, c, s, back)) for e, c in pieces])
             cases.append({"advantage": adv, "direction": direction, "weight": shown,
                           "_pieces": pieces, "_s": s, "_tmax": tmax})
             a_back = {ctx.a: sign * ctx.A}
@@ -136,6 +136,15 @@ def _in_r(ctx, cond, s):
     swap = {rel: (rel.func if s > 0 else flipped(sp, rel.func))(ctx.r, ctx.tidy(1 + s * rel.rhs), evaluate=False)
             for rel in relations(sp, cond) if rel.lhs == t and t not in rel.rhs.free_symbols}
     return cond.xreplace(swap)
+
+
+def _shown_condition(ctx, cond, s, back):
+    """The condition in r, each side tidied as the weight is: the case's 1 + t² written back as
+    2·r + (r − 1)² reads 1 − 1e-16 in doubles at r = 1e-12 (1 + r² is 1), and A² ≥ A²/that,
+    true for every r, turned false there: w read 0 where it is −2·A·r."""
+    cond = _in_r(ctx, cond, s).subs(back)
+    return cond.xreplace({rel: rel.func(ctx.tidy(rel.lhs), ctx.tidy(rel.rhs))
+                          for rel in relations(ctx.sp, cond)})
 
 
 def _as_piecewise(sp, pieces):
