@@ -330,8 +330,11 @@ def _held_only(ind: Node, anchor: str) -> bool:
 def scenario_claims(obj: Objective, rho: float, point: dict, scenarios: list[Scenario], hat: Node | None = None) -> dict:
     """Every scenario's claim and the indicators' constancy, as the analysis result holds them;
     w against the objective's own advantage `hat` (Â's node, analysis.batch.advantage) where it has one."""
-    def hat_at(p):
-        return None if hat is None else sample(*(lambda v: (v, v.expr))(indicator_view(obj, hat, rho, p)))["value"]
+    def hat_at(p):     # Â's values on the grid at the held point p (None: w against the host's A)
+        if hat is None:
+            return None
+        view = indicator_view(obj, hat, rho, p)
+        return sample(view, view.expr)["value"]
     base_view, _ = view_at(obj, rho, point)
     base = sample(base_view, hat=hat_at(point))
     points = [at(point, s) for s in scenarios]
