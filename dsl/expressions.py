@@ -9,6 +9,7 @@ import unicodedata
 from fractions import Fraction
 
 from dsl.ir import Node, Pos, num, postorder
+from dsl.controls import STEP
 from dsl.names import BUILTINS, GRADIENT, MEANT, canonical_name, display_name
 from dsl.operations import FUNCTIONS, OPS, passes_no_gradient
 from dsl.printing import render
@@ -87,6 +88,10 @@ class Expressions:
         if name in BUILTINS:
             return Node("var", value=name, pos=pos)
         if name in self.params:
+            return Node("param", value=name, pos=pos)
+        if name == STEP and name not in self.bindings:
+            # the step counter is a parameter the loss core sets at every step (dsl.controls)
+            self.params[STEP] = Fraction(0)
             return Node("param", value=name, pos=pos)
         if name in self.bindings:
             if name in stack:

@@ -8,6 +8,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dsl.controls import STEP
 from dsl.errors import DslError
 from dsl.ir import Node, Pos, num, postorder, rebuild, tree_size
 from dsl.levels import PER_RESPONSE, Facts, facts
@@ -37,6 +38,7 @@ class Objective:
     bindings: dict[str, Node] = field(default_factory=dict)
     description: str = ""
     declared: frozenset = frozenset()     # the options the file or an override sets (the rest: OPTION_DEFAULTS)
+    controls: dict = field(default_factory=dict)   # name -> dsl.controls.Control: the parameters with a rule
 
     def check_constants(self) -> "Objective":
         """Every sub-expression without r, π, μ or A is a finite real number at the current
@@ -119,8 +121,11 @@ class Objective:
         """Parameters, options, bindings and the objective, each inlined; if that would be
         longer than RENDER_LIMIT operations, bindings are referred to by name."""
         names = {v: k for k, v in self.bindings.items()} if tree_size(self.expr) > RENDER_LIMIT else None
-        lines = [f"{display_name(k)} = {render(num(v))}" for k, v in self.params.items()]
+        # `step` is the loss core's to set: a comment, so that the text still parses
+        lines = [f"{'# ' * (k == STEP)}{display_name(k)} = {render(num(v))}" for k, v in self.params.items()
+                 if k != STEP or v != 0]
         lines += [f"@{k} = {v}" for k, v in self.options.items()]
+        lines += [c.text() for c in self.controls.values()]
         lines += [f"{display_name(k)} = {render(v, names)}" for k, v in self.bindings.items()]
         last = display_name(names[self.expr]) if names and self.expr in names else render(self.expr, names)
         return "\n".join(lines + [last])
@@ -141,11 +146,20 @@ class Objective:
                 raise DslError(f"unknown parameter '{raw}' for objective '{self.name}'", where, 1, 1,
                                text, f"its parameters are: {known}{did_you_mean(name, self.params)}")
             new_params[name] = _finite_number(value, where, text, len(str(raw)) + 2)
+            _within_bounds(self.controls.get(name), new_params[name], where, text, len(str(raw)) + 2)
         for key, value in (options or {}).items():
             check_option(key, str(value), where, 1, 1, f"{key}={value}", len(key) + 2)
             new_options[key] = str(value)
         return Objective(self.name, self.path, self.source, self.expr, new_params, new_options,
-                         self.bindings, self.description, self.declared | set(options or {})).check_constants()
+                         self.bindings, self.description, self.declared | set(options or {}),
+                         self.controls).check_constants()
+
+
+def _within_bounds(c, value: Fraction, where, text, col) -> None:
+    """A controlled parameter's override (a resumed value, --set) inside its bounds."""
+    if c is not None and not c.low <= float(value) <= c.high:
+        raise DslError(f"'{display_name(c.name)}' = {float(value):g} is outside its bounds [{c.low:g}, {c.high:g}]",
+                       where, 1, col, text, f"'{display_name(c.name)}' is controlled: {c.text()}")
 
 
 def param_key(raw) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from dsl.errors import DslError, DslWarning
 from dsl.expressions import Expressions, check_kind, check_policy
 from dsl import library
+from dsl.controls import STEP, STEP_MEANING, check_rule
 from dsl.ir import Pos
 from dsl.names import BUILTINS, canonical_name, display_name
 from dsl.objective import OPTION_DEFAULTS, OPTIONS, Objective, check_option
@@ -171,10 +172,12 @@ class _Builder(Source):
                              "name sub-expressions with name = ... on their own lines") from None
 
     def _statements(self, tree) -> Objective:
-        params, bindings, options, objectives, seen = {}, {}, {}, [], {}
+        params, bindings, options, objectives, seen, updates = {}, {}, {}, [], {}, []
         for st in tree.children:
             if st.data == "option":
                 self._option(st, options)
+            elif st.data == "update":
+                updates.append(st)
             elif st.data == "objective":
                 objectives.append(st.children[0])
             else:
@@ -192,14 +195,39 @@ class _Builder(Source):
         check_kind(self, expr, "num")
         check_vocabulary(self, expr)
         check_policy(self, expr, self.meta_pos(objectives[0]))
+        controls = self._controls(updates, exprs, params)
         declared, options = frozenset(options), {**OPTION_DEFAULTS, **options}     # (the file's, then the defaults)
-        _warn_unused(self, seen, params, {n.value for n in expr.walk() if n.op == "param"} | set(exprs.resolved))
+        read = {n.value for root in [expr, *(c.rule for c in controls.values())] for n in root.walk() if n.op == "param"}
+        _warn_unused(self, seen, params, read | set(exprs.resolved))
         order = {k: seen[k] for k in exprs.resolved}
         used = {k: exprs.resolved[k] for k in sorted(order, key=lambda k: (order[k].line, order[k].col))}
         stem = Path(self.path).name
         return Objective(stem[:-4] if stem.endswith(".dsl") else stem, self.path, self.source,
                          expr, params, {k: options[k] for k in OPTIONS}, used, self._description(),
-                         declared).check_constants()
+                         declared, controls).check_constants()
+
+    def _controls(self, updates, exprs: Expressions, params: dict) -> dict:
+        """Each `name ← rule in [low, high]` line as a Control (dsl.controls), in the file's order."""
+        out, names = {}, {canonical_name(st.children[0].value): st.children[0] for st in updates}
+        for st in updates:
+            tok, rule_tree, rest = st.children[0], st.children[2], st.children[3:]
+            name, pos = canonical_name(tok.value), self.pos(tok.start_pos)
+            if name in out:
+                raise self.error(f"'{tok.value}' has a second update rule (the first is on line {out[name].pos.line})",
+                                 pos, "a controlled parameter has one rule")
+            if name not in params or name == STEP:
+                what = ("a built-in" if name in BUILTINS or name == STEP else "a definition, not a parameter"
+                        if name in exprs.bindings else "not defined")
+                raise self.error(f"'{tok.value}' is {what}: only a parameter is controlled", pos,
+                                 "choose a name of your own" if what == "a built-in" else
+                                 f"define its value at the first step on its own line, e.g. '{tok.value} = 0.05'")
+            rule = exprs.build(rule_tree)
+            check_kind(self, rule, "num")
+            bounds = tuple(exprs.build(b) for b in rest[1:]) if rest else None
+            for b in bounds or ():
+                check_kind(self, b, "num")
+            out[name] = check_rule(self, name, rule, bounds, params, pos, controlled=set(names))
+        return out
 
     def _option(self, st, options):
         key_tok, val_tok = st.children
@@ -215,9 +243,9 @@ class _Builder(Source):
         expression of names (a binding)."""
         name_tok, expr = st.children
         name, npos = canonical_name(name_tok.value), self.pos(name_tok.start_pos)
-        if name in BUILTINS:
-            raise self.error(f"'{name_tok.value}' is a built-in ({BUILTINS[name]}) and cannot be rebound",
-                             npos, "choose another name")
+        if name in BUILTINS or name == STEP:
+            raise self.error(f"'{name_tok.value}' is a built-in ({BUILTINS.get(name, STEP_MEANING)}) and cannot be "
+                             "rebound", npos, "choose another name")
         if name in OPTIONS:
             raise self.error(f"'{name_tok.value}' names an option; set it with @{name} = ...", npos)
         if name in seen:

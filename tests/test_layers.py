@@ -17,10 +17,10 @@ PACKAGES = ("dsl", "openrlhf_drpo")
 # point and presentation), the hosts, the lab, the command line
 LAYERS = [
     "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.uniform", "dsl.operations", "dsl.levels",
-    "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
+    "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.controls", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
     "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",
-    "core.reductions", "core.kernels",
+    "core.reductions", "core.kernels", "core.batch", "core.controls",
     "core.measures", "core.loss",
     "core",
     "analysis.budgets", "analysis.mathtext", "analysis.symbolic.context", "analysis.batch.held", "analysis.batch.view", "analysis.numeric.arbiter",

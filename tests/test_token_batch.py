@@ -13,6 +13,7 @@ from test_core import BAD_INPUTS, LP, OLD, A
 
 import dsl
 from openrlhf_drpo.core import loss as core_loss
+from openrlhf_drpo.core import batch as core_batch
 from openrlhf_drpo.core import Aggregation, CompiledLoss, Generated, TokenBatch
 from openrlhf_drpo.core.codegen import compile_objective
 
@@ -52,8 +53,8 @@ def test_every_path_hands_the_generated_code_the_one_token_batch_the_call_built(
     g = loss_fn.generated
     loss_fn.generated = dataclasses.replace(g, **{k: spy(getattr(g, k)) for k in
                                                   ("value", "value_and_grad", "value_and_grad_eager", "filtered")})
-    checks, check = [], core_loss.check_inputs
-    monkeypatch.setattr(core_loss, "check_inputs", lambda *a, **k: checks.append(a) or check(*a, **k))
+    checks, check = [], core_batch.check_inputs
+    monkeypatch.setattr(core_batch, "check_inputs", lambda *a, **k: checks.append(a) or check(*a, **k))
     build = loss_fn.batch
     monkeypatch.setattr(loss_fn, "batch", lambda *a, **k: built.append(build(*a, **k)) or built[-1])
     logp = LP.detach().clone().requires_grad_()

@@ -244,7 +244,7 @@ def _tuple(codes) -> str:
     return codes[0] if len(codes) == 1 else "(" + ", ".join(codes) + ")"
 
 
-def _function(name, doc, outputs, params) -> str:
+def function_source(name, doc, outputs, params) -> str:
     used = _used(outputs)
     head = _HEAD[:2] + _HEAD[2:] * bool(used & {"r", "log_ratio", "raw", "keep"})
     lines, results = _emit(outputs, params)
@@ -376,10 +376,10 @@ def _generate(obj: Objective) -> tuple[str, dict]:
         "# the fourth version's: b.turns (turn ids), b.staleness" if _used([obj.expr]) & {"turns", "staleness"} else None,
         "import torch"]
     body = "\n".join([
-        _function("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
+        function_source("objective", "Per-token objective ℓ (autograd differentiates this: the plain path).",
                   [guard_autograd(guard_selects(value))], obj.params),     # a dropped branch's gradient is 0, not 0·NaN
         "", "", fused, "", "",
-        _function("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
+        function_source("filtered", "1 where the objective's filters drop the token (is_filter_ratio), else 0.",
                   [Node("sub", (ONE, kept))], obj.params) if kept is not None
         else "# (no filter: the objective has no [...] factor not involving π)",
     ]) + "\n"

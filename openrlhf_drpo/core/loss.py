@@ -26,15 +26,16 @@ import dsl
 from dsl.vocabulary import support
 from openrlhf_drpo.core.codegen import compile_objective
 from openrlhf_drpo.core.collectives import BatchStatistics, rank_sums
+from openrlhf_drpo.core.batch import token_batch
+from openrlhf_drpo.core.controls import Controller, reading
+from dsl.controls import STEP
 from dsl.objective import OPTIONS, Objective
 from dsl.operations import OPS
-from openrlhf_drpo.core.boundary import (binary, check_entropy_graph, check_groups, check_inputs, check_support,
-                                         check_turns, group_representatives, refuse_bad_mask, refuse_bad_norm,
-                                         refuse_bad_staleness)
-from openrlhf_drpo.core.kernels import (aggregation_coef, compute_dtype, denominator, eager_kernel, fused_function,
+from openrlhf_drpo.core.boundary import refuse_bad_mask
+from openrlhf_drpo.core.kernels import (aggregation_coef, denominator, eager_kernel, fused_function,
                                         grad_kernel, loss_kernel, mul_sum, recomputing_function)
 from openrlhf_drpo.core.measures import filtered_fraction, lab_extremes
-from openrlhf_drpo.core.values import (FILTERED, INPUT_NOT_GIVEN, METRICS, Aggregation, LossMetrics, LossOutput, TokenBatch,
+from openrlhf_drpo.core.values import (FILTERED, METRICS, Aggregation, LossMetrics, LossOutput, TokenBatch,
                                       objective_inputs)
 
 OptTensor = Tensor | None      # an input a call may leave out
@@ -60,6 +61,9 @@ class CompiledLoss(nn.Module):
         self.objective = obj.with_overrides(overrides, options, where=who) if (overrides or options) else obj
         self.generated = compile_objective(self.objective)     # the generated functions and their facts
         self.source = self.generated.source
+        # an objective with memory (dsl.controls): its state, updated by end_step() (None: it has none)
+        self.controller = Controller(self.objective) if self.objective.controls or STEP in self.objective.params \
+            else None
         self.fused = fused
         # "auto": torch.compile (inductor) on CUDA inputs, where compiling takes seconds; eager
         # on CPU, where it takes ~30 s per objective. True/False force it either way.
@@ -67,12 +71,13 @@ class CompiledLoss(nn.Module):
         self._kernels: dict[tuple, object] = {}
         self.anchor = self.objective.options["anchor"]
         self.names = self.objective.names()
+        self.reads = reading(self.objective).names()     # and what its update rules' statistics read
         self.uses_rollout = self.objective.reads_rollout()
         self.kept_whole = self.objective.facts.kept_whole
         self.support = support(self.objective.expr)    # whose top-k the vocabulary sums read (None: no such sum)
         for text in self.objective.by_position():       # a silent surprise otherwise: [1.5, 0, 0] for [1.5, 1.5, 1.5]
             warnings.warn(f"{who}: objective '{self.objective.name}': {text}", stacklevel=2)
-        self._inputs = objective_inputs(self.objective)
+        self._inputs = objective_inputs(reading(self.objective))
         refuse_unprovided(self)      # a host's: what it never provides
         self.aggregate = self.objective.options["aggregate"]
         self.metrics: LossMetrics | None = None     # the last call's
@@ -136,7 +141,40 @@ class CompiledLoss(nn.Module):
                 seen = replace(b, weights=None).detached()      # the metrics, without the host's weights
                 stats = fused.apply(seen, *seen.tensors())[1]
         self.metrics = call_metrics(self, stats, b)
+        if self.controller is not None and torch.is_grad_enabled():     # a training call: its statistics count
+            self.controller.observe(b)
         return LossOutput(loss, self.metrics)
+
+    def end_step(self, process_group: object | None = None) -> dict[str, float]:
+        """For an objective with memory (a controlled parameter or `step`), after each optimizer step:
+        the step's statistics summed over `process_group`'s ranks (default: all, where torch.distributed
+        runs), each controlled parameter updated, the step counter advanced, the objective recompiled
+        at the new values. Returns what a host logs: drpo_<name> and drpo_step ({} without memory)."""
+        if self.controller is None:
+            return {}
+        logged = self.controller.end_step(process_group)
+        self._rebind()
+        return logged
+
+    def control_state(self) -> dict | None:
+        """The state to save with a host's checkpoint (after end_step): step and values; None without memory."""
+        return None if self.controller is None else self.controller.state_dict()
+
+    def load_control_state(self, state: dict | None) -> None:
+        """Resume from control_state()'s dict: the step and values it holds, the objective recompiled at them."""
+        if self.controller is None:
+            if state is not None:
+                raise ValueError(f"{type(self).__name__}: objective '{self.objective.name}' has no controlled "
+                                 "parameter or step, but a saved state was given")
+            return
+        self.controller.load_state_dict(state)
+        self._rebind()
+
+    def _rebind(self) -> None:
+        self.objective = self.controller.objective()
+        self.generated = compile_objective(self.objective)
+        self.source = self.generated.source
+        self._kernels = {}
 
     def batch(self, log_probs: Tensor, old_log_probs: OptTensor, advantages: Tensor, mask: OptTensor = None,
               **inputs) -> TokenBatch:
@@ -146,7 +184,8 @@ class CompiledLoss(nn.Module):
     def _path(self, logp) -> tuple[bool, bool]:
         """(compiled, sync_free): torch.compile's kernels ("auto": on CUDA), and the sync-free kernels
         (on CUDA, compiled, or self.sync_free on any device) rather than the CPU's eager kernel."""
-        compiled = self.compile is True or (self.compile == "auto" and logp.is_cuda)
+        # with memory the objective is recompiled at each step's values: "auto" does not torch.compile it
+        compiled = self.compile is True or (self.compile == "auto" and logp.is_cuda and self.controller is None)
         return compiled, compiled or logp.is_cuda or self.sync_free
 
     def _fused(self, use: bool, sync_free: bool, b: TokenBatch):
@@ -173,58 +212,6 @@ def _batch_statistics(loss: CompiledLoss, process_group) -> BatchStatistics:
                          "micro-batch per step (drpo-train: --train.micro_batch_size × ranks = "
                          "--train.batch_size; TRL: gradient_accumulation_steps=1)")
     return BatchStatistics(process_group, loss.generated.batch_depth)
-
-
-def token_batch(loss: CompiledLoss, log_probs, old_log_probs, advantages, mask=None, *, rollout_log_probs=None,
-                ref_log_probs=None, entropy=None, sum_pi_sq=None, groups=None, turns=None, staleness=None,
-                aggregation: Aggregation | None = None, vocab_log_probs=None, vocab_ref_log_probs=None) -> TokenBatch:
-    """CompiledLoss.batch: every input checked, once (each error forward raises: a message naming
-    the tensor, its shape and the fix; an input the objective reads and the call lacks), and kept
-    only where the objective reads it."""
-    who, names = type(loss).__name__, loss.argument_names
-    agg = aggregation or Aggregation()
-    if not isinstance(agg, Aggregation):
-        raise TypeError(f"{who}: aggregation must be an Aggregation, got {type(agg).__name__}")
-    check_inputs(who, names, {"log_probs": log_probs, "old_log_probs": old_log_probs, "advantages": advantages,
-                              "mask": mask, "rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
-                              "entropy": entropy, "sum_pi_sq": sum_pi_sq, "staleness": staleness,
-                              "weights": agg.weights}, mask_values=False)
-    check_groups(who, names, groups, log_probs)
-    refuse_bad_norm(who, names, agg.norm, mask, log_probs, loss._path(log_probs)[1])
-    check_turns(who, names, turns, log_probs)
-    refuse_bad_staleness(who, names, staleness if "staleness" in loss.names else None, mask, loss._path(log_probs)[1])
-    check_entropy_graph(who, names, entropy if "H" in loss.names else None, log_probs)
-    check_support(who, names, {"vocab_log_probs": vocab_log_probs if "pi_v" in loss.names else None,
-                               "vocab_ref_log_probs": vocab_ref_log_probs}, log_probs)
-    if mask is not None and not loss._path(log_probs)[1]:     # (the sync-free kernels check it in their pass over it)
-        refuse_bad_mask(who, names, mask, binary(mask))
-    loss.refuse_missing(not_given(loss, {"rollout_log_probs": rollout_log_probs, "ref_log_probs": ref_log_probs,
-                                         "entropy": entropy, "sum_pi_sq": sum_pi_sq, "groups": groups,
-                                         "turns": turns, "staleness": staleness,
-                                         "vocab_log_probs": vocab_log_probs, "vocab_ref_log_probs": vocab_ref_log_probs}))
-    if isinstance(agg.process_group, BatchStatistics) and not loss.fused:
-        # autograd's gradient through a step total would be this call's ∂f/∂S alone, not the step's λ
-        raise ValueError(f"{who}: BatchStatistics (batch reductions over micro-batches) needs the fused path, whose "
-                         "reverse mode reads the step's λ = Σ ∂f/∂S from them; the plain path (fused=False) takes "
-                         "a batch statistic over one call only: use fused=True")
-    mode = agg.mode or loss.aggregate
-    if mode not in OPTIONS["aggregate"]:
-        raise ValueError(f"{who}: aggregation {mode!r} is not one of {list(OPTIONS['aggregate'])}")
-    # the policies and inputs the objective names besides μ (None where it names none: nothing to
-    # compute), detached but for H; the process group only where a batch reduction sums over it
-    reads = lambda name, x: None if x is None or name not in loss.names else x.detach()   # noqa: E731
-    b = TokenBatch(log_probs, rollout_log_probs if loss.anchor == "rollout" else old_log_probs, advantages,
-                   torch.ones_like(log_probs, dtype=torch.bool) if mask is None else mask,
-                   old=reads("pi_old", old_log_probs), rollout=reads("pi_rollout", rollout_log_probs),
-                   ref=reads("pi_ref", ref_log_probs), entropy=entropy if "H" in loss.names else None,
-                   sum_pi_sq=reads("sum_pi_sq", sum_pi_sq),
-                   group=None if groups is None or "groups" not in loss.kept_whole else group_representatives(groups),
-                   turns=turns if "turns" in loss._inputs else None, staleness=reads("staleness", staleness),
-                   weights=agg.weights, norm=_normalizer(agg.norm, log_probs), mode=mode,
-                   pg=agg.process_group if loss.generated.third_version else None,
-                   vocab_logp=vocab_log_probs if "pi_v" in loss.names else None,
-                   vocab_ref=reads("pi_ref_v", vocab_ref_log_probs))
-    return _fold_ranks(b) if loss.fused and b.pg is not None else b
 
 
 @torch.no_grad()
@@ -274,30 +261,6 @@ COMPILE_OPTIONS = {"dynamic": True, "options": {"realize_opcount_threshold": 300
                                                 "realize_acc_reads_threshold": 64}}
 
 
-def _fold_ranks(b: TokenBatch) -> TokenBatch:
-    """The fused loss of a batch reduction over a process group: its reverse mode all-reduces the
-    reduction's adjoint before the kernel's scale −1/N, so each rank's own 1/N goes into its
-    tokens' weights first (what autograd's all_reduce does on the plain path), and the kernel's
-    normalizer is 1; without a host's weights and with a global normalizer, `rank_fold` says so
-    (the same 1/N on every rank, so w needs no second pass, kernels._host_weighted; each rank's
-    own 1/N is not uniform once the reduction's adjoint is summed over the ranks)."""
-    dtype = compute_dtype(b.logp)
-    n = denominator(aggregation_coef((b.mask != 0).to(dtype), b.mode)[1], b.norm)
-    ones = torch.ones_like(b.logp, dtype=dtype)
-    return replace(b, weights=(1.0 if b.weights is None else b.weights) / n * ones,
-                   norm=_normalizer(1.0, b.logp), rank_fold=b.weights is None and b.norm is not None)
-
-
-def _normalizer(norm, logp):
-    """The global normalizer as a 0-d tensor, so that a compiled kernel does not specialize on it,
-    in the kernel's precision (a bf16 count of 1234 would read 1232); torch.full, not
-    torch.as_tensor: a number copied to the GPU waits for the GPU to drain."""
-    dtype = compute_dtype(logp)
-    if isinstance(norm, torch.Tensor):
-        return norm.to(device=logp.device, dtype=dtype)
-    return None if norm is None else torch.full((), float(norm), dtype=dtype, device=logp.device)
-
-
 def plain_loss(generated, b: TokenBatch):
     """The plain path: the generated per-token objective under autograd, aggregated as the fused
     kernels are (the reference they are held to); H keeps its graph."""
@@ -323,12 +286,6 @@ def refuse_unprovided(loss: CompiledLoss, config=None) -> None:
     missing = {key: f"{who} does not provide it ({type(loss).__name__}.provides declares no {key!r})"
                for key in loss.inputs() if key not in loss.provides}
     loss.refuse_missing({**missing, **loss.lacks(config)}, loss.host)
-
-
-def not_given(loss: CompiledLoss, given: dict) -> dict:
-    """refuse_missing's argument for a call: each input not given, with how its host provides it."""
-    how = loss.provides or {}
-    return {key: INPUT_NOT_GIVEN[key] + (f": {how[key]}" if key in how else "") for key, x in given.items() if x is None}
 
 
 def _check_arguments(who: str, fused, compile, overrides: dict) -> None:
