@@ -265,3 +265,45 @@ def test_a_rule_statistic_agrees_with_the_independent_float64_reference_on_rando
     got = loss.end_step()["drpo_c"]
     assert got == pytest.approx(min(max(want, -1e300), 1e300), rel=1e-9, abs=1e-9 * max(1.0, abs(want))), \
         obj.canonical()
+
+
+# ---------------------------------------------------------------- the spelling
+@pytest.mark.parametrize("name", ["adaptive_kl", "adaptive_entropy", "clip_schedule", "kl_loss_ctrl"])
+def test_a_shipped_objective_with_memory_reads_back_from_its_canonical_text(name):
+    obj = dsl.load(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # (canonical() inlines the definitions it also lists)
+        again = dsl.parse(obj.canonical())
+    assert again.controls == obj.controls and again.params == obj.params and again.expr == obj.expr
+
+
+def test_ascii_and_unicode_spell_one_rule():
+    text = "β = 0.1\n{}\nr*A - β*r"
+    unicode = dsl.parse(text.format("β ← β·(1 + batch_mean(A)) ∈ [0, 1]"))
+    ascii_ = dsl.parse(text.format("beta <- beta*(1 + batch_mean(A)) in [0, 1]"))
+    assert unicode.controls["beta"].rule == ascii_.controls["beta"].rule
+    assert (unicode.controls["beta"].low, unicode.controls["beta"].high) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("line, message, col", [
+    ("β ← β*2", "has no bounds", 8),
+    ("β ← β*2 in [1, 0]", "are empty or a single point", 13),
+    ("β ← β*2 in [0.2, 1]", "at the first step, 0.1, is outside its bounds", 1),
+    ("β ← β*r in [0, 1]", "depends on the position: 'r' is one value per token", 7),
+    ("β ← β*seq_mean(A) in [0, 1]", "depends on the position: 'seq_mean(A)'", 7),
+    ("β ← β*batch_quantile(A, 0.5) in [0, 1]", "an order statistic is not exact", 7),
+    ("β ← batch_mean(A - batch_mean(A)) in [0, 1]", "reads another batch reduction", 20),
+    ("t = 0\nβ ← β*(1 + batch_mean(A)/t) in [0, 1]", "divides by 't' = 0, which is not positive", 26),
+    ("t = -6\nβ ← β*(1 + batch_mean(A)/t) in [0, 1]", "divides by 't' = -6, which is not positive", 26),
+    ("γ ← 1 in [0, 1]", "'γ' is not defined: only a parameter is controlled", 1),
+    ("r ← 1 in [0, 1]", "'r' is a built-in", 1),
+    ("step = 3", "'step' is a built-in", 1),
+    ("β ← 1 in [0, 1]\nβ ← 0 in [0, 1]", "has a second update rule", 1),
+    ("β ← β in [0, step]", "a bound must be a constant", 14),
+])
+def test_a_bad_rule_is_a_located_error(line, message, col):
+    text = f"β = 0.1\n{line}\nr*A - β*r"
+    with pytest.raises(dsl.DslError) as err:
+        dsl.parse(text)
+    assert message in err.value.message
+    assert (err.value.line, err.value.col) == (text.split("\n").index(line.split("\n")[-1]) + 1, col)
