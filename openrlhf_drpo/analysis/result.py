@@ -127,6 +127,9 @@ class Analysis:
     # claim and the compiled loss's word (analysis.batch.scenarios); `scenario`: the one analysed, if chosen
     scenarios: dict = declared(json="scenarios", line="scenarios", optional=True)
     scenario: str = declared(json="scenario", optional=True)
+    # an objective with memory: its controls analysed over their bounds and its schedule over the steps,
+    # the claims that hold at every point and those that change (analysis.memory)
+    memory: dict = declared(json="memory", line="memory", optional=True)
     hang_guard: dict = declared(json="hang_guard")
     text: dict = declared(json="text", derive=_formulas)
     w: Callable = declared()            # vectorized w(r, μ, A) as derived, for callers' own checks
