@@ -4,11 +4,13 @@ schedule is analysed at step 0 and where it stops changing; --equiv compares two
 memory at those values, or refuses controllers that differ by name."""
 import functools
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 import dsl
-from openrlhf_drpo.analysis.memory import settles
+from openrlhf_drpo.analysis.memory import has_memory, reads_step, settles
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.present.report import report, to_json
 from openrlhf_drpo.analysis.present.summary import summary
@@ -159,3 +161,33 @@ def test_equiv_refuses_controllers_that_differ_by_name_at_the_update_line(other,
     err = capsys.readouterr().err
     assert err.startswith("objectives/adaptive_kl.dsl:16:1: error: --equiv: adaptive_kl updates β after each step")
     assert "comparing one step's gradients does not settle" in err
+
+
+GOLDEN = Path(__file__).parent / "golden" / "memory"
+MEMORY = [n for n in dsl.shipped_names() if has_memory(dsl.load(n))]
+
+
+def _memory_lines(text: str) -> str:
+    """The report's lines about memory: the first screen's, then the evidence's sections, unwrapped."""
+    lines = report(_analysed(text), width=None).splitlines()
+    out = [line for line in lines[:lines.index("evidence")] if line.startswith(("  memory  ", "  schedule  "))]
+    inside = False
+    for line in lines[lines.index("evidence"):]:
+        inside = line.startswith(("  memory     ", "  schedule   ")) or (inside and line.startswith("    "))
+        out += [line] * inside
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("name", [*MEMORY, "clip_controlled"])
+def test_every_shipped_objective_with_memory_says_it_as_its_golden(name):
+    # regenerate: DRPO_UPDATE_GOLDEN=1 pytest tests/test_analysis_controls.py -k golden, then read the diff
+    got = _memory_lines(CLIP_CONTROLLED if name == "clip_controlled" else name)
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("DRPO_UPDATE_GOLDEN"):
+        path.write_text(got, encoding="utf-8")
+    assert got == path.read_text(encoding="utf-8")
+
+
+def test_the_library_has_objectives_with_memory_of_each_kind():
+    kinds = {n: (bool(dsl.load(n).controls), reads_step(dsl.load(n))) for n in MEMORY}
+    assert (True, False) in kinds.values() and (False, True) in kinds.values(), kinds

@@ -45,7 +45,7 @@ def _changes(part: dict) -> list[str]:
         first, last = done[0], done[-1]
         a, b = first["claims"][k], last["claims"][k]
         if len(a) > SHORT or len(b) > SHORT:     # a long formula: the rows below print it whole
-            out.append(f"{_WORDS[k]} moves from {first['at']} to {last['at']} (each in the evidence below)")
+            out.append(f"{_WORDS[k]} changes from {first['at']} to {last['at']} (its value at each: evidence below)")
         elif k == "warnings":
             out.append("the worries change (evidence below)")
         elif a == b:
