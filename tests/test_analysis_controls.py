@@ -191,3 +191,21 @@ def test_every_shipped_objective_with_memory_says_it_as_its_golden(name):
 def test_the_library_has_objectives_with_memory_of_each_kind():
     kinds = {n: (bool(dsl.load(n).controls), reads_step(dsl.load(n))) for n in MEMORY}
     assert (True, False) in kinds.values() and (False, True) in kinds.values(), kinds
+
+
+def test_a_controlled_parameter_in_the_objectives_own_advantage_moves_it_and_w_against_it_says_so():
+    text = ("β = 0.5\nβ ← β + 0.01*(batch_mean(H) - 1) in [0, 1]\n"
+            "min(r*(A - β*group_mean(A)), clip(r, 0.8, 1.2)*(A - β*group_mean(A)))")
+    rows = _rows(text)
+    assert {at: r["claims"]["advantage"] for at, r in rows.items()} == {
+        "β = 0": "Â = A", "β = 0.5": "Â = 3·A/4", "β = 1": "Â = A/2"}     # the held group A·(1, 1, 1, 1, 0, 0, 0, 0)
+    assert "the advantage Â moves from Â = A at β = 0 to Â = A/2 at β = 1" in _first_screen(text)
+    assert "w (against Â) does not read β" in report(_analysed(text), width=None)
+
+
+def test_many_controlled_parameters_are_analysed_each_alone_past_the_combinations_budget():
+    text = "".join(f"{p} = 0.5\n{p} ← {p} + 0.01*(batch_mean(H) - 1) in [0, 1]\n" for p in "abc") + \
+        "min(r*A, clip(r, 0.8, 1.2)*A) + a*H + b*H + c*H"
+    rows = _rows(text)
+    assert len(rows) == 7 and "a = 0.5, b = 0.5, c = 0.5" in rows        # 27 combinations > POINTS
+    assert "At each one's bounds, the others at their first values:" in _first_screen(text)

@@ -42,7 +42,8 @@ def memory(obj, base, w_reads: set, analyse) -> dict | None:
     controls = [{"name": c.name, "shown": display_name(c.name), "rule": c.text(), "written": written_rule(obj, c),
                  "low": c.low, "high": c.high, "value": float(obj.params[c.name]), "w_reads": c.name in w_reads}
                 for c in obj.controls.values()]
-    out = {"controls": controls, "bounds": None, "schedule": None}
+    out = {"controls": controls, "bounds": None, "schedule": None,
+           "against": None if base.advantage is None else "Â"}
     if controls:
         # one parameter that w reads: the midpoints too, for how the claims move between the bounds
         dense = len(controls) == 1 and controls[0]["w_reads"]
@@ -163,13 +164,16 @@ def _role(obj, values) -> str | None:
     return "lower bound" if values[c.name] == _exact(c.low) else "upper bound"
 
 
-CLAIMS = ("w", "range", "trust region A > 0", "trust region A < 0", "smooth", "geometry", "w at r = 1",
+CLAIMS = ("advantage", "w", "range", "trust region A > 0", "trust region A < 0", "smooth", "geometry", "w at r = 1",
           "entropy channel", "reference channel", "warnings")
 
 
 def claims(res) -> dict:
     """The claims a point is compared on, each as the report words it."""
     out = {"w": res.text["weight"] or "not derived", "range": _range(res)}
+    if res.advantage is not None:       # w is against the objective's own Â, which may read the parameter
+        value = (res.advantage["held"] or {}).get("value")
+        out["advantage"] = "Â = " + (math_text(value) if value is not None else f"{res.advantage['expression']} (not held)")
     for adv, sign in _SIGN.items():
         b = res.boundary[adv]
         parts = [f"r = {math_text(r)}" + ("" if ok else " (unreachable)") for r, ok in zip(b["r"], b["reachable"])]

@@ -3,9 +3,11 @@ rules and bounds, what holds at every value analysed and what moves; its schedul
 analysed) and the evidence's rows, one per point analysed."""
 from __future__ import annotations
 
+import math
+
 from openrlhf_drpo.analysis.mathtext import fmt
 
-_WORDS = {"w": "w", "range": "the range of w", "trust region A > 0": "the trust region for A > 0",
+_WORDS = {"advantage": "the advantage Â", "w": "w", "range": "the range of w", "trust region A > 0": "the trust region for A > 0",
           "trust region A < 0": "the trust region for A < 0", "smooth": "smoothness", "geometry": "the geometry",
           "w at r = 1": "w at r = 1", "entropy channel": "the entropy channel", "reference channel":
           "the reference channel", "warnings": "the worries"}
@@ -67,8 +69,7 @@ def first_screen(mem: dict | None) -> list[tuple[str, str]]:
         part, controls = mem["bounds"], mem["controls"]
         free = [c["shown"] for c in controls if not c["w_reads"]]
         values = f"{controls[0]['shown']} = " + _listed([fmt(r["values"][controls[0]["name"]]) for r in part["rows"]]) \
-            if len(controls) == 1 else \
-            f"{len(part['rows'])} combinations of their bounds and first values"
+            if len(controls) == 1 else _points(part, controls)
         same = _same(part)
         if same and free and len(free) == len(controls):
             same += f", as w does not read {_listed(free)}"
@@ -79,6 +80,14 @@ def first_screen(mem: dict | None) -> list[tuple[str, str]]:
         out.append(("schedule", _schedule_head(mem["schedule"]) + "".join(
             f"; {x}" for x in _changes(mem["schedule"])) + "; --set step=N analyses step N"))
     return out
+
+
+def _points(part: dict, controls: list) -> str:
+    """Several controlled parameters: every combination of their values, or each alone."""
+    axes = [len({r["values"][c["name"]] for r in part["rows"]}) for c in controls]
+    if len(part["rows"]) == math.prod(axes):
+        return f"{len(part['rows'])} combinations of their bounds and first values"
+    return "each one's bounds, the others at their first values"
 
 
 def _schedule_head(sc: dict) -> str:
@@ -108,8 +117,9 @@ def evidence(mem: dict) -> list[str]:
         out += _rows(part, "the controlled values")
         for c in controls:
             span = f"[{fmt(c['low'])}, {fmt(c['high'])}]"
-            out.append(f"    w does not read {c['shown']} (∂ℓ/∂r of w's terms has no {c['shown']}): what the report says "
-                       f"of w holds for every {c['shown']} in {span}" if not c["w_reads"] else
+            against = f" (against {mem['against']})" if mem["against"] else ""
+            out.append(f"    w{against} does not read {c['shown']} (∂ℓ/∂r of w's terms has no {c['shown']}): what the "
+                       f"report says of w holds for every {c['shown']} in {span}" if not c["w_reads"] else
                        f"    w reads {c['shown']}: between these values nothing is analysed (--set "
                        f"{c['name']}=X analyses X in {span})")
     if mem["schedule"]:
