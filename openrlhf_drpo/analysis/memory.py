@@ -173,7 +173,8 @@ def claims(res) -> dict:
     out = {"w": res.text["weight"] or "not derived", "range": _range(res)}
     if res.advantage is not None:       # w is against the objective's own Â, which may read the parameter
         value = (res.advantage["held"] or {}).get("value")
-        out["advantage"] = "Â = " + (math_text(value) if value is not None else f"{res.advantage['expression']} (not held)")
+        out["advantage"] = "Â = " + (math_text(value) if value is not None else
+                                     f"{res.advantage['expression']} (no value here)")
     for adv, sign in _SIGN.items():
         b = res.boundary[adv]
         parts = [f"r = {math_text(r)}" + ("" if ok else " (unreachable)") for r, ok in zip(b["r"], b["reachable"])]
@@ -225,9 +226,10 @@ def _compare(rows: list[dict]) -> dict:
 
 def equiv_points(a, b) -> list[dict]:
     """--equiv between objectives with memory: the values both are compared at (their controls'
-    bounds and values, then the step given, step 0 and where either's schedule settles); [{}] without. Two
-    whose controllers differ are refused by name, at the first update line that differs: after the
-    first step their parameters move apart, which one step's gradients do not settle."""
+    bounds and values, then the step given, step 0 and where either's schedule settles); [{}]
+    without. Two whose controllers differ are refused by name, at the first update line that
+    differs: after the first step their parameters move apart, which one step's gradients do not
+    settle."""
     if not has_memory(a) and not has_memory(b):
         return [{}]
     said = lambda o: {c.name: (_rule(o, c), c.low, c.high, o.params[c.name]) for c in o.controls.values()}  # noqa: E731
@@ -237,11 +239,11 @@ def equiv_points(a, b) -> list[dict]:
         other = b if o is a else a
         theirs = other.controls.get(c.name)
         line = o.source.split("\n")[c.pos.line - 1] if 0 < c.pos.line <= o.source.count("\n") + 1 else None
-        raise DslError(f"--equiv: {o.name} updates {display_name(c.name)} after each step ({display_name(c.name)} ← {_rule(o, c)} in "
-                       f"[{fmt(c.low)}, {fmt(c.high)}], from {fmt(float(o.params[c.name]))}) and {other.name} "
-                       + (f"by another rule, bounds or first value ({display_name(c.name)} ← {_rule(other, theirs)} in "
-                          f"[{fmt(theirs.low)}, {fmt(theirs.high)}], from "
-                          f"{fmt(float(other.params[c.name]))})" if theirs else "does not"),
+        shown = lambda x, y: (f"{display_name(c.name)} ← {_rule(x, y)} in [{fmt(y.low)}, {fmt(y.high)}], "  # noqa: E731
+                              f"from {fmt(float(x.params[c.name]))}")
+        raise DslError(f"--equiv: {o.name} updates {display_name(c.name)} after each step ({shown(o, c)}) and "
+                       + (f"{other.name} by another rule, bounds or first value ({shown(other, theirs)})" if theirs
+                          else f"{other.name} does not"),
                        o.path, c.pos.line, c.pos.col, line,
                        "--equiv compares objectives with memory whose controllers are the same: after the first "
                        "step their parameters would move apart, which comparing one step's gradients does not settle")

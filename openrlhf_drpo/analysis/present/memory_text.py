@@ -7,8 +7,8 @@ import math
 
 from openrlhf_drpo.analysis.mathtext import fmt
 
-_WORDS = {"advantage": "the advantage Â", "w": "w", "range": "the range of w", "trust region A > 0": "the trust region for A > 0",
-          "trust region A < 0": "the trust region for A < 0", "smooth": "smoothness", "geometry": "the geometry",
+_WORDS = {"advantage": "the advantage Â", "w": "w", "range": "the range of w",
+          "trust region A > 0": "the trust region for A > 0", "trust region A < 0": "the trust region for A < 0", "smooth": "smoothness", "geometry": "the geometry",
           "w at r = 1": "w at r = 1", "entropy channel": "the entropy channel", "reference channel":
           "the reference channel", "warnings": "the worries"}
 SHORT = 48      # characters of a claim the first screen prints; longer, the evidence's rows do
