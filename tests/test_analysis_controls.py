@@ -133,6 +133,10 @@ def test_a_schedule_settles_where_its_values_stop_changing(schedule, settled):
     assert settles(obj) == settled
 
 
+def test_a_step_read_bare_in_the_objective_never_settles():
+    assert settles(dsl.parse("r*A*step", "bare.dsl")) is None
+
+
 def test_the_json_holds_the_rows_and_an_objective_without_memory_has_none():
     out = json.loads(json.dumps(to_json(_analysed("adaptive_kl")), ensure_ascii=False))
     assert [row["values"] for row in out["memory"]["bounds"]["rows"]] == [{"beta": 0.0}, {"beta": 0.05}, {"beta": 10.0}]

@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from dsl.controls import STEP
 from dsl.errors import DslError
-from dsl.ir import num, rebuild
+from dsl.ir import num, postorder, rebuild
 from dsl.names import display_name
 from dsl.printing import render
 from dsl.walks import constant_nodes, evaluate
@@ -97,7 +97,7 @@ def schedule_parts(obj) -> list[tuple[str, object]]:
     if named:
         return named
     inside = {a for n in reads for a in n.args}
-    return [(render(n), n) for n in reads if n not in inside and n.op != "param"]
+    return [(render(n), n) for n in dict.fromkeys(postorder(obj.expr)) if n in reads and n not in inside]
 
 
 def settles(obj) -> int | None:
