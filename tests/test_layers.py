@@ -28,7 +28,7 @@ LAYERS = [
     "analysis.symbolic.settling", "analysis.symbolic.zeros", "analysis.symbolic.derivation", "analysis.symbolic.channels", "analysis.symbolic.confirm",
     "analysis.alerts", "analysis.present.alert_text", "analysis.batch.advantage",
     "analysis.claims", "analysis.admissibility", "analysis.batch.scenario_check", "analysis.batch.scenarios", "analysis.equiv",
-    "analysis.result", "analysis.orchestrator", "analysis.present.first_lines", "analysis.present.scenario_text",
+    "analysis.result", "analysis.memory", "analysis.orchestrator", "analysis.present.first_lines", "analysis.present.scenario_text", "analysis.present.memory_text",
     "analysis.present.summary", "analysis.present.report", "analysis.present.comparison", "analysis.present.plot", "analysis.present.equiv_report", "analysis.present.notebook",
     "analysis.numeric", "analysis.symbolic", "analysis.batch", "analysis.present", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward",
