@@ -20,7 +20,7 @@ LAYERS = [
     "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.controls", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
     "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",
-    "core.reductions", "core.kernels", "core.batch", "core.controls",
+    "core.reductions", "core.kernels", "core.batch", "core.controls", "core.hosting",
     "core.measures", "core.loss",
     "core",
     "analysis.budgets", "analysis.mathtext", "analysis.symbolic.context", "analysis.batch.held", "analysis.batch.view", "analysis.numeric.arbiter",
