@@ -18,11 +18,14 @@ if os.environ.get("CI"):
 
 # The suite runs on two workers (`pytest -n 2`, pytest-xdist, `--dist loadfile` in setup.cfg): each
 # file whole on one worker (its module fixtures run once), handed out in collection order. The
-# longest files go first, longest first (measured one at a time: Ray/vLLM/DeepSpeed runs, the
-# arbiter's and the analysis's random objectives, the contributing recipes' pytest runs, 90-480 s
-# each), so that the short ones fill in around them at the end. Re-measure when one changes much.
-LONGEST = ("test_two_ranks.py", "test_lab.py", "test_arbiter.py", "test_pipeline.py", "test_analysis.py",
-           "test_contributing.py", "test_train.py", "test_accumulation_trl.py")
+# longest files go first, longest first (measured one at a time: Ray/vLLM/DeepSpeed runs, TRL's
+# trainers, the arbiter's and the analysis's random objectives, the contributing recipes' pytest
+# runs, 45-480 s each), so that the short ones fill in around them at the end: a long file left to
+# its alphabetical place (test_trl.py, test_train_v3.py) ran alone after the rest. Re-measure when one
+# changes much, and list any file over about a minute here.
+LONGEST = ("test_two_ranks.py", "test_lab.py", "test_trl.py", "test_arbiter.py", "test_pipeline.py",
+           "test_analysis.py", "test_contributing.py", "test_train_v3.py", "test_train.py", "test_accumulation_trl.py",
+           "test_verl.py", "test_verl_inputs.py", "test_token_claims.py", "test_vocabulary_train.py")
 
 
 def pytest_configure(config):
