@@ -58,6 +58,17 @@ $PIP -c "$pin" trl==1.16.0
 # any other error out, so a release that changed its API stops the run rather than zero every reward
 $PIP -c "$pin" math-verify==0.9.0
 $PIP -c "$pin" -e '.[test]'
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    # DeepSpeed's CPU ops (Adam, the shared-memory collectives), JIT-built here into the cache
+    # drpo-train's CPU mode reads (cpu_mode.extensions_dir): otherwise the first run builds them
+    # (~2 minutes, the suite's first Ray runs waiting on it); a later run loads them
+    DS_ACCELERATOR=cpu $PY -c 'import os
+from openrlhf_drpo.hosts.openrlhf.cpu_mode import extensions_dir
+os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+from deepspeed.accelerator import get_accelerator
+for op in ("FusedAdamBuilder", "ShareMemCommBuilder"):
+    get_accelerator().create_op_builder(op).load()'
+fi
 # verl cannot share this environment (verl 0.9.1 needs transformers < 5.11): its own venv
 bash scripts/setup_verl.sh
 # tests/test_setup.py runs the check under the current pip release too, and tests download
