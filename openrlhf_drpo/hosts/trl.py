@@ -17,15 +17,23 @@ follows TRL's documented way to change the objective: a subclass overriding the 
 release it re-implements."""
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 
 import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from dsl.parser import Objective
 from openrlhf_drpo.core import Aggregation, CompiledLoss, turn_ids
 from openrlhf_drpo.hosts.trl_config import (AGGREGATES, FORMULAS, MULTIMODAL, NORMALIZATIONS, SUPERSEDED, TRL_VERSION,
                                             check_config, check_trl, not_provided)
+
+# an objective with memory: its state in each checkpoint, beside TRL's own entropy_ctrl_state.json
+CONTROL_STATE = "drpo_control_state.json"
+
 
 class TrlObjectiveLoss(CompiledLoss):
     host = "ObjectiveGRPOTrainer"
@@ -47,7 +55,9 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
     """trl.GRPOTrainer with `objective=` (a shipped name, a path or a dsl.Objective) and
     `objective_params=` (a dict of its parameters, or the options anchor/aggregate); every other
     argument is GRPOTrainer's. Logs drpo_w_mean, drpo_past_boundary_{diverging,converging},
-    drpo_abs_pi_minus_mu and drpo_ratio_max beside TRL's metrics."""
+    drpo_abs_pi_minus_mu and drpo_ratio_max beside TRL's metrics. An objective with memory (a
+    controlled parameter or `step`) is updated once after each optimizer step, logs drpo_<name> and
+    drpo_step, and is saved with each checkpoint (CONTROL_STATE) and restored on resume."""
 
     def __init__(self, *args, objective: str | Objective = "drpo", objective_params: Mapping | None = None,
                  **kwargs):
@@ -62,6 +72,23 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
             check_config(config, self.objective_loss)
         super().__init__(*args, **kwargs)
         check_config(self.args, self.objective_loss)     # the default GRPOConfig, where none was given
+        if self.objective_loss.controller is not None:
+            self.add_callback(_ObjectiveMemory(self, self.objective_loss.control_state()))
+
+    def _save_checkpoint(self, model, trial):
+        # first, so that the checkpoint TRL then writes (and pushes, where it does) holds it
+        state = self.objective_loss.control_state()
+        if state is not None and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, CONTROL_STATE), "w") as f:
+                json.dump(state, f)
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:      # resuming: TrainerState (global_step) is the checkpoint's by now
+            _load_memory(self, checkpoint)
 
     def _generate_and_score_completions(self, inputs):
         """TRL's, plus each row's group id where the objective has a group reduction: TRL's sampler
@@ -125,6 +152,48 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         for (_, m), value in zip(logged, torch.where(maxima, gathered.amax(0), gathered.nanmean(0)).tolist()):
             self._metrics[mode][m.key].append(value)
         return loss
+
+
+class _ObjectiveMemory(TrainerCallback):
+    """The objective's update, exactly once per optimizer step: Trainer calls on_step_end after
+    optimizer.step(), on every process, in training only, before it logs and saves the step, so
+    the step's loss calls read the values from before it and the checkpoint holds those after."""
+
+    def __init__(self, trainer, initial: dict):
+        self.trainer, self.initial = trainer, initial
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a run that starts at step 0 (a second train(), auto_find_batch_size's retry after an
+        # out-of-memory error) starts from the declared values, not from a state it abandoned
+        if state.global_step == 0:
+            self.trainer.objective_loss.load_control_state(self.initial)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        for key, value in self.trainer.objective_loss.end_step().items():     # all processes: the world
+            self.trainer._metrics["train"][key].append(value)
+
+
+def _load_memory(self, checkpoint):     # self: the ObjectiveGRPOTrainer
+    """The objective's state from `checkpoint` (resume_from_checkpoint), refused where it cannot be
+    the state of this run at that checkpoint's step."""
+    loss, path = self.objective_loss, os.path.join(checkpoint, CONTROL_STATE)
+    name, saved = loss.objective.name, os.path.isfile(path)
+    if loss.controller is None and saved:
+        raise ValueError(f"ObjectiveGRPOTrainer: checkpoint {checkpoint} holds the state of an objective with memory "
+                         f"({CONTROL_STATE}), but objective '{name}' has none: resume with the objective it was "
+                         f"saved with, or remove {CONTROL_STATE} to drop that state")
+    if loss.controller is None:
+        return
+    if not saved:
+        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' has memory (its controlled parameters and step), "
+                         f"but checkpoint {checkpoint} holds no {CONTROL_STATE}: it was saved by another trainer or "
+                         "objective, and resuming would restart the objective's values at step 0")
+    with open(path) as f:
+        state = json.load(f)
+    if state.get("step") != self.state.global_step:
+        raise ValueError(f"ObjectiveGRPOTrainer: {path} holds the objective's state after step {state.get('step')}, "
+                         f"but the checkpoint is at global step {self.state.global_step}")
+    loss.load_control_state(state)
 
 
 def _objective_call(self, model, inputs, mode, ranks):   # self: the ObjectiveGRPOTrainer
@@ -223,4 +292,4 @@ def _turns_and_staleness(reads, inputs, mask) -> dict:
     return out
 
 
-__all__ = ["AGGREGATES", "FORMULAS", "NORMALIZATIONS", "SUPERSEDED", "TRL_VERSION", "ObjectiveGRPOTrainer", "TrlObjectiveLoss"]
+__all__ = ["AGGREGATES", "CONTROL_STATE", "FORMULAS", "NORMALIZATIONS", "SUPERSEDED", "TRL_VERSION", "ObjectiveGRPOTrainer", "TrlObjectiveLoss"]

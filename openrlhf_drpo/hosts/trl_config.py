@@ -97,9 +97,14 @@ def check_config(config, objective_loss):
                          "replaces that term: " + ("they" if len(superseded) > 1 else "it") + " would have no "
                          "effect; leave " + ", ".join(f"{k}={SUPERSEDED[k][0]!r}" for k in superseded) + ". In the "
                          "objective: " + "; ".join(f"{k}: {SUPERSEDED[k][1].format(v)}" for k, v in superseded.items()))
+    # TRL's controller is a second one beside an objective's memory, updated inside the loss call
+    # (not after the step) and saved apart from it: the objective writes it instead
     if getattr(config, "use_adaptive_entropy", False):
         raise ValueError("ObjectiveGRPOTrainer: the adaptive entropy bonus (use_adaptive_entropy=True) is not "
-                         "supported; set use_adaptive_entropy=False and a fixed entropy_coef")
+                         "supported: its controller would run beside the objective's "
+                         + ("own memory (a second controller)" if objective_loss.controller is not None else "terms")
+                         + "; set use_adaptive_entropy=False and write it in the objective: objective="
+                         "'adaptive_entropy' (objectives/adaptive_entropy.dsl) is TRL's, step by step")
     refuse_unprovided(objective_loss, config)
     if objective_loss.uses_rollout and getattr(config, "vllm_importance_sampling_correction", False):
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {objective_loss.inputs()['rollout_log_probs']} "

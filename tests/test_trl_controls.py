@@ -1,0 +1,111 @@
+"""ObjectiveGRPOTrainer with an objective with memory (issue 48): the state updated once after each
+optimizer step, logged (drpo_<name>, drpo_step), saved with TRL's checkpoint and restored on
+resume. TRL 1.16.0's own adaptive entropy controller (use_adaptive_entropy) is the oracle for
+objectives/adaptive_entropy.dsl over a real run. Real runs on CPU with the tiny Llama of
+tests/test_trl.py, two micro-batches per optimizer step."""
+import json
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from dsl import parse
+from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama
+from openrlhf_drpo.trl import CONTROL_STATE, ObjectiveGRPOTrainer
+from test_trl import reward
+
+PROMPTS = Dataset.from_list([{"prompt": " ".join(WORDS[(3 * i + j) % 16] for j in range(4))} for i in range(64)])
+# an entropy target the tiny model's step entropy (≈ 2.99, falling as it learns at this rate)
+# crosses both ways within 8 steps: α rises, falls back to its bound, rises; the bonus switches on
+TARGET, LR, STEPS = 2.98, 3e-3, 8
+TRL_ADAPTIVE = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_coef_delta=0.005, entropy_coef_min=0.0,
+                    entropy_coef_max=1.0, entropy_target=TARGET)
+# a controlled β that moves every step with the step's entropy (unclipped: H/3 - 1 ≈ -0.005), and
+# `step` in the objective: a resume that lost either changes the values and the loss
+MEMORY = parse("H_target = 3\nβ = 0.1\nβ ← β·(1 + clip(batch_mean(H)/H_target - 1, -0.2, 0.2)) in [0, 1]\n"
+               "min(r*A, clip(r, 0.8, 1.2)*A) + β·min(step/2, 1)·H\n", "memory.dsl")
+
+
+def trainer(tmp_path, objective=None, steps=STEPS, accumulation=2, callbacks=(), **config):
+    """A GRPO trainer on the tiny model: TRL's own loss (objective None) or ours; each optimizer step
+    is 8 completions (2 prompts × 4) in `accumulation` micro-batches."""
+    model, _, model_dir = tiny_llama(str(tmp_path), SPECIAL + WORDS, seed=0, hidden=32)
+    model.save_pretrained(model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=8 // accumulation,
+                      gradient_accumulation_steps=accumulation, num_generations=4, max_completion_length=6,
+                      max_steps=steps, learning_rate=LR, logging_steps=1, report_to="none", seed=0, data_seed=0,
+                      bf16=False, temperature=1.0, dataloader_num_workers=0, disable_tqdm=True, beta=0.0,
+                      **{"loss_type": "bnpo", "save_strategy": "no", **config})
+    kwargs = dict(model=model_dir, reward_funcs=reward, args=args, train_dataset=PROMPTS,
+                  processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=list(callbacks))
+    if objective is None:
+        return GRPOTrainer(**kwargs)
+    name, params = objective
+    return ObjectiveGRPOTrainer(objective=name, objective_params=params, **kwargs)
+
+
+def train(t, **kwargs):
+    torch.manual_seed(0)
+    t.train(**kwargs)
+    return [h for h in t.state.log_history if "loss" in h]
+
+
+class AfterEachStep(TrainerCallback):
+    """Calls `fn(state)` after each optimizer step (the test's probe into a trainer)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.fn(state, control)
+
+
+def test_trls_adaptive_entropy_and_the_declared_one_give_the_same_coefficients_and_losses_step_by_step(tmp_path):
+    """TRL's controller (α ± Δ in [0, 1] from the step's world entropy, the bonus applied while the
+    last step's entropy <= target) against objectives/adaptive_entropy.dsl. loss_type='bnpo': each
+    micro-batch's token mean over gradient_accumulation_steps, which is how TRL scales its bonus
+    (independent of loss_type), so both runs take the same gradient and stay on one trajectory."""
+    theirs, seen = trainer(tmp_path / "trl", **TRL_ADAPTIVE), []
+    theirs.add_callback(AfterEachStep(lambda state, control: seen.append(
+        (theirs.entropy_coef, float(theirs._last_world_entropy <= TARGET)))))
+    trl_log = train(theirs)
+    ours = train(trainer(tmp_path / "ours", ("adaptive_entropy", {"H_target": TARGET})))
+    assert len(ours) == len(trl_log) == len(seen) == STEPS
+    assert [h["drpo_alpha"] for h in ours] == [c for c, _ in seen] == [h["entropy_coef"] for h in trl_log]
+    assert [h["drpo_on"] for h in ours] == [on for _, on in seen]
+    assert [h["drpo_step"] for h in ours] == list(range(1, STEPS + 1))
+    # the run tells: α rises and falls back, the bonus switches on and off
+    alphas = [c for c, _ in seen]
+    assert max(alphas) > 0 and any(a > b for a, b in zip(alphas, alphas[1:])) and {0.0, 1.0} <= {on for _, on in seen}
+    for a, b in zip(ours, trl_log):
+        for key in ("loss", "grad_norm", "entropy"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-7), (key, a, b)
+
+
+def stop_at(k):
+    def stop(state, control):
+        if state.global_step == k:
+            control.should_training_stop = True
+    return AfterEachStep(stop)
+
+
+def test_a_run_resumed_from_its_checkpoint_continues_the_values_the_step_and_the_losses(tmp_path):
+    k, n = 3, 6
+    whole = train(trainer(tmp_path / "whole", (MEMORY, {}), steps=n))
+    first = train(trainer(tmp_path / "stopped", (MEMORY, {}), steps=n, callbacks=[stop_at(k)], save_strategy="steps",
+                          save_steps=k))
+    checkpoint = tmp_path / "stopped" / "out" / f"checkpoint-{k}"
+    saved = json.loads((checkpoint / CONTROL_STATE).read_text())
+    assert saved["step"] == k and saved["values"]["beta"] == first[-1]["drpo_beta"]
+    # the resumed trainer's log_history starts with the checkpoint's k steps
+    rest = train(trainer(tmp_path / "stopped", (MEMORY, {}), steps=n), resume_from_checkpoint=str(checkpoint))[k:]
+    assert len(first) == k and len(rest) == n - k and len(whole) == n
+    for a, b in zip(first + rest, whole):
+        assert a["drpo_step"] == b["drpo_step"] and math.isclose(a["drpo_beta"], b["drpo_beta"], rel_tol=1e-12), (a, b)
+        for key in ("loss", "grad_norm"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-6, abs_tol=1e-9), (key, a, b)
+    # the values move every step: a resume at the declared values would differ
+    assert len({h["drpo_beta"] for h in whole}) == n
