@@ -109,3 +109,41 @@ def test_a_run_resumed_from_its_checkpoint_continues_the_values_the_step_and_the
             assert math.isclose(a[key], b[key], rel_tol=1e-6, abs_tol=1e-9), (key, a, b)
     # the values move every step: a resume at the declared values would differ
     assert len({h["drpo_beta"] for h in whole}) == n
+
+
+def recording_training_calls(t):
+    """Each training call's (H, mask) as the trainer's loss receives them (the update reads those)."""
+    calls, forward = [], t.objective_loss.forward
+
+    def recording(log_probs, old, A, mask=None, **kw):
+        if torch.is_grad_enabled():
+            calls.append((kw["entropy"].detach().double(), mask.bool()))
+        return forward(log_probs, old, A, mask, **kw)
+    t.objective_loss.forward = recording
+    return calls
+
+
+def test_the_statistic_of_two_accumulated_micro_batches_is_the_whole_steps_and_one_micro_batchs(tmp_path):
+    """β ← β·(1 + clip(batch_mean(H)/3 - 1, ±0.2)) under gradient_accumulation_steps=2: each step's
+    update reads the token mean of H over both micro-batches (by hand, float64, from the entropies
+    the loss calls received), and equals the run whose step is one micro-batch of the same 8
+    completions. loss_type='grpo': the mean over responses, the same gradient either way."""
+    accumulated = trainer(tmp_path / "two", (MEMORY, {}), steps=4, loss_type="grpo")
+    calls = recording_training_calls(accumulated)
+    two = train(accumulated)
+    one = train(trainer(tmp_path / "one", (MEMORY, {}), steps=4, accumulation=1, loss_type="grpo"))
+    assert len(calls) == 2 * len(two) == 2 * len(one) == 8
+    beta, off = 0.1, []
+    for step, h in enumerate(two):
+        (h1, m1), (h2, m2) = calls[2 * step:2 * step + 2]
+        whole = (h1[m1].sum() + h2[m2].sum()).item() / (m1.sum() + m2.sum()).item()
+        expected = beta * (1 + min(max(whole / 3 - 1, -0.2), 0.2))
+        assert math.isclose(h["drpo_beta"], expected, rel_tol=1e-12), (step, h["drpo_beta"], expected)
+        # the case can tell: the mean of the micro-batches' means is another number
+        means = (h1[m1].mean().item() + h2[m2].mean().item()) / 2
+        off.append(abs(beta * (1 + means / 3 - 1) - expected) / expected)
+        beta = h["drpo_beta"]
+    assert max(off) > 1e-6, off
+    for a, b in zip(two, one):
+        assert math.isclose(a["drpo_beta"], b["drpo_beta"], rel_tol=1e-7), (a["drpo_beta"], b["drpo_beta"])
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5, abs_tol=1e-7), (a["loss"], b["loss"])
