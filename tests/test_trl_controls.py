@@ -94,7 +94,12 @@ def stop_at(k):
 
 def test_a_run_resumed_from_its_checkpoint_continues_the_values_the_step_and_the_losses(tmp_path):
     k, n = 3, 6
-    whole = train(trainer(tmp_path / "whole", (MEMORY, {}), steps=n))
+    complete = trainer(tmp_path / "whole", (MEMORY, {}), steps=n, per_device_eval_batch_size=4)
+    whole = train(complete)
+    # evaluation neither counts its loss calls nor updates: the state after it is the state before
+    state = complete.objective_loss.control_state()
+    complete.evaluate(eval_dataset=PROMPTS.select(range(2)))
+    assert complete.objective_loss.control_state() == state and state["step"] == n
     first = train(trainer(tmp_path / "stopped", (MEMORY, {}), steps=n, callbacks=[stop_at(k)], save_strategy="steps",
                           save_steps=k))
     checkpoint = tmp_path / "stopped" / "out" / f"checkpoint-{k}"
@@ -147,3 +152,53 @@ def test_the_statistic_of_two_accumulated_micro_batches_is_the_whole_steps_and_o
     for a, b in zip(two, one):
         assert math.isclose(a["drpo_beta"], b["drpo_beta"], rel_tol=1e-7), (a["drpo_beta"], b["drpo_beta"])
         assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5, abs_tol=1e-7), (a["loss"], b["loss"])
+
+
+def test_a_run_that_starts_at_step_0_starts_from_the_declared_values_not_a_state_left_over(tmp_path):
+    """A second train(), or auto_find_batch_size's retry after an out-of-memory error, begins at
+    global step 0: the objective's state from before (here: one loaded by hand) is dropped."""
+    t = trainer(tmp_path, (MEMORY, {}), steps=1)
+    t.objective_loss.load_control_state({"version": 1, "objective": "memory", "step": 5, "values": {"beta": 0.5}})
+    (h,) = train(t)
+    assert h["drpo_step"] == 1 and abs(h["drpo_beta"] - 0.1) < 0.02, h
+
+
+def refusal(tmp_path, objective, files, global_step=3):
+    """A trainer of `objective` resuming from a checkpoint folder holding `files` (name: text): what
+    Trainer._load_optimizer_and_scheduler, which train(resume_from_checkpoint=) calls once the
+    checkpoint's TrainerState is loaded, raises (no optimizer file: Trainer loads none)."""
+    t = trainer(tmp_path, objective)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    for name, text in files.items():
+        (checkpoint / name).write_text(text)
+    t.state.global_step = global_step
+    with pytest.raises(ValueError) as e:
+        t._load_optimizer_and_scheduler(str(checkpoint))
+    return str(e.value)
+
+
+STATE = json.dumps({"version": 1, "objective": "memory", "step": 3, "values": {"beta": 0.09}})
+
+
+@pytest.mark.parametrize("objective, files, global_step, message", [
+    ((MEMORY, {}), {}, 3, "objective 'memory' has memory (its controlled parameters and step), but checkpoint "),
+    ((MEMORY, {}), {"entropy_ctrl_state.json": "{}"}, 3, f"holds no {CONTROL_STATE}: it was saved by another"),
+    (("grpo_clip_higher", {}), {CONTROL_STATE: STATE}, 3, "but objective 'grpo_clip_higher' has none"),
+    ((MEMORY, {}), {CONTROL_STATE: STATE}, 4, "holds the objective's state after step 3, but the checkpoint is at "
+                                                 "global step 4"),
+    (("adaptive_entropy", {}), {CONTROL_STATE: STATE}, 3, "objective 'adaptive_entropy' controls ['alpha', 'on']"),
+], ids=["no-state", "trls-state-only", "state-of-memory-for-none", "another-step", "another-objective"])
+def test_a_checkpoint_that_cannot_hold_this_runs_state_is_refused_on_resume(tmp_path, objective, files, global_step,
+                                                                           message):
+    assert message in refusal(tmp_path, objective, files, global_step)
+
+
+def test_trls_own_adaptive_entropy_beside_an_objective_with_memory_is_refused_naming_the_objective_that_writes_it(
+        tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **TRL_ADAPTIVE)
+    with pytest.raises(ValueError) as e:     # before the model loads: not the missing model's error
+        ObjectiveGRPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=reward, args=args,
+                             objective="adaptive_entropy")
+    assert ("its controller would run beside the objective's own memory (a second controller)" in str(e.value)
+            and "objective='adaptive_entropy'" in str(e.value)), str(e.value)
