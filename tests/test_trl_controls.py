@@ -5,6 +5,11 @@ objectives/adaptive_entropy.dsl over a real run. Real runs on CPU with the tiny 
 tests/test_trl.py, two micro-batches per optimizer step."""
 import json
 import math
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -202,3 +207,45 @@ def test_trls_own_adaptive_entropy_beside_an_objective_with_memory_is_refused_na
                              objective="adaptive_entropy")
     assert ("its controller would run beside the objective's own memory (a second controller)" in str(e.value)
             and "objective='adaptive_entropy'" in str(e.value)), str(e.value)
+
+
+# one rank of a two-process gloo group (accelerate reads RANK, WORLD_SIZE and MASTER_*): 2 steps of
+# 2 micro-batches, each training call's (H, mask) and the values after each step saved to a file
+RANK = """
+import pathlib, sys, torch
+import test_trl_controls as t
+directory, rank = pathlib.Path(sys.argv[1]), sys.argv[2]
+run = t.trainer(directory / f"rank{rank}", (t.MEMORY, {}), steps=2)
+calls, values = t.recording_training_calls(run), []
+run.add_callback(t.AfterEachStep(lambda state, control: values.append(dict(run.objective_loss.controller.values))))
+run.train()
+torch.save({"calls": calls, "values": values, "world": torch.distributed.get_world_size()}, directory / f"{rank}.pt")
+"""
+
+
+def test_two_ranks_with_different_data_hold_the_same_values_from_the_statistic_of_both(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = pathlib.Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), WORLD_SIZE="2")
+    logs = [open(tmp_path / f"out{r}", "w") for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path), str(r)], stdout=logs[r],
+                              stderr=subprocess.STDOUT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(2)]
+    codes = [p.wait(timeout=900) for p in procs]
+    for log in logs:
+        log.close()
+    assert codes == [0, 0], [(tmp_path / f"out{r}").read_text()[-3000:] for r in range(2)]
+    ranks = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["values"] == ranks[1]["values"]
+    beta, own = 0.1, []
+    for step, values in enumerate(ranks[0]["values"]):
+        per_rank = [[(h[m].sum().item(), m.sum().item()) for h, m in r["calls"][2 * step:2 * step + 2]] for r in ranks]
+        tokens = [(sum(s for s, _ in p), sum(n for _, n in p)) for p in per_rank]
+        whole = sum(s for s, _ in tokens) / sum(n for _, n in tokens)
+        assert math.isclose(values["beta"], beta * (1 + whole / 3 - 1), rel_tol=1e-12), (step, values, whole)
+        # the case can tell: each rank's own statistic gives each rank another value
+        own.append([abs(beta * (s / n) / 3 - values["beta"]) / values["beta"] for s, n in tokens])
+        beta = values["beta"]
+    assert min(max(o) for o in own) > 1e-6, own
