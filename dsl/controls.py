@@ -13,7 +13,7 @@ written, and the update itself (`next_values`) is plain float64 arithmetic, the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from dsl.ir import Node, Pos, num, rebuild
@@ -35,7 +35,7 @@ class Control:
     rule: Node
     low: float
     high: float
-    pos: Pos          # the update line's name, for errors raised during training
+    pos: Pos = field(compare=False)      # the update line's name, for errors raised during training
 
     def text(self) -> str:
         return f"{display_name(self.name)} ← {render(self.rule)} in [{_g(self.low)}, {_g(self.high)}]"

@@ -98,20 +98,7 @@ class Objective:
         """One sentence per group reduction that reads a per-response value (A) at token level
         (Facts.by_position_only): what it does there and the form that reduces each response once,
         e.g. group_mean(seq_mean(A)). The analysis warns, and so does CompiledLoss."""
-        out = []
-        by_response = {m for m, lv in self.facts.level_per_response.items() if lv != "token"}
-        whole = {m for m, lv in self.facts.level.items() if lv != "token"}
-        for n in self.facts.by_position_only:
-            held = sorted({m.value for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE})
-            swap = {m: Node("seq_mean", (m,)) for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE}
-            # a prefix mean of a per-response value is that value (dsl.levels): the fix drops it
-            swap.update({m: m.args[0] if m.args[0] in whole else _swapped(m.args[0], swap) for m in n.walk()
-                         if m.op == "prefix_mean" and m in by_response})
-            out.append(f"{render(n)} reduces a token-level value position by position: {', '.join(held)} is one value "
-                       f"per response in every host, so past the end of a group's shorter responses a longer one's tokens "
-                       f"are compared with fewer others or none (with none, group_mean(A) is its own A and group_std(A) is 0); write "
-                       f"{render(_swapped(n, swap))} to reduce each response once")
-        return out
+        return _by_position(self)
 
     def reads_rollout(self) -> bool:
         """Whether training needs the rollout engine's log-probs (μ is them, or π_rollout is named)."""
@@ -229,3 +216,20 @@ def _check_ranges(obj: Objective, n: Node, values: dict, env: dict) -> None:
             obj._constant_error(n.args[i], f"{n.op}'s argument {i + 1} '{render(n.args[i])}' is "
                                 f"{values[n.args[i]]:g}, outside [{lo}, {hi}]", env,
                                 hint=f"write {OPS[n.op].signature} with a value in [{lo}, {hi}]")
+
+
+def _by_position(obj: Objective) -> list[str]:
+    out = []
+    by_response = {m for m, lv in obj.facts.level_per_response.items() if lv != "token"}
+    whole = {m for m, lv in obj.facts.level.items() if lv != "token"}
+    for n in obj.facts.by_position_only:
+        held = sorted({m.value for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE})
+        swap = {m: Node("seq_mean", (m,)) for m in n.walk() if m.op == "var" and m.value in PER_RESPONSE}
+        # a prefix mean of a per-response value is that value (dsl.levels): the fix drops it
+        swap.update({m: m.args[0] if m.args[0] in whole else _swapped(m.args[0], swap) for m in n.walk()
+                     if m.op == "prefix_mean" and m in by_response})
+        out.append(f"{render(n)} reduces a token-level value position by position: {', '.join(held)} is one value "
+                   f"per response in every host, so past the end of a group's shorter responses a longer one's tokens "
+                   f"are compared with fewer others or none (with none, group_mean(A) is its own A and group_std(A) is 0); write "
+                   f"{render(_swapped(n, swap))} to reduce each response once")
+    return out

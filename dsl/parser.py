@@ -195,7 +195,7 @@ class _Builder(Source):
         check_kind(self, expr, "num")
         check_vocabulary(self, expr)
         check_policy(self, expr, self.meta_pos(objectives[0]))
-        controls = self._controls(updates, exprs, params)
+        controls = _controls(self, updates, exprs, params)
         declared, options = frozenset(options), {**OPTION_DEFAULTS, **options}     # (the file's, then the defaults)
         read = {n.value for root in [expr, *(c.rule for c in controls.values())] for n in root.walk() if n.op == "param"}
         _warn_unused(self, seen, params, read | set(exprs.resolved))
@@ -203,31 +203,8 @@ class _Builder(Source):
         used = {k: exprs.resolved[k] for k in sorted(order, key=lambda k: (order[k].line, order[k].col))}
         stem = Path(self.path).name
         return Objective(stem[:-4] if stem.endswith(".dsl") else stem, self.path, self.source,
-                         expr, params, {k: options[k] for k in OPTIONS}, used, self._description(),
+                         expr, params, {k: options[k] for k in OPTIONS}, used, _description(self.lines),
                          declared, controls).check_constants()
-
-    def _controls(self, updates, exprs: Expressions, params: dict) -> dict:
-        """Each `name ← rule in [low, high]` line as a Control (dsl.controls), in the file's order."""
-        out, names = {}, {canonical_name(st.children[0].value): st.children[0] for st in updates}
-        for st in updates:
-            tok, rule_tree, rest = st.children[0], st.children[2], st.children[3:]
-            name, pos = canonical_name(tok.value), self.pos(tok.start_pos)
-            if name in out:
-                raise self.error(f"'{tok.value}' has a second update rule (the first is on line {out[name].pos.line})",
-                                 pos, "a controlled parameter has one rule")
-            if name not in params or name == STEP:
-                what = ("a built-in" if name in BUILTINS or name == STEP else "a definition, not a parameter"
-                        if name in exprs.bindings else "not defined")
-                raise self.error(f"'{tok.value}' is {what}: only a parameter is controlled", pos,
-                                 "choose a name of your own" if what == "a built-in" else
-                                 f"define its value at the first step on its own line, e.g. '{tok.value} = 0.05'")
-            rule = exprs.build(rule_tree)
-            check_kind(self, rule, "num")
-            bounds = tuple(exprs.build(b) for b in rest[1:]) if rest else None
-            for b in bounds or ():
-                check_kind(self, b, "num")
-            out[name] = check_rule(self, name, rule, bounds, params, pos, controlled=set(names))
-        return out
 
     def _option(self, st, options):
         key_tok, val_tok = st.children
@@ -261,15 +238,6 @@ class _Builder(Source):
         else:
             bindings[name] = expr
 
-    def _description(self) -> str:
-        out = []
-        for line in self.lines:
-            s = line.strip()
-            if not s.startswith("#"):
-                break
-            out.append(s.lstrip("#").strip())
-        return "\n".join(out)
-
     def _literal(self, expr):
         """A parameter is a bare (optionally negated) number literal."""
         sign = 1
@@ -300,3 +268,37 @@ class _Builder(Source):
             raise self.error(f"parameter value '{render(node)}' is not a finite number", self.meta_pos(expr),
                              "a parameter's default is a number, or numbers and operators only, e.g. 1/5")
         return value
+
+
+def _controls(src: Source, updates, exprs: Expressions, params: dict) -> dict:
+    """Each `name ← rule in [low, high]` line as a Control (dsl.controls), in the file's order."""
+    out, names = {}, {canonical_name(st.children[0].value): st.children[0] for st in updates}
+    for st in updates:
+        tok, rule_tree, rest = st.children[0], st.children[2], st.children[3:]
+        name, pos = canonical_name(tok.value), src.pos(tok.start_pos)
+        if name in out:
+            raise src.error(f"'{tok.value}' has a second update rule (the first is on line {out[name].pos.line})",
+                             pos, "a controlled parameter has one rule")
+        if name not in params or name == STEP:
+            what = ("a built-in" if name in BUILTINS or name == STEP else "a definition, not a parameter"
+                    if name in exprs.bindings else "not defined")
+            raise src.error(f"'{tok.value}' is {what}: only a parameter is controlled", pos,
+                             "choose a name of your own" if what == "a built-in" else
+                             f"define its value at the first step on its own line, e.g. '{tok.value} = 0.05'")
+        rule = exprs.build(rule_tree)
+        check_kind(src, rule, "num")
+        bounds = tuple(exprs.build(b) for b in rest[1:]) if rest else None
+        for b in bounds or ():
+            check_kind(src, b, "num")
+        out[name] = check_rule(src, name, rule, bounds, params, pos, controlled=set(names))
+    return out
+
+
+def _description(lines) -> str:
+    out = []
+    for line in lines:
+        s = line.strip()
+        if not s.startswith("#"):
+            break
+        out.append(s.lstrip("#").strip())
+    return "\n".join(out)

@@ -10,6 +10,9 @@ kl_target = 0.1
 horizon = 10000
 steps = 1
 β = 0.001
-k3 = clip(π_ref/π - log(π_ref/π) - 1, -10, 10)
+# k3 from the log-ratio x, as miles computes it: written π_ref/π − log(π_ref/π), the quotient
+# overflows past |x| ≈ 709 and the loss was inf − inf, a NaN (tests/test_numerics.py's far batch)
+x = log(π_ref) - log(π)
+k3 = clip(exp(x) - x - 1, -10, 10)
 β ← β·(1 + clip(batch_mean(k3)/kl_target - 1, -0.2, 0.2)·steps/horizon) in [0, 10]
 min(r*A, clip(r, 1 - ε_low, 1 + ε_high)*A) - β·k3

@@ -211,7 +211,7 @@ def analyze_main(argv: list[str] | None = None) -> int:
         for obj, values in zip(objs, held or [{}] * len(objs)):
             try:
                 results.append(analyze(obj, args.seq_len, args.rho, **point, held=values, scenario=args.scenario,
-                                       check_loss=args.check_loss))
+                                       check_loss=args.check_loss, memory=args.sweep is None))
             except ValueError as e:
                 if args.scenario is None or not ("has no scenario" in str(e) or "would replace the given" in str(e)):
                     raise
@@ -307,7 +307,21 @@ def _equiv(ap, args) -> int:
         from dsl.vocabulary import refuse_r_analysis
         refuse_r_analysis(a), refuse_r_analysis(b)         # the comparison is in r too
         from openrlhf_drpo.analysis.equiv import equivalence
-        res = equivalence(a, b, args.seq_len, args.rho, group=args.group if args.group_given else None)
+        from openrlhf_drpo.analysis.memory import equiv_points
+        # with memory, at each value their controls and schedules take (analysis.memory): the first that differs
+        points = equiv_points(a, b)
+        for point in points:
+            pair = [o.with_overrides({k: str(v) for k, v in point.items() if k in o.params}, where="--equiv")
+                    for o in (a, b)]
+            res = equivalence(*pair, args.seq_len, args.rho, group=args.group if args.group_given else None)
+            if not res["equivalent"]:
+                break
+        if point or len(points) > 1:
+            from dsl.names import display_name
+            from openrlhf_drpo.analysis.mathtext import fmt
+            shown = lambda p: ", ".join(f"{display_name(k)} = {fmt(float(v))}" for k, v in p.items()) or "as given"  # noqa: E731
+            res["scope"]["memory"] = {"points": [shown(p) for p in points], "at": shown(point),
+                                      "controls": [c.text() for c in a.controls.values()]}
     except DslError as e:
         if args.traceback:
             raise

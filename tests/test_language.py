@@ -40,7 +40,8 @@ def test_every_shipped_objective_parses_and_names_its_source(name):
 def _ascii_spelling(text: str) -> str:
     for ascii_name, uni in sorted(GREEK.items(), key=lambda kv: -len(kv[0])):
         text = text.replace(uni, ascii_name)
-    for uni, ascii_op in {"²": "^2", "³": "^3", "≤": "<=", "≥": ">=", "≠": "!="}.items():
+    for uni, ascii_op in {"²": "^2", "³": "^3", "≤": "<=", "≥": ">=", "≠": "!=", "·": "*", "←": "<-",
+                          "∈": "in", "−": "-"}.items():
         text = text.replace(uni, ascii_op)
     return text
 
@@ -51,9 +52,10 @@ def test_unicode_and_ascii_spellings_of_each_shipped_objective_give_identical_ir
     ascii_text = _ascii_spelling(uni.source)
     assert all(ord(c) < 128 for line in ascii_text.splitlines() if not line.startswith("#") for c in line)
     asc = parse(ascii_text, "ascii.dsl")
-    long_eps = parse(ascii_text.replace("eps", "epsilon"), "long.dsl")
+    long_eps = parse(re.sub(r"\beps", "epsilon", ascii_text), "long.dsl")     # eps_low, not kl_loss_ctrl's steps
     assert uni.expr == asc.expr == long_eps.expr
     assert uni.params == asc.params == long_eps.params
+    assert uni.controls == asc.controls == long_eps.controls
 
 
 @pytest.mark.parametrize("text", [

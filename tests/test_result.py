@@ -24,14 +24,14 @@ def test_the_json_is_each_declared_field_under_its_name_in_declaration_order(drp
     declared = [f.metadata["json"] for f in fields(Analysis) if f.metadata["json"]]
     optional = [f.metadata["json"] for f in fields(Analysis) if f.metadata["optional"]]
     assert declared == [
-        "name", "params", "options", "symbols", "scope", "objective", "locality", "advantage", "weight", "entropy",
+        "name", "params", "options", "symbols", "scope", "objective", "locality", "memory", "advantage", "weight", "entropy",
         "reference",
         "cases", "boundary", "reachable",
         "claims", "weight_range", "bounded", "smooth", "geometry", "on_policy", "arbiter", "warnings",
         "self_check", "admissibility", "notes", "scenarios", "scenario", "hang_guard", "text"]
     # the channels of H and π_ref are there only where the objective reads them (tests/test_analysis_v3.py),
     # the scenarios where it has one or an indicator, the scenario where one is chosen (tests/test_scenarios.py)
-    assert optional == ["advantage", "entropy", "reference", "scenarios", "scenario"] and \
+    assert optional == ["memory", "advantage", "entropy", "reference", "scenarios", "scenario"] and \
         list(to_json(drpo)) == [k for k in declared if k not in optional]
     assert to_json(drpo)["symbols"] == ["r", "mu", "A", "delta"] == drpo.symbols      # derived when built
 

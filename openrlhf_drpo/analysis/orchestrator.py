@@ -14,6 +14,7 @@ from openrlhf_drpo.analysis.numeric.arbiter import Arbiter
 from openrlhf_drpo.analysis.budgets import BUDGET, SYMBOLIC_POWER, SYMBOLIC_SIZE, Timeout, Unsettled, branches, highest_power, time_limit
 from openrlhf_drpo.analysis.symbolic.channels import entropy_channel, reference_channel
 from openrlhf_drpo.analysis.claims import claims as claim_evidence
+from openrlhf_drpo.analysis.memory import memory as over_memory
 from openrlhf_drpo.analysis.symbolic.confirm import check_weight, compare_range, confirm_boundaries, settle_zero_weight
 from openrlhf_drpo.analysis.symbolic.context import Ctx
 from openrlhf_drpo.analysis.numeric.events import facts as grid_facts
@@ -36,15 +37,18 @@ from dsl.names import display_name
 
 
 def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, scenario: str | None = None,
-            check_loss: bool = False, **point) -> Analysis:
+            check_loss: bool = False, memory: bool = True, **point) -> Analysis:
     """The analysis of one objective (at |y| = seq_len and ρ = rho where it reads them, and on the
     uniform batch `point` sets: group_size, batch_size, position and the `held` values, as
     analysis.batch.view.analysis_view takes them), or at its `scenario` (analysis.batch.scenarios, by name):
     each step adds to `result` the fields the next ones read, and the typed result is built last.
     own_advantage=False: w against the host's A even where the objective builds its own advantage Â
-    (analysis.batch.advantage). `check_loss`: hold each scenario's claim to the compiled loss (imports torch)."""
+    (analysis.batch.advantage). `check_loss`: hold each scenario's claim to the compiled loss (imports torch).
+    An objective with memory is analysed again over its controls' bounds and its schedule's steps
+    (analysis.memory), unless `memory` is False."""
     refuse_r_analysis(obj)       # a vocabulary sum is no function of r: say so, claim nothing
     original = obj
+    again = {"seq_len": seq_len, "rho": rho, "own_advantage": own_advantage, "scenario": scenario, **point}
     given = {"seq_len": seq_len, **point}
     # an advantage the objective builds from A (analysis.batch.advantage): w is against it, A its input
     own = find_advantage(original) if own_advantage else None
@@ -117,7 +121,11 @@ def analyze(obj: Objective, seq_len=1, rho=1, own_advantage=True, scenario: str 
     result["hang_guard"] = ctx.guard
     result["w"], result["w_numeric"] = claims["w"], arb.w
     result["scenarios"], result["scenario"] = situations, scenario
-    return Analysis(**result)
+    res = Analysis(**result)
+    if memory:      # each point the same analysis, at the same held point (the loss's check not repeated)
+        w_reads = {m.value for m in ctx.dl.walk() if m.op == "param"}
+        res.memory = over_memory(original, res, w_reads, lambda o: analyze(o, memory=False, **again))
+    return res
 
 
 def _with_expr(obj: Objective, expr) -> Objective:

@@ -101,6 +101,9 @@ class Analysis:
     # token | response | group | batch, the widest a gradient reaches and what a loss call must hold
     # whole (dsl.levels): a chunked or fused host can run only some objectives
     locality: dict = declared(json="locality", line="locality")
+    # an objective with memory: its controls analysed over their bounds and its schedule over the steps,
+    # the claims that hold at every point and those that change (analysis.memory)
+    memory: dict = declared(json="memory", line="memory", optional=True)
     # the objective's own advantage Â, where it builds one from A: w is against it (analysis.batch.advantage)
     advantage: dict = declared(json="advantage", line="advantage", encode=_advantage, optional=True)
     weight: object = declared(json="weight", line="weight", encode=_sympy)

@@ -40,7 +40,7 @@ class Controller:
     def __init__(self, objective: Objective):
         self.base = objective            # the objective at its values of the first step
         self.stats = statistics(objective.controls)
-        self.step = 0
+        self.step = _first_step(objective)
         self.values = {name: float(objective.params[name]) for name in objective.controls}
         self.pending: torch.Tensor | None = None       # [2k] float64: each statistic's local Σ and count
         self.calls = 0
@@ -73,13 +73,18 @@ class Controller:
 
     def end_step(self, process_group=None) -> dict[str, float]:
         """The optimizer step is done: the step's statistics over the ranks, the new values, step + 1."""
-        totals = self.pending if self.pending is not None else torch.zeros(2 * len(self.stats), dtype=torch.float64)
+        local = self.pending if self.pending is not None else torch.zeros(2 * len(self.stats), dtype=torch.float64)
+        totals = torch.cat([local, torch.full((1,), float(self.calls), dtype=torch.float64, device=local.device)])
         if self.stats and _distributed(process_group):
             # NCCL reduces CUDA tensors only; a rank without a training call this step still takes part
             device = "cuda" if torch.distributed.get_backend(process_group) == "nccl" else "cpu"
-            totals = totals.to(device).clone()
+            totals = totals.to(device)
             torch.distributed.all_reduce(totals, group=process_group)
         values = totals.tolist()
+        if self.stats and values[-1] == 0:
+            raise RuntimeError(f"openrlhf_drpo: objective '{self.base.name}': end_step() after a step without a "
+                               "training call (one with autograd enabled) on any rank: its rules' statistics "
+                               "would be of no data; call end_step() once after each optimizer step")
         measured = {s: _statistic(s, values[2 * i], values[2 * i + 1]) for i, s in enumerate(self.stats)}
         params = {**{k: float(v) for k, v in self.base.params.items()}, **self.values, STEP: float(self.step)}
         self.values = next_values(self.base.controls, params, measured) if self.base.controls else {}
@@ -132,6 +137,15 @@ def compile_statistic(stat: Node, params: dict):
     head = f"from openrlhf_drpo.core.reductions import {', '.join(f'{k} as _{k}' for k in called)}\n" if called else ""
     exec(compile(head + body, f"<statistic {stat.op}>", "exec"), namespace := {"torch": torch})
     return namespace["statistic"]
+
+
+def _first_step(objective: Objective) -> int:
+    """The step counter's start: 0, or the `step` a user sets (a whole number, never truncated)."""
+    step = objective.params.get(STEP, 0)
+    if step != int(step) or step < 0:
+        raise ValueError(f"openrlhf_drpo: objective '{objective.name}': step = {float(step):g} is not a whole "
+                         "number ≥ 0 (the optimizer step's index)")
+    return int(step)
 
 
 def _statistic(stat: Node, total: float, count: float) -> float:

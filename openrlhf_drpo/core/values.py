@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 import torch
 
+from dsl.controls import STEP
+from dsl.names import display_name
+
 if TYPE_CHECKING:
     from dsl.objective import Objective
 
@@ -204,4 +207,8 @@ def objective_inputs(obj: Objective) -> dict:
         if key in whole:
             used = sorted({n.op for n in obj.expr.walk() if n.op.startswith(f"{over}_")})
             out[key] = f"{', '.join(used)} ({what})"
+    if obj.controls or STEP in obj.params:     # not a tensor: a host that keeps the state across steps
+        held = [display_name(k) for k in obj.controls] + [STEP] * (STEP in obj.params)
+        out["memory"] = (f"{', '.join(held)} (state kept across optimizer steps: updated once after each step "
+                         "with the same value on every rank, logged, saved with the checkpoint and restored)")
     return out

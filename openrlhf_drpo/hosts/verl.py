@@ -64,6 +64,9 @@ NOT_GIVEN = {
     "staleness": "verl gives a policy loss no policy versions (fully_async keeps min/max_global_steps off it)",
     "batch": ("verl calls a policy loss once per micro-batch (ppo_micro_batch_size_per_gpu), not once per "
               "optimizer step's batch"),
+    "memory": ("verl calls a policy loss once per micro-batch, with no call after the optimizer step and no place "
+               "in its checkpoint for a loss's state (its own adaptive KL controller is not saved either: verl #2653), "
+               "so a controlled parameter or the step counter could be neither updated once per step nor resumed"),
     **dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
         "verl gives a policy loss the sampled token's log-probs only: its top-k KL is computed from the logits "
         "in its distillation loss's logits processor (distillation.distillation_loss.loss_mode forward_kl_topk or "

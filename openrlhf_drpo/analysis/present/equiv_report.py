@@ -24,6 +24,12 @@ def equivalence_report(res: dict) -> str:
         lines.append(f"  scope      compared on a response whose |y| = {sc['seq_len']:g} tokens share r, μ and A "
                      "(--seq-len); on other responses a token's gradient also depends on the rest of its response, "
                      "which this does not compare")
+    if sc.get("memory"):     # objectives with memory: at each value their controls and schedules take
+        m = sc["memory"]
+        same = f"their controllers are the same ({'; '.join(m['controls'])}), " if m["controls"] else ""
+        verdict = "the same at each" if res["equivalent"] else f"the verdict below is at {m['at']}"
+        lines.append(f"  memory     {same}compared at {'; '.join(m['points'])} (their bounds, first values and "
+                     f"schedules' steps; nothing between them): {verdict}")
     rhos = (f" at each ρ = π_old/π_rollout ∈ {{{', '.join(f'{x:g}' for x in num['rhos'])}}} (--rho adds one)"
             if num.get("rhos") else "")
     where = (f"{num['points']:,} points: the numeric check's grid over 0 < μ ≤ 1, 0 < π ≤ 1 with r = 1 and π = 1, "

@@ -9,6 +9,7 @@ from openrlhf_drpo.analysis.present.alert_text import alert_text
 from openrlhf_drpo.analysis.mathtext import clip_text, fmt, magnitudes, math_text
 from dsl.names import display_name
 from openrlhf_drpo.analysis.result import Analysis
+from openrlhf_drpo.analysis.present.memory_text import evidence as memory_evidence
 from openrlhf_drpo.analysis.present.scenario_text import evidence as scenario_evidence
 from openrlhf_drpo.analysis.present.summary import BOUNDED, GEOMETRY, WIDTH, kinds, on_policy, summary, weight_range, wrap
 
@@ -192,6 +193,9 @@ def _arbiter_line(res, evidence):
 @line("admissibility")
 def _admissibility_lines(res, evidence):
     return _admissibility(res.admissibility)
+
+
+line("memory")(lambda res, evidence: memory_evidence(res.memory))
 
 
 @line("warnings")

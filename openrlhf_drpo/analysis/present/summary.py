@@ -12,6 +12,7 @@ from dsl.names import canonical_name, display_name
 from openrlhf_drpo.analysis.batch.advantage import hatted
 from openrlhf_drpo.analysis.present.alert_text import alert_text
 from openrlhf_drpo.analysis.present.first_lines import advantage_line, channel_lines
+from openrlhf_drpo.analysis.present.memory_text import first_screen as memory_lines
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 from openrlhf_drpo.analysis.present.scenario_text import first_screen
 
@@ -152,9 +153,12 @@ def summary(res, source: str = "", width: int | None = WIDTH) -> list[str]:
     # with the objective's own advantage Â, the analysis's A is Â: its lines say so (analysis.batch.advantage)
     own = [x for label, text in advantage_line(res) for x in wrap(text, f"  {label:<14}", width=width)]
     channels = [x for label, text in channel_lines(res) for x in wrap(text, f"  {label:<14}", width=width)]
+    # an objective with memory: its controls' rules and bounds, and what moves over them (analysis.memory)
+    memory = [x for label, text in memory_lines(getattr(res, "memory", None))
+              for x in wrap(text, f"  {label:<14}", width=width)]
     # the file on a line of its own (never wrapped: a path copied from the terminal must work)
     head = [*wrap(f"{res.name} — {title}", "", width=width), f"  {res.path}", *wrap(setting, "  ", width=width),
             *_objective(res, source, width), "", *held, *own, *hat(_gradient(res, width)), *channels,
-            *hat(_trust_region(res, width) + wrap(bounded[res.bounded], "  bounded       ", width=width))]
+            *hat(_trust_region(res, width) + wrap(bounded[res.bounded], "  bounded       ", width=width)), *memory]
     room = max(1, min(12, SCREEN - 1 - len(head) - len(worries)))     # the scenarios and a blank fit the 40 lines
     return [*head, *first_screen(getattr(res, "scenarios", None), width, room), *worries]
