@@ -190,13 +190,29 @@ STATE = json.dumps({"version": 1, "objective": "memory", "step": 3, "values": {"
     ((MEMORY, {}), {}, 3, "objective 'memory' has memory (its controlled parameters and step), but checkpoint "),
     ((MEMORY, {}), {"entropy_ctrl_state.json": "{}"}, 3, f"holds no {CONTROL_STATE}: it was saved by another"),
     (("grpo_clip_higher", {}), {CONTROL_STATE: STATE}, 3, "but objective 'grpo_clip_higher' has none"),
-    ((MEMORY, {}), {CONTROL_STATE: STATE}, 4, "holds the objective's state after step 3, but the checkpoint is at "
-                                                 "global step 4"),
+    ((MEMORY, {}), {CONTROL_STATE: STATE}, 4, "holds the objective's state at step 3, but the checkpoint is at "
+                                                 "global step 4 (the objective's step 4)"),
+    ((MEMORY, {"step": 10}), {CONTROL_STATE: STATE}, 3, "at step 3, but the checkpoint is at global step 3 (the "
+                                                           "objective's step 13)"),
     (("adaptive_entropy", {}), {CONTROL_STATE: STATE}, 3, "objective 'adaptive_entropy' controls ['alpha', 'on']"),
-], ids=["no-state", "trls-state-only", "state-of-memory-for-none", "another-step", "another-objective"])
+], ids=["no-state", "trls-state-only", "state-of-memory-for-none", "another-step", "another-first-step",
+        "another-objective"])
 def test_a_checkpoint_that_cannot_hold_this_runs_state_is_refused_on_resume(tmp_path, objective, files, global_step,
                                                                            message):
     assert message in refusal(tmp_path, objective, files, global_step)
+
+
+@pytest.mark.parametrize("first", [0, 10])
+def test_a_checkpoints_state_at_the_objectives_step_is_restored(tmp_path, first):
+    """The state of step first + 3 in a checkpoint of global step 3 (an objective whose `step` starts at
+    `first`) is the one the trainer's loss holds after the load."""
+    t = trainer(tmp_path, (MEMORY, {"step": first}))
+    (tmp_path / "checkpoint").mkdir()
+    state = {"version": 1, "objective": "memory", "step": first + 3, "values": {"beta": 0.09}}
+    (tmp_path / "checkpoint" / CONTROL_STATE).write_text(json.dumps(state))
+    t.state.global_step = 3
+    t._load_optimizer_and_scheduler(str(tmp_path / "checkpoint"))
+    assert t.objective_loss.control_state() == state and float(t.objective_loss.objective.params["beta"]) == 0.09
 
 
 def test_trls_own_adaptive_entropy_beside_an_objective_with_memory_is_refused_naming_the_objective_that_writes_it(

@@ -45,7 +45,9 @@ class TrlObjectiveLoss(CompiledLoss):
                 "turns": "TRL's tool_mask: each run of tool-result tokens ends a turn (no tools: one turn)",
                 "staleness": "0: TRL samples each generation batch with the weights its update starts from",
                 "batch": "the optimizer step's micro-batches, in no-grad passes over TRL's buffered generation batch "
-                         "before the step (gradient_accumulation_steps > 1), summed over the processes"}
+                         "before the step (gradient_accumulation_steps > 1), summed over the processes",
+                "memory": "ObjectiveGRPOTrainer's callback: end_step() after each optimizer step (on_step_end), "
+                          "the state in each checkpoint (drpo_control_state.json), restored on resume"}
 
     def lacks(self, config: GRPOConfig | None) -> dict:
         return not_provided(config)
@@ -72,8 +74,9 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
             check_config(config, self.objective_loss)
         super().__init__(*args, **kwargs)
         check_config(self.args, self.objective_loss)     # the default GRPOConfig, where none was given
-        if self.objective_loss.controller is not None:
-            self.add_callback(_ObjectiveMemory(self, self.objective_loss.control_state()))
+        self.objective_start = self.objective_loss.control_state()     # None: no memory
+        if self.objective_start is not None:
+            self.add_callback(_ObjectiveMemory(self))
 
     def _save_checkpoint(self, model, trial):
         # first, so that the checkpoint TRL then writes (and pushes, where it does) holds it
@@ -159,14 +162,14 @@ class _ObjectiveMemory(TrainerCallback):
     optimizer.step(), on every process, in training only, before it logs and saves the step, so
     the step's loss calls read the values from before it and the checkpoint holds those after."""
 
-    def __init__(self, trainer, initial: dict):
-        self.trainer, self.initial = trainer, initial
+    def __init__(self, trainer):
+        self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # a run that starts at step 0 (a second train(), auto_find_batch_size's retry after an
-        # out-of-memory error) starts from the declared values, not from a state it abandoned
+        # a run that starts at global step 0 (a second train(), auto_find_batch_size's retry after
+        # an out-of-memory error) starts from the declared values, not from a state it abandoned
         if state.global_step == 0:
-            self.trainer.objective_loss.load_control_state(self.initial)
+            self.trainer.objective_loss.load_control_state(self.trainer.objective_start)
 
     def on_step_end(self, args, state, control, **kwargs):
         for key, value in self.trainer.objective_loss.end_step().items():     # all processes: the world
@@ -190,9 +193,11 @@ def _load_memory(self, checkpoint):     # self: the ObjectiveGRPOTrainer
                          "objective, and resuming would restart the objective's values at step 0")
     with open(path) as f:
         state = json.load(f)
-    if state.get("step") != self.state.global_step:
-        raise ValueError(f"ObjectiveGRPOTrainer: {path} holds the objective's state after step {state.get('step')}, "
-                         f"but the checkpoint is at global step {self.state.global_step}")
+    # the objective's step counter starts at its declared step (0 unless set) and counts TRL's steps
+    expected = self.objective_start["step"] + self.state.global_step
+    if state.get("step") != expected:
+        raise ValueError(f"ObjectiveGRPOTrainer: {path} holds the objective's state at step {state.get('step')}, but "
+                         f"the checkpoint is at global step {self.state.global_step} (the objective's step {expected})")
     loss.load_control_state(state)
 
 
