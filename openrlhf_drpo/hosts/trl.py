@@ -190,7 +190,7 @@ def _load_memory(self, checkpoint):     # self: the ObjectiveGRPOTrainer
     if not saved:
         raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' has memory (its controlled parameters and step), "
                          f"but checkpoint {checkpoint} holds no {CONTROL_STATE}: it was saved by another trainer or "
-                         "objective, and resuming would restart the objective's values at step 0")
+                         "objective, and resuming would restart the objective's values and step at their declared ones")
     with open(path) as f:
         state = json.load(f)
     # the objective's step counter starts at its declared step (0 unless set) and counts TRL's steps
