@@ -59,7 +59,7 @@ def train(t, **kwargs):
 
 
 class AfterEachStep(TrainerCallback):
-    """Calls `fn(state)` after each optimizer step (the test's probe into a trainer)."""
+    """Calls `fn(state, control)` after each optimizer step (the test's probe into a trainer)."""
 
     def __init__(self, fn):
         self.fn = fn
