@@ -17,62 +17,27 @@ follows TRL's documented way to change the objective: a subclass overriding the 
 release it re-implements."""
 from __future__ import annotations
 
-import inspect
+import json
+import os
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
 
 import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from dsl.parser import Objective
-from dsl.printing import render
 from openrlhf_drpo.core import Aggregation, CompiledLoss, turn_ids
-from openrlhf_drpo.core.loss import refuse_unprovided
+from openrlhf_drpo.hosts.trl_config import (AGGREGATES, FORMULAS, MULTIMODAL, NORMALIZATIONS, SUPERSEDED, TRL_VERSION,
+                                            check_config, check_trl, not_provided)
 
-# TRL's loss types that are a normalization (ours then applies), and those that are a formula:
-# (the shipped objective that writes it, the loss_type whose normalization TRL applies to it).
-# luspo: TRL's Σ_t ℓ·mask summed per response, averaged over responses, is grpo's per-response mean
-# of luspo.dsl's seq_len·ℓ (TRL's luspo with importance_sampling_level='sequence'; test_trl checks it)
-NORMALIZATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
-# Each normalization as the @aggregate it is (TRL 1.16.0 GRPOTrainer._compute_loss): grpo each response's
-# mean, then their mean; bnpo and dapo the token sum over the local or the global token count; dr_grpo
-# the token sum over responses × max_completion_length (verl's seq-mean-token-sum-norm at that horizon).
-# An objective that declares another @aggregate is refused: TRL's normalization would replace it.
-AGGREGATES = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
-              "dr_grpo": "seq-mean-token-sum-norm"}
-FORMULAS = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "grpo"),
-            "vespo": ("vespo", "dapo")}
-
-# GRPOConfig settings that only TRL's clipped policy term reads (GRPOTrainer._compute_loss), which
-# the objective replaces: setting → (TRL 1.16.0's default, the objective's equivalent at the value
-# set). Refused at construction when not the default: TRL would ignore them without a word.
-SUPERSEDED = {
-    "epsilon": (0.2, "the objective's clip parameters, objective_params={{'eps_low': {0}, 'eps_high': {0}}} "
-                     "(ppo, grpo_clip_higher)"),
-    "epsilon_high": (None, "the objective's upper clip, objective_params={{'eps_high': {0}}} (ppo, grpo_clip_higher)"),
-    "delta": (None, "TRL's two-sided clip written in the objective: δ = {0}, min(min(r, δ)*A, "
-                    "clip(r, 1 - ε_low, 1 + ε_high)*A)"),
-    "importance_sampling_level": ("token", "objective='gspo' (the sequence ratio, its ε_low and ε_high)"),
-}
-
-TRL_VERSION = "1.16.0"
-_MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-               "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
-# the private GRPOTrainer methods _compute_loss below overrides or calls, with TRL 1.16.0's parameters
-_TRL_METHODS = {
-    "_compute_loss": ["self", "model", "inputs"],
-    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep",
-                                           "batch_size", "compute_entropy", "compute_aux_loss", *_MULTIMODAL],
-    "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
-    "get_off_policy_mask": ["advantages", "per_token_logps", "sampling_per_token_logps", "mask",
-                            "off_policy_threshold"],
-    "_generate_and_score_completions": ["self", "inputs"],
-}
+# an objective with memory: its state in each checkpoint, beside TRL's own entropy_ctrl_state.json
+CONTROL_STATE = "drpo_control_state.json"
 
 
 class TrlObjectiveLoss(CompiledLoss):
     host = "ObjectiveGRPOTrainer"
-    # what _compute_loss passes it, under the settings _not_provided checks (it computes no Σ_v π_v²)
+    # what _compute_loss passes it, under the settings not_provided checks (it computes no Σ_v π_v²)
     provides = {"rollout_log_probs": "TRL's sampling log-probs (use_vllm=True)",
                 "ref_log_probs": "TRL's reference log-probs (beta > 0)",
                 "entropy": "TRL's entropies, with their gradient, in every loss call",
@@ -80,31 +45,53 @@ class TrlObjectiveLoss(CompiledLoss):
                 "turns": "TRL's tool_mask: each run of tool-result tokens ends a turn (no tools: one turn)",
                 "staleness": "0: TRL samples each generation batch with the weights its update starts from",
                 "batch": "the optimizer step's micro-batches, in no-grad passes over TRL's buffered generation batch "
-                         "before the step (gradient_accumulation_steps > 1), summed over the processes"}
+                         "before the step (gradient_accumulation_steps > 1), summed over the processes",
+                "memory": "ObjectiveGRPOTrainer's callback: end_step() after each optimizer step (on_step_end), "
+                          "the state in each checkpoint (drpo_control_state.json), restored on resume"}
 
     def lacks(self, config: GRPOConfig | None) -> dict:
-        return _not_provided(config)
+        return not_provided(config)
 
 
 class ObjectiveGRPOTrainer(GRPOTrainer):
     """trl.GRPOTrainer with `objective=` (a shipped name, a path or a dsl.Objective) and
     `objective_params=` (a dict of its parameters, or the options anchor/aggregate); every other
     argument is GRPOTrainer's. Logs drpo_w_mean, drpo_past_boundary_{diverging,converging},
-    drpo_abs_pi_minus_mu and drpo_ratio_max beside TRL's metrics."""
+    drpo_abs_pi_minus_mu and drpo_ratio_max beside TRL's metrics. An objective with memory (a
+    controlled parameter or `step`) is updated once after each optimizer step, logs drpo_<name> and
+    drpo_step, and is saved with each checkpoint (CONTROL_STATE) and restored on resume."""
 
     def __init__(self, *args, objective: str | Objective = "drpo", objective_params: Mapping | None = None,
                  **kwargs):
         # first: another TRL, or a bad objective, stops with its error before any model loads
-        _check_trl()
+        check_trl()
         if "aggregate" in (objective_params or {}):
             raise ValueError("ObjectiveGRPOTrainer: the aggregation is GRPOConfig.loss_type's normalization, "
                              "not an objective parameter")
         self.objective_loss = TrlObjectiveLoss(objective, **dict(objective_params or {}))
         config = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
         if config is not None:
-            _check_config(config, self.objective_loss)
+            check_config(config, self.objective_loss)
         super().__init__(*args, **kwargs)
-        _check_config(self.args, self.objective_loss)     # the default GRPOConfig, where none was given
+        check_config(self.args, self.objective_loss)     # the default GRPOConfig, where none was given
+        self.objective_start = self.objective_loss.control_state()     # None: no memory
+        if self.objective_start is not None:
+            self.add_callback(_ObjectiveMemory(self))
+
+    def _save_checkpoint(self, model, trial):
+        # first, so that the checkpoint TRL then writes (and pushes, where it does) holds it
+        state = self.objective_loss.control_state()
+        if state is not None and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, CONTROL_STATE), "w") as f:
+                json.dump(state, f)
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:      # resuming: TrainerState (global_step) is the checkpoint's by now
+            _load_memory(self, checkpoint)
 
     def _generate_and_score_completions(self, inputs):
         """TRL's, plus each row's group id where the objective has a group reduction: TRL's sampler
@@ -170,6 +157,50 @@ class ObjectiveGRPOTrainer(GRPOTrainer):
         return loss
 
 
+class _ObjectiveMemory(TrainerCallback):
+    """The objective's update, exactly once per optimizer step: Trainer calls on_step_end after
+    optimizer.step(), on every process, in training only, before it logs and saves the step, so
+    the step's loss calls read the values from before it and the checkpoint holds those after."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a run that starts at global step 0 (a second train(), auto_find_batch_size's retry after
+        # an out-of-memory error) starts from the declared values, not from a state it abandoned
+        if state.global_step == 0:
+            self.trainer.objective_loss.load_control_state(self.trainer.objective_start)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        for key, value in self.trainer.objective_loss.end_step().items():     # all processes: the world
+            self.trainer._metrics["train"][key].append(value)
+
+
+def _load_memory(self, checkpoint):     # self: the ObjectiveGRPOTrainer
+    """The objective's state from `checkpoint` (resume_from_checkpoint), refused where it cannot be
+    the state of this run at that checkpoint's step."""
+    loss, path = self.objective_loss, os.path.join(checkpoint, CONTROL_STATE)
+    name, saved = loss.objective.name, os.path.isfile(path)
+    if loss.controller is None and saved:
+        raise ValueError(f"ObjectiveGRPOTrainer: checkpoint {checkpoint} holds the state of an objective with memory "
+                         f"({CONTROL_STATE}), but objective '{name}' has none: resume with the objective it was "
+                         f"saved with, or remove {CONTROL_STATE} to drop that state")
+    if loss.controller is None:
+        return
+    if not saved:
+        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' has memory (its controlled parameters and step), "
+                         f"but checkpoint {checkpoint} holds no {CONTROL_STATE}: it was saved by another trainer or "
+                         "objective, and resuming would restart the objective's values and step at their declared ones")
+    with open(path) as f:
+        state = json.load(f)
+    # the objective's step counter starts at its declared step (0 unless set) and counts TRL's steps
+    expected = self.objective_start["step"] + self.state.global_step
+    if state.get("step") != expected:
+        raise ValueError(f"ObjectiveGRPOTrainer: {path} holds the objective's state at step {state.get('step')}, but "
+                         f"the checkpoint is at global step {self.state.global_step} (the objective's step {expected})")
+    loss.load_control_state(state)
+
+
 def _objective_call(self, model, inputs, mode, ranks):   # self: the ObjectiveGRPOTrainer
     """The policy term of one loss call: the model's forward on `inputs` (a micro-batch), TRL's
     per-token factors and normalization, and the objective's (loss, metrics), with what the rest
@@ -181,7 +212,7 @@ def _objective_call(self, model, inputs, mode, ranks):   # self: the ObjectiveGR
     per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
         model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
         completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
-        **{k: inputs.get(k) for k in _MULTIMODAL})
+        **{k: inputs.get(k) for k in MULTIMODAL})
     advantages = inputs["advantages"]
     advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     old = inputs.get("old_per_token_logps")
@@ -254,88 +285,6 @@ def _normalization(trainer, mask, inputs, mode):
     return ones, normalizer
 
 
-def _check_trl():
-    """The installed TRL is the release whose private _compute_loss this module re-implements,
-    and the private methods it calls take the parameters it passes. The pin is the check: a
-    fingerprint of TRL's _compute_loss source would add only a patched 1.16.0, which
-    tests/test_trl.py holds to TRL's own loss step by step anyway."""
-    try:
-        installed = version("trl")
-    except PackageNotFoundError:
-        installed = "(of unknown version: no package metadata)"
-    if installed != TRL_VERSION:
-        raise RuntimeError(f"ObjectiveGRPOTrainer: trl {installed} is installed; it is built against "
-                           f"trl=={TRL_VERSION}, whose private GRPOTrainer._compute_loss it re-implements (TRL "
-                           f"changes a private method between releases without notice): pip install trl=={TRL_VERSION}")
-    for name, expected in _TRL_METHODS.items():
-        params = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
-        if params != expected:
-            raise RuntimeError(f"ObjectiveGRPOTrainer: trl's GRPOTrainer.{name} takes {params}, expected "
-                               f"{expected} (trl {TRL_VERSION}'s)")
-
-
-def _check_config(config, objective_loss):
-    """The config against the objective, before training: TRL settings that are themselves a
-    policy term or a train/rollout correction conflict with the objective's, and what the
-    objective needs must be there."""
-    name = objective_loss.objective.name
-    loss_type = getattr(config, "loss_type", "dapo")
-    if loss_type in FORMULAS:
-        shipped, normalization = FORMULAS[loss_type]
-        raise ValueError(f"ObjectiveGRPOTrainer: loss_type={loss_type!r} is itself a policy objective, which "
-                         f"objective '{name}' replaces; for TRL's {loss_type} use objective='{shipped}' with "
-                         f"loss_type='{normalization}' (objectives/{shipped}.dsl; TRL normalizes its {loss_type} "
-                         f"as {normalization})" + (", and importance_sampling_level='token' (the objective "
-                                                   "writes the sequence ratio)" if loss_type == "luspo" else ""))
-    if loss_type not in NORMALIZATIONS:
-        raise ValueError(f"ObjectiveGRPOTrainer: unknown loss_type {loss_type!r}; expected one of {list(NORMALIZATIONS)}")
-    _refuse_aggregate(objective_loss.objective, loss_type)
-    superseded = {key: getattr(config, key, default) for key, (default, _) in SUPERSEDED.items()
-                  if getattr(config, key, default) != default}
-    if superseded:
-        raise ValueError(f"ObjectiveGRPOTrainer: {', '.join(f'{k}={v!r}' for k, v in superseded.items())}: TRL's "
-                         f"policy term reads {'these' if len(superseded) > 1 else 'this'}, and objective '{name}' "
-                         "replaces that term: " + ("they" if len(superseded) > 1 else "it") + " would have no "
-                         "effect; leave " + ", ".join(f"{k}={SUPERSEDED[k][0]!r}" for k in superseded) + ". In the "
-                         "objective: " + "; ".join(f"{k}: {SUPERSEDED[k][1].format(v)}" for k, v in superseded.items()))
-    if getattr(config, "use_adaptive_entropy", False):
-        raise ValueError("ObjectiveGRPOTrainer: the adaptive entropy bonus (use_adaptive_entropy=True) is not "
-                         "supported; set use_adaptive_entropy=False and a fixed entropy_coef")
-    refuse_unprovided(objective_loss, config)
-    if objective_loss.uses_rollout and getattr(config, "vllm_importance_sampling_correction", False):
-        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' uses {objective_loss.inputs()['rollout_log_probs']} "
-                         "and writes its own train/rollout correction, which TRL's vLLM importance-sampling "
-                         "correction would apply a second time; set vllm_importance_sampling_correction=False")
-    # an objective that reads H writes its own entropy terms: TRL's bonus on top would count one twice
-    if "entropy" in objective_loss.inputs() and getattr(config, "entropy_coef", 0.0):
-        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' reads the entropy H and writes its own entropy "
-                         f"terms, to which TRL's entropy_coef={config.entropy_coef} would add a second bonus; set "
-                         "entropy_coef=0.0 and write the bonus into the objective (e.g. + 0.01*H)")
-    # an objective with its own entropy quantile (top_entropy) masks as top_entropy_quantile does: twice
-    quantiles = [n for n in objective_loss.objective.expr.walk() if n.op == "batch_quantile" and "H" in {
-        m.value for m in n.args[0].walk() if m.op == "var"}]
-    if quantiles and getattr(config, "top_entropy_quantile", 1.0) < 1.0:
-        raise ValueError(f"ObjectiveGRPOTrainer: objective '{name}' writes its own entropy mask "
-                         f"({render(quantiles[0])}), on which TRL's top_entropy_quantile="
-                         f"{config.top_entropy_quantile} would mask a second time; set top_entropy_quantile=1.0")
-
-
-def _refuse_aggregate(objective, loss_type) -> None:
-    """An objective that declares @aggregate is trained only under a loss_type that aggregates so
-    (AGGREGATES); one that declares none takes loss_type's normalization (docs/hosts.md)."""
-    declared = objective.options["aggregate"] if "aggregate" in objective.declared else None
-    if declared is None or AGGREGATES[loss_type] == declared:
-        return
-    matching = [t for t, a in AGGREGATES.items() if a == declared]
-    fix = (f"set loss_type={' or '.join(map(repr, matching))}, which aggregates so" if matching else
-           "no TRL loss_type aggregates so (luspo sums each response's tokens, but is itself a policy objective): "
-           f"train it under verl (actor_rollout_ref.actor.loss_agg_mode={declared}) or drop the line to take "
-           f"loss_type's")
-    raise ValueError(f"ObjectiveGRPOTrainer: objective '{objective.name}' declares @aggregate = {declared}, but "
-                     f"loss_type={loss_type!r} aggregates as {AGGREGATES[loss_type]} and TRL's normalization would "
-                     f"replace the objective's: {fix}")
-
-
 def _turns_and_staleness(reads, inputs, mask) -> dict:
     """The fourth version's inputs where the objective reads them: turn ids from TRL's tool_mask (0 on
     a tool's or an environment's tokens, 1 elsewhere, padded with 1), and staleness 0 (TRL generates
@@ -348,48 +297,4 @@ def _turns_and_staleness(reads, inputs, mask) -> dict:
     return out
 
 
-def _not_provided(config) -> dict:
-    """TrlObjectiveLoss.lacks: each input (CompiledLoss.inputs()) that TRL 1.16.0 does not give under
-    `config` (None: under any), with the setting that gives it. H is always there: GRPOTrainer
-    computes the entropies, with their gradient, in every loss call. Groups: TRL shuffles a
-    generation batch's rows, then slices it into steps_per_generation loss calls, so a call holds
-    whole groups only where it is the whole local generation batch and that holds whole groups."""
-    out = {"sum_pi_sq": ("TRL's GRPOTrainer computes no Σ_v π_v² (its fused LM head gives log-probs and "
-                         "entropies only); write the objective without sum_π_sq"),
-           **dict.fromkeys(("vocab_log_probs", "vocab_ref_log_probs"), (
-               "TRL's GRPOTrainer gives its loss the sampled token's log-probs and entropies only (its LM head "
-               "keeps no logits over the vocabulary, and it has no teacher's top-k); write the objective without "
-               "a vocabulary sum"))}
-    if config is None:
-        return out
-    if not getattr(config, "use_vllm", False):
-        out["rollout_log_probs"] = ("use_vllm=False: TRL keeps sampling log-probs only where vLLM generates "
-                                    "(use_vllm=True); without them use an objective on μ (TRL's old log-probs)")
-    if getattr(config, "beta", 0.0) == 0.0:
-        out["ref_log_probs"] = ("beta=0.0: TRL loads the reference model only with beta > 0 (set beta > 0; "
-                                "the objective's own KL then replaces TRL's β·KL term)")
-    steps, size = getattr(config, "steps_per_generation", 1) or 1, getattr(config, "num_generations", 1)
-    per_device = getattr(config, "per_device_train_batch_size", 1)
-    evaluating = getattr(config, "eval_strategy", "no") not in ("no", None)
-    eval_size = getattr(config, "num_generations_eval", None) or size
-    eval_per_device = getattr(config, "per_device_eval_batch_size", 1)
-    if steps != 1:
-        out["groups"] = (f"steps_per_generation={steps}: TRL shuffles the rows of a generation batch and slices "
-                         "it into that many loss calls, splitting prompts' groups; set steps_per_generation=1")
-    elif per_device % size:
-        out["groups"] = (f"per_device_train_batch_size={per_device} is not a multiple of num_generations={size}: "
-                         "a prompt's group would straddle processes; make it a multiple")
-    elif evaluating and eval_per_device % eval_size:
-        out["groups"] = (f"per_device_eval_batch_size={eval_per_device} is not a multiple of num_generations_eval"
-                         f"={eval_size}: a prompt's group would straddle processes; make it a multiple")
-    accumulation = getattr(config, "gradient_accumulation_steps", 1)
-    if accumulation != 1 and steps % accumulation:
-        # the no-grad passes before a step read its micro-batches, which must all be generated by then
-        out["batch"] = (f"steps_per_generation={steps} is not a multiple of gradient_accumulation_steps="
-                        f"{accumulation}: an optimizer step's micro-batches would come from two generation batches, "
-                        "the later one not yet generated when the step's batch statistics are taken; make "
-                        "steps_per_generation a multiple of gradient_accumulation_steps")
-    return out
-
-
-__all__ = ["AGGREGATES", "FORMULAS", "NORMALIZATIONS", "SUPERSEDED", "TRL_VERSION", "ObjectiveGRPOTrainer", "TrlObjectiveLoss"]
+__all__ = ["AGGREGATES", "CONTROL_STATE", "FORMULAS", "NORMALIZATIONS", "SUPERSEDED", "TRL_VERSION", "ObjectiveGRPOTrainer", "TrlObjectiveLoss"]
