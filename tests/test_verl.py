@@ -182,6 +182,12 @@ REFUSED = {
     "batch_pull": ("r*A - 0.1*(log(π) - batch_mean(log(π)))^2\n", "objective 'batch_pull' uses batch_mean (the "
                    "optimizer step's whole batch, in one loss call or through batch_statistics() over its micro-batches), but verl calls a policy loss once "
                    "per micro-batch (ppo_micro_batch_size_per_gpu), not once per optimizer step's batch"),
+    "adaptive_kl": (open(ROOT / "objectives" / "adaptive_kl.dsl").read(), "objective 'adaptive_kl' uses β (state "
+                    "kept across optimizer steps: updated once after each step with the same value on every rank, "
+                    "logged, saved with the checkpoint and restored), but verl calls a policy loss once per "
+                    "micro-batch, with no call after the optimizer step"),
+    "schedule": ("r*A*(1 - min(step/100, 1))\n", "objective 'schedule' uses step (state kept across optimizer "
+                 "steps"),
 }
 # verl's kl_loss_type -> the same KL in the language, as the objective -KL (the loss is +KL)
 K3 = "x = clip(log(π_ref) - log(π), -20, 20)\nk = clip(exp(x) - x - 1, -10, 10)\n"
