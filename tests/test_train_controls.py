@@ -160,3 +160,57 @@ def test_a_resumed_run_continues_the_controlled_values_statistics_and_losses_of_
     for s, t in zip(a["steps"][RESUME_AFTER:], b["steps"]):
         for key in ("policy_loss", "drpo_beta", "drpo_step"):
             assert t[key] == s[key], (s["step"], key)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--ds.ring_attn_size", "2"), "--ds.ring_attn_size 2, --ds.tensor_parallel_size 1 are untested with them"),
+    (("--ds.tensor_parallel_size", "2"), "--ds.ring_attn_size 1, --ds.tensor_parallel_size 2 are untested"),
+    (("--train.batch_size", "8", "--train.micro_batch_size", "4"),
+     "= 4 samples is not whole optimizer steps of --train.batch_size 8"),
+])
+def test_drpo_train_refuses_an_objective_with_memory_it_cannot_update_or_save_before_ray_starts(
+        flags, message, tiny_model, tmp_path):
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
+    (tmp_path / "ctl.dsl").write_text(OBJECTIVE)
+    with pytest.raises(SystemExit) as exit_:
+        openrlhf_args(train_flags(tmp_path, tiny_model, str(tmp_path / "ctl.dsl"), *flags))
+    text = str(exit_.value)
+    assert text.startswith("drpo-train: error: objective 'ctl' has a controlled parameter β") and message in text, text
+    # the same command line with an objective without memory (or, under ring attention, one whose
+    # schedule reads no statistic) is not refused for it
+    plain = "clip_schedule" if "ring_attn" in flags[0] else "ppo"
+    try:
+        openrlhf_args(train_flags(tmp_path, tiny_model, plain, *flags))
+    except SystemExit as e:
+        assert "has a" not in str(e), str(e)
+
+
+@pytest.mark.parametrize("objective, states, message", [
+    (OBJECTIVE, {"global_step": 1}, "objective 'ctl' has a controlled parameter β, but the checkpoint holds no state"),
+    ("clip_schedule", {"global_step": 1}, "objective 'clip_schedule' has a step counter, but the checkpoint holds no"),
+    ("ppo", {"global_step": 1, "drpo_control": {"version": 1, "objective": "ctl", "step": 1, "values": {"beta": 2.0}}},
+     "objective 'ppo' has no controlled parameter or step, but a saved state was given"),
+    (OBJECTIVE, {"global_step": 1, "drpo_control": {"version": 1, "objective": "ctl", "step": 1, "values": {"beta": 200.0}}},
+     "the saved value of 'β', 200.0, is outside its bounds [0, 100]"),
+])
+def test_a_resumed_run_refuses_a_checkpoint_without_the_objectives_state(objective, states, message, tmp_path):
+    from openrlhf_drpo.hosts.openrlhf import controls
+    from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
+    if objective == OBJECTIVE:
+        (tmp_path / "ctl.dsl").write_text(OBJECTIVE)
+        objective = str(tmp_path / "ctl.dsl")
+    with pytest.raises(RuntimeError) as error:
+        controls.restore(ObjectiveLoss(objective), states, "CKPT/_actor")
+    assert str(error.value).startswith("openrlhf-drpo: resuming from CKPT/_actor: ") and message in str(error.value)
+
+
+def test_a_resumed_run_restores_the_step_and_the_values_and_a_new_run_starts_from_the_file(tmp_path):
+    from openrlhf_drpo.hosts.openrlhf import controls
+    from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
+    (tmp_path / "ctl.dsl").write_text(OBJECTIVE)
+    loss = ObjectiveLoss(str(tmp_path / "ctl.dsl"))
+    assert controls.restore(loss, {}, "CKPT") is None and loss.control_state()["values"] == {"beta": 1.0}
+    state = {"version": 1, "objective": "ctl", "step": 7, "values": {"beta": 2.5}}
+    line = controls.restore(loss, {"global_step": 3, controls.KEY: state}, "CKPT")
+    assert line == "openrlhf-drpo: resumed objective 'ctl' at step 7 (β = 2.5)"
+    assert loss.control_state() == state and float(loss.objective.params["beta"]) == 2.5
