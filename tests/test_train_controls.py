@@ -115,20 +115,29 @@ def _launch(task, out: pathlib.Path, *extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Run A, and run B resumed from the checkpoint A saved after step RESUME_AFTER (what a run of the
-    same command line stopped there would have saved: in B's own checkpoint folder, `latest` naming it)."""
-    task = toytask.build(str(tmp_path_factory.mktemp("toytask")))
-    a_out, b_out = tmp_path_factory.mktemp("run_a"), tmp_path_factory.mktemp("run_b")
-    a = _launch(task, a_out)
+def task(tmp_path_factory):
+    return toytask.build(str(tmp_path_factory.mktemp("toytask")))
+
+
+@pytest.fixture(scope="module")
+def run_a(task, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run_a")
+    return {**_launch(task, out), "out": out}
+
+
+@pytest.fixture(scope="module")
+def run_b(task, run_a, tmp_path_factory):
+    """Run A's command line resumed from the checkpoint A saved after step RESUME_AFTER (what a run of it
+    stopped there would have saved), copied to B's own checkpoint folder with `latest` naming it."""
+    out = tmp_path_factory.mktemp("run_b")
     tag, where = f"global_step{RESUME_AFTER}", pathlib.Path("ckpt", "checkpoints", "_actor")
-    shutil.copytree(a_out / where / tag, b_out / where / tag)
-    (b_out / where / "latest").write_text(tag)
-    return a, _launch(task, b_out, "--ckpt.load_enable")
+    shutil.copytree(run_a["out"] / where / tag, out / where / tag)
+    (out / where / "latest").write_text(tag)
+    return _launch(task, out, "--ckpt.load_enable")
 
 
-def test_two_ranks_hold_the_same_values_at_every_step_from_both_ranks_statistics(runs):
-    a, _ = runs
+def test_two_ranks_hold_the_same_values_at_every_step_from_both_ranks_statistics(run_a):
+    a = run_a
     beta = 1.0
     for step, (r0, r1) in enumerate(zip(*a["rows"])):
         assert r0["step"] == r1["step"] == step
@@ -142,16 +151,16 @@ def test_two_ranks_hold_the_same_values_at_every_step_from_both_ranks_statistics
     assert len(a["rows"][0]) == RUN_STEPS and beta > 1.5
 
 
-def test_drpo_train_logs_the_controlled_value_and_the_step_beside_its_metrics(runs):
-    a, _ = runs
+def test_drpo_train_logs_the_controlled_value_and_the_step_beside_its_metrics(run_a):
+    a = run_a
     assert [s["step"] for s in a["steps"]] == list(range(1, RUN_STEPS + 1))
     for s, row in zip(a["steps"], a["rows"][0]):
         assert s["drpo_beta"] == pytest.approx(row["logged"]["drpo_beta"], rel=1e-9)
         assert s["drpo_step"] == s["step"]
 
 
-def test_a_resumed_run_continues_the_controlled_values_statistics_and_losses_of_the_run_it_resumes(runs):
-    a, b = runs
+def test_a_resumed_run_continues_the_controlled_values_statistics_and_losses_of_the_run_it_resumes(run_a, run_b):
+    a, b = run_a, run_b
     assert f"resumed objective 'ctl' at step {RESUME_AFTER} (β = {a['rows'][0][RESUME_AFTER - 1]['logged']['drpo_beta']:g})" \
         in b["log"]
     assert [s["step"] for s in b["steps"]] == list(range(RESUME_AFTER + 1, RUN_STEPS + 1))
