@@ -190,7 +190,7 @@ def test_a_resumed_run_continues_the_controlled_values_statistics_and_losses_of_
     (("--ds.tensor_parallel_size", "2"), "--ds.ring_attn_size 1, --ds.tensor_parallel_size 2 are untested"),
     (("--train.batch_size", "8", "--train.micro_batch_size", "4"),
      "= 4 samples is not whole optimizer steps of --train.batch_size 8"),
-])
+], ids=["ring_attention", "tensor_parallel", "rollout_not_whole_steps"])
 def test_drpo_train_refuses_an_objective_with_memory_it_cannot_update_or_save_before_ray_starts(
         flags, message, tiny_model, tmp_path):
     from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
@@ -215,7 +215,7 @@ def test_drpo_train_refuses_an_objective_with_memory_it_cannot_update_or_save_be
      "objective 'ppo' has no controlled parameter or step, but a saved state was given"),
     (OBJECTIVE, {"global_step": 1, "drpo_control": {"version": 1, "objective": "ctl", "step": 1, "values": {"beta": 200.0}}},
      "the saved value of 'β', 200.0, is outside its bounds [0, 100]"),
-])
+], ids=["controlled_no_state", "schedule_no_state", "state_without_memory", "value_out_of_bounds"])
 def test_a_resumed_run_refuses_a_checkpoint_without_the_objectives_state(objective, states, message, tmp_path):
     from openrlhf_drpo.hosts.openrlhf import controls
     from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
