@@ -32,7 +32,7 @@ LAYERS = [
     "analysis.present.summary", "analysis.present.report", "analysis.present.comparison", "analysis.present.plot", "analysis.present.equiv_report", "analysis.present.notebook",
     "analysis.numeric", "analysis.symbolic", "analysis.batch", "analysis.present", "analysis",
     "hosts", "hosts.openrlhf.vllm_worker", "hosts.openrlhf.cpu_mode", "hosts.openrlhf.options", "hosts.openrlhf.reward",
-    "hosts.openrlhf.logprobs", "hosts.openrlhf.support", "hosts.openrlhf.inputs", "hosts.openrlhf.loss",
+    "hosts.openrlhf.logprobs", "hosts.openrlhf.support", "hosts.openrlhf.inputs", "hosts.openrlhf.controls", "hosts.openrlhf.loss",
     "hosts.openrlhf.actor", "hosts.openrlhf.versions", "hosts.openrlhf.launch", "hosts.openrlhf.train", "hosts.openrlhf", "hosts.trl_config", "hosts.trl",
     "hosts.verl",
     "lab.toytask", "lab.task", "lab.pipe", "lab.results", "lab.plots", "lab.driver", "lab", "lab.__main__",

@@ -16,7 +16,7 @@ from openrlhf.trainer.ray import ppo_actor
 from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from openrlhf_drpo.hosts.openrlhf import cpu_mode, inputs, logprobs, support
+from openrlhf_drpo.hosts.openrlhf import controls, cpu_mode, inputs, logprobs, support
 
 
 def build_loss(spec):
@@ -53,7 +53,9 @@ def install_objective(trainer, spec, step_log=None):
     Each step's loss call gets the objective's other inputs (inputs.supplied); an objective that
     reads π_ref (or its top-k) is the KL trained, so OpenRLHF's own KL loss (--algo.kl.use_loss) gets a
     coefficient of 0 (still logged as kl); with group reductions, ppo_train's micro-batches are
-    whole groups (inputs.whole_groups)."""
+    whole groups (inputs.whole_groups). An objective with memory: its state is updated after each optimizer
+    step (DeepSpeed's, where its engine's global_steps moves) over the data-parallel ranks, and logged
+    (controls.py)."""
     loss_fn = build_loss(spec)
     loss_fn.track_extremes = bool(step_log)
     trainer.actor_loss_fn = loss_fn
@@ -61,7 +63,11 @@ def install_objective(trainer, spec, step_log=None):
     if not hasattr(trainer, "_drpo_originals"):
         trainer._drpo_originals = trainer.training_step, trainer.ppo_train
     original_step, original_train = trainer._drpo_originals
-    state = {"step": 0, "micro": 0, "update": 0, "ratio_max": [], "row": {}}
+    state = {"step": 0, "micro": 0, "update": 0, "ratio_max": [], "row": {}, "controls": {}}
+    engine = trainer.actor.model      # the DeepSpeed engine: its global_steps counts the optimizer's steps
+    if loss_fn.controller is not None and not hasattr(engine, "global_steps"):
+        raise RuntimeError(f"openrlhf-drpo: objective '{loss_fn.objective.name}' updates its state after each "
+                           f"optimizer step, which this actor's {type(engine).__name__} does not count")
     # π_ref in the objective (its log-probs, or its top-k in a vocabulary sum): the objective is the KL trained
     reads_ref = bool({"ref_log_probs", *inputs.VOCABULARY_INPUTS} & set(loss_fn.inputs()))
 
@@ -73,11 +79,14 @@ def install_objective(trainer, spec, step_log=None):
     @functools.wraps(original_step)
     def training_step(experience, kl_ctl, micro_index, *args, **kwargs):
         loss_fn.sink = experience.info
+        steps = getattr(engine, "global_steps", None)
         try:
             with inputs.supplied(loss_fn, trainer, experience):
                 status = original_step(experience, 0.0 if reads_ref else kl_ctl, micro_index, *args, **kwargs)
         finally:
             loss_fn.sink = None
+        if loss_fn.controller is not None and engine.global_steps != steps:       # DeepSpeed stepped: after it
+            state["controls"] = loss_fn.end_step(controls.data_parallel_group(trainer.strategy))
         state["ratio_max"].append(float(loss_fn.metrics.ratio_max))
         if step_log:
             keep = experience.action_mask.bool()
@@ -85,7 +94,7 @@ def install_objective(trainer, spec, step_log=None):
             state["micro"] += 1
             if optimizer_stepped(micro_index):
                 grad_norm = status["metrics"].get("actor_grad_norm")
-                row = {"step": state["step"] + 1, "update": state["update"], **state["row"],
+                row = {"step": state["step"] + 1, "update": state["update"], **state["row"], **state["controls"],
                        "grad_norm": None if grad_norm is None else float(grad_norm)}
                 if trainer.strategy.is_rank_0():
                     with open(step_log, "a") as f:
@@ -95,7 +104,7 @@ def install_objective(trainer, spec, step_log=None):
 
     @functools.wraps(original_train)
     def ppo_train(*args, **kwargs):
-        state.update(ratio_max=[], micro=0, update=0, row={})
+        state.update(ratio_max=[], micro=0, update=0, row={}, controls={})
         with contextlib.ExitStack() as stack:
             if "groups" in loss_fn.inputs():
                 stack.enter_context(inputs.whole_groups(ppo_actor))
@@ -104,6 +113,8 @@ def install_objective(trainer, spec, step_log=None):
             status = original_train(*args, **kwargs)
         if state["ratio_max"]:
             status["drpo_ratio_max"] = trainer.strategy.all_reduce(max(state["ratio_max"]), op="max")
+        if loss_fn.controller is not None:      # the same on every rank: the values for the coming step
+            status.update(loss_fn.controller.logged())
         state["step"] += 1
         return status
     trainer.training_step, trainer.ppo_train = training_step, ppo_train
@@ -124,11 +135,21 @@ class _DrpoPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         self.drpo_loss = install_objective(self.trainer, strategy.args.drpo.spec,
                                            getattr(strategy.args.drpo, "step_log", None))
         strategy.print(f"openrlhf-drpo: policy loss is {self.drpo_loss!r}")
+        line = controls.restore(self.drpo_loss, self.checkpoint_states, f"{strategy.args.ckpt.path}/_actor")
+        if line:
+            strategy.print(line)
         if getattr(drpo, "vocab_topk", None) and getattr(self.actor, "drpo_chunk", None) is None:
             raise RuntimeError("openrlhf-drpo: the objective's vocabulary sums need the policy's log-probs on π_ref's "
                                "top-k from the chunked forward, which this actor cannot take "
                                f"({logprobs.unsupported(self.actor)})")
         return out
+
+    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
+        """OpenRLHF's actor checkpoint, its client state also holding the objective's state (if it has memory)."""
+        state = self.drpo_loss.control_state()
+        if state is not None:
+            client_states = {**(client_states or {}), controls.KEY: state}
+        return super().save_checkpoint(tag, client_states, metric_value, metric_key)
 
     def append(self, experience):
         """OpenRLHF's append, keeping each sample's group id where the objective has group

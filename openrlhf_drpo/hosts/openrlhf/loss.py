@@ -104,7 +104,9 @@ class ObjectiveLoss(CompiledLoss):
                 "vocab_log_probs": "drpo-train scores them on π_ref's top-k from the training forward's hidden states",
                 "vocab_ref_log_probs": "drpo-train's reference model scores its top-k (--drpo.vocab_topk)",
                 "batch": "drpo-train sums the optimizer step's micro-batches over the ranks, in no-grad passes "
-                         "before the step where it has several"}
+                         "before the step where it has several",
+                "memory": "drpo-train's policy actor calls end_step() after each DeepSpeed optimizer step over the "
+                          "data-parallel ranks, logs it, saves it in the actor checkpoint and restores it (controls.py)"}
     argument_names = {"mask": "action_mask"}
 
     def lacks(self, config: object) -> dict:

@@ -112,6 +112,7 @@ def prepare_objective(args: argparse.Namespace, notes: list | None = None):
         if correction[0] == "off":    # and a configuration PolicyLoss (still built) accepts
             for key, value in {**_IS_DEFAULTS, "level": "token"}.items():
                 setattr(args, f"algo.advantage.is_correction_{key}", value)
+    from openrlhf_drpo.hosts.openrlhf import controls
     from openrlhf_drpo.hosts.openrlhf.inputs import refuse_at_launch
     from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
     # checks openrlhf's version and loss arity, compiles the code; refuses what this run cannot give it
@@ -120,6 +121,7 @@ def prepare_objective(args: argparse.Namespace, notes: list | None = None):
     except ValueError as e:
         raise SystemExit(f"drpo-train: error: {e}") from None
     refuse_at_launch(loss, args)
+    controls.refuse_at_launch(loss, args)       # what it cannot update, save or restore
     # a flag the objective would not read is refused, never ignored
     if getattr(args, "drpo.vocab_topk", None) is not None and loss.support is None:
         raise SystemExit(f"drpo-train: error: --drpo.vocab_topk: objective '{obj.name}' has no vocabulary sum "
