@@ -123,11 +123,15 @@ def entries(n, a, x):               # a vocabulary sum: each entry of the token'
 # ---------------------------------------------------------------- the operations' derivative rules
 # d(node)/dr given the derivatives `d` of its arguments. π = μ·r, so dπ/dr = μ.
 def d_pow(n, d):
+    # y·x^(y−1)·dx + x^y·log x·dy, with torch's pow at its special points: the first 0 where y = 0 (x^0 is 1
+    # for every x), the second 0 where x = 0 ≤ y (0^y is 0 or 1 whatever y). Each guard sits inside (the
+    # exponent +1, the log's argument +1), so no term meets 0·inf, no lowering evaluates log 0 where it is
+    # dropped, and a NaN stays NaN (it fails every comparison): one form on every path and in the analysis.
     x, y = n.args
-    if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
-        exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
-        return mul(mul(y, power(x, exponent)), d[0])
-    return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
+    exponent = num(y.value - 1) if is_num(y) else add(sub(y, ONE), ind(Node("eq", (y, ZERO))))
+    at_zero = Node("and", (Node("eq", (x, ZERO)), Node("ge", (y, ZERO))))
+    by_y = ZERO if is_num(d[1], 0) else mul(mul(n, call("log", add(x, ind(at_zero)))), d[1])
+    return add(mul(mul(y, power(x, exponent)), d[0]), by_y)
 
 
 def d_extreme(n, d, better):
