@@ -76,7 +76,7 @@ def std(n, g, x, sibling):
     # have d_i = c − mean, all alike, and a slope of ±1/√(n(n − 1)) without it (autograd's has it)
     d = sub(x, sibling("mean", x))
     slope = div(sub(d, sibling("mean", d)), mul(sub(sibling("count", x), ONE), n))
-    return Node("select", (Node("gt", (n, ZERO)), mul(slope, sibling("sum", g))))
+    return Node("select", (picked(n, x), mul(slope, sibling("sum", g))))
 
 
 def shared(cmp):
@@ -106,8 +106,11 @@ def quantile(n, g, x, sibling):
 
 def picked(n, x):
     """Where an element x of an order statistic n (max, min, a quantile) is one it picks with a nonzero
-    weight: its gradient goes there only, selected (an unpicked element's own infinite derivative
-    meets no 0), on every path (core.rewrites guards the plain path's argument by it too)."""
+    weight, or of a standard deviation, one it reads with a nonzero slope (where it is not 0: two elements
+    or more, not all equal): its gradient goes there only, selected (an unpicked element's own infinite
+    derivative meets no 0), on every path (core.rewrites guards the plain path's argument by it too)."""
+    if n.op.endswith("_std"):
+        return Node("gt", (n, ZERO))
     if "quantile" not in n.op:
         return Node("eq", (x, n))
     part = lambda k: Node(n.op.replace("quantile", f"q{k}"), (x, n.args[1]), level=n.level)     # noqa: E731

@@ -51,8 +51,10 @@ def guard_selects(root: Node) -> Node:
     spread, the log of a negative number), in autograd and in the reverse mode alike: the double
     `where` (forward mode's rule select(c, dx) needs none). min, max and clip select a branch
     too, each guarded by its own condition (GSPO's unclipped branch s·A is inf in fp32 where the
-    clipped one is chosen), and an order statistic (max, min, a quantile) its argument, by where it
-    picks the element (dsl.adjoints.picked; elsewhere sg of it, the same value). Every value is unchanged (but a −0 may read +0).
+    clipped one is chosen), and an order statistic (max, min, a quantile) or a standard deviation its
+    argument, by where it picks the element (dsl.adjoints.picked; elsewhere sg of it, the same value);
+    below any other reduction of a non-linear value, a selection above reaches the elements it drops
+    (read_by). Every value is unchanged (but a −0 may read +0).
     A node under nested branches is guarded by all their conditions, so a node shared by many
     (a chain of min's of its own bindings) has one copy per path: past a budget of copies, each
     is guarded by its nearest condition alone (one copy per branch above it), which no longer
@@ -130,7 +132,7 @@ def _guarded(root: Node, budget: int | None) -> Node:
                                    Node("select", (Node("not", (inside,)), Node("clip", (Node("sg", (x,)), lo, hi))))))
             elif n.op == "clip":    # min(max(x, lo), hi), as dsl.lowerings.torch_clip
                 out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
-            elif OPS[n.op].reduce in ("max", "min", "quantile"):    # x where picked, else sg(x): same value
+            elif OPS[n.op].reduce in ("max", "min", "quantile", "std"):   # x where picked, else sg(x): same value
                 chosen = picked(n, Node("sg", (n.args[0],)))
                 chosen = chosen if c is None or linear[n.args[0]] else Node("and", (chosen, read_by(n, c)))
                 out = Node(n.op, (read_where(chosen, n.args[0]), *n.args[1:]), n.value, n.pos, n.level)
