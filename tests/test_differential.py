@@ -134,6 +134,8 @@ FOUND_CASES = {
     "[π_old > 0.5]*group_mean(H^0.5)": dict(logp=[[-0.5, -1.0], [-0.9, -0.2]], old=[[-0.9, -0.6], [-0.9, -0.2]],
                                             H=[[0.0, 0.5], [0.0, 0.9]]),
     "min(r*A, seq_mean(H^0.5))": dict(logp=[[-0.5, -1.0], [-0.9, -0.2]], old=-0.6, A=-1.0, H=[[0.0, 0.5], [0.0, 0.9]]),
+    "[π_old > 0.5]*group_mean(π*exp(1000*A))": dict(logp=[[-0.5, -1.0], [-0.9, -0.2]], old=[[-0.9, -0.6], [-0.9, -0.2]],
+                                                    A=[[1.0, -1.0], [1.0, -1.0]]),     # a computed factor's inf
     # group_std passes nothing below two elements or where all are equal: its elements' inf selected out
     "group_std(π/log(π_rollout))": dict(logp=[[-0.5, -1.0]], old=-0.6, rollout=[[0.0, -0.5]]),
     "group_std(H^0.5)": dict(logp=[[-0.5, -1.0]] * 2, old=-0.6, H=[[0.0, 0.5], [0.0, 0.9]]),

@@ -83,13 +83,15 @@ def _guarded(root: Node, budget: int | None) -> Node:
                 "zero", "none") and any(reads(a) for a in n.args)
         return known[n]
     # linear: every partial on the way to π's leaves is finite where the inputs are (sums, differences, a product
-    # with one policy-free factor, a division by a nonzero number, sums and means of these), so an unselected
+    # with an input or a number, a division by a nonzero number, sums and means of these), so an unselected
     # element meets no 0·inf below it and a reduction of it needs no guard (GSPO's mean log-ratio, OTB's prefix sums)
     linear: dict = {}
     for n in postorder(root):       # (children first: no deep recursion)
         one = sum(reads(a) for a in n.args) <= 1 and all(linear[a] for a in n.args)
-        linear[n] = not reads(n) or not n.args or one and (n.op in ("add", "sub", "neg", "select", "mul") or (
-            n.op == "div" and n.args[1].op == "num" and n.args[1].value != 0) or OPS[n.op].reduce in ("sum", "mean"))
+        given = all(reads(a) or not a.args for a in n.args)     # (the factor a product's partial is: an input)
+        linear[n] = not reads(n) or not n.args or one and (n.op in ("add", "sub", "neg", "select") or (
+            n.op == "mul" and given) or (n.op == "div" and n.args[1].op == "num" and n.args[1].value != 0) or (
+            OPS[n.op].reduce in ("sum", "mean")))
     memo: dict = {}
 
     def under(c, cond):
