@@ -130,8 +130,12 @@ def d_pow(n, d):
     # for every x), the second 0 where x = 0 ≤ y (0^y is 0 or 1 whatever y). Each guard sits inside (the
     # exponent +1, the log's argument +1), so no term meets 0·inf, no lowering evaluates log 0 where it is
     # dropped, and a NaN stays NaN (it fails every comparison): one form on every path and in the analysis.
+    # (An exponent of numbers and parameters alone keeps y − 1: the report's w reads β·r^(β − 1), and a
+    # parameter set to 0 makes x^0, which no objective writes.)
     x, y = n.args
-    exponent = num(y.value - 1) if is_num(y) else add(sub(y, ONE), ind(Node("eq", (y, ZERO))))
+    exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
+    if any(m.op == "var" for m in y.walk()):
+        exponent = add(exponent, ind(Node("eq", (y, ZERO))))
     at_zero = Node("and", (Node("eq", (x, ZERO)), Node("ge", (y, ZERO))))
     by_y = ZERO if is_num(d[1], 0) else mul(mul(n, call("log", add(x, ind(at_zero)))), d[1])
     return add(mul(mul(y, power(x, exponent)), d[0]), by_y)
