@@ -51,12 +51,18 @@ _STD_OF_INFINITE = ("found after the fixes: group_std of a quotient with an infi
 _DIVISION_BY_SELECTED_ZERO = ("found after the fixes: a division by −[c] where c fails: every path divides by −0 "
                               "(ℓ = −inf), the reference by +0 (ℓ = +inf): the sign of a selected zero, undocumented; "
                               "fixed: a selection's 0 is +0 (docs/language.md), its torch text's c·(−k) + 0.0 too")
+_HELD_THROUGH_A_REDUCTION = ("found after the selection below reductions (this branch): an order statistic's picking "
+                             "condition over an inner group reduction was taken as one value over the group because it "
+                             "read the inner value, through another reduction (seq_max of a group_sum is per response): "
+                             "a member another response's pick reads lost its gradient, every path (fixed: a reduction "
+                             "in the condition counts by its own level)")
 FOUND: dict = {}
 # draws on which a path disagreed until its class was fixed: plain tests now, each holding its fix
 FIXED = {(0, 16): _ALL_MASKED_NORM_0, (1, 576): _ORDER_STATISTIC, (1, 379): _STD_OF_EQUALS,
          (1, 287): _PLAIN_INFINITE, (1, 52): _PLAIN_DIVISION, (1, 493): _PLAIN_DIVISION, (0, 224): _PLAIN_DIVISION,
          (0, 501): _CLAMP_MULTIPLIES, (1, 68): _POW_AT_ZERO, (2, 13): _UNPICKED_INFINITE,
-         (0, 1086): _STD_OF_INFINITE, (1, 1703): _DIVISION_BY_SELECTED_ZERO}
+         (0, 1086): _STD_OF_INFINITE, (1, 1703): _DIVISION_BY_SELECTED_ZERO,
+         **{k: _HELD_THROUGH_A_REDUCTION for k in [(0, 656), (0, 1387), (1, 748), (1, 882), (1, 1565), (1, 1943), (2, 214)]}}
 
 
 class KnownDisagreement(AssertionError):
@@ -139,6 +145,9 @@ FOUND_CASES = {
     # group_std passes nothing below two elements or where all are equal: its elements' inf selected out
     "group_std(π/log(π_rollout))": dict(logp=[[-0.5, -1.0]], old=-0.6, rollout=[[0.0, -0.5]]),
     "group_std(H^0.5)": dict(logp=[[-0.5, -1.0]] * 2, old=-0.6, H=[[0.0, 0.5], [0.0, 0.9]]),
+    # the other response's pick reads this one's element through the group's sum (mask: a different pick)
+    "seq_max(group_sum(H^2))": dict(logp=[[-0.5, -1.0], [-0.9, -0.2]], old=-0.6, H=[[2.0, 0.5], [9.0, 0.3]],
+                                    mask=[[1, 1], [0, 1]]),
     # a failed selection's 0 is +0 (a division by it: x/+0), a negative constant's selection too
     "H/(-[H == π_old])": dict(logp=[[-0.5, -1.0]], old=-0.6, H=[[0.5, 0.7]]),
     "exp(π/([H > 9]*(-2)))": dict(logp=[[-0.5, -1.0]], old=-0.6),

@@ -177,7 +177,7 @@ def held(n: Node, c: Node) -> bool:
     widest = LEVELS.index(_HELD_OVER[over])
     for m in postorder(c):
         ok[m] = (m == n and over not in ("prefix", "suffix")) or LEVELS.index(level[m]) <= widest or (
-            bool(m.args) and all(ok[a] for a in m.args))
+            bool(m.args) and not OPS[m.op].reduce and all(ok[a] for a in m.args))     # (another reduction: its level)
     return ok[c]
 
 
