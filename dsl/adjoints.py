@@ -76,7 +76,7 @@ def std(n, g, x, sibling):
     # have d_i = c − mean, all alike, and a slope of ±1/√(n(n − 1)) without it (autograd's has it)
     d = sub(x, sibling("mean", x))
     slope = div(sub(d, sibling("mean", d)), mul(sub(sibling("count", x), ONE), n))
-    return Node("select", (Node("gt", (n, ZERO)), mul(slope, sibling("sum", g))))
+    return Node("select", (picked(n, x), mul(slope, sibling("sum", g))))
 
 
 def shared(cmp):
@@ -106,8 +106,11 @@ def quantile(n, g, x, sibling):
 
 def picked(n, x):
     """Where an element x of an order statistic n (max, min, a quantile) is one it picks with a nonzero
-    weight: its gradient goes there only, selected (an unpicked element's own infinite derivative
-    meets no 0), on every path (core.rewrites guards the plain path's argument by it too)."""
+    weight, or of a standard deviation, one it reads with a nonzero slope (where it is not 0: two elements
+    or more, not all equal): its gradient goes there only, selected (an unpicked element's own infinite
+    derivative meets no 0), on every path (core.rewrites guards the plain path's argument by it too)."""
+    if n.op.endswith("_std"):
+        return Node("gt", (n, ZERO))
     if "quantile" not in n.op:
         return Node("eq", (x, n))
     part = lambda k: Node(n.op.replace("quantile", f"q{k}"), (x, n.args[1]), level=n.level)     # noqa: E731
@@ -123,11 +126,19 @@ def entries(n, a, x):               # a vocabulary sum: each entry of the token'
 # ---------------------------------------------------------------- the operations' derivative rules
 # d(node)/dr given the derivatives `d` of its arguments. π = μ·r, so dπ/dr = μ.
 def d_pow(n, d):
+    # y·x^(y−1)·dx + x^y·log x·dy, with torch's pow at its special points: the first 0 where y = 0 (x^0 is 1
+    # for every x), the second 0 where x = 0 ≤ y (0^y is 0 or 1 whatever y). Each guard sits inside (the
+    # exponent +1, the log's argument +1), so no term meets 0·inf, no lowering evaluates log 0 where it is
+    # dropped, and a NaN stays NaN (it fails every comparison): one form on every path and in the analysis.
+    # (An exponent of numbers and parameters alone keeps y − 1: the report's w reads β·r^(β − 1), and a
+    # parameter set to 0 makes x^0, which no objective writes.)
     x, y = n.args
-    if is_num(d[1], 0):  # x^c: c·x^(c-1)·dx
-        exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
-        return mul(mul(y, power(x, exponent)), d[0])
-    return mul(n, add(mul(d[1], call("log", x)), div(mul(y, d[0]), x)))
+    exponent = num(y.value - 1) if is_num(y) else sub(y, ONE)
+    if any(m.op == "var" for m in y.walk()):
+        exponent = add(exponent, ind(Node("eq", (y, ZERO))))
+    at_zero = Node("and", (Node("eq", (x, ZERO)), Node("ge", (y, ZERO))))
+    by_y = ZERO if is_num(d[1], 0) else mul(mul(n, call("log", add(x, ind(at_zero)))), d[1])
+    return add(mul(mul(y, power(x, exponent)), d[0]), by_y)
 
 
 def d_extreme(n, d, better):

@@ -38,8 +38,9 @@ def torch_extreme(cmp):
 def torch_select(c, x):
     if c in ("True", "False"):         # a condition of constants, folded
         return f"({x} * {float(c == 'True')})"
-    if is_literal(x):                  # torch.where of two floats would be float32
-        return f"(({c}).to(dtype) * {x})"
+    if is_literal(x):                  # torch.where of two floats would be float32; a selection's 0 is +0
+        # (docs/language.md: a division by it is x/+0), and 0·(−1) is −0: + 0.0 makes it +0
+        return f"(({c}).to(dtype) * {x})" if math.copysign(1.0, float(x)) > 0 else f"(({c}).to(dtype) * {x} + 0.0)"
     return f"torch.where({c}, {x}, 0.0)"
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import warnings
 
 from dsl.adjoints import picked
-from dsl.ir import ONE, Node, div, mul, neg, postorder, rebuild
-from dsl.levels import argument_level
+from dsl.ir import ONE, ZERO, Node, div, mul, neg, postorder, rebuild
+from dsl.levels import LEVELS, argument_level, levels
 from dsl.operations import OPS, passes_no_gradient
 from dsl.walks import constant_nodes
 
@@ -51,8 +51,10 @@ def guard_selects(root: Node) -> Node:
     spread, the log of a negative number), in autograd and in the reverse mode alike: the double
     `where` (forward mode's rule select(c, dx) needs none). min, max and clip select a branch
     too, each guarded by its own condition (GSPO's unclipped branch s·A is inf in fp32 where the
-    clipped one is chosen), and an order statistic (max, min, a quantile) its argument, by where it
-    picks the element (dsl.adjoints.picked; elsewhere sg of it, the same value). Every value is unchanged (but a −0 may read +0).
+    clipped one is chosen), and an order statistic (max, min, a quantile) or a standard deviation its
+    argument, by where it picks the element (dsl.adjoints.picked; elsewhere sg of it, the same value);
+    below any other reduction of a non-linear value, a selection above reaches the elements it drops
+    (read_by). Every value is unchanged (but a −0 may read +0).
     A node under nested branches is guarded by all their conditions, so a node shared by many
     (a chain of min's of its own bindings) has one copy per path: past a budget of copies, each
     is guarded by its nearest condition alone (one copy per branch above it), which no longer
@@ -80,8 +82,16 @@ def _guarded(root: Node, budget: int | None) -> Node:
             known[n] = (n.value in _POLICY) if n.op == "var" else bool(n.args) and OPS[n.op].gradient not in (
                 "zero", "none") and any(reads(a) for a in n.args)
         return known[n]
+    # linear: every partial on the way to π's leaves is finite where the inputs are (sums, differences, a product
+    # with an input or a number, a division by a nonzero number, sums and means of these), so an unselected
+    # element meets no 0·inf below it and a reduction of it needs no guard (GSPO's mean log-ratio, OTB's prefix sums)
+    linear: dict = {}
     for n in postorder(root):       # (children first: no deep recursion)
-        reads(n)
+        one = sum(reads(a) for a in n.args) <= 1 and all(linear[a] for a in n.args)
+        given = all(reads(a) or not a.args for a in n.args)     # (the factor a product's partial is: an input)
+        linear[n] = not reads(n) or not n.args or one and (n.op in ("add", "sub", "neg", "select") or (
+            n.op == "mul" and given) or (n.op == "div" and n.args[1].op == "num" and n.args[1].value != 0) or (
+            OPS[n.op].reduce in ("sum", "mean")))
     memo: dict = {}
 
     def under(c, cond):
@@ -104,6 +114,9 @@ def _guarded(root: Node, budget: int | None) -> Node:
             other = Node("select", (loses, extreme(op, args[1:], under(c, loses))))
         return Node("add", (branch(wins, first, c), other))
 
+    def read_where(cond, x):         # x where cond holds (guarded by it), else sg(x): the same value
+        return Node("add", (branch(cond, x, None), Node("select", (Node("not", (cond,)), Node("sg", (x,))))))
+
     def walk(n: Node, c):     # c: the conditions n's value is selected by, up to a reduction (None: none)
         if not reads(n):
             return n
@@ -121,12 +134,14 @@ def _guarded(root: Node, budget: int | None) -> Node:
                                    Node("select", (Node("not", (inside,)), Node("clip", (Node("sg", (x,)), lo, hi))))))
             elif n.op == "clip":    # min(max(x, lo), hi), as dsl.lowerings.torch_clip
                 out = walk(Node("min", (Node("max", n.args[:2]), n.args[2])), c)
-            elif OPS[n.op].reduce in ("max", "min", "quantile"):    # x where picked, else sg(x): same value
-                x, chosen = n.args[0], picked(n, Node("sg", (n.args[0],)))
-                x = Node("add", (branch(chosen, x, None), Node("select", (Node("not", (chosen,)), Node("sg", (x,))))))
+            elif OPS[n.op].reduce in ("max", "min", "quantile", "std"):   # x where picked, else sg(x): same value
+                chosen = picked(n, Node("sg", (n.args[0],)))
+                chosen = chosen if c is None or linear[n.args[0]] else Node("and", (chosen, read_by(n, c)))
+                out = Node(n.op, (read_where(chosen, n.args[0]), *n.args[1:]), n.value, n.pos, n.level)
+            elif OPS[n.op].reduce:      # an element whose every reader c drops: as sg(x), the same value
+                below = c is not None and not passes_no_gradient(n.op) and not linear[n.args[0]]
+                x = read_where(read_by(n, c), n.args[0]) if below else walk(n.args[0], None)
                 out = Node(n.op, (x, *n.args[1:]), n.value, n.pos, n.level)
-            elif OPS[n.op].reduce:
-                out = Node(n.op, (walk(n.args[0], None), *n.args[1:]), n.value, n.pos, n.level)
             else:
                 out = Node(n.op, tuple(walk(a, c) for a in n.args), n.value, n.pos, n.level)
             memo[n, c] = out if c is None or (n.args and not OPS[n.op].reduce) else Node("select", (c, out))
@@ -134,6 +149,36 @@ def _guarded(root: Node, budget: int | None) -> Node:
                 raise _OverBudget
         return memo[n, c]
     return walk(root, None)
+
+
+# the widest level that is one value over each set a kind of reduction reduces (a response's tokens, a
+# group's, the batch's, a token's support)
+_HELD_OVER = {"response": "response", "prefix": "response", "suffix": "response", "turn": "response",
+              "group": "batch", "batch": "batch", "vocab": "token"}
+
+
+def read_by(n: Node, c: Node) -> Node:
+    """Where an element of the reduction n's argument is read by an element of n that c selects: c itself
+    where it is held over n's sets, else where the adjoint of the same kind of sum, given [c], is nonzero
+    (what gathers n's gradient gathers [c]: a reduction of a condition, computed only where needed)."""
+    if held(n, c):
+        return c
+    over, x = OPS[n.op].over, n.args[0]
+    total = next(k for k, op in OPS.items() if op.over == over and op.reduce == "sum" and callable(op.adjoint))
+    return Node("gt", (OPS[total].adjoint(Node(total, (x,), level=n.level), Node("ind", (c,)), x), ZERO))
+
+
+def held(n: Node, c: Node) -> bool:
+    """Whether the condition c is one value over each set of elements the reduction n reduces, so that
+    where it fails at an element it fails at every element that reads it, and the element's gradient is
+    selected out below n too (an order statistic's unpicked group_std, its members' 0·inf): c reads only
+    n's own value (one over each of its sets, but a prefix's or suffix's) and values held over them."""
+    over, level, ok = OPS[n.op].over, levels(c), {}
+    widest = LEVELS.index(_HELD_OVER[over])
+    for m in postorder(c):
+        ok[m] = (m == n and over not in ("prefix", "suffix")) or LEVELS.index(level[m]) <= widest or (
+            bool(m.args) and not OPS[m.op].reduce and all(ok[a] for a in m.args))     # (another reduction: its level)
+    return ok[c]
 
 
 def guard_autograd(root: Node) -> Node:
