@@ -67,10 +67,23 @@ def _spread_reads(obj) -> list:
             and any(m.op == "var" and m.value == "A" for m in r.node.args[0].walk())]
 
 
-def spread(obj, group) -> bool:
-    """Whether a reduction that passes a gradient reads the held group's spread advantages: w is
-    then ∂ℓ/∂r with every response's r moving together, which is not one token's own gradient."""
-    return len(set(group)) > 1 and any(r.gradient for r in _spread_reads(obj))
+def spread(obj, group, explicit=True) -> bool:
+    """Whether a reduction that passes a gradient reads the held group's spread advantages, or
+    (where the group's advantages are given: `explicit`) one passes a gradient while ℓ reads A
+    outside every group and batch reduction (r/group_mean(r)·A): w is then ∂ℓ/∂r with every
+    response's r moving together, which is not one token's own gradient (that collects the other
+    responses' terms, which differ by their advantages)."""
+    if len(set(group)) <= 1:
+        return False
+    return any(r.gradient for r in _spread_reads(obj)) or explicit and _terms_differ(obj)
+
+
+def _terms_differ(obj) -> bool:
+    def outside(n) -> bool:         # A read where no group or batch reduction holds it
+        if n.op in OPS and OPS[n.op].over in ("group", "batch"):
+            return False
+        return (n.op == "var" and n.value == "A") or any(map(outside, n.args))
+    return any(r.gradient for r in obj.facts.reductions if r.over in ("group", "batch")) and outside(obj.expr)
 
 
 def equal_group(obj, group) -> bool:
@@ -219,7 +232,9 @@ def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = (), 
                 "together, which is not token p's own gradient (that also collects the later tokens' terms: not "
                 "derived)")
     if spread_gradient:
-        text = ("a group or batch reduction that reads A passes a gradient: w is ∂ℓ/∂r with every response's r "
+        which = ("that reads A passes a gradient" if any(r.gradient for r in _spread_reads(obj)) else
+                 "passes a gradient and ℓ reads each response's own A")
+        text = (f"a group or batch reduction {which}: w is ∂ℓ/∂r with every response's r "
                 "moving together, which is not one token's own gradient where the group's advantages differ (that "
                 "also collects the other responses' terms: not derived)")
     if moved:

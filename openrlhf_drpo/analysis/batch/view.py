@@ -67,7 +67,7 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
         moved = [k for k, (_, v) in stats.items() if chosen[k] != v or isinstance(v, OnPolicy)]
         weighed = reference_split(expr, obj.expr, view_names["rho_ref"])[0] or expr      # what w is derived from
         scope["exact"] = exactness(obj, locality_of(obj), moved, _in_weight(weighed, scope["held"], view_names),
-                                   spread(obj, group))
+                                   spread(obj, group, explicit))
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope
 
