@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis.numeric.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from openrlhf_drpo.analysis.numeric.arbiter import state
-from openrlhf_drpo.analysis.numeric.events import boundary_at, changes_sign_at, describe, kind_at, undefined_at
+from openrlhf_drpo.analysis.numeric.events import (_bisect, _split_state, boundary_at, changes_sign_at, describe,
+                                                   kind_at, undefined_at)
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 
@@ -143,13 +144,65 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                            ("where", where)):
                 out[key].append(v)
         rest = [e for e, u in zip(events, used) if not u]
+        across = set()
+        if rest and len(arb.magnitudes) > 1:
+            dense, across = _between_magnitudes(arb, sign, {e["kind"] for e in rest})
+            rest += [e for e, hit in zip(dense, _accounted(arb, dense, candidates[adv])) if not hit]
         for kind in sorted({e["kind"] for e in rest}):
-            for side in (True, False):      # r > 1, r < 1: separate boundaries
-                group = [e for e in rest if e["kind"] == kind and (e["r"] > 1) == side]
+            # r > 1, r < 1: separate boundaries, unless w at r = 1 changes sign as |A| varies (a
+            # zero that moves through r = 1 with |A|: one span, else the r between is in neither)
+            for side in ((None,) if kind in across else (True, False)):
+                group = [e for e in rest if e["kind"] == kind and side in (None, e["r"] > 1)]
                 if group:
                     out["numeric"].append({"where": _place(arb, group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _accounted(arb, events, candidates):
+    import numpy as np
+    hit = np.zeros(len(events), dtype=bool)
+    for _, _, g, _, _ in candidates:
+        hit |= boundary_at(arb, g, events)
+    return hit
+
+
+def _between_magnitudes(arb, sign, kinds) -> tuple[list, set]:
+    """Where w depends on |A| and the grid's rows show a sign change it found no formula for: the
+    same rows (their μ and r) at every quarter decade of |A| between the arbiter's, each change
+    located and labelled as the grid's are, so that a span that moves with |A| is not cut short
+    at the |A| sampled (r from 0.29 to 0.86 at |A| = 1, where at |A| = 1.9 it lies at 0.95). Where
+    the row's first point changes sign between two of them, a zero left through r → 0: that point
+    is an event too. Returns those events (of `kinds` only) and the kinds whose zero moves through
+    r = 1 (w there changes sign between two |A|)."""
+    np = arb.np
+    rows = np.flatnonzero((arb.sign[:, 0] == sign) & (arb.mag[:, 0] == arb.magnitudes[0]))
+    lo_mag, hi_mag = min(arb.magnitudes), max(arb.magnitudes)
+    mags = np.unique(np.concatenate([[m for m in DENSE_MAGNITUDES if lo_mag <= m <= hi_mag], arb.magnitudes]))
+    R = np.tile(arb.R[rows], (mags.size, 1))
+    mu = np.tile(arb.mu[rows], (mags.size, 1))
+    A = sign * np.repeat(mags, rows.size)[:, None]
+    with np.errstate(all="ignore"):
+        W = arb.w(R, mu, A)
+        at_one = state(arb.w(np.ones_like(mu), mu, A)).reshape(mags.size, rows.size)
+    S = state(W)
+    out = []
+    change = (S[:, 1:] != S[:, :-1]) & (S[:, 1:] != 2) & (S[:, :-1] != 2)
+    i, j = np.nonzero(change)
+    if i.size:
+        lo, hi = _bisect(arb, R[i, j], R[i, j + 1], mu[i, 0], A[i, 0], _split_state)[:2]
+        r = (lo + hi) / 2
+        labels = kind_at(arb, r, mu[i, 0], A[i, 0], (S[i, j], S[i, j + 1]))
+        out += [{"mu": float(m), "A": float(a), "r": float(x), "kind": str(k), "lo": float(a_), "hi": float(b_)}
+                for m, a, x, k, a_, b_ in zip(mu[i, 0], A[i, 0], r, labels, lo, hi)]
+    first = S[:, 0].reshape(mags.size, rows.size)
+    exits = (first[1:] != first[:-1]) & (np.abs(first[1:]) == 1) & (np.abs(first[:-1]) == 1)
+    for k, c in zip(*np.nonzero(exits)):
+        x = float(arb.R[rows[c], 0])
+        out.append({"mu": float(arb.mu[rows[c], 0]), "A": float(sign * mags[k + 1]), "r": x, "kind": "crosses 0",
+                    "lo": x, "hi": x})
+    moves = bool(np.any((at_one[1:] != at_one[:-1]) & (np.abs(at_one[1:]) == 1) & (np.abs(at_one[:-1]) == 1)))
+    return [e for e in out if e["kind"] in kinds], ({"crosses 0"} & kinds if moves else set())
 
 
 def _threshold_events(arb, sign) -> list:
