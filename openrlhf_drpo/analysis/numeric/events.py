@@ -1,10 +1,9 @@
-"""What happens along the arbiter's rows, and what kind of thing it is. Every place where
-w's state (its sign, or undefined) changes, where w jumps without changing sign, or where |w|
-peaks into a pole is located by bisection on the IR's own rules; each is then classified per
-sign of A as a sign change (crossing, jump across 0, w = 0 beyond or before), a touch of 0,
-an underflow, a jump, a pole or an edge of the undefined region. Also here: which located
-events a candidate boundary accounts for, and whether w changes sign across a given r (for
-analysis.symbolic.confirm), and where a set of events lies, in words."""
+"""What happens along the arbiter's rows, and what kind of thing it is. Every place where w's state
+(its sign, or undefined) changes, where w jumps without changing sign, or where |w| peaks into a pole
+is located by bisection on the IR's own rules; each is then classified per sign of A as a sign change
+(crossing, jump across 0, w = 0 beyond or before), a touch of 0, an underflow, a jump, a pole or an
+edge of the undefined region. Also here: which located events a candidate boundary accounts for,
+whether w changes sign across a given r (analysis.symbolic.confirm's), where events lie, in words."""
 from __future__ import annotations
 
 import math
@@ -35,6 +34,11 @@ def _bisect(arb, lo, hi, mu, A, split):
             early = np.fmax(np.abs(wl), np.abs(wh))
             gap = np.abs(wh - wl)
     return lo, hi, wl, wh, early, gap
+
+
+def bisect_change(arb, lo, hi, mu, A):
+    """Each bracket [lo, hi] shrunk around the change of w's state within it, as the grid's are."""
+    return _bisect(arb, lo, hi, mu, A, _split_state)[:2]
 
 
 def locate(arb):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis.numeric.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from openrlhf_drpo.analysis.numeric.arbiter import state
-from openrlhf_drpo.analysis.numeric.events import (_bisect, _split_state, boundary_at, changes_sign_at, describe,
-                                                   kind_at, undefined_at)
+from openrlhf_drpo.analysis.numeric.events import (bisect_change, boundary_at, changes_sign_at, describe, kind_at,
+                                                   undefined_at)
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 
@@ -160,10 +160,18 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
 
 
 def _accounted(arb, events, candidates):
-    import numpy as np
+    """Which events a candidate accounts for (boundary_at); a zero leaving through r → 0 between two
+    |A| (an event with 'before', the |A| it was inside at), where g changes sign at that r between them."""
+    np = arb.np
     hit = np.zeros(len(events), dtype=bool)
+    exits = [i for i, e in enumerate(events) if "before" in e]
     for _, _, g, _, _ in candidates:
         hit |= boundary_at(arb, g, events)
+        for i in exits:
+            e = events[i]
+            with np.errstate(all="ignore"):
+                a, b = (float(np.asarray(g(e["r"], e["mu"], x), dtype=float)) for x in (e["before"], e["A"]))
+            hit[i] |= bool(np.isfinite(a) and np.isfinite(b) and (a == 0 or b == 0 or np.sign(a) != np.sign(b)))
     return hit
 
 
@@ -190,7 +198,7 @@ def _between_magnitudes(arb, sign, kinds) -> tuple[list, set]:
     change = (S[:, 1:] != S[:, :-1]) & (S[:, 1:] != 2) & (S[:, :-1] != 2)
     i, j = np.nonzero(change)
     if i.size:
-        lo, hi = _bisect(arb, R[i, j], R[i, j + 1], mu[i, 0], A[i, 0], _split_state)[:2]
+        lo, hi = bisect_change(arb, R[i, j], R[i, j + 1], mu[i, 0], A[i, 0])
         r = (lo + hi) / 2
         labels = kind_at(arb, r, mu[i, 0], A[i, 0], (S[i, j], S[i, j + 1]))
         out += [{"mu": float(m), "A": float(a), "r": float(x), "kind": str(k), "lo": float(a_), "hi": float(b_)}
@@ -200,7 +208,7 @@ def _between_magnitudes(arb, sign, kinds) -> tuple[list, set]:
     for k, c in zip(*np.nonzero(exits)):
         x = float(arb.R[rows[c], 0])
         out.append({"mu": float(arb.mu[rows[c], 0]), "A": float(sign * mags[k + 1]), "r": x, "kind": "crosses 0",
-                    "lo": x, "hi": x})
+                    "lo": x, "hi": x, "before": float(sign * mags[k])})
     moves = bool(np.any((at_one[1:] != at_one[:-1]) & (np.abs(at_one[1:]) == 1) & (np.abs(at_one[:-1]) == 1)))
     return [e for e in out if e["kind"] in kinds], ({"crosses 0"} & kinds if moves else set())
 
