@@ -101,3 +101,23 @@ def test_a_numeric_span_that_moves_with_a_is_not_cut_short_at_the_a_sampled(monk
             for r in _zeros(mag, sign):
                 assert any(located(w, r, 0.4, sign * mag) for w in _places(res, side) if w), (side, mag, r,
                                                                                               _places(res, side))
+
+
+# for A > 0, w = 1 + (r − 2.5)⁵/A below the clip's r = 0.72 and (r − 2.5)⁵/A past 1.28: the first is 0 at
+# r = 2.5 − A^(1/5), inside r < 0.72 only for 18 < |A| < 98, between the rows' |A| = 1 and 1000 (found by
+# tests/random_claims.py, seed 1: the derived zero was dropped, met by no row)
+BETWEEN_MAGNITUDES = "(r - 2.5)^6/6 + min(r*A, clip(r, 0.72, 1.28)*A)"
+
+
+@pytest.mark.parametrize("mag", [20.0, 57.0, 90.0])
+def test_a_boundary_met_only_between_the_a_the_rows_sample_is_reported(mag):
+    import sympy as sp
+    res = analyze(dsl.parse(BETWEEN_MAGNITUDES))
+    r = 2.5 - mag ** 0.2
+    b = res.boundary["positive"]
+    names = {k: sp.Symbol(k) for k in ("r", "mu", "A")}
+    at = {names["mu"]: sp.Rational(3, 10), names["A"]: sp.Float(mag, 30)}
+    implicit = [e.lhs - e.rhs for e in (sp.sympify(str(x), locals=names).subs(at) for x in b["r"]) if isinstance(e, sp.Equality)]
+    changes = [sp.sign(h.subs(names["r"], sp.Float(r * (1 - 1e-6), 30))) != sp.sign(h.subs(names["r"], sp.Float(r * (1 + 1e-6), 30)))
+               for h in implicit]
+    assert any(changes) or any(located(x["where"], r, 0.3, mag) for x in b["numeric"]), (mag, r, b)

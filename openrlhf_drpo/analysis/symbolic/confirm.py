@@ -7,7 +7,7 @@ from __future__ import annotations
 from openrlhf_drpo.analysis.numeric.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from openrlhf_drpo.analysis.numeric.arbiter import state
 from openrlhf_drpo.analysis.numeric.events import (bisect_change, boundary_at, changes_sign_at, describe, kind_at,
-                                                   undefined_at)
+                                                   rounded, undefined_at)
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 
@@ -82,6 +82,10 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     for adv, sign in SIGNS:
         events = facts[adv]["events"] + _threshold_events(arb, sign)
         used = np.zeros(len(events), dtype=bool)
+        # where w depends on |A|: its sign changes between the |A| the rows sample, and whether a
+        # zero moves through r = 1 with |A| (_between_magnitudes)
+        dense, across = _between_magnitudes(arb, sign) if len(arb.magnitudes) > 1 else ([], set())
+        dense_used = np.zeros(len(dense), dtype=bool)
         out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
         for r_expr, pi_expr, g, explicit, edge in candidates[adv]:
             if any(_same_place(r_expr, x) for x in out["r"]):
@@ -133,6 +137,13 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     if note not in notes:
                         notes.append(note)
                     continue
+            elif (hit := boundary_at(arb, g, dense)).any():
+                # an implicit zero met between the |A| the rows sample only (1 + (r − 2.5)⁵/A = 0 lies
+                # in the unclipped piece r < 0.72 for 18 < |A| < 98 only)
+                kinds = sorted({dense[i]["kind"] for i in np.nonzero(hit)[0]})
+                where = _place(arb, [dense[i] for i in np.nonzero(hit)[0]], explicit)
+                dense_used |= hit
+                reachable = True
             else:
                 continue        # an edge where w might have jumped, and does not
             pi = pi_expr()
@@ -144,10 +155,11 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                            ("where", where)):
                 out[key].append(v)
         rest = [e for e, u in zip(events, used) if not u]
-        across = set()
-        if rest and len(arb.magnitudes) > 1:
-            dense, across = _between_magnitudes(arb, sign, {e["kind"] for e in rest})
-            rest += [e for e, hit in zip(dense, _accounted(arb, dense, candidates[adv])) if not hit]
+        # between the |A| sampled, a change a candidate accounts for, or at a place one accounts for on the
+        # grid's rows (a flat zero r = 2.5 that an expanded (r − 2.5)⁵ cannot bracket in doubles)
+        placed = [e for e, u in zip(events, used) if u]
+        rest += [e for e, hit in zip(dense, dense_used | _accounted(arb, dense, candidates[adv])) if not hit
+                 and not any(p["mu"] == e["mu"] and abs(p["r"] - e["r"]) <= 1e-6 * max(1.0, p["r"]) for p in placed)]
         for kind in sorted({e["kind"] for e in rest}):
             # r > 1, r < 1: separate boundaries, unless w at r = 1 changes sign as |A| varies (a
             # zero that moves through r = 1 with |A|: one span, else the r between is in neither)
@@ -175,14 +187,15 @@ def _accounted(arb, events, candidates):
     return hit
 
 
-def _between_magnitudes(arb, sign, kinds) -> tuple[list, set]:
+def _between_magnitudes(arb, sign) -> tuple[list, set]:
     """Where w depends on |A| and the grid's rows show a sign change it found no formula for: the
     same rows (their μ and r) at every quarter decade of |A| between the arbiter's, each change
     located and labelled as the grid's are, so that a span that moves with |A| is not cut short
     at the |A| sampled (r from 0.29 to 0.86 at |A| = 1, where at |A| = 1.9 it lies at 0.95). Where
     the row's first point changes sign between two of them, a zero left through r → 0: that point
-    is an event too. Returns those events (of `kinds` only) and the kinds whose zero moves through
-    r = 1 (w there changes sign between two |A|)."""
+    is an event too. A change that extended precision shows to be the doubles' rounding is none
+    (events.rounded). Returns those events and the kinds whose zero moves through r = 1 (w there
+    changes sign between two |A|)."""
     np = arb.np
     rows = np.flatnonzero((arb.sign[:, 0] == sign) & (arb.mag[:, 0] == arb.magnitudes[0]))
     lo_mag, hi_mag = min(arb.magnitudes), max(arb.magnitudes)
@@ -195,22 +208,43 @@ def _between_magnitudes(arb, sign, kinds) -> tuple[list, set]:
         at_one = state(arb.w(np.ones_like(mu), mu, A)).reshape(mags.size, rows.size)
     S = state(W)
     out = []
-    change = (S[:, 1:] != S[:, :-1]) & (S[:, 1:] != 2) & (S[:, :-1] != 2)
-    i, j = np.nonzero(change)
+    # a sign change between neighbours, or across one grid point where w is exactly 0 (an interval
+    # of 0 and its edges are |A|-fixed thresholds the grid's rows see: not searched here)
+    i, j = np.nonzero(S[:, 1:] * S[:, :-1] == -1)
+    i2, j2 = np.nonzero((S[:, 2:] * S[:, :-2] == -1) & (S[:, 1:-1] == 0))
+    i, j, k = np.concatenate([i, i2]), np.concatenate([j, j2]), np.concatenate([j + 1, j2 + 2])
     if i.size:
-        lo, hi = bisect_change(arb, R[i, j], R[i, j + 1], mu[i, 0], A[i, 0])
+        lo, hi = bisect_change(arb, R[i, j], R[i, k], mu[i, 0], A[i, 0])
+        real = ~np.array(rounded(arb, lo, hi, mu[i, 0], A[i, 0]), dtype=bool)
+        i, j, k, lo, hi = i[real], j[real], k[real], lo[real], hi[real]
         r = (lo + hi) / 2
-        labels = kind_at(arb, r, mu[i, 0], A[i, 0], (S[i, j], S[i, j + 1]))
-        out += [{"mu": float(m), "A": float(a), "r": float(x), "kind": str(k), "lo": float(a_), "hi": float(b_)}
-                for m, a, x, k, a_, b_ in zip(mu[i, 0], A[i, 0], r, labels, lo, hi)]
+        labels = kind_at(arb, r, mu[i, 0], A[i, 0], (S[i, j], S[i, k]))
+        out += [{"mu": float(m), "A": float(a), "r": float(x), "kind": str(k_), "lo": float(a_), "hi": float(b_)}
+                for m, a, x, k_, a_, b_ in zip(mu[i, 0], A[i, 0], r, labels, lo, hi)]
     first = S[:, 0].reshape(mags.size, rows.size)
-    exits = (first[1:] != first[:-1]) & (np.abs(first[1:]) == 1) & (np.abs(first[:-1]) == 1)
+    exits = (first[1:] * first[:-1] == -1)
     for k, c in zip(*np.nonzero(exits)):
-        x = float(arb.R[rows[c], 0])
-        out.append({"mu": float(arb.mu[rows[c], 0]), "A": float(sign * mags[k + 1]), "r": x, "kind": "crosses 0",
-                    "lo": x, "hi": x, "before": float(sign * mags[k])})
+        if _leaves_through_zero(arb, arb.R[rows[c]], float(arb.mu[rows[c], 0]), sign * mags[k], sign * mags[k + 1]):
+            x = float(arb.R[rows[c], 0])
+            out.append({"mu": float(arb.mu[rows[c], 0]), "A": float(sign * mags[k + 1]), "r": x, "kind": "crosses 0",
+                        "lo": x, "hi": x, "before": float(sign * mags[k])})
     moves = bool(np.any((at_one[1:] != at_one[:-1]) & (np.abs(at_one[1:]) == 1) & (np.abs(at_one[:-1]) == 1)))
-    return [e for e in out if e["kind"] in kinds], ({"crosses 0"} & kinds if moves else set())
+    return out, ({"crosses 0"} if moves else set())
+
+
+def _leaves_through_zero(arb, row, mu, a, b) -> bool:
+    """Whether w's state at the row's first point changes between A = a and b because a zero moves
+    through it: at the |A| where it changes (bisected), the row's first sign change is next to
+    that point. (Where w on r < 1 changes sign as a whole, 1 − 0.05·μ/|A|, the change is at r = 1.)"""
+    np = arb.np
+    s0 = state(arb.w(row[0], mu, a))
+    for _ in range(60):
+        m = np.sqrt(a * b)
+        a, b = (m, b) if state(arb.w(row[0], mu, m)) == s0 else (a, m)
+    with np.errstate(all="ignore"):
+        s = state(arb.w(row[~np.isnan(row)], mu, a))
+    changed = np.flatnonzero((s != s0) & (s != 2))
+    return bool(changed.size) and changed[0] <= 2
 
 
 def _threshold_events(arb, sign) -> list:
