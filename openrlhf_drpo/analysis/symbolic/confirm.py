@@ -82,10 +82,9 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     for adv, sign in SIGNS:
         events = facts[adv]["events"] + _threshold_events(arb, sign)
         used = np.zeros(len(events), dtype=bool)
-        # where w depends on |A|: its sign changes between the |A| the rows sample, and whether a
-        # zero moves through r = 1 with |A| (_between_magnitudes)
-        dense, across = _between_magnitudes(arb, sign) if len(arb.magnitudes) > 1 else ([], set())
-        dense_used = np.zeros(len(dense), dtype=bool)
+        # where w depends on |A|: its sign changes between the |A| the rows sample (_between_magnitudes),
+        # searched only where something asks (a candidate no row meets, a change none accounts for)
+        scan, between = {}, len(arb.magnitudes) > 1
         out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
         for r_expr, pi_expr, g, explicit, edge in candidates[adv]:
             if any(_same_place(r_expr, x) for x in out["r"]):
@@ -137,12 +136,13 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     if note not in notes:
                         notes.append(note)
                     continue
-            elif (hit := boundary_at(arb, g, dense)).any():
+            elif between and isinstance(r_expr, sp.Eq) and \
+                    (hit := boundary_at(arb, g, (dense := _scan(scan, arb, sign))["events"])).any():
                 # an implicit zero met between the |A| the rows sample only (1 + (r − 2.5)⁵/A = 0 lies
                 # in the unclipped piece r < 0.72 for 18 < |A| < 98 only)
-                kinds = sorted({dense[i]["kind"] for i in np.nonzero(hit)[0]})
-                where = _place(arb, [dense[i] for i in np.nonzero(hit)[0]], explicit)
-                dense_used |= hit
+                kinds = sorted({dense["events"][i]["kind"] for i in np.nonzero(hit)[0]})
+                where = _place(arb, [dense["events"][i] for i in np.nonzero(hit)[0]], explicit)
+                dense["used"] |= hit
                 reachable = True
             else:
                 continue        # an edge where w might have jumped, and does not
@@ -157,9 +157,13 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
         rest = [e for e, u in zip(events, used) if not u]
         # between the |A| sampled, a change a candidate accounts for, or at a place one accounts for on the
         # grid's rows (a flat zero r = 2.5 that an expanded (r − 2.5)⁵ cannot bracket in doubles)
-        placed = [e for e, u in zip(events, used) if u]
-        rest += [e for e, hit in zip(dense, dense_used | _accounted(arb, dense, candidates[adv])) if not hit
-                 and not any(p["mu"] == e["mu"] and abs(p["r"] - e["r"]) <= 1e-6 * max(1.0, p["r"]) for p in placed)]
+        placed, across = [e for e, u in zip(events, used) if u], set()
+        if between and (rest or scan or not candidates[adv]):
+            dense = _scan(scan, arb, sign)
+            taken = dense["used"] | _accounted(arb, dense["events"], candidates[adv])
+            rest += [e for e, hit in zip(dense["events"], taken) if not hit and not any(
+                p["mu"] == e["mu"] and abs(p["r"] - e["r"]) <= 1e-6 * max(1.0, p["r"]) for p in placed)]
+            across = dense["across"]
         for kind in sorted({e["kind"] for e in rest}):
             # r > 1, r < 1: separate boundaries, unless w at r = 1 changes sign as |A| varies (a
             # zero that moves through r = 1 with |A|: one span, else the r between is in neither)
@@ -169,6 +173,14 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     out["numeric"].append({"where": _place(arb, group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _scan(scan: dict, arb, sign) -> dict:
+    """_between_magnitudes' events (and which of them a candidate took, 'used'), found once per sign."""
+    if not scan:
+        events, across = _between_magnitudes(arb, sign)
+        scan.update(events=events, across=across, used=arb.np.zeros(len(events), dtype=bool))
+    return scan
 
 
 def _accounted(arb, events, candidates):
@@ -239,7 +251,7 @@ def _leaves_through_zero(arb, row, mu, a, b) -> bool:
     np = arb.np
     s0 = state(arb.w(row[0], mu, a))
     for _ in range(60):
-        m = np.sqrt(a * b)
+        m = np.copysign(np.sqrt(a * b), a)      # a and b share A's sign
         a, b = (m, b) if state(arb.w(row[0], mu, m)) == s0 else (a, m)
     with np.errstate(all="ignore"):
         s = state(arb.w(row[~np.isnan(row)], mu, a))
