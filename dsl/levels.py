@@ -122,6 +122,16 @@ class Facts:
         """Each node's level (levels)."""
         return levels(self.root)
 
+    def part(self, node: Node) -> "Facts":
+        """The facts of a part of this expression (facts(node)), its levels read from this one's
+        where they are known: a node's level is its sub-expression's alone (an indicator's view)."""
+        out, nodes = facts(node), list(postorder(node))
+        for name in ("level", "level_per_response"):
+            known = vars(self).get(name)
+            if known is not None and name not in vars(out) and all(m in known for m in nodes):
+                vars(out)[name] = {m: known[m] for m in nodes}
+        return out
+
     @cached_property
     def level_per_response(self) -> dict[Node, str]:
         """Each node's level, PER_RESPONSE's built-ins taken as one value per response."""

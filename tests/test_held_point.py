@@ -260,3 +260,26 @@ def test_the_reference_terms_are_their_own_channel_and_no_warning_about_w_reads_
 def test_channel_formulas_show_the_parameters_names():
     out = to_json(analyze(dsl.parse(KL_ENTROPY, "klh.dsl")))
     assert (out["text"]["w_H"], out["text"]["reference"]) == ("δ", "β·(q − 1)")
+
+
+def test_a_zero_weight_with_the_group_moving_together_is_never_proven_for_a_token_of_a_spread_group(capsys, tmp_path):
+    """r/group_mean(r)·A at --group 1,0,-0.5: with every response's r moving together w = 0, but a
+    token's own gradient collects the other responses' terms, which differ by their advantages:
+    autograd through the compiled loss on that group gives (1 − mean(c))/r = 5/(6r), not 0. The
+    report's w = 0 and its 'no gradient' are unconfirmed there, never proven (issue 45)."""
+    obj = dsl.parse("r/group_mean(r)*A", "gm.dsl")
+    c = torch.tensor([1.0, 0.0, -0.5], dtype=torch.float64)
+    old = torch.full((3, 1), -1.3, dtype=torch.float64)
+    logp = (old + 0.2).requires_grad_()
+    loss, _ = CompiledLoss(obj, fused=False)(logp, old, (0.7 * c)[:, None], torch.ones(3, 1, dtype=torch.bool),
+                                             groups=torch.zeros(3, dtype=torch.long))
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert float(-3 * grad[0, 0]) == pytest.approx(5 / 6 * 0.7, rel=1e-12)      # w·r·A with w = 5/(6r)
+    res = analyze(obj, group=(1, 0, -0.5))
+    assert set(claim_statuses(to_json(res))) == {"unconfirmed"}
+    assert "proven" not in report(res, width=None)
+    held = next(h["text"] for h in res.scope["held"] if h["name"] == "degenerate")
+    assert "a token's own gradient also collects the other responses' terms" in held
+    # on equal responses the token's own gradient is the derived one: w = 0 stays proven there
+    assert res.claims["boundary"]["positive"]["status"] == "unconfirmed"
+    assert analyze(obj, group=(1, 1, 1)).claims["boundary"]["positive"]["status"] == "proven"

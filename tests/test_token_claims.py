@@ -9,6 +9,7 @@ import pytest
 from oracles import located
 
 import dsl
+from openrlhf_drpo.analysis import budgets
 from openrlhf_drpo.analysis.orchestrator import analyze
 from openrlhf_drpo.analysis.present.report import report
 
@@ -75,3 +76,48 @@ def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiter
     for h in (1e-3, 1e-5, 1e-7):
         lo, hi = flat(np.array([FLAT3_AT - h, FLAT3_AT + h]), 0.5, 1.0)
         assert lo < 0 < hi and abs(lo) < 0.05 * h ** 3 * 1.2
+
+
+# w = (r − 1.655)³/A + 0.1·(r − 0.5)³ − sign(A)·(r − 1)/0.28: its zeros move with |A| (at |A| = 1, 0.29 and
+# 0.86; at 1.91, 0.95; as |A| grows, through r = 1 to 1.0036; the lowest leaves through r → 0 near |A| = 1.3)
+MOVING = "(r - 1.655)^4/4 + 0.1*(r - 0.5)^4/4*A - |A|/(2*0.28)*(r - 1)^2"
+
+
+def _zeros(mag, sign):
+    """w's zeros in r > 0 at A = sign·mag, by NumPy's polynomial roots (no code of the analysis)."""
+    p = np.poly1d([1, -1.655]) ** 3 / (sign * mag) + 0.1 * np.poly1d([1, -0.5]) ** 3 - sign * np.poly1d([1, -1]) / 0.28
+    return [x.real for x in p.r if abs(x.imag) < 1e-9 and x.real > 0]
+
+
+def test_a_numeric_span_that_moves_with_a_is_not_cut_short_at_the_a_sampled(monkeypatch):
+    """The arbiter alone (as where the hang guard fires on this objective: a budget forces it here):
+    every zero of w at |A| between the rows' 1 and 1000 lies in a place the report gives for its
+    sign (the span was r from 0.294 to 0.861 and from 1.0035, where at |A| = 1.91 w crosses 0 at 0.95)."""
+    monkeypatch.setitem(budgets.BUDGET, "branches", -1)
+    res = analyze(dsl.parse(MOVING))
+    assert res.weight is None       # the arbiter's findings alone
+    for side, sign in (("positive", 1.0), ("negative", -1.0)):
+        for mag in (1.1, 1.25, 1.91, 5.0, 22.0, 30.0, 300.0):
+            for r in _zeros(mag, sign):
+                assert any(located(w, r, 0.4, sign * mag) for w in _places(res, side) if w), (side, mag, r,
+                                                                                              _places(res, side))
+
+
+# for A > 0, w = 1 + (r − 2.5)⁵/A below the clip's r = 0.72 and (r − 2.5)⁵/A past 1.28: the first is 0 at
+# r = 2.5 − A^(1/5), inside r < 0.72 only for 18 < |A| < 98, between the rows' |A| = 1 and 1000 (found by
+# tests/random_claims.py, seed 1: the derived zero was dropped, met by no row)
+BETWEEN_MAGNITUDES = "(r - 2.5)^6/6 + min(r*A, clip(r, 0.72, 1.28)*A)"
+
+
+@pytest.mark.parametrize("mag", [20.0, 57.0, 90.0])
+def test_a_boundary_met_only_between_the_a_the_rows_sample_is_reported(mag):
+    import sympy as sp
+    res = analyze(dsl.parse(BETWEEN_MAGNITUDES))
+    r = 2.5 - mag ** 0.2
+    b = res.boundary["positive"]
+    names = {k: sp.Symbol(k) for k in ("r", "mu", "A")}
+    at = {names["mu"]: sp.Rational(3, 10), names["A"]: sp.Float(mag, 30)}
+    implicit = [e.lhs - e.rhs for e in (sp.sympify(str(x), locals=names).subs(at) for x in b["r"]) if isinstance(e, sp.Equality)]
+    changes = [sp.sign(h.subs(names["r"], sp.Float(r * (1 - 1e-6), 30))) != sp.sign(h.subs(names["r"], sp.Float(r * (1 + 1e-6), 30)))
+               for h in implicit]
+    assert any(changes) or any(located(x["where"], r, 0.3, mag) for x in b["numeric"]), (mag, r, b)

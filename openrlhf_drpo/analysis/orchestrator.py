@@ -24,7 +24,7 @@ from dsl.objective import Objective
 from openrlhf_drpo.analysis.result import Analysis
 from openrlhf_drpo.analysis.numeric.sampling import Numeric, case_dispatch, numpy_fn, self_check
 from openrlhf_drpo.analysis.symbolic.derivation import SIGNS, derive, full_weight, geometry, numeric_geometry
-from openrlhf_drpo.analysis.batch.held import equal_group, held_group
+from openrlhf_drpo.analysis.batch.held import equal_group, held_group, spread
 from openrlhf_drpo.analysis.batch.view import (analysis_view, locality_of, mismatch_range, moved_view, names_of_view,
                                          reference_split, terms)
 from dsl.operations import OPS
@@ -175,8 +175,12 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
         return None
     moved = _moved(original, seq_len, rho, point, result["scope"]["held"])
     found = [adv for adv in signs if moved[adv]]
-    equal = equal_group(original, held_group(point.get("group_size"), point.get("group")))
-    unsettled = [adv for adv in signs if not moved[adv]] if equal else []
+    group = held_group(point.get("group_size"), point.get("group"))
+    equal = equal_group(original, group)
+    # w ≡ 0 with the group's r moving together, where a token's own gradient collects the other
+    # responses' differing terms (r/group_mean(r)·A at --group 1,0,-0.5: (1 − 1/6)/r, not 0)
+    apart = spread(original, group, point.get("group") is not None)
+    unsettled = [adv for adv in signs if not moved[adv]] if equal or apart else []
     if not found and not unsettled:
         return None
     where = ", ".join([f"the group's advantages A·({', '.join(f'{float(c):g}' for c in moved['point']['group'])})"]
@@ -185,6 +189,9 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
         x = moved[adv]
         said = (f"at another held point ({where}) w = {x['w']:.6g} at r = {x['r']:.7g}, μ = {x['mu']:.6g}, "
                 f"A = {x['A']:g}: a property of the held point, not of the objective" if x else
+                "this w is ∂ℓ/∂r with every response's r moving together; a token's own gradient at this group also "
+                "collects the other responses' terms, which differ by their advantages (not derived), and need not "
+                "be 0" if apart else
                 f"at another held point ({where}) w is 0 or not finite at all the numeric check's {moved['points']:,} grid "
                 "points too, but this group's equal advantages make every group statistic of A trivial: whether "
                 "that is the objective's or the held point's is not settled")
@@ -208,6 +215,9 @@ def _degenerate(result, original, seq_len, rho, point) -> str | None:
     text = (f"the held point is degenerate for {sides}: "
             f"w is 0 or not finite there because of the held values, not of the objective (with {where}, w ≠ 0); "
             "set another (--group, --set)" if found else
+            "the held group's advantages differ and a group or batch reduction passes a gradient: w is 0 or not "
+            "finite with every response's r moving together, but a token's own gradient also collects the other "
+            "responses' terms (not derived): every claim below is unconfirmed for a token" if apart else
             f"the held group's advantages are equal: w is 0 or not finite here and at another held point ({where}) "
             "on the numeric check's grid, which settles nothing (every group statistic of A is trivial here): every "
             "claim below is unconfirmed; set another (--group)")

@@ -62,15 +62,36 @@ def held_group(group_size, group) -> tuple:
 
 
 def _spread_reads(obj) -> list:
-    """The group and batch sums, means and stds whose argument reads A (the held group spreads them)."""
-    return [r for r in obj.facts.reductions if r.over in ("group", "batch") and OPS[r.node.op].reduce != "count"
-            and any(m.op == "var" and m.value == "A" for m in r.node.args[0].walk())]
+    """The group and batch sums, means and stds whose argument reads A (the held group spreads them),
+    by a walk: a view that asks only which there are (an indicator's, per scenario) computes no
+    reductions of its own."""
+    return [n for n in obj.expr.walk() if n.op in OPS and OPS[n.op].reduce and OPS[n.op].reduce != "count"
+            and OPS[n.op].over in ("group", "batch") and any(m.op == "var" and m.value == "A" for m in n.args[0].walk())]
 
 
-def spread(obj, group) -> bool:
-    """Whether a reduction that passes a gradient reads the held group's spread advantages: w is
-    then ∂ℓ/∂r with every response's r moving together, which is not one token's own gradient."""
-    return len(set(group)) > 1 and any(r.gradient for r in _spread_reads(obj))
+def _spread_gradient(obj) -> bool:
+    """Whether a gradient passes through one of them."""
+    nodes = set(_spread_reads(obj))
+    return bool(nodes) and any(r.gradient for r in obj.facts.reductions if r.node in nodes)
+
+
+def spread(obj, group, explicit=True) -> bool:
+    """Whether a reduction that passes a gradient reads the held group's spread advantages, or
+    (where the group's advantages are given: `explicit`) one passes a gradient while ℓ reads A
+    outside every group and batch reduction (r/group_mean(r)·A): w is then ∂ℓ/∂r with every
+    response's r moving together, which is not one token's own gradient (that collects the other
+    responses' terms, which differ by their advantages)."""
+    if len(set(group)) <= 1:
+        return False
+    return _spread_gradient(obj) or explicit and _terms_differ(obj)
+
+
+def _terms_differ(obj) -> bool:
+    def outside(n) -> bool:         # A read where no group or batch reduction holds it
+        if n.op in OPS and OPS[n.op].over in ("group", "batch"):
+            return False
+        return (n.op == "var" and n.value == "A") or any(map(outside, n.args))
+    return any(r.gradient for r in obj.facts.reductions if r.over in ("group", "batch")) and outside(obj.expr)
 
 
 def equal_group(obj, group) -> bool:
@@ -152,7 +173,7 @@ def statements(obj, point: dict, stats: dict, values: dict, group=(1,), explicit
     reads = obj.names()
     values = {k: float(v) for k, v in values.items()}
     out = []
-    spread_overs = {r.over for r in _spread_reads(obj)} if len(set(group)) > 1 else set()
+    spread_overs = {OPS[n.op].over for n in _spread_reads(obj)} if len(set(group)) > 1 else set()
     # the order statistics, said only where read (the other reports' lines are as they were)
     extremes = [k for k in ("group_max", "group_min") if any(n.op == k for n in obj.expr.walk())]
     order = f", {' = '.join(f'{k}(x)' for k in extremes)} = x" if extremes else ""
@@ -219,7 +240,9 @@ def exactness(obj, locality: dict, moved: list[str], in_weight: list[str] = (), 
                 "together, which is not token p's own gradient (that also collects the later tokens' terms: not "
                 "derived)")
     if spread_gradient:
-        text = ("a group or batch reduction that reads A passes a gradient: w is ∂ℓ/∂r with every response's r "
+        which = ("that reads A passes a gradient" if _spread_gradient(obj) else
+                 "passes a gradient and ℓ reads each response's own A")
+        text = (f"a group or batch reduction {which}: w is ∂ℓ/∂r with every response's r "
                 "moving together, which is not one token's own gradient where the group's advantages differ (that "
                 "also collects the other responses' terms: not derived)")
     if moved:

@@ -157,11 +157,11 @@ def _grid():
     return r[keep], mu[keep], sign[keep] * mag[keep]
 
 
-def view_at(obj: Objective, rho: float, point: dict):
+def view_at(obj: Objective, rho: float, point: dict, said=True):
     """analysis.batch.view's objective at `point` (its keywords), with its parameters' values."""
     kw = {k: point.get(k) for k in ("group_size", "batch_size", "position", "group")}
     held = point.get("held") or None
-    view, scope = analysis_view(obj, point.get("seq_len", 1), rho, **kw, held=held)
+    view, scope = analysis_view(obj, point.get("seq_len", 1), rho, **kw, held=held, said=said)
     return view, scope
 
 
@@ -189,9 +189,10 @@ def sample(view: Objective, expr: Node | None = None, hat=None) -> dict:
 def indicator_view(obj: Objective, ind: Node, rho: float, point: dict):
     """An indicator of obj as an objective of its own, viewed at `point`: its value there."""
     alone = Objective(obj.name, obj.path, obj.source, ind, dict(obj.params), dict(obj.options), {}, obj.description)
+    obj.facts.part(ind)     # its levels are the objective's: not computed again per indicator and scenario
     reads = {"staleness": "staleness", "H": "H", "rho_ref": "pi_ref"}
     held = {k: v for k, v in (point.get("held") or {}).items() if reads.get(k) in alone.names()}
-    return view_at(alone, rho, {**point, "held": held})[0]
+    return view_at(alone, rho, {**point, "held": held}, said=False)[0]
 
 
 # ------------------------------------------------------------------ each scenario's claim

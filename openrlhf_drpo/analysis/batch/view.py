@@ -16,7 +16,7 @@ from dsl.walks import VIEW_NAMES, NotHeld, derivative, numpy_plan, reads_whole_r
 
 
 def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_size=None, position=None,
-                  held=None, group=None) -> tuple[Objective, dict]:
+                  held=None, group=None, said=True) -> tuple[Objective, dict]:
     """The token-level objective in r, μ and A that is analysed, and what it stands for. A
     sequence objective is studied on a response whose tokens share r, μ and A (|y| = seq_len
     tokens): each reduction is its value there, r is the response's ratio, and every token's
@@ -26,7 +26,8 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
     the last token); π_ref, H and each statistic a binding names (analysis.batch.held) are held at
     `held`'s values or their defaults. `group`: the group's advantages as multiples of the token's
     A, its response first (analysis.batch.held.held_group; default: binary rewards with a spread, half
-    the group scoring A, half 0), which sets G. Existing token-level objectives are unchanged."""
+    the group scoring A, half 0), which sets G. Existing token-level objectives are unchanged.
+    said=False: the view alone, without the held lines' words (an indicator's view per scenario)."""
     explicit, group = group is not None, held_group(group_size, group)
     group_size = len(group)
     batch_size = group_size if batch_size is None else batch_size
@@ -62,12 +63,12 @@ def analysis_view(obj: Objective, seq_len=1, rho=1, *, group_size=None, batch_si
     used = {n.value for n in expr.walk() if n.op == "param"}
     params = dict(obj.params) | {k: v for k, v in values.items() if k in used and k not in obj.params}
     scope["rho_name"] = view_names["rho"] if view_names["rho"] in used else None
-    scope["held"] = statements(obj, point, stats, chosen, group, explicit)
+    scope["held"] = statements(obj, point, stats, chosen, group, explicit) if said else []
     if scope["held"]:
         moved = [k for k, (_, v) in stats.items() if chosen[k] != v or isinstance(v, OnPolicy)]
         weighed = reference_split(expr, obj.expr, view_names["rho_ref"])[0] or expr      # what w is derived from
         scope["exact"] = exactness(obj, locality_of(obj), moved, _in_weight(weighed, scope["held"], view_names),
-                                   spread(obj, group))
+                                   spread(obj, group, explicit))
     view = Objective(obj.name, obj.path, obj.source, expr, params, dict(obj.options), {}, obj.description)
     return view, scope
 

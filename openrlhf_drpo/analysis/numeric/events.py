@@ -1,10 +1,9 @@
-"""What happens along the arbiter's rows, and what kind of thing it is. Every place where
-w's state (its sign, or undefined) changes, where w jumps without changing sign, or where |w|
-peaks into a pole is located by bisection on the IR's own rules; each is then classified per
-sign of A as a sign change (crossing, jump across 0, w = 0 beyond or before), a touch of 0,
-an underflow, a jump, a pole or an edge of the undefined region. Also here: which located
-events a candidate boundary accounts for, and whether w changes sign across a given r (for
-analysis.symbolic.confirm), and where a set of events lies, in words."""
+"""What happens along the arbiter's rows, and what kind of thing it is. Every place where w's state
+(its sign, or undefined) changes, where w jumps without changing sign, or where |w| peaks into a pole
+is located by bisection on the IR's own rules; each is then classified per sign of A as a sign change
+(crossing, jump across 0, w = 0 beyond or before), a touch of 0, an underflow, a jump, a pole or an
+edge of the undefined region. Also here: which located events a candidate boundary accounts for,
+whether w changes sign across a given r (analysis.symbolic.confirm's), where events lie, in words."""
 from __future__ import annotations
 
 import math
@@ -35,6 +34,11 @@ def _bisect(arb, lo, hi, mu, A, split):
             early = np.fmax(np.abs(wl), np.abs(wh))
             gap = np.abs(wh - wl)
     return lo, hi, wl, wh, early, gap
+
+
+def bisect_change(arb, lo, hi, mu, A):
+    """Each bracket [lo, hi] shrunk around the change of w's state within it, as the grid's are."""
+    return _bisect(arb, lo, hi, mu, A, _split_state)[:2]
 
 
 def locate(arb):
@@ -137,8 +141,9 @@ def facts(arb) -> dict:
     found = [f for f in found if not (f[2] == 1 / float(arb.mu[f[0], 0]) and np.nextafter(f[2], 0) <= f[1]
                                       and 2 not in (f[6], f[7]))]
     found = _merge(arb, found)
-    rounding = _rounding(arb, found)
-    for (row, lo, hi, wl, wh, early, gl, gh), rounded in zip(found, rounding):
+    rounding = rounded(arb, *(np.array([f[k] for f in found], dtype=float) for k in (1, 2)),
+                       *(x[np.array([f[0] for f in found], dtype=int), 0] for x in (arb.mu, arb.sign * arb.mag)))
+    for (row, lo, hi, wl, wh, early, gl, gh), is_rounding in zip(found, rounding):
         # the kind comes from the states on the grid, not at the bracket's ends: there
         # rounding can make a continuous crossing exactly 0 on one side
         adv = "positive" if arb.sign[row, 0] > 0 else "negative"
@@ -161,7 +166,7 @@ def facts(arb) -> dict:
             out[adv]["underflows"].append(where)    # w decays to 0 only as a double
         elif sl == sh:
             out[adv]["touches"].append(where)
-        elif rounded:
+        elif is_rounding:
             out[adv]["rounding"].append(where)      # a cancellation or an underflow: not a zero of w
         else:
             inner, outer = (sl, sh) if where["r"] > 1 else (sh, sl)
@@ -194,21 +199,20 @@ def facts(arb) -> dict:
     return out
 
 
-def _rounding(arb, found) -> list:
-    """Per sign change (row, lo, hi, ...): whether doubles show it and extended precision does
+def rounded(arb, lo, hi, mu, A) -> list:
+    """Per sign change in [lo, hi] at μ, A (arrays): whether doubles show it and extended precision does
     not: there w keeps one nonzero sign across the bracket (widened by 1e-9 relative), so the
     doubles' change is the rounding of a cancellation (1 − σ read as 0 past r ≈ 38) or of an
     underflow (−1e-320 next to +2e-323), not a zero of w. Unless, a little farther out (up to
     1e-5 relative), doubles and long double agree on w's value (to half of it) and its states
     differ on the two sides: a flat zero, w ~ (r − 1.655)³, is below long double's own rounding
-    1e-9 away and a plain sign change 1e-7 away. Where numpy's long double is a double,
-    nothing is told apart. (One evaluation for all: 40 masks' 3,000 edges took 0.6 s one by one.)"""
+    1e-9 away and a plain sign change 1e-7 away. Where numpy's long double is a double, nothing is
+    told apart. (One evaluation for all: 40 masks' 3,000 edges took 0.6 s one by one.)"""
     np = arb.np
-    if not found or np.finfo(np.longdouble).eps >= np.finfo(float).eps:
-        return [False] * len(found)
-    rows, lo, hi = (np.array([f[k] for f in found]) for k in range(3))
-    mu, A = arb.mu[rows, 0][None, :], (arb.sign * arb.mag)[rows, 0][None, :]
-    real = np.zeros(len(found), dtype=bool)
+    if not len(lo) or np.finfo(np.longdouble).eps >= np.finfo(float).eps:
+        return [False] * len(lo)
+    mu, A = np.asarray(mu)[None, :], np.asarray(A)[None, :]
+    real = np.zeros(len(lo), dtype=bool)
     with np.errstate(all="ignore"):
         for k, widen in enumerate(10.0 ** np.arange(-9, -4)):
             pad = np.maximum(hi - lo, widen * np.maximum(np.abs(lo), np.abs(hi)))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from openrlhf_drpo.analysis.numeric.arbiter import DENSE_MAGNITUDES, MAGNITUDES, SIGNS
 from openrlhf_drpo.analysis.numeric.arbiter import state
-from openrlhf_drpo.analysis.numeric.events import boundary_at, changes_sign_at, describe, kind_at, undefined_at
+from openrlhf_drpo.analysis.numeric.events import (bisect_change, boundary_at, changes_sign_at, describe, kind_at,
+                                                   rounded, undefined_at)
 from openrlhf_drpo.analysis.mathtext import fmt, math_text
 
 
@@ -81,6 +82,9 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
     for adv, sign in SIGNS:
         events = facts[adv]["events"] + _threshold_events(arb, sign)
         used = np.zeros(len(events), dtype=bool)
+        # where w depends on |A|: its sign changes between the |A| the rows sample (_between_magnitudes),
+        # searched only where something asks (a candidate no row meets, a change none accounts for)
+        scan, between = {}, len(arb.magnitudes) > 1
         out = {"r": [], "pi": [], "kind": [], "reachable": [], "numeric": [], "where": []}
         for r_expr, pi_expr, g, explicit, edge in candidates[adv]:
             if any(_same_place(r_expr, x) for x in out["r"]):
@@ -132,6 +136,14 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                     if note not in notes:
                         notes.append(note)
                     continue
+            elif between and isinstance(r_expr, sp.Eq) and \
+                    (hit := boundary_at(arb, g, (dense := _scan(scan, arb, sign))["events"])).any():
+                # an implicit zero met between the |A| the rows sample only (1 + (r − 2.5)⁵/A = 0 lies
+                # in the unclipped piece r < 0.72 for 18 < |A| < 98 only)
+                kinds = sorted({dense["events"][i]["kind"] for i in np.nonzero(hit)[0]})
+                where = _place(arb, [dense["events"][i] for i in np.nonzero(hit)[0]], explicit)
+                dense["used"] |= hit
+                reachable = True
             else:
                 continue        # an edge where w might have jumped, and does not
             pi = pi_expr()
@@ -143,13 +155,108 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
                            ("where", where)):
                 out[key].append(v)
         rest = [e for e, u in zip(events, used) if not u]
+        # between the |A| sampled, a change a candidate accounts for, or at a place one accounts for on the
+        # grid's rows (a flat zero r = 2.5 that an expanded (r − 2.5)⁵ cannot bracket in doubles)
+        placed, across = [e for e, u in zip(events, used) if u], set()
+        if between and (rest or scan or not candidates[adv]):
+            dense = _scan(scan, arb, sign)
+            taken = dense["used"] | _accounted(arb, dense["events"], candidates[adv])
+            rest += [e for e, hit in zip(dense["events"], taken) if not hit and not any(
+                p["mu"] == e["mu"] and abs(p["r"] - e["r"]) <= 1e-6 * max(1.0, p["r"]) for p in placed)]
+            across = dense["across"]
         for kind in sorted({e["kind"] for e in rest}):
-            for side in (True, False):      # r > 1, r < 1: separate boundaries
-                group = [e for e in rest if e["kind"] == kind and (e["r"] > 1) == side]
+            # r > 1, r < 1: separate boundaries, unless w at r = 1 changes sign as |A| varies (a
+            # zero that moves through r = 1 with |A|: one span, else the r between is in neither)
+            for side in ((None,) if kind in across else (True, False)):
+                group = [e for e in rest if e["kind"] == kind and side in (None, e["r"] > 1)]
                 if group:
                     out["numeric"].append({"where": _place(arb, group), "kind": kind})
         boundary[adv] = out
     return boundary, notes
+
+
+def _scan(scan: dict, arb, sign) -> dict:
+    """_between_magnitudes' events (and which of them a candidate took, 'used'), found once per sign."""
+    if not scan:
+        events, across = _between_magnitudes(arb, sign)
+        scan.update(events=events, across=across, used=arb.np.zeros(len(events), dtype=bool))
+    return scan
+
+
+def _accounted(arb, events, candidates):
+    """Which events a candidate accounts for (boundary_at); a zero leaving through r → 0 between two
+    |A| (an event with 'before', the |A| it was inside at), where g changes sign at that r between them."""
+    np = arb.np
+    hit = np.zeros(len(events), dtype=bool)
+    exits = [i for i, e in enumerate(events) if "before" in e]
+    for _, _, g, _, _ in candidates:
+        hit |= boundary_at(arb, g, events)
+        for i in exits:
+            e = events[i]
+            with np.errstate(all="ignore"):
+                a, b = (float(np.asarray(g(e["r"], e["mu"], x), dtype=float)) for x in (e["before"], e["A"]))
+            hit[i] |= bool(np.isfinite(a) and np.isfinite(b) and (a == 0 or b == 0 or np.sign(a) != np.sign(b)))
+    return hit
+
+
+def _between_magnitudes(arb, sign) -> tuple[list, set]:
+    """Where w depends on |A| and the grid's rows show a sign change it found no formula for: the
+    same rows (their μ and r) at every quarter decade of |A| between the arbiter's, each change
+    located and labelled as the grid's are, so that a span that moves with |A| is not cut short
+    at the |A| sampled (r from 0.29 to 0.86 at |A| = 1, where at |A| = 1.9 it lies at 0.95). Where
+    the row's first point changes sign between two of them, a zero left through r → 0: that point
+    is an event too. A change that extended precision shows to be the doubles' rounding is none
+    (events.rounded). Returns those events and the kinds whose zero moves through r = 1 (w there
+    changes sign between two |A|)."""
+    np = arb.np
+    rows = np.flatnonzero((arb.sign[:, 0] == sign) & (arb.mag[:, 0] == arb.magnitudes[0]))
+    lo_mag, hi_mag = min(arb.magnitudes), max(arb.magnitudes)
+    mags = np.unique(np.concatenate([[m for m in DENSE_MAGNITUDES if lo_mag <= m <= hi_mag], arb.magnitudes]))
+    R = np.tile(arb.R[rows], (mags.size, 1))
+    mu = np.tile(arb.mu[rows], (mags.size, 1))
+    A = sign * np.repeat(mags, rows.size)[:, None]
+    with np.errstate(all="ignore"):
+        W = arb.w(R, mu, A)
+        at_one = state(arb.w(np.ones_like(mu), mu, A)).reshape(mags.size, rows.size)
+    S = state(W)
+    out = []
+    # a sign change between neighbours, or across one grid point where w is exactly 0 (an interval
+    # of 0 and its edges are |A|-fixed thresholds the grid's rows see: not searched here)
+    i, j = np.nonzero(S[:, 1:] * S[:, :-1] == -1)
+    i2, j2 = np.nonzero((S[:, 2:] * S[:, :-2] == -1) & (S[:, 1:-1] == 0))
+    i, j, k = np.concatenate([i, i2]), np.concatenate([j, j2]), np.concatenate([j + 1, j2 + 2])
+    if i.size:
+        lo, hi = bisect_change(arb, R[i, j], R[i, k], mu[i, 0], A[i, 0])
+        real = ~np.array(rounded(arb, lo, hi, mu[i, 0], A[i, 0]), dtype=bool)
+        i, j, k, lo, hi = i[real], j[real], k[real], lo[real], hi[real]
+        r = (lo + hi) / 2
+        labels = kind_at(arb, r, mu[i, 0], A[i, 0], (S[i, j], S[i, k]))
+        out += [{"mu": float(m), "A": float(a), "r": float(x), "kind": str(k_), "lo": float(a_), "hi": float(b_)}
+                for m, a, x, k_, a_, b_ in zip(mu[i, 0], A[i, 0], r, labels, lo, hi)]
+    first = S[:, 0].reshape(mags.size, rows.size)
+    exits = (first[1:] * first[:-1] == -1)
+    for k, c in zip(*np.nonzero(exits)):
+        if _leaves_through_zero(arb, arb.R[rows[c]], float(arb.mu[rows[c], 0]), sign * mags[k], sign * mags[k + 1]):
+            x = float(arb.R[rows[c], 0])
+            out.append({"mu": float(arb.mu[rows[c], 0]), "A": float(sign * mags[k + 1]), "r": x, "kind": "crosses 0",
+                        "lo": x, "hi": x, "before": float(sign * mags[k])})
+    moves = bool(np.any((at_one[1:] != at_one[:-1]) & (np.abs(at_one[1:]) == 1) & (np.abs(at_one[:-1]) == 1)))
+    return out, ({"crosses 0"} if moves else set())
+
+
+def _leaves_through_zero(arb, row, mu, a, b) -> bool:
+    """Whether w's state at the row's first point changes between A = a and b because a zero moves
+    through it: at the |A| where it changes (bisected), the row's first sign change is next to
+    that point. (Where w on r < 1 changes sign as a whole, 1 − 0.05·μ/|A|, the change is at r = 1.)"""
+    np = arb.np
+    s0 = state(arb.w(row[0], mu, a))
+    for _ in range(60):
+        m = np.copysign(np.sqrt(a * b), a)      # a and b share A's sign
+        a, b = (m, b) if state(arb.w(row[0], mu, m)) == s0 else (a, m)
+    with np.errstate(all="ignore"):
+        s = state(arb.w(row[~np.isnan(row)], mu, a))
+    changed = np.flatnonzero((s != s0) & (s != 2))
+    return bool(changed.size) and changed[0] <= 2
 
 
 def _threshold_events(arb, sign) -> list:
