@@ -192,27 +192,33 @@ def test_an_objective_without_memory_has_no_state():
 
 
 # ---------------------------------------------------------------- ranks
-def _rank(rank, world, path, out, all_reduce):
+def _rank(rank, world, path, out):
     os.environ.update(MASTER_ADDR="127.0.0.1")
     torch.distributed.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
-    if not all_reduce:       # breakage: each rank its own statistic
-        core_controls._distributed = lambda group: False
-    loss, seen = kl_loss(), []
-    for step in range(3):
-        data = batch(100 * step + rank)           # different data on each rank
-        train_call(loss, *data)
-        seen.append(loss.end_step()["drpo_beta"])
-    torch.save(seen, f"{out}.{rank}")
+    runs = []
+    for all_reduce in (True, False):
+        if not all_reduce:       # breakage: each rank its own statistic
+            core_controls._distributed = lambda group: False
+        loss, seen = kl_loss(), []
+        for step in range(3):
+            data = batch(100 * step + rank)           # different data on each rank
+            train_call(loss, *data)
+            seen.append(loss.end_step()["drpo_beta"])
+        runs.append(seen)
+    torch.save(runs, f"{out}.{rank}")
     torch.distributed.destroy_process_group()
 
 
-def _two_ranks(tmp_path, all_reduce=True):
-    mp.spawn(_rank, args=(2, tmp_path / "store", tmp_path / "values", all_reduce), nprocs=2, join=True)
-    return [torch.load(tmp_path / f"values.{r}") for r in range(2)]
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Each rank's β at each step: with the all-reduce, then without it (one spawn for both)."""
+    folder = tmp_path_factory.mktemp("ranks")
+    mp.spawn(_rank, args=(2, folder / "store", folder / "values"), nprocs=2, join=True)
+    return [torch.load(folder / f"values.{r}") for r in range(2)]
 
 
-def test_two_ranks_hold_identical_values_equal_to_one_process_over_both_ranks_data(tmp_path):
-    ranks = _two_ranks(tmp_path)
+def test_two_ranks_hold_identical_values_equal_to_one_process_over_both_ranks_data(two_ranks):
+    ranks = [runs[0] for runs in two_ranks]
     alone, want = kl_loss(), []
     for step in range(3):
         for rank in range(2):
@@ -222,9 +228,8 @@ def test_two_ranks_hold_identical_values_equal_to_one_process_over_both_ranks_da
     assert ranks[0] == pytest.approx(want, rel=1e-14, abs=0)
 
 
-def test_two_ranks_without_the_all_reduce_differ(tmp_path):
-    ranks = _two_ranks(tmp_path, all_reduce=False)
-    assert ranks[0] != ranks[1]
+def test_two_ranks_without_the_all_reduce_differ(two_ranks):
+    assert two_ranks[0][1] != two_ranks[1][1]
 
 
 # ---------------------------------------------------------------- the statistic against the reference
