@@ -312,3 +312,14 @@ def test_a_bad_rule_is_a_located_error(line, message, col):
         dsl.parse(text)
     assert message in err.value.message
     assert (err.value.line, err.value.col) == (text.split("\n").index(line.split("\n")[-1]) + 1, col)
+
+
+def test_a_statistic_reads_the_groups_its_objective_does_not():
+    """The rule's group_std needs the groups whole even where the objective itself reads none."""
+    loss = CompiledLoss(dsl.parse("c = 1\nc ← c*(1 + 0.1*batch_mean(group_std(seq_mean(A)))) in [0, 2]\nr*A - c*r"))
+    assert "groups" in loss.inputs()
+    logp = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+    A = torch.tensor([[1.0] * 3, [0.0] * 3, [2.0] * 3, [2.0] * 3], dtype=torch.float64)
+    loss(logp, logp.detach(), A, groups=torch.tensor([0, 0, 1, 1])).loss.backward()
+    # group 0's sample std of (1, 0) on its 6 tokens, group 1's 0 on its 6: the batch's token mean is √2/4
+    assert loss.end_step()["drpo_c"] == pytest.approx(1 + 0.1 * math.sqrt(2) / 4, rel=1e-15)

@@ -69,7 +69,7 @@ class CompiledLoss(HostCalls, nn.Module):
         self.names = self.objective.names()
         self.reads = reading(self.objective).names()     # and what its update rules' statistics read
         self.uses_rollout = self.objective.reads_rollout()
-        self.kept_whole = self.objective.facts.kept_whole
+        self.kept_whole = reading(self.objective).facts.kept_whole     # (its rules' statistics' groups too)
         self.support = support(self.objective.expr)    # whose top-k the vocabulary sums read (None: no such sum)
         for text in self.objective.by_position():       # a silent surprise otherwise: [1.5, 0, 0] for [1.5, 1.5, 1.5]
             warnings.warn(f"{who}: objective '{self.objective.name}': {text}", stacklevel=2)
