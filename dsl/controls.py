@@ -13,7 +13,7 @@ written, and the update itself (`next_values`) is plain float64 arithmetic, the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from dsl.ir import Node, Pos, num, rebuild
@@ -36,6 +36,7 @@ class Control:
     low: float
     high: float
     pos: Pos = field(compare=False)      # the update line's name, for errors raised during training
+    bounds: tuple = field(default=(), compare=False, repr=False)     # as written: a bound may be a parameter
 
     def text(self) -> str:
         return f"{display_name(self.name)} ← {render(self.rule)} in [{_g(self.low)}, {_g(self.high)}]"
@@ -70,15 +71,53 @@ def check_rule(src, name: str, rule: Node, bounds: tuple | None, params: dict, p
         raise src.error(f"the value of '{shown}' at the first step, {_g(float(params[name]))}, is outside its bounds "
                         f"[{_g(low)}, {_g(high)}]", pos, f"set {shown} = ... to a value in [{_g(low)}, {_g(high)}]")
     _check_reads(src, rule, pos)
+    for divisor, value in _divisors(rule, params, controlled):
+        if not value > 0:
+            raise src.error(f"the rule of '{shown}' divides by '{render(divisor)}' = {_g(value)}, which is not "
+                            "positive", divisor.pos or pos, DIVISOR_HINT)
+    return Control(name, rule, low, high, pos, tuple(bounds))
+
+
+DIVISOR_HINT = "a controller's target and horizon are positive (the update would diverge or divide by zero)"
+
+
+def at_values(controls: dict, params: dict) -> dict:
+    """The controls at other parameter values (an override): bounds that read a parameter evaluated
+    again, the checks of check_rule repeated; ValueError(message, the parameters it reads) where one
+    fails, so that an override cannot undo what the file was refused for."""
+    values, out = {k: float(v) for k, v in params.items()}, {}
+    for name, c in controls.items():
+        shown = display_name(name)
+        for divisor, value in _divisors(c.rule, params, controls):
+            if not value > 0:
+                raise ValueError(f"the rule of '{shown}' divides by '{render(divisor)}' = {_g(value)}, which is not "
+                                 f"positive ({DIVISOR_HINT})", _reads(divisor))
+        low, high = (_value(b, values) for b in c.bounds) if c.bounds else (c.low, c.high)
+        read = {n for b in c.bounds for n in _reads(b)} | {name}
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"the bounds of '{shown}', [{_g(low)}, {_g(high)}], are not finite with low < high", read)
+        if not low <= values[name] <= high:
+            raise ValueError(f"'{shown}' = {_g(values[name])} is outside its bounds [{_g(low)}, {_g(high)}]", read)
+        out[name] = replace(c, low=low, high=high)
+    return out
+
+
+def _divisors(rule: Node, params: dict, controlled):
+    """Each constant divisor of a rule (a target, a horizon) with its value at `params`."""
     for n in rule.walk():
         if n.op == "div" and _constant(n.args[1], controlled):
-            value = evaluate(n.args[1], {k: float(v) for k, v in params.items()})
-            if not value > 0:
-                raise src.error(f"the rule of '{shown}' divides by '{render(n.args[1])}' = {_g(value)}, which is not "
-                                "positive", n.args[1].pos or pos,
-                                "a controller's target and horizon are positive (the update would diverge or "
-                                "divide by zero)")
-    return Control(name, rule, low, high, pos)
+            yield n.args[1], _value(n.args[1], {k: float(v) for k, v in params.items()})
+
+
+def _value(n: Node, values: dict) -> float:
+    try:
+        return evaluate(n, values)
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return math.nan
+
+
+def _reads(n: Node) -> set:
+    return {m.value for m in n.walk() if m.op == "param"}
 
 
 def next_values(controls: dict, params: dict, stats: dict) -> dict[str, float]:

@@ -323,3 +323,23 @@ def test_a_statistic_reads_the_groups_its_objective_does_not():
     loss(logp, logp.detach(), A, groups=torch.tensor([0, 0, 1, 1])).loss.backward()
     # group 0's sample std of (1, 0) on its 6 tokens, group 1's 0 on its 6: the batch's token mean is √2/4
     assert loss.end_step()["drpo_c"] == pytest.approx(1 + 0.1 * math.sqrt(2) / 4, rel=1e-15)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"kl_target": 0}, "divides by 'kl_target' = 0, which is not positive"),
+    ({"horizon": 0}, "divides by 'horizon' = 0, which is not positive"),
+    ({"kl_target": -6}, "divides by 'kl_target' = -6, which is not positive"),
+])
+def test_an_override_cannot_set_a_controllers_target_or_horizon_the_file_is_refused_for(override, message):
+    with pytest.raises(dsl.DslError) as err:
+        kl_loss(**override)
+    assert message in err.value.message and err.value.col == len(next(iter(override))) + 2
+
+
+def test_a_bound_written_as_a_parameter_moves_with_its_override():
+    obj = dsl.parse("lo = 0\nβ = 0.05\nβ ← β·(1 + batch_mean(A)) in [lo, 10]\nr*A - β*r + 0*lo")
+    assert CompiledLoss(obj, lo=0.01).objective.controls["beta"].low == 0.01
+    with pytest.raises(dsl.DslError, match=r"'β' = 0.05 is outside its bounds \[0.1, 10\]"):
+        CompiledLoss(obj, lo=0.1)
+    with pytest.raises(dsl.DslError, match="are not finite with low < high"):
+        CompiledLoss(obj, lo=20)
