@@ -343,3 +343,15 @@ def test_a_bound_written_as_a_parameter_moves_with_its_override():
         CompiledLoss(obj, lo=0.1)
     with pytest.raises(dsl.DslError, match="are not finite with low < high"):
         CompiledLoss(obj, lo=20)
+
+
+def test_a_saved_state_of_another_objective_with_the_same_names_or_a_step_that_is_not_whole_is_refused():
+    source = CompiledLoss("adaptive_kl")          # controls β, as kl_loss_ctrl does
+    train_call(source, *batch(3))
+    source.end_step()
+    state = source.control_state()
+    with pytest.raises(ValueError, match="resume with the same objective"):
+        CompiledLoss("kl_loss_ctrl").load_control_state(state)
+    for step in (2.5, -1, "3"):
+        with pytest.raises(ValueError, match="not a whole number"):
+            CompiledLoss("adaptive_kl").load_control_state({**state, "step": step})

@@ -106,6 +106,12 @@ class Controller:
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"openrlhf_drpo: not a controlled objective's state (version {STATE_VERSION}): {state!r}")
+        if state.get("objective") != self.base.name:
+            raise ValueError(f"openrlhf_drpo: the saved state is objective '{state.get('objective')}'s, not "
+                             f"'{self.base.name}'s: resume with the same objective")
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step) or step < 0:
+            raise ValueError(f"openrlhf_drpo: the saved step {step!r} is not a whole number ≥ 0")
         if set(state["values"]) != set(self.values):
             raise ValueError(f"openrlhf_drpo: the saved state holds {sorted(state['values'])}, but objective "
                              f"'{self.base.name}' controls {sorted(self.values)}: resume with the same objective")
