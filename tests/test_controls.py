@@ -355,3 +355,12 @@ def test_a_saved_state_of_another_objective_with_the_same_names_or_a_step_that_i
     for step in (2.5, -1, "3"):
         with pytest.raises(ValueError, match="not a whole number"):
             CompiledLoss("adaptive_kl").load_control_state({**state, "step": step})
+
+
+def test_a_rules_statistic_of_pi_ref_leaves_openrlhfs_own_kl_loss_trained():
+    """The actor zeroes OpenRLHF's KL loss only where the objective's own terms are the KL trained."""
+    from openrlhf_drpo.hosts.openrlhf.inputs import trains_the_kl
+    stat_only = CompiledLoss(dsl.parse("c = 1\nc ← c·(1 + 0.1·batch_mean(log(π_old) - log(π_ref))) in [0, 2]\n"
+                                       "min(r*A, clip(r, 0.8, 1.2)*A) + 0*c"))
+    assert "ref_log_probs" in stat_only.inputs()          # it is fed π_ref, for its statistic
+    assert not trains_the_kl(stat_only) and trains_the_kl(CompiledLoss("adaptive_kl"))

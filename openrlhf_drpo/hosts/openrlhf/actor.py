@@ -69,7 +69,7 @@ def install_objective(trainer, spec, step_log=None):
         raise RuntimeError(f"openrlhf-drpo: objective '{loss_fn.objective.name}' updates its state after each "
                            f"optimizer step, which this actor's {type(engine).__name__} does not count")
     # π_ref in the objective (its log-probs, or its top-k in a vocabulary sum): the objective is the KL trained
-    reads_ref = bool({"ref_log_probs", *inputs.VOCABULARY_INPUTS} & set(loss_fn.inputs()))
+    reads_ref = inputs.trains_the_kl(loss_fn)
 
     def optimizer_stepped(micro_index) -> bool:       # as ActorPPOTrainer.training_step decides it
         if trainer.args.train.dynamic_batch_enable:

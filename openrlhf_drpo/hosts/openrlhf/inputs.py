@@ -38,6 +38,13 @@ VOCAB_IDS, VOCAB_REF = "drpo_vocab_ids", "drpo_vocab_ref"
 VOCABULARY_INPUTS = ("vocab_log_probs", "vocab_ref_log_probs")
 
 
+def trains_the_kl(loss) -> bool:
+    """Whether the objective itself reads π_ref (or its top-k): its terms are then the KL trained and
+    OpenRLHF's own KL loss gets a coefficient of 0. An update rule's statistic of π_ref is no such term
+    (loss.inputs() lists what it reads): OpenRLHF's KL loss stays trained beside it."""
+    return bool({"pi_ref", "pi_ref_v"} & loss.objective.names()) or loss.support is not None
+
+
 def missing_at_launch(ns) -> dict:
     """ObjectiveLoss.lacks for a drpo-train command line: each input (or thing a loss call must
     hold whole) this run would not give, with the flags that would."""

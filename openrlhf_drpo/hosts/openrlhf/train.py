@@ -113,7 +113,7 @@ def prepare_objective(args: argparse.Namespace, notes: list | None = None):
             for key, value in {**_IS_DEFAULTS, "level": "token"}.items():
                 setattr(args, f"algo.advantage.is_correction_{key}", value)
     from openrlhf_drpo.hosts.openrlhf import controls
-    from openrlhf_drpo.hosts.openrlhf.inputs import refuse_at_launch
+    from openrlhf_drpo.hosts.openrlhf.inputs import refuse_at_launch, trains_the_kl
     from openrlhf_drpo.hosts.openrlhf.loss import ObjectiveLoss
     # checks openrlhf's version and loss arity, compiles the code; refuses what this run cannot give it
     try:     # what drpo-train never gives (the policy's own top-k) is refused at construction
@@ -126,7 +126,7 @@ def prepare_objective(args: argparse.Namespace, notes: list | None = None):
     if getattr(args, "drpo.vocab_topk", None) is not None and loss.support is None:
         raise SystemExit(f"drpo-train: error: --drpo.vocab_topk: objective '{obj.name}' has no vocabulary sum "
                          "(ref_topk_sum) to read a top-k: leave the flag out")
-    reads_ref = bool({"pi_ref", "pi_ref_v"} & obj.names()) or loss.support is not None
+    reads_ref = trains_the_kl(loss)
     if getattr(args, "drpo.teacher", None) is not None and not reads_ref:
         raise SystemExit(f"drpo-train: error: --drpo.teacher: objective '{obj.name}' reads neither π_ref nor its "
                          "top-k, which the teacher stands in for: leave the flag out")
