@@ -83,7 +83,7 @@ DIVISOR_HINT = "a controller's target and horizon are positive (the update would
 
 def at_values(controls: dict, params: dict) -> dict:
     """The controls at other parameter values (an override): bounds that read a parameter evaluated
-    again, the checks of check_rule repeated; ValueError(message, the parameters it reads) where one
+    again, the checks of check_rule repeated; ValueError(message, the parameters it reads, the Control) where one
     fails, so that an override cannot undo what the file was refused for."""
     values, out = {k: float(v) for k, v in params.items()}, {}
     for name, c in controls.items():
@@ -91,13 +91,13 @@ def at_values(controls: dict, params: dict) -> dict:
         for divisor, value in _divisors(c.rule, params, controls):
             if not value > 0:
                 raise ValueError(f"the rule of '{shown}' divides by '{render(divisor)}' = {_g(value)}, which is not "
-                                 f"positive ({DIVISOR_HINT})", _reads(divisor))
+                                 f"positive ({DIVISOR_HINT})", _reads(divisor), c)
         low, high = (_value(b, values) for b in c.bounds) if c.bounds else (c.low, c.high)
         read = {n for b in c.bounds for n in _reads(b)} | {name}
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
-            raise ValueError(f"the bounds of '{shown}', [{_g(low)}, {_g(high)}], are not finite with low < high", read)
+            raise ValueError(f"the bounds of '{shown}', [{_g(low)}, {_g(high)}], are not finite with low < high", read, c)
         if not low <= values[name] <= high:
-            raise ValueError(f"'{shown}' = {_g(values[name])} is outside its bounds [{_g(low)}, {_g(high)}]", read)
+            raise ValueError(f"'{shown}' = {_g(values[name])} is outside its bounds [{_g(low)}, {_g(high)}]", read, c)
         out[name] = replace(c, low=low, high=high)
     return out
 

@@ -133,7 +133,6 @@ class Objective:
                 raise DslError(f"unknown parameter '{raw}' for objective '{self.name}'", where, 1, 1,
                                text, f"its parameters are: {known}{did_you_mean(name, self.params)}")
             new_params[name] = _finite_number(value, where, text, len(str(raw)) + 2)
-            _within_bounds(self.controls.get(name), new_params[name], where, text, len(str(raw)) + 2)
         controls = _controls_at(self.controls, new_params, given, where) if given else self.controls
         for key, value in (options or {}).items():
             check_option(key, str(value), where, 1, 1, f"{key}={value}", len(key) + 2)
@@ -143,23 +142,16 @@ class Objective:
                          controls).check_constants()
 
 
-def _within_bounds(c, value: Fraction, where, text, col) -> None:
-    """A controlled parameter's override (a resumed value, --set) inside its bounds."""
-    if c is not None and not c.low <= float(value) <= c.high:
-        raise DslError(f"'{display_name(c.name)}' = {float(value):g} is outside its bounds [{c.low:g}, {c.high:g}]",
-                       where, 1, col, text, f"'{display_name(c.name)}' is controlled: {c.text()}")
-
-
 def _controls_at(controls: dict, params: dict, given: dict, where) -> dict:
     """The controls at the overridden values: a bound that is a parameter moves with it, and a target
     or a horizon set to 0 is refused as in the file (dsl.controls.at_values), located at the override."""
     try:
         return at_values(controls, params)
     except ValueError as e:
-        message, read = e.args
+        message, read, c = e.args
         text = next((given[k] for k in given if k in read), next(iter(given.values())))
-        raise DslError(message, where, 1, text.index("=") + 2, text,
-                       "set the parameters it reads to values that keep it valid") from None
+        raise DslError(message, where, 1, text.index("=") + 2, text, f"'{display_name(c.name)}' is controlled: "
+                       f"{c.text()}") from None
 
 
 def param_key(raw) -> str:

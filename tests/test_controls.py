@@ -364,3 +364,11 @@ def test_a_rules_statistic_of_pi_ref_leaves_openrlhfs_own_kl_loss_trained():
                                        "min(r*A, clip(r, 0.8, 1.2)*A) + 0*c"))
     assert "ref_log_probs" in stat_only.inputs()          # it is fed π_ref, for its statistic
     assert not trains_the_kl(stat_only) and trains_the_kl(CompiledLoss("adaptive_kl"))
+
+
+def test_a_controlled_value_is_checked_against_its_bounds_at_the_overridden_values():
+    obj = dsl.parse("lo = 0\nβ = 0.05\nβ ← β·(1 + batch_mean(A)) in [lo, 10]\nr*A - β*r + 0*lo")
+    assert CompiledLoss(obj, lo=-5, β=-1).objective.params["beta"] == -1
+    with pytest.raises(dsl.DslError, match=r"'β' = 11 is outside its bounds \[0, 10\]") as err:
+        CompiledLoss(obj, β=11)
+    assert err.value.col == len("β") + 2
