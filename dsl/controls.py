@@ -63,7 +63,7 @@ def check_rule(src, name: str, rule: Node, bounds: tuple | None, params: dict, p
     if bounds is None:
         raise src.error(f"the controlled parameter '{shown}' has no bounds", _end(src, pos),
                         f"end the line with its range, e.g. '{shown} ← ... in [0, 1]': its value is clamped into it")
-    low, high = (_constant_bound(src, b, params) for b in bounds)
+    low, high = (_constant_bound(src, b, params, controlled) for b in bounds)
     if not low < high:
         raise src.error(f"the bounds of '{shown}', [{_g(low)}, {_g(high)}], are empty or a single point", bounds[0].pos or pos,
                         "write [low, high] with low < high")
@@ -173,10 +173,13 @@ def _constant(n: Node, controlled) -> bool:
                (m.op in OPS and not OPS[m.op].reduce) for m in n.walk()) and not any(m.op == "var" for m in n.walk())
 
 
-def _constant_bound(src, n: Node, params: dict) -> float:
-    if any(m.op == "var" or (m.op in OPS and OPS[m.op].reduce) or (m.op == "param" and m.value == STEP)
+def _constant_bound(src, n: Node, params: dict, controlled=()) -> float:
+    # a controlled parameter moves at every step: a bound that read one would move with it
+    if any(m.op == "var" or (m.op in OPS and OPS[m.op].reduce) or (m.op == "param" and (m.value == STEP or
+                                                                                      m.value in controlled))
            for m in n.walk()):
-        raise src.error(f"a bound must be a constant, got '{render(n)}'", n.pos, "write a number or a parameter")
+        raise src.error(f"a bound must be a constant, got '{render(n)}'", n.pos,
+                        "write a number or a parameter that no rule updates")
     try:
         value = evaluate(n, {k: float(v) for k, v in params.items()})
     except (ValueError, ZeroDivisionError, OverflowError):

@@ -372,3 +372,14 @@ def test_a_controlled_value_is_checked_against_its_bounds_at_the_overridden_valu
     with pytest.raises(dsl.DslError, match=r"'β' = 11 is outside its bounds \[0, 10\]") as err:
         CompiledLoss(obj, β=11)
     assert err.value.col == len("β") + 2
+
+
+@pytest.mark.parametrize("lines, col", [
+    ("α = 1\nα ← α in [0, 2]\nβ ← β in [0, α]", 14),      # another controlled parameter
+    ("β ← β in [0, 2*β]", 14),                              # its own
+])
+def test_a_bound_that_reads_a_controlled_parameter_is_a_located_error(lines, col):
+    text = f"β = 0.1\n{lines}\nr*A - β*r"
+    with pytest.raises(dsl.DslError, match="a bound must be a constant") as err:
+        dsl.parse(text)
+    assert (err.value.line, err.value.col) == (text.count("\n") , col)
