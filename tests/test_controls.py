@@ -383,3 +383,12 @@ def test_a_bound_that_reads_a_controlled_parameter_is_a_located_error(lines, col
     with pytest.raises(dsl.DslError, match="a bound must be a constant") as err:
         dsl.parse(text)
     assert (err.value.line, err.value.col) == (text.count("\n") , col)
+
+
+def test_a_step_set_at_launch_survives_the_is_correction_composed_with_the_objective():
+    from openrlhf_drpo.hosts.openrlhf.options import compose
+    obj = dsl.load("clip_schedule").with_overrides({"step": "5"})
+    assert "# step = 5" in obj.canonical()                   # a comment: the text alone would restart at 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert compose(obj, "1").params["step"] == 5

@@ -206,6 +206,8 @@ def compose(obj: dsl.Objective, factor: str) -> dsl.Objective:
     *head, last = obj.canonical().split("\n")
     text = "\n".join([f"# {obj.name}, times OpenRLHF's train/rollout IS correction", *head, f"{factor}*({last})"])
     composed = dsl.parse(text, f"{obj.path} × IS correction")
+    if obj.params.get("step"):      # canonical() writes a set step as a comment (the file cannot set it)
+        composed = composed.with_overrides({"step": str(obj.params["step"])}, where="--drpo.set")
     composed.name = obj.name
     return composed
 
