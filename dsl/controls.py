@@ -190,7 +190,8 @@ def _constant_bound(src, n: Node, params: dict, controlled=()) -> float:
 
 
 def _end(src, pos: Pos) -> Pos:
-    return Pos(pos.line, len(src.lines[pos.line - 1].rstrip()) + 1)
+    # after the rule, not after a comment that ends the line
+    return Pos(pos.line, len(src.lines[pos.line - 1].split("#")[0].rstrip()) + 1)
 
 
 def _g(x: float) -> str:

@@ -394,3 +394,9 @@ def test_a_step_set_at_launch_survives_the_is_correction_composed_with_the_objec
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert compose(obj, "1").params["step"] == 5
+
+
+def test_a_missing_bound_is_located_after_the_rule_not_after_a_trailing_comment():
+    with pytest.raises(dsl.DslError, match="has no bounds") as err:
+        dsl.parse("β = 0.1\nβ ← β*2   # double it\nr*A - β*r")
+    assert (err.value.line, err.value.col) == (2, len("β ← β*2") + 1)
