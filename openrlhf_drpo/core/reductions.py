@@ -164,7 +164,8 @@ def group_std(x, m, like, group, level):
     total, n = _group_totals(x, m, like, group, level)
     dev = _selected(x - total / n.clamp(min=1), m, 0.0, like)
     var = group_sum(dev * dev, m, like, group, level) / (n - 1).clamp(min=1)
-    spread = (n >= 2) & (var > 0)
+    # not `var > 0`: a group with an infinite element has a NaN variance, which must stay NaN, never 0
+    spread = (n >= 2) & ~(var <= 0)
     return torch.where(spread, torch.sqrt(torch.where(spread, var, 1.0)), 0.0)
 
 
