@@ -136,10 +136,9 @@ for name, objective in t.OBJECTIVES.items():
 """
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """Each objective's recorded run on each of two CPU processes."""
-    directory = tmp_path_factory.mktemp("ranks")
+def run_two_ranks(code: str, directory) -> None:
+    """`code` (python -c, argv: directory, rank) on two CPU processes of one torch.distributed world
+    (RANK, WORLD_SIZE, a free port), each one's output in directory/out<rank>; both must exit 0."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -147,12 +146,19 @@ def two_ranks(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), WORLD_SIZE="2")
     logs = [open(directory / f"out{r}", "w") for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(directory), str(r)], stdout=logs[r],
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(directory), str(r)], stdout=logs[r],
                               stderr=subprocess.STDOUT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(2)]
     codes = [p.wait(timeout=900) for p in procs]
     for log in logs:
         log.close()
     assert codes == [0, 0], [(directory / f"out{r}").read_text()[-3000:] for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Each objective's recorded run on each of two CPU processes."""
+    directory = tmp_path_factory.mktemp("ranks")
+    run_two_ranks(RANK, directory)
     return {name: [torch.load(directory / f"{name}.rank{r}.pt") for r in range(2)] for name in OBJECTIVES}
 
 

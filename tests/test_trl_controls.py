@@ -5,11 +5,6 @@ objectives/adaptive_entropy.dsl over a real run. Real runs on CPU with the tiny 
 tests/test_trl.py, two micro-batches per optimizer step."""
 import json
 import math
-import os
-import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 from dsl import parse
 from openrlhf_drpo.lab.toytask import SPECIAL, WORDS, tiny_llama
 from openrlhf_drpo.trl import CONTROL_STATE, ObjectiveGRPOTrainer
+from test_accumulation_trl import run_two_ranks
 from test_trl import reward
 
 PROMPTS = Dataset.from_list([{"prompt": " ".join(WORDS[(3 * i + j) % 16] for j in range(4))} for i in range(64)])
@@ -240,19 +236,7 @@ torch.save({"calls": calls, "values": values, "world": torch.distributed.get_wor
 
 
 def test_two_ranks_with_different_data_hold_the_same_values_from_the_statistic_of_both(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    here = pathlib.Path(__file__).resolve().parent
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), WORLD_SIZE="2")
-    logs = [open(tmp_path / f"out{r}", "w") for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path), str(r)], stdout=logs[r],
-                              stderr=subprocess.STDOUT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(2)]
-    codes = [p.wait(timeout=900) for p in procs]
-    for log in logs:
-        log.close()
-    assert codes == [0, 0], [(tmp_path / f"out{r}").read_text()[-3000:] for r in range(2)]
+    run_two_ranks(RANK, tmp_path)
     ranks = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["values"] == ranks[1]["values"]
     beta, own = 0.1, []
