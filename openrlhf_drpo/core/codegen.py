@@ -383,9 +383,12 @@ def _generate(obj: Objective) -> tuple[str, dict]:
                   [Node("sub", (ONE, kept))], obj.params) if kept is not None
         else "# (no filter: the objective has no [...] factor not involving π)",
     ]) + "\n"
-    called = sorted(set(re.findall(r"\b_([a-z_]+)\(", body)) & {*REDUCTIONS, "turn_len"})    # core.reductions' functions
-    imports = [f"from openrlhf_drpo.core.reductions import {', '.join(f'{k} as _{k}' for k in called)}"] * bool(called)
-    return "\n".join([h for h in header if h is not None] + imports + ["", "", ""]) + body, facts
+    return "\n".join([h for h in header if h is not None] + reductions_import(body) + ["", "", ""]) + body, facts
+
+
+def reductions_import(body: str) -> list[str]:     # the core.reductions functions `body` calls, imported
+    called = sorted(set(re.findall(r"\b_([a-z_]+)\(", body)) & {*REDUCTIONS, "turn_len"})
+    return [f"from openrlhf_drpo.core.reductions import {', '.join(f'{k} as _{k}' for k in called)}"] * bool(called)
 
 
 def compile_objective(obj: Objective) -> Generated:

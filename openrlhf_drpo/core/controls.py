@@ -17,7 +17,6 @@ read an ordinary parameter)."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 
 import torch
@@ -27,8 +26,7 @@ from dsl.ir import Node
 from dsl.levels import facts
 from dsl.names import display_name
 from dsl.objective import Objective
-from dsl.operations import REDUCTIONS
-from openrlhf_drpo.core.codegen import function_source
+from openrlhf_drpo.core.codegen import function_source, reductions_import
 from openrlhf_drpo.core.rewrites import annotate_levels, rewrite_logs, select_masks
 
 STATE_VERSION = 1
@@ -52,12 +50,13 @@ class Controller:
         return self.base.with_overrides({k: repr(float(v)) if isinstance(v, float) else v for k, v in now.items()},
                                         where=f"{self.base.name} at step {self.step}")
 
-    def observe(self, b) -> None:
-        """A training call's contribution: each statistic's (Σ, count) over its tokens, in float64."""
+    def observe(self, b, params: dict) -> None:
+        """A training call's contribution: each statistic's (Σ, count) over its tokens, in float64
+        (`params`: the objective's at this step, which the loss compiled)."""
         if not self.stats:
             return
         if self._functions is None:
-            self._functions = [compile_statistic(s, self.objective().params) for s in self.stats]
+            self._functions = [compile_statistic(s, params) for s in self.stats]
         with torch.no_grad():
             b64 = b.detached().widened(torch.float64)
             keep = b64.mask != 0
@@ -139,9 +138,7 @@ def compile_statistic(stat: Node, params: dict):
     the local [Σ, count] (core.reductions' batch sums), which the caller records."""
     value = select_masks(rewrite_logs(annotate_levels(stat, facts(stat).level)))
     body = function_source("statistic", "a rule's batch statistic; b.pg receives its local [sum, count]", [value], params)
-    called = sorted(set(re.findall(r"\b_([a-z_]+)\(", body)) & {*REDUCTIONS, "turn_len"})
-    head = f"from openrlhf_drpo.core.reductions import {', '.join(f'{k} as _{k}' for k in called)}\n" if called else ""
-    exec(compile(head + body, f"<statistic {stat.op}>", "exec"), namespace := {"torch": torch})
+    exec(compile("\n".join(reductions_import(body) + [body]), f"<statistic {stat.op}>", "exec"), namespace := {"torch": torch})
     return namespace["statistic"]
 
 

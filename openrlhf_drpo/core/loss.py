@@ -117,7 +117,7 @@ class CompiledLoss(HostCalls, nn.Module):
                 stats = fused.apply(seen, *seen.tensors())[1]
         self.metrics = call_metrics(self, stats, b)
         if self.controller is not None and torch.is_grad_enabled():     # a training call: its statistics count
-            self.controller.observe(b)
+            self.controller.observe(b, self.objective.params)
         return LossOutput(loss, self.metrics)
 
     def batch(self, log_probs: Tensor, old_log_probs: OptTensor, advantages: Tensor, mask: OptTensor = None,
