@@ -6,7 +6,7 @@ its derivative (in IR, so analysis and codegen differentiate identically), and e
 the parser, the analysis and the arbiter rely on. Every property is a required keyword: a row
 that leaves one out fails when this module is imported, never by quietly weakening a claim.
 Every walk over the IR (dsl.walks, dsl.printing) is generic over these rows; how the torch
-text is updated in place on CPU is codegen's own table (openrlhf_drpo.core.codegen.KERNELS).
+text is updated in place on CPU is codegen's own table (openrlhf_drpo.core.kernel_table.KERNELS).
 """
 from __future__ import annotations
 

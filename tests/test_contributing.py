@@ -91,7 +91,7 @@ def test_an_atom_added_as_the_page_says_parses_is_analysed_lowers_both_ways_and_
     assert "unknown function 'cube'" in run(copy, ATOM).stderr          # before: not in the language
     docs_check = ("tests/test_docs.py", "-k", "every_function_of_the_language_is_documented")
     insert(copy / "dsl/operations.py", block("atom-row"), before="# x/(1 + |x|): nan at ±inf")
-    insert(copy / "openrlhf_drpo/core/codegen.py", block("atom-kernel"),
+    insert(copy / "openrlhf_drpo/core/kernel_table.py", block("atom-kernel"),
            before='**{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")}')
     proc = run(copy, ATOM)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -133,7 +133,7 @@ def test_a_reduction_added_as_the_page_says_needs_its_adjoint_and_the_generated_
 def follow_the_atom_reduction_and_host_recipes(copy: pathlib.Path) -> None:
     """Every block of the three recipes, where the page says it goes."""
     insert(copy / "dsl/operations.py", block("atom-row"), before="# x/(1 + |x|): nan at ±inf")
-    insert(copy / "openrlhf_drpo/core/codegen.py", block("atom-kernel"),
+    insert(copy / "openrlhf_drpo/core/kernel_table.py", block("atom-kernel"),
            before='**{k: Kernel(reuses_args=True) for k in ("min", "max", "clip")}')
     insert(copy / "docs/language.md", block("atom-doc"), after="- `softsign(x)`:")
     insert(copy / "dsl/adjoints.py", "\n\n" + block("reduction-adjoint"))

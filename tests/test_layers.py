@@ -19,7 +19,7 @@ LAYERS = [
     "dsl.errors", "dsl.names", "dsl.ir", "dsl.lowerings", "dsl.adjoints", "dsl.uniform", "dsl.operations", "dsl.levels",
     "dsl.walks", "dsl.printing", "dsl.source", "dsl.vocabulary", "dsl.controls", "dsl.objective", "dsl.expressions", "dsl.library", "dsl.parser",
     "dsl",
-    "core.values", "core.rewrites", "core.reverse_mode", "core.codegen", "core.boundary", "core.collectives",
+    "core.values", "core.rewrites", "core.reverse_mode", "core.kernel_table", "core.codegen", "core.boundary", "core.collectives",
     "core.reductions", "core.kernels", "core.batch", "core.controls", "core.hosting",
     "core.measures", "core.loss",
     "core",

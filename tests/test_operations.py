@@ -17,7 +17,7 @@ import sympy as sp
 import torch
 
 import dsl
-from openrlhf_drpo.core.codegen import KERNELS
+from openrlhf_drpo.core.kernel_table import KERNELS
 from dsl.ir import ONE, ZERO, Node, num
 from openrlhf_drpo.core.reductions import NAMESPACE
 from dsl import operations, uniform
