@@ -269,8 +269,11 @@ OPS: dict[str, Op] = {
     "atan": _function("atan", lambda sp, a: sp.atan(a), lambda a: f"torch.atan({a})", math.atan,
                       lambda a: f"np.arctan({a})", gradient=lambda n, d: div(d[0], add(ONE, power(n.args[0], num(2)))),
                       continuous=True, branching=False, piecewise=False, exact=None, not_real=None, compares=None),
-    # x/(1 + |x|): nan at ±inf in every lowering, as the formula is in IEEE arithmetic
-    "softsign": _function("softsign", lambda sp, a: a / (1 + sp.Abs(a)), lambda a: f"({a} / (1.0 + torch.abs({a})))",
+    # x/(1 + |x|): nan at ±inf in every lowering, as the formula is in IEEE arithmetic. In torch x itself
+    # at x = 0, so that autograd's product rule never multiplies an infinite gradient from above by
+    # x·sign(x) = 0 there (sqrt(softsign(H)) at H = 0: −inf, not NaN); the value is the same
+    "softsign": _function("softsign", lambda sp, a: a / (1 + sp.Abs(a)),
+                          lambda a: f"torch.where({a} == 0, {a}, {a} / (1.0 + torch.abs({a})))",
                           lambda a: a / (1 + abs(a)), lambda a: f"({a} / (1 + np.abs({a})))",
                           gradient=lambda n, d: div(d[0], power(add(ONE, call("abs", n.args[0])), num(2))),
                           continuous=True, branching=False, piecewise=False, exact=None, not_real=None, compares=None),

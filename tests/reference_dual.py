@@ -13,9 +13,12 @@ differential test fails when the reference is wrong. Where a comparison is decid
 takes there is no question of meaning, so the test does not compare such a case. Where the objective
 is NaN at an unmasked token and a reduction, a comparison, min, max or clip reads that NaN, the
 result is `undefined`: docs/language.md does not say what a comparison with NaN decides, nor what
-gradient a reduction that ignores its element's value (a standard deviation of one) passes back."""
+gradient a reduction that ignores its element's value (a standard deviation of one) passes back. So is
+a gradient made NaN by a product rule's 0·∞ or ∞ − ∞ (forward mode's order; reverse mode sums the
+adjoints first and may give ±∞, and the limit may be either)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -81,6 +84,7 @@ class Reference(Reductions):
         self.memo: dict = {}
         self.fragile = False
         self.undefined = False
+        self.indeterminate = False          # the product rule met 0·∞ or ∞ − ∞ (selecting)
         self.anchor = batch["rollout"] if obj.options["anchor"] == "rollout" else batch["old"]
         np.seterr(all="ignore")       # IEEE arithmetic is the meaning on masked slots (selected out)
 
@@ -232,6 +236,12 @@ class Reference(Reductions):
                 a, b = args
                 q = a.v / b.v
                 out = Dual(q, scaled(1 / b.v, a.g, a.d) - scaled(q / b.v, b.g, b.d), a.d | b.d)
+            # 0·∞ or ∞ − ∞ in the product rule (H/group_std(√H) at H = 0): forward mode gives NaN where
+            # reverse mode sums the adjoints first (±∞), and the limit may be either: undefined where
+            # such a NaN reaches the loss's gradient (loss() checks), not where a selection drops it
+            nan_in = functools.reduce(np.logical_or, [np.isnan(x.g) for x in args])
+            born = np.isnan(out.g) & ~nan_in & np.isfinite(out.v)[..., None]
+            self.indeterminate |= bool((born.any(-1) & self.keep(out.v.ndim)).any())
         conds = self.factor_conditions(n)
         if not conds:
             return out
@@ -312,7 +322,8 @@ class Reference(Reductions):
             out["logp"] = grad[:B * T].reshape(B, T)
             out["H"] = grad[B * T:2 * B * T].reshape(B, T)
             out["vocab"] = grad[2 * B * T:].reshape(B, T, self.k)
-        out["fragile"], out["undefined"] = self.fragile, self.undefined
+        nan_gradient = any(np.isnan(out[k]).any() for k in ("logp", "H", "vocab"))
+        out["fragile"], out["undefined"] = self.fragile, self.undefined or (self.indeterminate and nan_gradient)
         return out
 
 
