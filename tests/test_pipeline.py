@@ -132,7 +132,8 @@ from vllm import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], dtype="bfloat16", enforce_eager=True, max_model_len=64,
           worker_extension_cls="openrlhf_drpo.hosts.openrlhf.vllm_worker.CpuWorkerExtension")
 granted = llm.collective_rpc("request_amx")
-out = llm.generate(["w1 w2 w3 w4"], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+# ignore_eos: the model is random (unseeded), and its greedy tokens reached </s> at 7 in one run
+out = llm.generate(["w1 w2 w3 w4"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
 print(json.dumps({"granted": granted, "tokens": len(out[0].outputs[0].token_ids)}))
 """
 
