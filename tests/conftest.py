@@ -21,14 +21,18 @@ if os.environ.get("CI"):
 # longest files go first, longest first, so that the short ones fill in around them at the end: a
 # long file left to its alphabetical place (test_trl.py, test_train_v3.py, test_verl.py) ran on
 # alone after the rest were done. Measured one at a time under a load average of 15-20 (2 cores):
-# trl 463 s, docs 286, train_v3 218, verl 185, accumulation_train 136, verl_inputs 80, launch 79,
-# scenarios 65, token_claims 60, multinode 55, vocabulary_train 45; the other eight (Ray/vLLM/
-# DeepSpeed runs, the arbiter's random objectives, the contributing recipes' pytest runs) took
-# 90-480 s when last measured. Re-measure when one changes much; list here any file over ~45 s.
-LONGEST = ("test_two_ranks.py", "test_lab.py", "test_pipeline.py", "test_trl.py", "test_arbiter.py", "test_docs.py",
-           "test_analysis.py", "test_contributing.py", "test_train_v3.py", "test_verl.py", "test_accumulation_train.py",
-           "test_train.py", "test_accumulation_trl.py", "test_verl_inputs.py", "test_launch.py", "test_scenarios.py",
-           "test_token_claims.py", "test_multinode.py", "test_vocabulary_train.py")
+# trl 463 s, docs 286, verl 185, verl_inputs 80, launch 79, scenarios 65, token_claims 60,
+# multinode 55, vocabulary_train 45; the last full run: two_ranks 556 (7 launches; 5 since, ~400),
+# lab 262, pipeline 215 (3 launches; 2 since, measured here 228 -> 135 s: ~130), train_controls 110;
+# train_v3 218 and accumulation_train 136 before their DeepSpeed checks shared one process per file
+# (measured here 68 -> 37 s and 39 -> 22 s: ~120 and ~77 at that load); the other five (arbiter,
+# analysis, contributing, train, accumulation_trl) took 90-480 s when last measured. Re-measure
+# when one changes much; list here any file over ~45 s.
+LONGEST = ("test_two_ranks.py", "test_lab.py", "test_trl.py", "test_arbiter.py", "test_docs.py", "test_analysis.py",
+           "test_contributing.py", "test_verl.py", "test_pipeline.py", "test_train.py", "test_accumulation_trl.py",
+           "test_train_v3.py", "test_train_controls.py", "test_verl_inputs.py", "test_launch.py",
+           "test_accumulation_train.py", "test_scenarios.py", "test_token_claims.py", "test_multinode.py",
+           "test_vocabulary_train.py")
 
 
 def pytest_configure(config):

@@ -3,17 +3,17 @@ of 4 micro-batches on one rank, through the real ActorPPOTrainer.ppo_train (Deep
 takes its batch statistics in no-grad passes of the actor's forward over the step's micro-batches,
 then trains each: every micro-batch's gradient to log π is its rows of the step's whole-batch
 gradient, written out by hand (no code of the package). Two ranks × 4 micro-batches: the core's
-test_accumulation, and drpo-train's gradient over 2 Ray ranks: test_two_ranks (beside its one-rank
-reference runs, which it makes once for both of its checks)."""
+test_accumulation, and drpo-train's gradient over 2 Ray ranks: test_two_ranks.
+Both objectives' checks run in one child process, each on an engine of its own
+(one_process.checks_in_one_process: the process's start-up once); each check's outcome is its own test's."""
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from test_train import _experience, _free_port, cpu_openrlhf, tiny_model, train_flags  # noqa: F401  (fixtures)
+from one_process import checks_in_one_process
+from test_train import _experience, tiny_model, train_flags  # noqa: F401  (fixtures)
 
 HERE = pathlib.Path(__file__).parent
 OBJECTIVES = {"trust_the_batch": (HERE.parent / "objectives" / "trust_the_batch.dsl").read_text(),
@@ -87,11 +87,16 @@ def check_accumulated(tiny_model, tmp_path, name):
         assert not torch.allclose(own, expected, rtol=1e-3, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def results(tiny_model, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("accumulated")
+    calls = {}
+    for name in OBJECTIVES:
+        (tmp_path / name).mkdir()
+        calls[name] = ("check_accumulated", [tiny_model, str(tmp_path / name), name])
+    return checks_in_one_process("test_accumulation_train", calls)
+
+
 @pytest.mark.parametrize("name", OBJECTIVES)
-def test_drpo_train_trains_a_batch_objective_over_4_micro_batches_with_the_whole_steps_gradient(
-        name, tiny_model, cpu_openrlhf, tmp_path):
-    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); "
-            "from openrlhf_drpo.hosts.openrlhf.cpu_mode import install_flash_attn_shim; install_flash_attn_shim(); "
-            f"import test_accumulation_train as t; t.check_accumulated({tiny_model!r}, {str(tmp_path)!r}, {name!r})")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def test_drpo_train_trains_a_batch_objective_over_4_micro_batches_with_the_whole_steps_gradient(name, results):
+    assert results[name]["error"] is None, results[name]["error"]

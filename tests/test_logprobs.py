@@ -4,10 +4,7 @@ Actor: its log-probs, entropy and every parameter's gradient equal OpenRLHF's fu
 (fp32, to rounding; through DeepSpeed ZeRO-2 and ZeRO-3 in bf16, as drpo-train runs it), and no
 tensor with the vocabulary as its last dimension is larger than one chunk."""
 import copy
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,7 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from openrlhf_drpo.hosts.openrlhf import logprobs
-from test_train import VOCAB, _free_port, cpu_openrlhf, tiny_model, train_flags  # noqa: F401  (fixtures)
+from one_process import checks_in_one_process
+from test_train import VOCAB, tiny_model, train_flags  # noqa: F401  (fixtures)
 
 V, B, PROMPT, RESPONSE = 97, 3, 6, 9
 
@@ -228,31 +226,34 @@ def deepspeed_comparison(model_path, out, *flags) -> dict:
             "grads": {n: ((grads[n] - g0).abs().max() / g0.abs().max()).item() for n, g0 in grads0.items()}}
 
 
-def _drpo_actor(model_path, out, *flags):
-    """deepspeed_comparison in a fresh process: DeepSpeed keeps process-group state across
-    engines, so a second engine in one process fails (and would fail the next test's)."""
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_logprobs; "
-            f"print(json.dumps(test_logprobs.deepspeed_comparison({model_path!r}, {str(out)!r}, *{flags!r})))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def compared(tiny_model, tmp_path_factory):
+    """deepspeed_comparison for each configuration below, in one child process (each on an engine
+    of its own, one_process.checks_in_one_process): {name: its result and what it printed}."""
+    flags = {"2": ("--ds.zero_stage", "2", "--drpo.logprob_chunk", "5"),
+             "3": ("--ds.zero_stage", "3", "--drpo.logprob_chunk", "5"), "off": ("--drpo.chunked_logprobs", "off")}
+    results = checks_in_one_process("test_logprobs", {
+        name: ("deepspeed_comparison", [tiny_model, str(tmp_path_factory.mktemp(f"stage{name}")), *f])
+        for name, f in flags.items()})
+    for result in results.values():
+        assert result["error"] is None, result["error"]
+    return {name: (result["output"], result["value"]) for name, result in results.items()}
 
 
 @pytest.mark.parametrize("stage", ["2", "3"])
-def test_drpo_trains_actor_scores_chunks_by_default_and_equals_openrlhf_under_deepspeed(tiny_model, cpu_openrlhf,
-                                                                                        tmp_path, stage):
+def test_drpo_trains_actor_scores_chunks_by_default_and_equals_openrlhf_under_deepspeed(compared, stage):
     """bf16: the log-probs are the same numbers; the head's gradient, summed over chunks of 5
     tokens from bf16 products, differs by bf16 rounding (measured: 4.6e-3 of its largest entry,
     about one bf16 ulp; every other parameter's gradient is the same)."""
-    out, diff = _drpo_actor(tiny_model, tmp_path, "--ds.zero_stage", stage, "--drpo.logprob_chunk", "5")
+    out, diff = compared[stage]
     assert "openrlhf-drpo: log-probs from the hidden states, 5 tokens at a time (--drpo.chunked_logprobs on)\n" in out
     assert diff["chunk"] == 5
     assert diff["log_probs"] <= 1e-6 and diff["entropy"] <= 1e-5, diff
     assert max(diff["grads"].values()) <= 1e-2, diff
 
 
-def test_chunked_logprobs_off_keeps_openrlhfs_forward(tiny_model, cpu_openrlhf, tmp_path):
-    out, diff = _drpo_actor(tiny_model, tmp_path, "--drpo.chunked_logprobs", "off")
+def test_chunked_logprobs_off_keeps_openrlhfs_forward(compared):
+    out, diff = compared["off"]
     assert diff["chunk"] is None and "log-probs" not in out
 
 

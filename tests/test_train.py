@@ -43,12 +43,18 @@ def tiny_model(tmp_path_factory):
     return str(path)
 
 
+def cpu_environment() -> dict:
+    """The environment a CPU-mode Ray worker gets (one rank, a free port); the actor adapts its own
+    process to CPU."""
+    from openrlhf_drpo.hosts.openrlhf import cpu_mode
+    return {**cpu_mode.driver_environment(), "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+
+
 @pytest.fixture()
 def cpu_openrlhf(monkeypatch):
-    """The environment a CPU-mode Ray worker gets; the actor adapts its own process to CPU."""
-    from openrlhf_drpo.hosts.openrlhf import cpu_mode
-    for k, v in {**cpu_mode.driver_environment(), "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+    """cpu_environment(), in this process."""
+    for k, v in cpu_environment().items():
         monkeypatch.setenv(k, v)
     yield
     if torch.distributed.is_initialized():

@@ -2,14 +2,13 @@
 and Σ_v π_v² from the actor's forward, group ids kept from the rollout, and the refusals at
 launch (before Ray starts) of what a run's flags cannot give, naming the flags to set."""
 import os
-import subprocess
-import sys
 import types
 
 import pytest
 import torch
 
-from test_train import _experience, _free_port, cpu_openrlhf, tiny_model, train_flags  # noqa: F401  (fixtures)
+from one_process import checks_in_one_process
+from test_train import _experience, tiny_model, train_flags  # noqa: F401  (fixtures)
 
 PPO = "min(r*A, clip(r, 0.8, 1.2)*A)"
 OBJECTIVES = {"k3": f"{PPO} - 0.04*(π_ref/π - log(π_ref/π) - 1)\n",
@@ -197,25 +196,23 @@ def _per_token_grad(ell, log_probs, mask, kw):
     return -torch.autograd.grad(ell.mul(mask).sum(), log_probs)[0] / n * kw.get("dp_size", 1)
 
 
-def _in_fresh_process(check, *args):
-    """A check in a process of its own: DeepSpeed keeps process-group state across engines, so a
-    second engine in one process fails (as test_logprobs._drpo_actor says)."""
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
-            "from openrlhf_drpo.hosts.openrlhf.cpu_mode import install_flash_attn_shim; install_flash_attn_shim(); "
-            f"import test_train_v3; test_train_v3.{check}(*{tuple(map(str, args))!r})")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+@pytest.fixture(scope="module")
+def results(tiny_model, tmp_path_factory):
+    """The three checks below in one child process, each on an engine of its own (the process's
+    start-up once: one_process.checks_in_one_process)."""
+    calls = {"reference": ("check_reference", []), "entropy": ("check_entropy", ["entropy", "on"]),
+             "grouped": ("check_entropy", ["grouped", "off"])}
+    return checks_in_one_process("test_train_v3", {
+        name: (function, [tiny_model, str(tmp_path_factory.mktemp(name)), *args]) for name, (function, args) in calls.items()})
 
 
-def test_drpo_train_gives_the_reference_models_log_probs_as_pi_ref_and_trains_the_objectives_kl(tiny_model,
-                                                                                             cpu_openrlhf, tmp_path):
-    _in_fresh_process("check_reference", tiny_model, tmp_path)
+def test_drpo_train_gives_the_reference_models_log_probs_as_pi_ref_and_trains_the_objectives_kl(results):
+    assert results["reference"]["error"] is None, results["reference"]["error"]
 
 
-@pytest.mark.parametrize("name, chunked", [("entropy", "on"), ("grouped", "off")])
-def test_drpo_train_gives_h_with_its_gradient_sum_pi_sq_group_ids_and_the_steps_batch(name, chunked, tiny_model,
-                                                                                      cpu_openrlhf, tmp_path):
-    _in_fresh_process("check_entropy", tiny_model, tmp_path, name, chunked)
+@pytest.mark.parametrize("name", ["entropy", "grouped"])      # chunked log-probs on, and off
+def test_drpo_train_gives_h_with_its_gradient_sum_pi_sq_group_ids_and_the_steps_batch(name, results):
+    assert results[name]["error"] is None, results[name]["error"]
 
 
 def check_reference(tiny_model, tmp_path):
