@@ -230,6 +230,11 @@ class Arbiter:
         _, row, x = _crossings(numpy_plan(*quantities), len(quantities), R, env)
         order = np.lexsort((x, row))
         row, x = row[order], x[order]
+        # one place once: a quantity exactly 0 at a grid point (|π − μ| = 0.5·μ at r = 0.5) changes
+        # state on both sides of it, and two such pairs filled the row's ROW_THRESHOLDS (r = 1.5 lost)
+        again = np.zeros(row.size, dtype=bool)
+        again[1:] = (row[1:] == row[:-1]) & (x[1:] - x[:-1] <= 1e-12 * np.abs(x[1:]))    # (bisected to an ulp)
+        row, x = row[~again], x[~again]
         rank = np.arange(row.size) - np.searchsorted(row, row)     # index within its row
         keep = rank < ROW_THRESHOLDS
         for k, side in enumerate(_sides(x[keep], ratio=True)):
