@@ -31,6 +31,9 @@ BETWEEN_ROWS = "min(r*A, clip(r, 0.72, 1.28)*A) - |A|*1.5*log(r)^2 + log(1 + (r 
 # 1 less above: 2 − 2.25/A against 1 − 2.25/A, a jump across 0 only for 1.125 < A < 2.25, at an edge that
 # moves with μ (found by the random check, token strategy: the |A| between the rows probed fixed edges only)
 MOVING_EDGE = "log(1 + (r - 2.5)^4) + r*A + min(r*A, clip(r, 0.9, 1 + 0.1*μ)*A)"
+# for A > 0, w = 1 up to the edge r = 1 + 0.1·μ and 0 past it: one boundary, which tends to r = 1 as μ → 0;
+# at the grid's μ = 1.3e-12 it lies 1.3e-13 from r = 1, and the seam r = 1 took it as a boundary of its own
+EDGE_LIMIT = "min(r*A, clip(r, 0.9, 1 + 0.1*μ)*A)"
 # for A > 0 at the band's edge r = 1.5 (|π − μ| = 0.5·μ): w = 2 − (r − 1)/(0.2·A) inside, 1 − (r − 1)/(0.2·A)
 # past it: 2 − 2.5/A against 1 − 2.5/A, a jump across 0 only for 1.25 < A < 2.5 (a Hypothesis example)
 BAND_EDGE = "[|π - μ| <= 0.5*μ]*r*A + r*A - (r - 1)^2/(2*0.2)"
@@ -61,6 +64,10 @@ WRONG_CLAIMS = [
      lambda res: not any(located(w, 0.72, 0.5, -3.0) for w in _places(res, "negative") if w)),
     (MOVING_EDGE, "no boundary for A > 0 at the edge r = 1 + 0.1·μ, where w jumps across 0 for 1.125 < A < 2.25",
      lambda res: not any(located(w, 1.05, 0.5, 1.9) for w in _places(res, "positive") if w)),
+    (EDGE_LIMIT, "a boundary r = 1 for A > 0: the edge r = 1 + 0.1·μ's limit as μ → 0",
+     lambda res: any(x == 1 for x in res.boundary["positive"]["r"])),
+    (MOVING_EDGE, "a boundary r = 1 for A > 0: the edge r = 1 + 0.1·μ's limit as μ → 0",
+     lambda res: any(x == 1 for x in res.boundary["positive"]["r"])),
     (BAND_EDGE, "no boundary for A > 0 at the band's edge r = 1.5, where w jumps across 0 for 1.25 < A < 2.5",
      lambda res: not any(located(w, 1.5, 0.5, 1.9) for w in _places(res, "positive") if w)),
     (CROWDED_BAND_EDGE, "no boundary for A > 0 at r = 1.5, its threshold crowded out of the rows by r = 0.5 and 1",
@@ -89,6 +96,10 @@ def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiter
     around = np.array([0.72 * (1 - 1e-9), 0.72 * (1 + 1e-9)])
     for mag, signs in ((1.0, (1, 1)), (1.6, (-1, 1)), (5.4, (-1, 1)), (5.6, (-1, -1)), (1000.0, (-1, -1))):
         assert tuple(np.sign(between(around, 0.5, -mag))) == signs, mag
+    limit = analyze(dsl.parse(EDGE_LIMIT)).w_numeric
+    for mu in (0.5, 1e-6, 1.3e-12):      # w = 1, then 0, at the edge only: at r = 1 it is 1 on both sides
+        edge = 1 + 0.1 * mu
+        assert limit(np.array([1 - mu, 1 + mu / 20, edge * (1 - 1e-15), edge * (1 + 1e-14)]), mu, 2.0).tolist() == [1, 1, 1, 0]
     for text, edge in ((MOVING_EDGE, 1.05), (BAND_EDGE, 1.5), (CROWDED_BAND_EDGE, 1.5)):
         moving = analyze(dsl.parse(text)).w_numeric
         around = np.array([edge * (1 - 1e-9), edge * (1 + 1e-9)])

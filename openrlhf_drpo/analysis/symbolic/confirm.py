@@ -90,6 +90,11 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
             if any(_same_place(r_expr, x) for x in out["r"]):
                 continue
             hit, before = boundary_at(arb, g, events), used.copy()
+            if r_expr == 1:
+                # the seam takes no event another candidate places: an edge 1 + 0.1·μ lies 1.3e-13 from
+                # r = 1 at μ = 1.3e-12, inside the seam's allowance for rounding, and is no seam's
+                for _, _, other, _, _ in candidates[adv][1:]:
+                    hit &= ~boundary_at(arb, other, events)
             where = ""
             if hit.any():
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
