@@ -70,6 +70,9 @@ WRONG_CLAIMS = [
      lambda res: any(x == 1 for x in res.boundary["positive"]["r"])),
     (BAND_EDGE, "no boundary for A > 0 at the band's edge r = 1.5, where w jumps across 0 for 1.25 < A < 2.5",
      lambda res: not any(located(w, 1.5, 0.5, 1.9) for w in _places(res, "positive") if w)),
+    (BAND_EDGE, "the derived weight said to disagree with the arbiter, where the doubles round π = 1.5·μ at "
+     "the band's edge r = 1.5 (the IR's |π − μ| ≤ 0.5·μ fails there, the derived |r − 1| ≤ 0.5 holds)",
+     lambda res: res.arbiter["weight"]["status"] != "confirmed"),
     (CROWDED_BAND_EDGE, "no boundary for A > 0 at r = 1.5, its threshold crowded out of the rows by r = 0.5 and 1",
      lambda res: not any(located(w, 1.5, 0.5, 1.9) for w in _places(res, "positive") if w)),
     (GATED_EDGE, "the first screen without the |A| the edge r = 2.5 holds at",
