@@ -42,6 +42,12 @@ BAND_EDGE = "[|π - μ| <= 0.5*μ]*r*A + r*A - (r - 1)^2/(2*0.2)"
 # row's four threshold columns: r = 1.5 had none
 CROWDED_BAND_EDGE = "[A*(r - 1) <= 0 or |π - μ| <= 0.5*μ]*r*A + r*A - (r - 1)^2/(2*0.2)"
 
+# for A > 0 and r > 1: w = −5·μ + 6(r − 2.5)³/(1 + (r − 2.5)⁴), least toward the corner π = 1, μ → 1:
+# −5 − 3.3402 = −8.3402; the grid's eight lowest points were all the side r → 0.8⁻ of a jump at μ = 1 for
+# A < 0 (−8.152), and the range stopped there (found by tests/random_claims.py, token strategy, seed 8)
+CORNER_EXTREME = "-|A|*|π - μ|/0.2 + max(min(r*A, clip(r, 0.8, 1.2)*A), 3*A) + 1.5*log(1 + (r - 2.5)^4)*A"
+CORNER_INF = -5 + 6 * (-1.5) ** 3 / (1 + 1.5 ** 4)
+
 
 def _places(res, side):
     b = res.boundary[side]
@@ -75,6 +81,8 @@ WRONG_CLAIMS = [
      lambda res: res.arbiter["weight"]["status"] != "confirmed"),
     (CROWDED_BAND_EDGE, "no boundary for A > 0 at r = 1.5, its threshold crowded out of the rows by r = 0.5 and 1",
      lambda res: not any(located(w, 1.5, 0.5, 1.9) for w in _places(res, "positive") if w)),
+    (CORNER_EXTREME, "a lowest w of −8.152, where w → −8.340 toward π = 1 as μ → 1 for A > 0",
+     lambda res: res.weight_range[0] is not None and res.weight_range[0] > CORNER_INF + 1e-4),
     (GATED_EDGE, "the first screen without the |A| the edge r = 2.5 holds at",
      lambda res: "(r = 2.5), at |A| from 10 to 1000 of those sampled" not in " ".join(report(res).split())),
 ]
@@ -99,6 +107,9 @@ def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiter
     around = np.array([0.72 * (1 - 1e-9), 0.72 * (1 + 1e-9)])
     for mag, signs in ((1.0, (1, 1)), (1.6, (-1, 1)), (5.4, (-1, 1)), (5.6, (-1, -1)), (1000.0, (-1, -1))):
         assert tuple(np.sign(between(around, 0.5, -mag))) == signs, mag
+    corner = analyze(dsl.parse(CORNER_EXTREME)).w_numeric
+    assert corner(1 / (1 - 1e-9), 1 - 1e-9, 1.0) == pytest.approx(CORNER_INF, abs=1e-6) and CORNER_INF < -8.34
+    assert corner(0.8 * (1 - 1e-9), 1.0, -1.0) == pytest.approx(-5 + 6 * (-1.7) ** 3 / (1 + 1.7 ** 4), abs=1e-6)
     limit = analyze(dsl.parse(EDGE_LIMIT)).w_numeric
     for mu in (0.5, 1e-6, 1.3e-12):      # w = 1, then 0, at the edge only: at r = 1 it is 1 on both sides
         edge = 1 + 0.1 * mu
