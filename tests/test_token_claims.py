@@ -27,6 +27,26 @@ GATED_EDGE = "[|A| >= 7]*(min(r*A, clip(r, 0.9, 2.5)*A) - (r - 1)^2/0.4)"
 # above: −1.37 + 2.04/|A| against −0.37 + 2.04/|A|, a jump across 0 only for 1.5 < |A| < 5.5, between
 # the rows' |A| = 1 and 1000 (found by the random check, seed 3)
 BETWEEN_ROWS = "min(r*A, clip(r, 0.72, 1.28)*A) - |A|*1.5*log(r)^2 + log(1 + (r - 2.5)^4)"
+# for A > 0 at the edge r = 1 + 0.1·μ (1.05 at μ = 0.5): w = 2 + 4(r − 2.5)³/((1 + (r − 2.5)⁴)·A) below it,
+# 1 less above: 2 − 2.25/A against 1 − 2.25/A, a jump across 0 only for 1.125 < A < 2.25, at an edge that
+# moves with μ (found by the random check, token strategy: the |A| between the rows probed fixed edges only)
+MOVING_EDGE = "log(1 + (r - 2.5)^4) + r*A + min(r*A, clip(r, 0.9, 1 + 0.1*μ)*A)"
+# for A > 0, w = 1 up to the edge r = 1 + 0.1·μ and 0 past it: one boundary, which tends to r = 1 as μ → 0;
+# at the grid's μ = 1.3e-12 it lies 1.3e-13 from r = 1, and the seam r = 1 took it as a boundary of its own
+EDGE_LIMIT = "min(r*A, clip(r, 0.9, 1 + 0.1*μ)*A)"
+# for A > 0 at the band's edge r = 1.5 (|π − μ| = 0.5·μ): w = 2 − (r − 1)/(0.2·A) inside, 1 − (r − 1)/(0.2·A)
+# past it: 2 − 2.5/A against 1 − 2.5/A, a jump across 0 only for 1.25 < A < 2.5 (a Hypothesis example)
+BAND_EDGE = "[|π - μ| <= 0.5*μ]*r*A + r*A - (r - 1)^2/(2*0.2)"
+# the same, with A·(r − 1) ≤ 0 in the condition: |π − μ| = 0.5·μ at the grid's r = 0.5 and A·(r − 1) = 0
+# at r = 1 each changed state on both sides of a grid point, and the four twice-found places took the
+# row's four threshold columns: r = 1.5 had none
+CROWDED_BAND_EDGE = "[A*(r - 1) <= 0 or |π - μ| <= 0.5*μ]*r*A + r*A - (r - 1)^2/(2*0.2)"
+
+# for A > 0 and r > 1: w = −5·μ + 6(r − 2.5)³/(1 + (r − 2.5)⁴), least toward the corner π = 1, μ → 1:
+# −5 − 3.3402 = −8.3402; the grid's eight lowest points were all the side r → 0.8⁻ of a jump at μ = 1 for
+# A < 0 (−8.152), and the range stopped there (found by tests/random_claims.py, token strategy, seed 8)
+CORNER_EXTREME = "-|A|*|π - μ|/0.2 + max(min(r*A, clip(r, 0.8, 1.2)*A), 3*A) + 1.5*log(1 + (r - 2.5)^4)*A"
+CORNER_INF = -5 + 6 * (-1.5) ** 3 / (1 + 1.5 ** 4)
 
 
 def _places(res, side):
@@ -48,6 +68,21 @@ WRONG_CLAIMS = [
      lambda res: any(" at |A| " not in w for w in res.boundary["positive"]["where"])),
     (BETWEEN_ROWS, "no boundary for A < 0 at the clip's edge r = 0.72, where w jumps across 0 for 1.5 < |A| < 5.5",
      lambda res: not any(located(w, 0.72, 0.5, -3.0) for w in _places(res, "negative") if w)),
+    (MOVING_EDGE, "no boundary for A > 0 at the edge r = 1 + 0.1·μ, where w jumps across 0 for 1.125 < A < 2.25",
+     lambda res: not any(located(w, 1.05, 0.5, 1.9) for w in _places(res, "positive") if w)),
+    (EDGE_LIMIT, "a boundary r = 1 for A > 0: the edge r = 1 + 0.1·μ's limit as μ → 0",
+     lambda res: any(x == 1 for x in res.boundary["positive"]["r"])),
+    (MOVING_EDGE, "a boundary r = 1 for A > 0: the edge r = 1 + 0.1·μ's limit as μ → 0",
+     lambda res: any(x == 1 for x in res.boundary["positive"]["r"])),
+    (BAND_EDGE, "no boundary for A > 0 at the band's edge r = 1.5, where w jumps across 0 for 1.25 < A < 2.5",
+     lambda res: not any(located(w, 1.5, 0.5, 1.9) for w in _places(res, "positive") if w)),
+    (BAND_EDGE, "the derived weight said to disagree with the arbiter, where the doubles round π = 1.5·μ at "
+     "the band's edge r = 1.5 (the IR's |π − μ| ≤ 0.5·μ fails there, the derived |r − 1| ≤ 0.5 holds)",
+     lambda res: res.arbiter["weight"]["status"] != "confirmed"),
+    (CROWDED_BAND_EDGE, "no boundary for A > 0 at r = 1.5, its threshold crowded out of the rows by r = 0.5 and 1",
+     lambda res: not any(located(w, 1.5, 0.5, 1.9) for w in _places(res, "positive") if w)),
+    (CORNER_EXTREME, "a lowest w of −8.152, where w → −8.340 toward π = 1 as μ → 1 for A > 0",
+     lambda res: res.weight_range[0] is not None and res.weight_range[0] > CORNER_INF + 1e-4),
     (GATED_EDGE, "the first screen without the |A| the edge r = 2.5 holds at",
      lambda res: "(r = 2.5), at |A| from 10 to 1000 of those sampled" not in " ".join(report(res).split())),
 ]
@@ -72,6 +107,19 @@ def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiter
     around = np.array([0.72 * (1 - 1e-9), 0.72 * (1 + 1e-9)])
     for mag, signs in ((1.0, (1, 1)), (1.6, (-1, 1)), (5.4, (-1, 1)), (5.6, (-1, -1)), (1000.0, (-1, -1))):
         assert tuple(np.sign(between(around, 0.5, -mag))) == signs, mag
+    corner = analyze(dsl.parse(CORNER_EXTREME)).w_numeric
+    assert corner(1 / (1 - 1e-9), 1 - 1e-9, 1.0) == pytest.approx(CORNER_INF, abs=1e-6) and CORNER_INF < -8.34
+    assert corner(0.8 * (1 - 1e-9), 1.0, -1.0) == pytest.approx(-5 + 6 * (-1.7) ** 3 / (1 + 1.7 ** 4), abs=1e-6)
+    limit = analyze(dsl.parse(EDGE_LIMIT)).w_numeric
+    for mu in (0.5, 1e-6, 1.3e-12):      # w = 1, then 0, at the edge only: at r = 1 it is 1 on both sides
+        edge = 1 + 0.1 * mu
+        assert limit(np.array([1 - mu, 1 + mu / 20, edge * (1 - 1e-15), edge * (1 + 1e-14)]), mu, 2.0).tolist() == [1, 1, 1, 0]
+    for text, edge in ((MOVING_EDGE, 1.05), (BAND_EDGE, 1.5), (CROWDED_BAND_EDGE, 1.5)):
+        moving = analyze(dsl.parse(text)).w_numeric
+        around = np.array([edge * (1 - 1e-9), edge * (1 + 1e-9)])
+        top = 2.25 if text == MOVING_EDGE else 2.5
+        for mag, signs in ((1.0, (-1, -1)), (top / 2 + 0.05, (1, -1)), (top - 0.05, (1, -1)), (top + 0.05, (1, 1))):
+            assert tuple(np.sign(moving(around, 0.5, mag))) == signs, (text, mag)
     flat = analyze(dsl.parse(FLAT3)).w_numeric
     for h in (1e-3, 1e-5, 1e-7):
         lo, hi = flat(np.array([FLAT3_AT - h, FLAT3_AT + h]), 0.5, 1.0)

@@ -89,6 +89,21 @@ POLE_STEPS = (1e-9, 1e-11, 1e-13)   # relative distances from a divisor's zero, 
 SIDE = 1e-6     # a threshold's two sides, relative to it: clear of a derived formula's rounding
 
 
+def _first_per_row(row, x, n):
+    """(row, x, rank within its row) of each row's first n places, ascending, each place once: a
+    quantity exactly 0 at a grid point (|π − μ| = 0.5·μ at r = 0.5) changes state on both sides of
+    it, and two such pairs filled a row's four (r = 1.5 lost). (Both are bisected to an ulp.)"""
+    import numpy as np
+    order = np.lexsort((x, row))
+    row, x = row[order], x[order]
+    again = np.zeros(row.size, dtype=bool)
+    again[1:] = (row[1:] == row[:-1]) & (x[1:] - x[:-1] <= 1e-12 * np.abs(x[1:]))
+    row, x = row[~again], x[~again]
+    rank = np.arange(row.size) - np.searchsorted(row, row)
+    keep = rank < n
+    return row[keep], x[keep], rank[keep]
+
+
 def _sides(x, ratio=False):
     """The points either side of thresholds x; for a ratio, never across r = 1 (r = 1 ± μ at μ = 1e-12)."""
     import numpy as np
@@ -228,12 +243,9 @@ class Arbiter:
         # lies between the grid's neighbours of r = 1, and only r = 1 shows both its edges
         R = np.sort(np.concatenate([R, np.ones((R.shape[0], 1))], axis=1), axis=1)
         _, row, x = _crossings(numpy_plan(*quantities), len(quantities), R, env)
-        order = np.lexsort((x, row))
-        row, x = row[order], x[order]
-        rank = np.arange(row.size) - np.searchsorted(row, row)     # index within its row
-        keep = rank < ROW_THRESHOLDS
-        for k, side in enumerate(_sides(x[keep], ratio=True)):
-            out[row[keep], 2 * rank[keep] + k] = side
+        row, x, rank = _first_per_row(row, x, ROW_THRESHOLDS)
+        for k, side in enumerate(_sides(x, ratio=True)):
+            out[row, 2 * rank + k] = side
         return out
 
     def divisor_poles(self):

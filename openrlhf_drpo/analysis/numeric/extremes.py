@@ -169,8 +169,11 @@ def _refined_extreme(arb, s, keep=8):
     log r and log |A| inside the domain, since it can lie between grid points and sampled |A|."""
     np = arb.np
     vals = np.where(arb.valid, s * arb.W, -np.inf)
-    top = np.argsort(vals, axis=None)[-keep:]
-    rows, cols = np.unravel_index(top, vals.shape)
+    # each seed a row's best point: the grid's best eight were one jump's side at μ = 1 on three rows
+    # of |A|, and w → −8.34 toward the corner π = 1, μ → 1 for the other sign of A was never climbed
+    cols = np.argmax(vals, axis=1)
+    rows = np.argsort(vals[np.arange(cols.size), cols])[-keep:]
+    cols = cols[rows]
     free = len(arb.magnitudes) > 1          # |A| only where w depends on it
     mus, rs, signs, mags = arb.mu[rows, 0], arb.R[rows, cols], arb.sign[rows, 0], arb.mag[rows, 0]
     if free:

@@ -21,12 +21,17 @@ PROBE_MUS = _probe_mus()
 
 def check_weight(arb, w_symbolic) -> dict:
     """The derived weight against the IR's own derivative at every grid point where both are
-    defined, except next to a jump, where the two may round a threshold differently."""
+    defined, except next to a jump, where the two may round a threshold differently, and on a
+    threshold itself, between the two sides the rows hold of it: at r = 1.5, |π − μ| ≤ 0.5·μ reads
+    π = 1.5·μ in doubles and may fail where the derived |r − 1| ≤ 0.5 holds."""
     np = arb.np
+    R = arb.R
     with np.errstate(all="ignore"):
-        ws = np.asarray(w_symbolic(arb.R, arb.mu, arb.sign * arb.mag), dtype=float)
-        ws = np.broadcast_to(ws, arb.R.shape)
-        both = arb.valid & ~arb.near_event
+        ws = np.asarray(w_symbolic(R, arb.mu, arb.sign * arb.mag), dtype=float)
+        ws = np.broadcast_to(ws, R.shape)
+        on = np.zeros(R.shape, dtype=bool)
+        on[:, 1:-1] = R[:, 2:] <= R[:, :-2] * (1 + 4e-6)
+        both = arb.valid & ~arb.near_event & ~on
         bad = both & ~(np.abs(ws - arb.W) <= 1e-6 * np.maximum(1.0, np.abs(arb.W)))
     checked = int(both.sum())
     if not checked:
@@ -90,6 +95,11 @@ def confirm_boundaries(ctx, arb, facts, candidates) -> tuple[dict, list]:
             if any(_same_place(r_expr, x) for x in out["r"]):
                 continue
             hit, before = boundary_at(arb, g, events), used.copy()
+            if r_expr == 1:
+                # the seam takes no event another candidate places: an edge 1 + 0.1·μ lies 1.3e-13 from
+                # r = 1 at μ = 1.3e-12, inside the seam's allowance for rounding, and is no seam's
+                for _, _, other, _, _ in candidates[adv][1:]:
+                    hit &= ~boundary_at(arb, other, events)
             where = ""
             if hit.any():
                 kinds = sorted({events[i]["kind"] for i in np.nonzero(hit)[0]})
@@ -260,29 +270,32 @@ def _leaves_through_zero(arb, row, mu, a, b) -> bool:
 
 
 def _threshold_events(arb, sign) -> list:
-    """Sign changes of w across the objective's own thresholds in r (a clip's bounds) at the
-    quarter decades of |A| the rows do not sample, where w depends on |A|: with a penalty not
-    scaled by |A|, w jumps across 0 at a clip's edge r = 0.72 only for 1.5 < |A| < 5.5, between
-    the rows' |A| = 1 and 1000. Each as an event of the grid's (its kind probed there)."""
+    """Sign changes of w across the objective's own thresholds in r at the quarter decades of |A|
+    the rows do not sample, where w depends on |A|: with a penalty not scaled by |A|, w jumps across
+    0 at a clip's edge r = 0.72 only for 1.5 < |A| < 5.5, between the rows' |A| = 1 and 1000. Each
+    row's own thresholds too (the two sides of each that the grid's rows hold): an edge that moves
+    with μ, r = 1 + 0.1·μ, or one in π, |π − μ| ≤ 0.5·μ. Each as an event of the grid's."""
     np = arb.np
-    x = arb.found["r"]
-    if len(arb.magnitudes) <= 1 or x.size < 2:
+    if len(arb.magnitudes) <= 1:
         return []
-    pairs = [(a, b) for a, b in zip(x[:-1], x[1:]) if b <= a * (1 + 4e-6)]    # either side of one threshold
+    rows = arb.sign[:, 0] == sign
+    R, mus = arb.R[rows], np.broadcast_to(arb.mu[rows], arb.R[rows].shape)
+    pair = (R[:, 1:] <= R[:, :-1] * (1 + 4e-6)) & np.isfinite(R[:, 1:])     # either side of one threshold
+    found = np.unique(np.stack([mus[:, :-1][pair], R[:, :-1][pair], R[:, 1:][pair]], axis=1), axis=0)
     mags = np.array([m for m in DENSE_MAGNITUDES if m not in arb.magnitudes])
-    mus = np.unique(arb.mu[:, 0])
-    out = []
-    for a, b in pairs:
-        mu, mag = (v.ravel() for v in np.meshgrid(mus[mus * b <= 1], mags))
-        with np.errstate(all="ignore"):
-            s = [state(arb.w(np.full(mu.shape, x_), mu, sign * mag)) for x_ in (a, b)]
-        hit = (s[0] != s[1]) & (s[0] != 2) & (s[1] != 2)
-        if hit.any():
-            r = np.full(int(hit.sum()), (a + b) / 2)
-            kinds = kind_at(arb, r, mu[hit], sign * mag[hit], (s[0][hit], s[1][hit]))
-            out += [{"mu": float(m), "A": float(sign * g), "r": float(r[0]), "kind": str(k), "lo": float(a), "hi": float(b)}
-                    for m, g, k in zip(mu[hit], mag[hit], kinds)]
-    return out
+    if not found.size or not mags.size:
+        return []
+    mu, a, b = (np.tile(found[:, k], mags.size) for k in range(3))
+    mag = np.repeat(mags, len(found))
+    with np.errstate(all="ignore"):
+        s = [state(arb.w(x_, mu, sign * mag)) for x_ in (a, b)]
+    hit = (s[0] != s[1]) & (s[0] != 2) & (s[1] != 2)
+    if not hit.any():
+        return []
+    r = (a[hit] + b[hit]) / 2
+    kinds = kind_at(arb, r, mu[hit], sign * mag[hit], (s[0][hit], s[1][hit]))
+    return [{"mu": float(m), "A": float(sign * g), "r": float(x_), "kind": str(k), "lo": float(lo), "hi": float(hi)}
+            for m, g, x_, k, lo, hi in zip(mu[hit], mag[hit], r, kinds, a[hit], b[hit])]
 
 
 def _place(arb, group, explicit=None) -> str:
