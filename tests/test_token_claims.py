@@ -47,6 +47,9 @@ CROWDED_BAND_EDGE = "[A*(r - 1) <= 0 or |π - μ| <= 0.5*μ]*r*A + r*A - (r - 1)
 # A < 0 (−8.152), and the range stopped there (found by tests/random_claims.py, token strategy, seed 8)
 CORNER_EXTREME = "-|A|*|π - μ|/0.2 + max(min(r*A, clip(r, 0.8, 1.2)*A), 3*A) + 1.5*log(1 + (r - 2.5)^4)*A"
 CORNER_INF = -5 + 6 * (-1.5) ** 3 / (1 + 1.5 ** 4)
+# the same class at the top: w = 1 + 20μ for A < 0 just above r = 1 (r ≤ 1/μ), → 21 as μ → 1; the grid's
+# rows gave at most 20 (found by tests/random_claims.py, token strategy, seed 21, before ca034da)
+TOP_CORNER = "max(min(r*A, clip(r, 1 - 0.28, 1 + 0.28)*A), 2*A) - 2*|A|*|π - μ|/0.1"
 
 
 def _places(res, side):
@@ -83,6 +86,8 @@ WRONG_CLAIMS = [
      lambda res: not any(located(w, 1.5, 0.5, 1.9) for w in _places(res, "positive") if w)),
     (CORNER_EXTREME, "a lowest w of −8.152, where w → −8.340 toward π = 1 as μ → 1 for A > 0",
      lambda res: res.weight_range[0] is not None and res.weight_range[0] > CORNER_INF + 1e-4),
+    (TOP_CORNER, "a highest w of 20, where w → 21 toward π = 1 as μ → 1 for A < 0",
+     lambda res: res.weight_range[1] is not None and res.weight_range[1] < 21 - 1e-4),
     (GATED_EDGE, "the first screen without the |A| the edge r = 2.5 holds at",
      lambda res: "(r = 2.5), at |A| from 10 to 1000 of those sampled" not in " ".join(report(res).split())),
 ]
@@ -110,6 +115,8 @@ def test_the_weights_the_rows_rest_on_are_what_their_comments_say_by_the_arbiter
     corner = analyze(dsl.parse(CORNER_EXTREME)).w_numeric
     assert corner(1 / (1 - 1e-9), 1 - 1e-9, 1.0) == pytest.approx(CORNER_INF, abs=1e-6) and CORNER_INF < -8.34
     assert corner(0.8 * (1 - 1e-9), 1.0, -1.0) == pytest.approx(-5 + 6 * (-1.7) ** 3 / (1 + 1.7 ** 4), abs=1e-6)
+    top = analyze(dsl.parse(TOP_CORNER)).w_numeric
+    assert top(1 / (1 - 1e-9), 1 - 1e-9, -1.0) == pytest.approx(21, abs=1e-6)
     limit = analyze(dsl.parse(EDGE_LIMIT)).w_numeric
     for mu in (0.5, 1e-6, 1.3e-12):      # w = 1, then 0, at the edge only: at r = 1 it is 1 on both sides
         edge = 1 + 0.1 * mu
