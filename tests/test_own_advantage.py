@@ -101,3 +101,18 @@ def test_a_sign_an_advantage_sends_to_0_gets_no_gradient_and_says_so():
     screen = "\n".join(summary(res, res.source, width=None))
     assert "Â = [A < 0] * A" in screen and "Â = 0 for A > 0: those tokens get no gradient" in screen
     assert res.weight_range == [1.0, 1.0]
+
+
+def test_a_product_of_shared_bindings_is_never_written_out_as_a_tree():
+    """b_i = b_(i-1)·b_(i-1) up to b39 is r^(2^39): 40 nodes as a DAG, 2^39 factors as a tree. The rule
+    that finds Â flattened every product chain as a tree (a MemoryError after minutes, from 28 bindings
+    on: benchmarks/analyze_speed.py's chained_bindings_40); it flattens at most MAX_FACTORS and keeps the
+    rest whole, so the analysis ends (w itself beyond the derivation's budget), and b39*A's advantage
+    is the host's own."""
+    from openrlhf_drpo.analysis.batch.advantage import MAX_FACTORS, _factors, own_advantage
+    source = "\n".join(["b0 = r"] + [f"b{i} = b{i - 1}*b{i - 1}" for i in range(1, 40)] + ["b39*A"])
+    obj = dsl.parse(source)
+    assert len(_factors(obj.expr)) <= MAX_FACTORS
+    assert own_advantage(obj) is None
+    res = analyze(obj)
+    assert res.advantage is None

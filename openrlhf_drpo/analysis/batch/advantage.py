@@ -40,12 +40,20 @@ def _reads(n: Node) -> dict:
     return out
 
 
+MAX_FACTORS = 64     # a product chain flattened so far, the rest kept whole: b_i = b_(i-1)·b_(i-1) is 2^i factors
+
+
 def _factors(n: Node, sign=1) -> list:
-    if n.op == "mul":
-        return _factors(n.args[0], sign) + _factors(n.args[1], sign)
-    if n.op == "div":
-        return _factors(n.args[0], sign) + _factors(n.args[1], -sign)
-    return [(sign, n)]
+    """[(±1, factor)] of a mul/div chain, in order (a quotient's denominator −1), at most MAX_FACTORS:
+    the chain is a DAG whose shared products would be written out as a tree."""
+    out, stack = [], [(n, sign)]
+    while stack:
+        m, s = stack.pop()
+        if m.op in ("mul", "div") and len(out) + len(stack) + 2 <= MAX_FACTORS:
+            stack += [(m.args[1], s if m.op == "mul" else -s), (m.args[0], s)]
+        else:
+            out.append((s, m))
+    return out
 
 
 def _product(parts) -> Node:
