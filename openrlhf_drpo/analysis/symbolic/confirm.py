@@ -19,6 +19,11 @@ def _probe_mus():
 PROBE_MUS = _probe_mus()
 
 
+# two grid places at most this far apart (relative) are one threshold's two sides (the arbiter puts
+# them SIDE = 1e-6 either way of it)
+TWO_SIDES = 4e-6
+
+
 def check_weight(arb, w_symbolic) -> dict:
     """The derived weight against the IR's own derivative at every grid point where both are
     defined, except next to a jump, where the two may round a threshold differently, and on a
@@ -30,7 +35,7 @@ def check_weight(arb, w_symbolic) -> dict:
         ws = np.asarray(w_symbolic(R, arb.mu, arb.sign * arb.mag), dtype=float)
         ws = np.broadcast_to(ws, R.shape)
         on = np.zeros(R.shape, dtype=bool)
-        on[:, 1:-1] = R[:, 2:] <= R[:, :-2] * (1 + 4e-6)
+        on[:, 1:-1] = R[:, 2:] <= R[:, :-2] * (1 + TWO_SIDES)
         both = arb.valid & ~arb.near_event & ~on
         bad = both & ~(np.abs(ws - arb.W) <= 1e-6 * np.maximum(1.0, np.abs(arb.W)))
     checked = int(both.sum())
@@ -280,7 +285,7 @@ def _threshold_events(arb, sign) -> list:
         return []
     rows = arb.sign[:, 0] == sign
     R, mus = arb.R[rows], np.broadcast_to(arb.mu[rows], arb.R[rows].shape)
-    pair = (R[:, 1:] <= R[:, :-1] * (1 + 4e-6)) & np.isfinite(R[:, 1:])     # either side of one threshold
+    pair = (R[:, 1:] <= R[:, :-1] * (1 + TWO_SIDES)) & np.isfinite(R[:, 1:])
     found = np.unique(np.stack([mus[:, :-1][pair], R[:, :-1][pair], R[:, 1:][pair]], axis=1), axis=0)
     mags = np.array([m for m in DENSE_MAGNITUDES if m not in arb.magnitudes])
     if not found.size or not mags.size:
