@@ -283,3 +283,42 @@ def test_a_zero_weight_with_the_group_moving_together_is_never_proven_for_a_toke
     # on equal responses the token's own gradient is the derived one: w = 0 stays proven there
     assert res.claims["boundary"]["positive"]["status"] == "unconfirmed"
     assert analyze(obj, group=(1, 1, 1)).claims["boundary"]["positive"]["status"] == "proven"
+
+
+def _symbols():
+    import sympy as sp
+    r, mu = sp.symbols("r mu", positive=True)
+    return sp, (r, mu, sp.Symbol("A", real=True, nonzero=True))
+
+
+# (the value, whether it is shown to move): each False is left to sp.simplify, as before the probe
+MOVES = [
+    ("r**2/(r**2 + 1/10**8)", True),           # FeynRL's ESS on the uniform batch: moves by 1e-8 only
+    ("A*mu", True),
+    ("Piecewise((r, r > 1), (1, True))", True),
+    ("3", False),
+    ("Piecewise((1, r >= 0), (1, True))", False),
+    ("sin(r)**2 + cos(r)**2", False),          # constant, and sin is no node the probe knows
+    ("1 + r/10**40", False),                   # moves, but below the probe's resolution: simplify decides
+    ("log(A)", False),                          # complex at A < 0
+    ("Piecewise((r, r > 5))", False),           # undefined at both points
+    ("exp(1000*r)/exp(1000*r - 1)", False),     # e at every point, past the doubles on the way
+]
+
+
+@pytest.mark.parametrize("text, moves", MOVES)
+def test_a_held_statistic_is_called_moving_only_where_it_takes_two_values(text, moves):
+    from openrlhf_drpo.analysis.batch.held import _moves
+    sp, point = _symbols()
+    value = sp.sympify(text, locals=dict(zip(("r", "mu", "A"), point)))
+    assert _moves(value, point) is moves
+
+
+def test_the_probe_reads_a_settled_condition_sympy_cannot_rebuild():
+    # the uniform view of OTB's baseline holds [group_count(A) >= 2] as Piecewise((1, 8 >= 2), ...): SymPy's
+    # evalf raises rebuilding it; the probe takes the first piece whose condition holds
+    from openrlhf_drpo.analysis.batch.held import _moves
+    sp, (r, mu, A) = _symbols()
+    kept = sp.Piecewise((1, sp.Ge(8, 2, evaluate=False)), (0, True), evaluate=False)
+    assert _moves(sp.Mul(A * mu * r, kept, evaluate=False), (r, mu, A)) is True
+    assert _moves(sp.Add(kept, sp.Mul(0, r, evaluate=False), evaluate=False), (r, mu, A)) is False

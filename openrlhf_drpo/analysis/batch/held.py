@@ -130,16 +130,81 @@ def _uniform_value(node, anchor, names, params, on_policy=False, group=None, lev
     r, mu = sp.symbols("r mu", positive=True)
     env = {"r": r, "mu": mu, "pi": mu * r, "A": sp.Symbol("A", real=True, nonzero=True),
            **{k: sp.Rational(v.numerator, v.denominator) for k, v in params.items()}}
+    kind, point = Fraction, (r, mu, env["A"])
     try:
-        value = sp.simplify(to_sympy(uniform_view(node, anchor, names, group, level), sp, env))
+        value = to_sympy(uniform_view(node, anchor, names, group, level), sp, env)
+        if _moves(value, point):    # two values at two points: no simplification makes it one number
+            if not on_policy or _moves(value.subs(r, 1), point):
+                return None
+            value, kind = value.subs(r, 1), OnPolicy
+        value = sp.simplify(value)
     except Exception:       # noqa: BLE001 - SymPy raises many types: not a held statistic then
         return None
-    kind = Fraction
-    if value.free_symbols and on_policy:
+    if value.free_symbols and on_policy and kind is Fraction:
         value, kind = sp.simplify(value.subs(r, 1)), OnPolicy
     if value.free_symbols or not value.is_real or not value.is_finite:
         return None
     return kind(value.p, value.q) if value.is_Rational else kind(repr(float(value)))
+
+
+def _moves(value, symbols) -> bool:
+    """Whether value takes two values at two points of r, μ > 0 and A ≠ 0, each found to 60
+    digits and to 120 and their gap far past the two precisions' disagreement (rounding): then it
+    is no number, and sp.simplify (most of a scenario's cost) need not say so. False where it reads
+    another symbol, or a point gives no finite real number or a node _at does not know: simplify
+    decides, as before."""
+    import mpmath
+    import sympy as sp
+    if not value.free_symbols or not value.free_symbols <= set(symbols):
+        return False
+    at = {}
+    for digits in (60, 120):
+        with mpmath.workdps(digits):
+            try:
+                at[digits] = [_at(sp, mpmath, value, dict(zip(symbols, map(mpmath.mpf, point))))
+                              for point in (("1.37", "0.213", "0.71"), ("0.61", "0.437", "-1.3"))]
+            except (_Unknown, ArithmeticError, ValueError, TypeError, StopIteration):
+                return False
+    if not all(mpmath.isfinite(v) and isinstance(v, mpmath.mpf) for v in at[60] + at[120]):
+        return False
+    rounding = max(abs(a - b) for a, b in zip(at[60], at[120]))
+    return abs(at[120][0] - at[120][1]) > max(mpmath.mpf("1e-30"), 1e10 * rounding) * max(1, *map(abs, at[120]))
+
+
+class _Unknown(Exception):
+    """A node _at has no rule for."""
+
+
+def _at(sp, mp, e, point):
+    """e at point ({symbol: mpf}) in mpmath's working precision: SymPy's own evalf cannot
+    rebuild a Piecewise whose condition is a settled `8 >= 2`, which the uniform view makes."""
+    def ev(x):
+        if x in point:
+            return point[x]
+        if x.is_Number or x.is_NumberSymbol:
+            return mp.mpf(x.evalf(mp.mp.dps))
+        if x is sp.true or x is sp.false:
+            return bool(x)
+        args = [ev(a) for a in x.args] if not isinstance(x, sp.Piecewise) else None
+        if x.is_Add:
+            return mp.fsum(args)
+        if x.is_Mul:
+            return mp.fprod(args)
+        if x.is_Pow:
+            return mp.power(*args)
+        unary = {sp.exp: mp.exp, sp.log: mp.log, sp.Abs: abs, sp.sign: mp.sign}
+        if x.func in unary and len(args) == 1:
+            return unary[x.func](args[0])
+        rel = {sp.Lt: lambda a, b: a < b, sp.Le: lambda a, b: a <= b, sp.Gt: lambda a, b: a > b,
+               sp.Ge: lambda a, b: a >= b, sp.Eq: lambda a, b: a == b, sp.Ne: lambda a, b: a != b,
+               sp.Min: min, sp.Max: max, sp.And: lambda *a: all(a), sp.Or: lambda *a: any(a),
+               sp.Not: lambda a: not a}
+        if x.func in rel:
+            return rel[x.func](*args)
+        if isinstance(x, sp.Piecewise):     # the first piece whose condition holds
+            return next(ev(v) for v, c in x.args if ev(c))
+        raise _Unknown(x.func)
+    return ev(e)
 
 
 class OnPolicy(Fraction):

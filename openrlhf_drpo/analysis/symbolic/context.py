@@ -59,6 +59,7 @@ class Ctx:
         self.dl = derivative(obj.expr)
         self.notes: list[str] = []
         self._tidied: dict = {}
+        self.settled: dict = {}     # each case's settled conditions, by its r = 1 ± t (symbolic.settling)
         self.deadline = time.process_time() + budgets.HANG_SECONDS
         self.guard = {"seconds": budgets.HANG_SECONDS, "fired": False}
 

@@ -106,7 +106,7 @@ def case_weight(ctx, sign, direction):
     sp = ctx.sp
     s, subs = _case_subs(ctx, sign, direction)
     tmax = 1 if s < 0 else None
-    settle = Settle(ctx, tmax)
+    settle = Settle(ctx, tmax, ctx.settled.setdefault(s, {}))
     env = {**ctx.env(False), **subs}
     folded = ctx.limited("settling the case's conditions",
                          lambda: settle.fold(to_sympy(ctx.dl, sp, env, hook=settle) / (sign * ctx.a)))
