@@ -106,6 +106,8 @@ def case_weight(ctx, sign, direction):
     sp = ctx.sp
     s, subs = _case_subs(ctx, sign, direction)
     tmax = 1 if s < 0 else None
+    # one memo for the two cases with the same r = 1 ± t (A > 0 diverging, A < 0 converging): one
+    # domain, so a condition without A settles alike in both (a fifth of bandpo_chi2's time)
     settle = Settle(ctx, tmax, ctx.settled.setdefault(s, {}))
     env = {**ctx.env(False), **subs}
     folded = ctx.limited("settling the case's conditions",

@@ -24,9 +24,7 @@ class Settle:
         self.ctx, self.sp = ctx, ctx.sp
         self.dom = Domain(ctx.sp, ctx.t, ctx.mu, ctx.a, tmax)
         self.steps = 0      # conditions and relations settled: the work counted against BUDGET["settle"]
-        # shared by the cases with the same r = 1 ± t (A > 0 diverging and A < 0 converging): the
-        # same domain, so a condition without A settles alike in both (a third of bandpo_chi2's time)
-        self.memo: dict = {} if memo is None else memo
+        self.memo: dict = {} if memo is None else memo      # shared: see derivation.case_weight
 
     def _count(self):
         self.steps += 1
