@@ -178,6 +178,12 @@ class _Unknown(Exception):
 def _at(sp, mp, e, point):
     """e at point ({symbol: mpf}) in mpmath's working precision: SymPy's own evalf cannot
     rebuild a Piecewise whose condition is a settled `8 >= 2`, which the uniform view makes."""
+    unary = {sp.exp: mp.exp, sp.log: mp.log, sp.Abs: abs, sp.sign: mp.sign}
+    rel = {sp.Lt: lambda a, b: a < b, sp.Le: lambda a, b: a <= b, sp.Gt: lambda a, b: a > b,
+           sp.Ge: lambda a, b: a >= b, sp.Eq: lambda a, b: a == b, sp.Ne: lambda a, b: a != b,
+           sp.Min: min, sp.Max: max, sp.And: lambda *a: all(a), sp.Or: lambda *a: any(a),
+           sp.Not: lambda a: not a}
+
     def ev(x):
         if x in point:
             return point[x]
@@ -192,13 +198,8 @@ def _at(sp, mp, e, point):
             return mp.fprod(args)
         if x.is_Pow:
             return mp.power(*args)
-        unary = {sp.exp: mp.exp, sp.log: mp.log, sp.Abs: abs, sp.sign: mp.sign}
         if x.func in unary and len(args) == 1:
             return unary[x.func](args[0])
-        rel = {sp.Lt: lambda a, b: a < b, sp.Le: lambda a, b: a <= b, sp.Gt: lambda a, b: a > b,
-               sp.Ge: lambda a, b: a >= b, sp.Eq: lambda a, b: a == b, sp.Ne: lambda a, b: a != b,
-               sp.Min: min, sp.Max: max, sp.And: lambda *a: all(a), sp.Or: lambda *a: any(a),
-               sp.Not: lambda a: not a}
         if x.func in rel:
             return rel[x.func](*args)
         if isinstance(x, sp.Piecewise):     # the first piece whose condition holds

@@ -31,7 +31,8 @@ class Settle:
         check_budget("settle", self.steps)
 
     def _memo(self, fn, x):
-        """fn(x) once per case: folding rebuilds the same conditions many times over. A repeat
+        """fn(x) once per memo (a case, with its twin of the same r: derivation.case_weight):
+        folding rebuilds the same conditions many times over. A repeat
         is one step, the work it costs: counting the steps its first settling took made the
         budget count a condition shared by the pieces of one clip as often as they share it."""
         key = (fn.__name__, x)
