@@ -174,6 +174,45 @@ def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective(
     assert info["objective"] == "r * A - |A| / (2 * ε) * (r - 1)^2"
 
 
+_LEFT_RUNNING = """
+import os, subprocess, sys, time
+import psutil, ray
+from openrlhf_drpo.hosts.openrlhf.launch import stop_local_ray
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=sys.argv[1])
+
+@ray.remote
+class Spawner:
+    def start(self):        # sh forks sleep: Ray stops the worker and its child sh, not sleep
+        sh = subprocess.Popen(["sh", "-c", "sleep 300; :"])
+        while not psutil.Process(sh.pid).children():
+            time.sleep(0.05)
+        return psutil.Process(sh.pid).children()[0].pid
+
+print(ray.get(Spawner.remote().start.remote()), flush=True)
+stop_local_ray(grace_s=1)
+"""
+
+
+def test_the_driver_kills_what_its_local_rays_workers_leave_running_and_says_so():
+    import shutil
+    import tempfile
+    import psutil
+    folder = tempfile.mkdtemp(prefix="ray", dir="/tmp")      # Ray's socket paths fit in 107 characters
+    try:
+        proc = subprocess.run([sys.executable, "-c", _LEFT_RUNNING, folder], text=True, capture_output=True,
+                              timeout=300)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    left = psutil.Process(int(proc.stdout.split()[0])) if psutil.pid_exists(int(proc.stdout.split()[0])) else None
+    try:
+        assert left is None or left.status() == psutil.STATUS_ZOMBIE, left
+    finally:
+        if left is not None and left.status() != psutil.STATUS_ZOMBIE:
+            left.kill()
+    assert "openrlhf-drpo: killed 1 Ray worker processes still running 1 s after Ray's shutdown: sleep" in proc.stderr
+
+
 _RAY_HEAD = """
 import sys, ray
 ray.init(num_cpus=1, num_gpus=int(sys.argv[1]), include_dashboard=False, _temp_dir=sys.argv[2])

@@ -32,7 +32,7 @@ import sys
 
 from openrlhf_drpo.hosts.openrlhf.launch import (MISSING_OBJECTIVE, add_drpo_flags, code_runtime_env, cpu_mode_for,
                                                  cpu_mode_line, early_errors, help_layout, need_host, pre_parse,
-                                                 preflight, ray_cluster)
+                                                 preflight, ray_cluster, stop_local_ray)
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
 
@@ -335,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         mode_line = "\n".join(filter(None, [mode_line, kv_note]))
     try:
         with _patched_openrlhf(functools.partial(_ship_spec, mode_line=mode_line), cpu, _plugin(argv)):
-            _run_openrlhf(argv)
+            try:
+                _run_openrlhf(argv)
+            finally:
+                stop_local_ray()
     except DslError as e:
         if traceback:
             raise
