@@ -131,9 +131,9 @@ def _cluster_gpus(address: str, where: str) -> tuple[float, int]:
 
 def stop_local_ray(grace_s: float = 30.0) -> None:
     """Shut down the Ray this driver started (none when it joined a cluster), then kill those of
-    its worker processes still running `grace_s` later, and say so. Ray's shutdown stops the
-    raylet and trusts each worker to exit; on a loaded 2-core machine three actors once outlived
-    the run by over a minute, holding its cores."""
+    its worker processes, and their descendants, still running `grace_s` later, and say so. Ray's
+    shutdown stops the raylet and trusts each worker to exit; on a loaded 2-core machine three
+    actors once outlived the run by over a minute, holding its cores."""
     if "ray" not in sys.modules:
         return
     import psutil
@@ -142,30 +142,39 @@ def stop_local_ray(grace_s: float = 30.0) -> None:
     node = worker._global_node
     if node is None:
         return
-    workers = []
+
+    def descendants(procs):
+        found = set()
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                found.update(p.children(recursive=True))
+        return found
+    # a raylet that already exited may have had its pid reused: not ours to follow
+    workers = set()
     for info in node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, []):
-        try:
-            workers += psutil.Process(info.process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-    ray.shutdown()
+        if info.process.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                workers |= descendants([psutil.Process(info.process.pid)])
+    ray.shutdown(_exiting_interpreter=True)      # as Ray's exit handler: its worker logs get 0.5 s to arrive
 
     def running(p):      # an orphan's zombie waits for a reaper, not for us
         try:
             return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             return False
     deadline = time.monotonic() + grace_s
     while (alive := [p for p in workers if running(p)]) and time.monotonic() < deadline:
+        workers |= descendants(alive)       # what a worker starts while it winds down
         time.sleep(0.2)
-    names = []
+    killed = []
     for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            names.append(p.name())
+        with contextlib.suppress(psutil.Error):
+            name = p.name()
             p.kill()
-    if names:
-        print(f"openrlhf-drpo: killed {len(names)} Ray worker processes still running {grace_s:g} s after "
-              f"Ray's shutdown: {', '.join(sorted(names))}", file=sys.stderr, flush=True)
+            killed.append(name)
+    if killed:
+        print(f"openrlhf-drpo: killed {len(killed)} Ray worker processes still running {grace_s:g} s after "
+              f"Ray's shutdown: {', '.join(sorted(killed))}", file=sys.stderr, flush=True)
 
 
 def decide_cpu_mode(choice: str) -> tuple[bool, str]:

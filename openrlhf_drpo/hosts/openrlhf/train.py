@@ -309,6 +309,15 @@ def _ship_spec(ns, cpu: bool, mode_line: str | None = None) -> None:
     setattr(ns, "drpo.spec", json.dumps(spec, ensure_ascii=False))
 
 
+def _stop_local_ray() -> None:
+    """stop_local_ray, whose own failure is said on one line and never replaces the run's outcome."""
+    try:
+        stop_local_ray()
+    except Exception as e:      # noqa: BLE001 - the run's own exception or exit code goes on
+        print(f"openrlhf-drpo: stopping the local Ray failed ({type(e).__name__}: {e}); check for stray Ray "
+              "processes (ray stop --force)", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from dsl import DslError
     from openrlhf_drpo.hosts.openrlhf import cpu_mode
@@ -335,10 +344,14 @@ def main(argv: list[str] | None = None) -> int:
         mode_line = "\n".join(filter(None, [mode_line, kv_note]))
     try:
         with _patched_openrlhf(functools.partial(_ship_spec, mode_line=mode_line), cpu, _plugin(argv)):
+            # a Ray the caller already runs stays (ray.is_initialized's own test: a test patches that)
+            worker = sys.modules.get("ray._private.worker")
+            ours = not (worker and worker.global_worker.connected)
             try:
                 _run_openrlhf(argv)
             finally:
-                stop_local_ray()
+                if ours:
+                    _stop_local_ray()
     except DslError as e:
         if traceback:
             raise
