@@ -329,8 +329,13 @@ def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone)
     inside, by_itself = _metrics(shared[0], "drpo-delta0.2-s0"), _metrics(alone[0], "drpo-delta0.2-s0")
     assert [s["step"] for s in inside] == [s["step"] for s in by_itself] == [1, 2, 3]
     assert [s["reward"] for s in inside] == [s["reward"] for s in by_itself]
-    for key in ("actor_grad_norm", "drpo_ratio_max", "policy_loss"):
-        assert [s[key] for s in inside] == pytest.approx([s[key] for s in by_itself], rel=1e-5), key
+    # the same samples, but not always the same bf16 trainer bit for bit on a loaded CPU: in 2 runs
+    # of about 10 its forward differed from step 1 (entropy 0.03%, vllm_kl 0.15%, grad norm 0.24%,
+    # ratio max 0.03%), and the runs then drifted a little (by step 3: ratio max 2%, policy loss
+    # 8e-4 apart). The rewards, which follow the engine's weights step by step, are equal (above).
+    for key, tolerance in (("actor_grad_norm", dict(rel=2e-2)), ("policy_loss", dict(abs=2e-3))):
+        assert [s[key] for s in inside] == pytest.approx([s[key] for s in by_itself], **tolerance), key
+    assert inside[0]["drpo_ratio_max"] == pytest.approx(by_itself[0]["drpo_ratio_max"], rel=1e-2)
     # and the other seed, in the same pipeline, is another run
     assert [s["reward"] for s in _metrics(shared[0], "drpo-delta0.2-s1")] != [s["reward"] for s in inside]
 
