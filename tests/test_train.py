@@ -176,7 +176,7 @@ def test_the_objective_actor_schedules_on_a_local_ray_and_reports_its_objective(
 
 
 _LEFT_RUNNING = """
-import os, subprocess, sys, time
+import subprocess, sys, time
 import psutil, ray
 from openrlhf_drpo.hosts.openrlhf.launch import stop_local_ray
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=sys.argv[1])
@@ -208,7 +208,7 @@ def test_the_driver_kills_what_its_local_rays_workers_leave_running_and_says_so(
         if not line:        # the child failed before its worker started the process
             pytest.fail(proc.communicate(timeout=300)[1][-3000:])
         pid, created = line.split()
-        stdout, stderr = proc.communicate(timeout=300)
+        stderr = proc.communicate(timeout=300)[1]
         left, ours = None, False
         deadline = time.monotonic() + 30        # a kill takes effect a moment later on a loaded machine
         while time.monotonic() < deadline:
