@@ -22,7 +22,7 @@ if os.environ.get("CI"):
 # long file left to its alphabetical place (test_trl.py, test_train_v3.py, test_verl.py) ran on
 # alone after the rest were done. Measured one at a time under a load average of 15-20 (2 cores):
 # trl 463 s, docs 286, verl 185, verl_inputs 80, launch 79, scenarios 65, token_claims 60,
-# multinode 55, vocabulary_train 45; the last full run: two_ranks 556 (7 launches; 5 since, ~400),
+# multinode 55, vocabulary_train 45; the last full run: two_ranks 556 (7 launches; 3 since),
 # lab 262, pipeline 215 (3 launches; 2 since, measured here 228 -> 135 s: ~130), train_controls 110;
 # train_v3 218 and accumulation_train 136 before their DeepSpeed checks shared one process per file
 # (measured here 68 -> 37 s and 39 -> 22 s: ~120 and ~77 at that load); the other five (arbiter,

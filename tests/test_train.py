@@ -344,12 +344,17 @@ def _drpo_train(*args):
                           env=env, timeout=300)
 
 
-def test_drpo_train_help_shows_openrlhfs_flags_and_the_drpo_flags():
-    proc = _drpo_train("--help")
-    assert proc.returncode == 0, proc.stderr
+@pytest.fixture(scope="module")
+def drpo_train_help():
+    """`drpo-train --help`, run once for the tests that read it (a process costs OpenRLHF's import)."""
+    return _drpo_train("--help")
+
+
+def test_drpo_train_help_shows_openrlhfs_flags_and_the_drpo_flags(drpo_train_help):
+    assert drpo_train_help.returncode == 0, drpo_train_help.stderr
     for flag in ("--actor.model_name_or_path", "--rollout.n_samples_per_prompt", "--vllm.num_engines",
                  "--drpo.objective", "--drpo.set", "--drpo.anchor"):
-        assert flag in proc.stdout
+        assert flag in drpo_train_help.stdout
 
 
 def test_a_bad_objective_stops_drpo_train_before_ray_starts(tmp_path):
@@ -384,9 +389,20 @@ def test_drpo_train_composes_openrlhfs_is_correction_with_the_objective(tiny_mod
      "--algo.advantage.is_correction_threshold takes HIGH or LOW HIGH"),
 ])
 def test_an_is_correction_policy_loss_would_refuse_is_refused(flags, message, tmp_path):
-    # a command line without argument errors: those are reported first, before OpenRLHF parses it
-    proc = _drpo_train(*train_flags(tmp_path, "x", "drpo", *flags))
-    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+    # a command line without argument errors: those are reported first, before OpenRLHF parses it.
+    # In this process (drpo-train's own parse, as openrlhf_args runs it): a drpo-train process
+    # costs OpenRLHF's import, half a minute on 2 cores; the next test runs one end to end
+    from openrlhf_drpo.hosts.openrlhf.train import openrlhf_args
+    with pytest.raises(SystemExit) as refused:
+        openrlhf_args(train_flags(tmp_path, "x", "drpo", *flags))
+    assert message in str(refused.value.code)
+
+
+def test_drpo_train_refuses_an_is_correction_it_cannot_compose_by_name_without_a_traceback(tmp_path):
+    proc = _drpo_train(*train_flags(tmp_path, "x", "drpo", "--algo.advantage.is_correction_level", "token",
+                                    "--drpo.anchor", "rollout"))
+    assert proc.returncode == 1 and "would correct for the rollout policy twice" in proc.stderr
+    assert proc.stderr.startswith("drpo-train: error: ") and "Traceback" not in proc.stderr
 
 
 def test_an_objective_naming_the_rollout_policy_makes_openrlhf_keep_vllms_log_probs(tiny_model, tmp_path):
@@ -412,9 +428,9 @@ def test_example_scripts_are_valid_bash(script):
     assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0
 
 
-def test_every_flag_the_recipes_pass_exists_in_openrlhfs_parser():
+def test_every_flag_the_recipes_pass_exists_in_openrlhfs_parser(drpo_train_help):
     import re
-    help_text = _drpo_train("--help").stdout
+    help_text = drpo_train_help.stdout
     common = open(os.path.join(os.path.dirname(__file__), "..", "examples", "common.sh")).read()
     flags = set(re.findall(r"(--[a-z_]+(?:\.[a-z_]+)+)", common))
     assert len(flags) > 20
