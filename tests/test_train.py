@@ -226,7 +226,9 @@ def test_the_driver_kills_what_its_local_rays_workers_leave_running_and_says_so(
         proc.kill()
         shutil.rmtree(folder, ignore_errors=True)
     assert proc.returncode == 0, stderr[-3000:]
-    assert not ours, left
+    # what the driver said it killed, beside the process it left (one run in ~10 under a load of 10+ named
+    # ray::Spawner but not sleep: the next failure says which part of the tree was missed)
+    assert not ours, (left, [x for x in stderr.splitlines() if x.startswith('openrlhf-drpo:')])
     # (any idle worker still winding down after 5 s is named too)
     assert re.search(r"openrlhf-drpo: killed \d+ Ray worker processes still running 5 s after Ray's shutdown: "
                      r"(.*, )?sleep\b", stderr), stderr[-3000:]
