@@ -6,6 +6,7 @@ import re
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -236,32 +237,31 @@ def _lab(cache, out, *argv):
     return _labs(cache, (out, list(argv)))[0]
 
 
-# Three labs serve the pipeline tests, two launches at a time: each costs a start-up (Ray, vLLM, DeepSpeed).
+# Three labs serve the pipeline tests, two launches at a time: each costs a start-up (Ray, vLLM, DeepSpeed),
+# a run in a started pipeline a few seconds of training.
+AGAIN = "drpo_again"        # drpo.dsl's text under another name: the same run, trained after two others
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, task_cache):
-    """2 objectives x 2 seeds on 2 pipelines side by side, micro-batches of 2 (a drpo-train flag after --)."""
+    """3 objectives x 2 seeds on 2 pipelines side by side, micro-batches of 2 (a drpo-train flag after --),
+    dealt round-robin: each pipeline trains drpo delta=0.2, then ppo, then AGAIN (drpo's text) on its seed."""
     out = tmp_path_factory.mktemp("shared") / "lab"
-    return out, *_lab(task_cache, out, "ppo", "drpo:delta=0.2", "--seeds", "2", "--steps", "3", "--parallel", "2",
-                      "--", "--train.micro_batch_size", "2")
+    again = out.parent / f"{AGAIN}.dsl"
+    again.write_text((Path(__file__).parents[1] / "objectives" / "drpo.dsl").read_text(encoding="utf-8"), encoding="utf-8")
+    return out, *_lab(task_cache, out, "drpo:delta=0.2", "ppo", f"{again}:delta=0.2", "--seeds", "2", "--steps", "3",
+                      "--parallel", "2", "--", "--train.micro_batch_size", "2")
 
 
 @pytest.fixture(scope="module")
-def alone_and_mismatch(tmp_path_factory, task_cache, shared):
-    """Three labs side by side (one pipeline each), after `shared` built the task: drpo delta=0.2 seed 0
-    alone in its pipeline (in `shared` it is the second of its pipeline's two); the mismatch preset
-    (4-bit engine) with the engine synced every 2 steps; and the random-reward preset."""
-    alone, mismatch = tmp_path_factory.mktemp("alone") / "lab", tmp_path_factory.mktemp("mismatch") / "lab"
-    coin = tmp_path_factory.mktemp("coin") / "lab"
-    a, m, c = _labs(task_cache, (alone, ["drpo:delta=0.2", "--seeds", "1", "--steps", "3", "--", "--train.micro_batch_size", "2"]),
-                 (mismatch, ["drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
-                             "--stale-k", "2"]),
-                    (coin, ["grpo_clip_higher", "--seeds", "1", "--steps", "2", "--preset", "random-reward"]))
-    return (alone, *a), (mismatch, *m), (coin, *c)
-
-
-@pytest.fixture(scope="module")
-def alone(alone_and_mismatch):
-    return alone_and_mismatch[0]
+def mismatch_and_coin(tmp_path_factory, task_cache, shared):
+    """Two labs side by side (one pipeline each), after `shared` built the task: the mismatch preset
+    (4-bit engine) with the engine synced every 2 steps, and the random-reward preset."""
+    mismatch, coin = tmp_path_factory.mktemp("mismatch") / "lab", tmp_path_factory.mktemp("coin") / "lab"
+    m, c = _labs(task_cache, (mismatch, ["drpo:delta=0.2", "--seeds", "1", "--steps", "4", "--preset", "mismatch",
+                                         "--stale-k", "2"]),
+                 (coin, ["grpo_clip_higher", "--seeds", "1", "--steps", "2", "--preset", "random-reward"]))
+    return (mismatch, *m), (coin, *c)
 
 
 def _metrics(out, run):
@@ -272,15 +272,14 @@ def _metrics(out, run):
 def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measured(shared, task_cache):
     out, stdout, found = shared         # `found`: results.json (`results` is the module)
     steps, updates = 3, 8
+    objectives = ["drpo delta=0.2", "ppo", f"{out.parent / AGAIN}.dsl delta=0.2"]
     assert "predicted (drpo-analyze)" in stdout and "binary-tv" in stdout and "measured" in stdout
     # a line per finished run, with the runs done so far and the time left
-    finished = re.findall(r"^\[(\d)/4\] .*: done, final step's reward [\d.]+; (\d) of 4 runs done, about \d+ min left$",
+    finished = re.findall(r"^\[(\d)/6\] .*: done, final step's reward [\d.]+; (\d) of 6 runs done, about \d+ min left$",
                           stdout, re.M)
-    assert sorted(i for i, _ in finished) == ["1", "2", "3", "4"] and sorted(k for _, k in finished) == ["1", "2", "3", "4"], \
-        stdout
+    assert sorted(i for i, _ in finished) == sorted(k for _, k in finished) == ["1", "2", "3", "4", "5", "6"], stdout
     rows, summary = found["runs"], found["summary"]
-    assert [(r["objective"], r["seed"]) for r in rows] == [("ppo", 0), ("ppo", 1), ("drpo delta=0.2", 0),
-                                                           ("drpo delta=0.2", 1)]
+    assert [(r["objective"], r["seed"]) for r in rows] == [(o, seed) for o in objectives for seed in (0, 1)]
     assert all(tuple(r) == lab_results.RESULT_KEYS and r["preset"] == "mild" for r in rows)
     for r in rows:
         assert 0 <= r["final_reward"] <= 1 and r["max_grad_norm"] > 0 and r["max_abs_wr"] > 0
@@ -289,12 +288,12 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
         assert 0 <= r["past_boundary"] <= 1 and 0 < r["ess"] <= 1
         # the task's responses run to the 8-word limit (its model hardly ever stops): OpenRLHF counts them truncated
         assert 7 <= r["response_length"] <= 8 and 0.8 <= r["truncated"] <= 1
-    assert [s["objective"] for s in summary] == ["ppo", "drpo delta=0.2"] and all(s["seeds"] == 2 for s in summary)
+    assert [s["objective"] for s in summary] == objectives and all(s["seeds"] == 2 for s in summary)
     for s in summary:
         mine = [r["final_reward"] for r in rows if r["objective"] == s["objective"]]
-        assert s["final_reward"] == lab_results.interval(mine, lab_results.RANGES["final_reward"]) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2)
+        assert s["final_reward"] == lab_results.interval(mine, lab_results.RANGES["final_reward"]) and s["collapsed"].endswith(" of 2") and s["rank"] in (1, 2, 3)
     md = (out / "results.md").read_text()
-    assert md.startswith("# drpo-lab: ppo, drpo delta=0.2 under mild\n\nPreset `mild`: 8 updates per rollout")
+    assert md.startswith(f"# drpo-lab: {', '.join(objectives)} under mild\n\nPreset `mild`: 8 updates per rollout")
     assert "Rank: by the mean final reward" in md and "## Predicted (drpo-analyze)" in md
     assert "rank: by the mean final reward" in stdout        # the rule beside the console's table too
     assert "| drpo delta=0.2 |" in md.split("## Predicted")[1]
@@ -304,10 +303,11 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
     assert re.search(r"^the task .*: (built|reused), " + re.escape(str(task_cache)), stdout, re.M) and \
         not (out / "task").exists()      # in the cache, not in --out
     assert (out / "curves.png").stat().st_size > 10_000
-    # runs dealt round-robin: each pipeline trained its two runs one after the other
-    for p, runs in (("p0", ["ppo-s0", "drpo-delta0.2-s0"]), ("p1", ["ppo-s1", "drpo-delta0.2-s1"])):
+    # runs dealt round-robin: each pipeline trained its three runs one after the other
+    for p, seed in (("p0", 0), ("p1", 1)):
+        runs = [f"drpo-delta0.2-s{seed}", f"ppo-s{seed}", f"{AGAIN}-delta0.2-s{seed}"]
         log = (out / "pipelines" / p / "pipeline.log").read_text()
-        assert log.count("drpo-lab: run 0 started") == 1 and log.count("drpo-lab: run 1 started") == 1
+        assert [log.count(f"drpo-lab: run {k} started") for k in range(4)] == [1, 1, 1, 0]
         assert [r["metrics"] for r in json.loads((out / "pipelines" / p / "lab.json").read_text())["runs"]] == \
             [str(out / "runs" / run / "metrics.jsonl") for run in runs]
     run = "drpo-delta0.2-s1"
@@ -324,9 +324,10 @@ def test_the_lab_trains_every_run_on_shared_pipelines_and_reports_what_it_measur
         assert s["engine_weights"] == s["step"]       # mild: the engine gets the weights after every step
 
 
-def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone):
-    # the second run of its pipeline (after ppo seed 0 trained there) against a pipeline of its own
-    inside, by_itself = _metrics(shared[0], "drpo-delta0.2-s0"), _metrics(alone[0], "drpo-delta0.2-s0")
+def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared):
+    # drpo's text trained third in its pipeline (after drpo and ppo seed 0 trained there) against the
+    # same run trained first, when nothing had trained in the pipeline: as in a pipeline of its own
+    inside, by_itself = _metrics(shared[0], f"{AGAIN}-delta0.2-s0"), _metrics(shared[0], "drpo-delta0.2-s0")
     assert [s["step"] for s in inside] == [s["step"] for s in by_itself] == [1, 2, 3]
     assert [s["reward"] for s in inside] == [s["reward"] for s in by_itself]
     # the same samples, but not always the same bf16 trainer bit for bit on a loaded CPU: in 2 runs
@@ -336,12 +337,12 @@ def test_a_run_in_a_shared_pipeline_gives_the_same_steps_as_alone(shared, alone)
     for key, tolerance in (("actor_grad_norm", dict(rel=2e-2)), ("policy_loss", dict(abs=2e-3))):
         assert [s[key] for s in inside] == pytest.approx([s[key] for s in by_itself], **tolerance), key
     assert inside[0]["drpo_ratio_max"] == pytest.approx(by_itself[0]["drpo_ratio_max"], rel=1e-2)
-    # and the other seed, in the same pipeline, is another run
+    # and the other seed is another run
     assert [s["reward"] for s in _metrics(shared[0], "drpo-delta0.2-s1")] != [s["reward"] for s in inside]
 
 
-def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch):
-    alone, (out, stdout, found), _ = alone_and_mismatch
+def test_the_stale_and_mismatch_settings_show_in_the_step_log(shared, mismatch_and_coin):
+    (out, stdout, found), _ = mismatch_and_coin
     log = _metrics(out, "drpo-delta0.2-s0")
     assert [s["engine_weights"] for s in log] == [0, 2, 2, 4]     # weights reach the engine after steps 2 and 4
     updates = [json.loads(x) for x in (out / "runs" / "drpo-delta0.2-s0" / "steps.jsonl").read_text().splitlines()]
@@ -349,7 +350,7 @@ def test_the_stale_and_mismatch_settings_show_in_the_step_log(alone_and_mismatch
     # rollouts of steps 1 and 3 come from the trainer's current weights, those of 2 and 4 from one step before
     fresh = [m for m, s in zip(c["mismatch"], c["step"]) if s in (1, 3)]
     stale = [m for m, s in zip(c["mismatch"], c["step"]) if s in (2, 4)]
-    mild = alone[2]["runs"][0]["mismatch"]
+    mild = shared[2]["runs"][0]["mismatch"]      # drpo delta=0.2 seed 0 under the mild preset
     assert min(fresh) >= 3 * mild, (fresh, stale, mild)
     # a stale rollout adds a step of the trainer's drift to the 4-bit engine's (measured: fresh
     # 0.068 and 0.097, stale 0.80 and 2.86)
@@ -451,15 +452,15 @@ def test_one_objective_drpo_train_refuses_stops_the_lab_and_the_cpu_mode_line_is
     assert len(re.findall(r"^openrlhf-drpo: (?:CPU|GPU) mode", proc.stdout, re.M)) == 1, proc.stdout
 
 
-def test_random_reward_pays_a_coin_flip_and_the_task_is_reused(alone_and_mismatch):
-    (alone, alone_stdout, _), _, (out, stdout, found) = alone_and_mismatch
+def test_random_reward_pays_a_coin_flip_and_the_task_is_reused(mismatch_and_coin):
+    (_, mismatch_stdout, _), (out, stdout, found) = mismatch_and_coin
     log = _metrics(out, "grpo_clip_higher-s0")
     # the task's own reward starts near 0 (16 rare targets); coin flips over 32 samples: near 1/2, in 32nds
     assert all(0.2 < s["reward"] < 0.8 and (s["reward"] * 32) == pytest.approx(round(s["reward"] * 32)) for s in log)
     assert all(s["target_fraction"] < 0.2 for s in log)       # what the policy writes: still the task's
     assert found["runs"][0]["preset"] == "random-reward" and found["summary"][0]["rank"] == 1
     assert "|entropy drift|, smallest first" in stdout
-    for text in (stdout, alone_stdout):        # the first lab (`shared`) built the task, these reused it
+    for text in (stdout, mismatch_stdout):        # the first lab (`shared`) built the task, these reused it
         assert re.search(r"^the task .*: reused, ", text, re.M), text[:2000]
 
 
