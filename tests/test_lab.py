@@ -6,7 +6,6 @@ import re
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -248,7 +247,7 @@ def shared(tmp_path_factory, task_cache):
     dealt round-robin: each pipeline trains drpo delta=0.2, then ppo, then AGAIN (drpo's text) on its seed."""
     out = tmp_path_factory.mktemp("shared") / "lab"
     again = out.parent / f"{AGAIN}.dsl"
-    again.write_text((Path(__file__).parents[1] / "objectives" / "drpo.dsl").read_text(encoding="utf-8"), encoding="utf-8")
+    again.write_text((dsl.library.folder() / "drpo.dsl").read_text(encoding="utf-8"), encoding="utf-8")    # what "drpo" loads
     return out, *_lab(task_cache, out, "drpo:delta=0.2", "ppo", f"{again}:delta=0.2", "--seeds", "2", "--steps", "3",
                       "--parallel", "2", "--", "--train.micro_batch_size", "2")
 
